@@ -1,0 +1,204 @@
+// Package jspub publishes to JetStream asynchronously with a completion
+// callback per message: it pipelines publishes over one connection and
+// reports each PubAck (or error, or timeout) without a goroutine per message.
+package jspub
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nuid"
+)
+
+// ErrTimeout is reported when no PubAck arrived within the timeout. The
+// message may or may not be stored: publish it again with the same
+// Nats-Msg-Id to be sure.
+var ErrTimeout = errors.New("jspub: publish ack timed out")
+
+// ErrNoResponders is reported when no stream listens on the subject
+// (usually a stream leader election in progress).
+var ErrNoResponders = errors.New("jspub: no stream responded")
+
+// APIError is a JetStream error returned in a PubAck.
+type APIError struct {
+	Code        int    `json:"code"`
+	ErrCode     int    `json:"err_code"`
+	Description string `json:"description"`
+}
+
+func (e *APIError) Error() string {
+	return fmt.Sprintf("jetstream: %s (code %d, err_code %d)", e.Description, e.Code, e.ErrCode)
+}
+
+// Ack is a successful publish.
+type Ack struct {
+	Stream    string `json:"stream"`
+	Sequence  uint64 `json:"seq"`
+	Duplicate bool   `json:"duplicate,omitempty"`
+}
+
+// Callback receives the outcome of one publish. It runs on the publisher's
+// reply goroutine (or its timeout sweeper) and must not block for long.
+type Callback func(ack Ack, err error)
+
+type pending struct {
+	cb       Callback
+	deadline time.Time
+}
+
+// Publisher pipelines JetStream publishes. It is safe for concurrent use.
+type Publisher struct {
+	nc      *nats.Conn
+	prefix  string
+	timeout time.Duration
+	sub     *nats.Subscription
+
+	mu      sync.Mutex
+	next    uint64
+	pending map[uint64]pending
+
+	stop chan struct{}
+	done chan struct{}
+}
+
+// New starts a publisher whose acks time out after timeout.
+func New(nc *nats.Conn, timeout time.Duration) (*Publisher, error) {
+	p := &Publisher{
+		nc:      nc,
+		prefix:  nc.Opts.InboxPrefix,
+		timeout: timeout,
+		pending: make(map[uint64]pending),
+		stop:    make(chan struct{}),
+		done:    make(chan struct{}),
+	}
+	if p.prefix == "" {
+		p.prefix = nats.InboxPrefix
+	}
+	p.prefix += nuid.Next() + "."
+	sub, err := nc.Subscribe(p.prefix+"*", p.onReply)
+	if err != nil {
+		return nil, fmt.Errorf("jspub: subscribe: %w", err)
+	}
+	_ = sub.SetPendingLimits(-1, -1)
+	p.sub = sub
+	go p.sweep()
+	return p, nil
+}
+
+// Publish sends msg (whose Reply it overwrites) and calls cb once with the
+// outcome. An error from Publish itself means cb will not be called.
+func (p *Publisher) Publish(msg *nats.Msg, cb Callback) error {
+	p.mu.Lock()
+	p.next++
+	id := p.next
+	p.pending[id] = pending{cb: cb, deadline: time.Now().Add(p.timeout)}
+	p.mu.Unlock()
+	msg.Reply = p.prefix + strconv.FormatUint(id, 10)
+	if err := p.nc.PublishMsg(msg); err != nil {
+		p.mu.Lock()
+		delete(p.pending, id)
+		p.mu.Unlock()
+		return err
+	}
+	return nil
+}
+
+// Pending returns the number of publishes awaiting an outcome.
+func (p *Publisher) Pending() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.pending)
+}
+
+// Close stops the publisher; outstanding publishes are reported as ErrTimeout.
+func (p *Publisher) Close() {
+	select {
+	case <-p.stop:
+		return
+	default:
+	}
+	close(p.stop)
+	<-p.done
+	_ = p.sub.Unsubscribe()
+	p.mu.Lock()
+	rest := p.pending
+	p.pending = map[uint64]pending{}
+	p.mu.Unlock()
+	for _, pd := range rest {
+		pd.cb(Ack{}, ErrTimeout)
+	}
+}
+
+func (p *Publisher) onReply(m *nats.Msg) {
+	id, err := strconv.ParseUint(m.Subject[len(p.prefix):], 10, 64)
+	if err != nil {
+		return
+	}
+	p.mu.Lock()
+	pd, ok := p.pending[id]
+	if ok {
+		delete(p.pending, id)
+	}
+	p.mu.Unlock()
+	if !ok {
+		return // timed out already
+	}
+	pd.cb(ParseAck(m))
+}
+
+// ParseAck decodes a JetStream publish reply.
+func ParseAck(m *nats.Msg) (Ack, error) {
+	if len(m.Data) == 0 && m.Header.Get("Status") == "503" {
+		return Ack{}, ErrNoResponders
+	}
+	var r struct {
+		Ack
+		Error *APIError `json:"error,omitempty"`
+	}
+	if err := json.Unmarshal(m.Data, &r); err != nil {
+		return Ack{}, fmt.Errorf("jspub: bad ack: %w", err)
+	}
+	if r.Error != nil {
+		return Ack{}, r.Error
+	}
+	if r.Stream == "" || r.Sequence == 0 {
+		return Ack{}, fmt.Errorf("jspub: bad ack %q", m.Data)
+	}
+	return r.Ack, nil
+}
+
+func (p *Publisher) sweep() {
+	defer close(p.done)
+	period := p.timeout / 4
+	if period < 10*time.Millisecond {
+		period = 10 * time.Millisecond
+	}
+	t := time.NewTicker(period)
+	defer t.Stop()
+	var expired []Callback
+	for {
+		select {
+		case <-p.stop:
+			return
+		case now := <-t.C:
+			p.mu.Lock()
+			for id, pd := range p.pending {
+				if now.After(pd.deadline) {
+					delete(p.pending, id)
+					expired = append(expired, pd.cb)
+				}
+			}
+			p.mu.Unlock()
+			for i, cb := range expired {
+				cb(Ack{}, ErrTimeout)
+				expired[i] = nil
+			}
+			expired = expired[:0]
+		}
+	}
+}

@@ -1,0 +1,294 @@
+// Package natstest starts in-process NATS servers with JetStream for tests:
+// a single server or a cluster on loopback, each with its own t.TempDir()
+// store, random ports, and helpers to stop and restart members.
+package natstest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/url"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Server is one in-process nats-server that can be stopped and restarted
+// with the same name, ports and store directory.
+type Server struct {
+	t    testing.TB
+	opts server.Options
+	srv  *server.Server
+}
+
+// URL returns the client URL of the server (stable across restarts).
+func (s *Server) URL() string {
+	return "nats://127.0.0.1:" + strconv.Itoa(s.opts.Port)
+}
+
+// Name returns the server name.
+func (s *Server) Name() string { return s.opts.ServerName }
+
+// Server returns the running nats-server, or nil while stopped.
+func (s *Server) Server() *server.Server { return s.srv }
+
+// Running reports whether the server is running.
+func (s *Server) Running() bool { return s.srv != nil && s.srv.Running() }
+
+// Stop shuts the server down gracefully and waits for it to end.
+func (s *Server) Stop() {
+	if s.srv == nil {
+		return
+	}
+	s.srv.Shutdown()
+	s.srv.WaitForShutdown()
+	s.srv = nil
+}
+
+// Restart starts a stopped server again with fresh options keeping its name,
+// ports and store directory.
+func (s *Server) Restart() {
+	s.t.Helper()
+	if s.srv != nil {
+		s.t.Fatalf("natstest: restart of running server %s", s.Name())
+	}
+	s.start()
+}
+
+func (s *Server) start() {
+	s.t.Helper()
+	opts := s.opts // fresh copy: the server mutates its options
+	opts.Routes = append([]*url.URL(nil), s.opts.Routes...)
+	srv, err := server.NewServer(&opts)
+	if err != nil {
+		s.t.Fatalf("natstest: new server %s: %v", s.Name(), err)
+	}
+	srv.Start()
+	if !srv.ReadyForConnections(10 * time.Second) {
+		srv.Shutdown()
+		s.t.Fatalf("natstest: server %s not ready", s.Name())
+	}
+	s.srv = srv
+	if s.opts.Port <= 0 {
+		s.opts.Port = srv.Addr().(*net.TCPAddr).Port
+	}
+	if s.opts.Cluster.Port < 0 {
+		s.opts.Cluster.Port = srv.ClusterAddr().Port
+	}
+}
+
+// Connect opens a client connection to the server that keeps reconnecting
+// for the length of the test, and closes it when the test ends.
+func (s *Server) Connect(opts ...nats.Option) *nats.Conn {
+	s.t.Helper()
+	return Connect(s.t, s.URL(), opts...)
+}
+
+// Connect opens a client connection to url that reconnects forever; it is
+// closed when the test ends.
+func Connect(t testing.TB, url string, opts ...nats.Option) *nats.Conn {
+	t.Helper()
+	all := append([]nats.Option{
+		nats.MaxReconnects(-1),
+		nats.ReconnectWait(50 * time.Millisecond),
+		nats.Timeout(2 * time.Second),
+	}, opts...)
+	nc, err := nats.Connect(url, all...)
+	if err != nil {
+		t.Fatalf("natstest: connect %s: %v", url, err)
+	}
+	t.Cleanup(nc.Close)
+	return nc
+}
+
+// RunServer starts a single JetStream server on a random loopback port.
+// It is shut down when the test ends.
+func RunServer(t testing.TB) *Server {
+	t.Helper()
+	s := &Server{t: t, opts: server.Options{
+		ServerName: "S1",
+		Host:       "127.0.0.1",
+		Port:       -1,
+		JetStream:  true,
+		StoreDir:   t.TempDir(),
+		NoLog:      true,
+		NoSigs:     true,
+	}}
+	s.opts.Cluster.Port = 0
+	s.start()
+	t.Cleanup(s.Stop)
+	return s
+}
+
+// Cluster is a JetStream cluster of in-process servers on loopback.
+type Cluster struct {
+	t       testing.TB
+	Servers []*Server
+}
+
+// RunCluster starts n JetStream servers forming one cluster and waits until
+// an R-n key-value bucket can be created and written, so that tests start
+// on a cluster that can take replicated writes. It is shut down when the test ends.
+func RunCluster(t testing.TB, n int) *Cluster {
+	t.Helper()
+	c := &Cluster{t: t}
+	ports := make([]int, n)
+	for i := range ports {
+		ports[i] = freePort(t)
+	}
+	var routes []*url.URL
+	for _, p := range ports {
+		routes = append(routes, mustURL(t, fmt.Sprintf("nats-route://127.0.0.1:%d", p)))
+	}
+	for i := 0; i < n; i++ {
+		s := &Server{t: t, opts: server.Options{
+			ServerName: fmt.Sprintf("S%d", i+1),
+			Host:       "127.0.0.1",
+			Port:       -1,
+			JetStream:  true,
+			StoreDir:   t.TempDir(),
+			NoLog:      true,
+			NoSigs:     true,
+			Routes:     routes,
+		}}
+		s.opts.Cluster.Name = "grouptest"
+		s.opts.Cluster.Host = "127.0.0.1"
+		s.opts.Cluster.Port = ports[i]
+		c.Servers = append(c.Servers, s)
+	}
+	for _, s := range c.Servers {
+		s.start()
+		t.Cleanup(s.Stop)
+	}
+	c.WaitReady(30 * time.Second)
+	return c
+}
+
+// URLs returns the comma-separated client URLs of every member.
+func (c *Cluster) URLs() string {
+	var out string
+	for i, s := range c.Servers {
+		if i > 0 {
+			out += ","
+		}
+		out += s.URL()
+	}
+	return out
+}
+
+// WaitReady waits until the cluster has a JetStream meta leader and takes a
+// replicated key-value write, or fails the test after d.
+func (c *Cluster) WaitReady(d time.Duration) {
+	c.t.Helper()
+	var live *Server
+	for _, s := range c.Servers {
+		if s.Running() {
+			live = s
+			break
+		}
+	}
+	if live == nil {
+		c.t.Fatalf("natstest: no running server")
+	}
+	nc := live.Connect()
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		c.t.Fatalf("natstest: jetstream: %v", err)
+	}
+	replicas := 0
+	for _, s := range c.Servers {
+		if s.Running() {
+			replicas++
+		}
+	}
+	if replicas > 3 {
+		replicas = 3
+	}
+	deadline := time.Now().Add(d)
+	var last error
+	for time.Now().Before(deadline) {
+		if last = tryReplicatedWrite(js, replicas); last == nil {
+			return
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	c.t.Fatalf("natstest: cluster not ready after %v: %v", d, last)
+}
+
+func tryReplicatedWrite(js jetstream.JetStream, replicas int) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	kv, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: "natstest_ready", Replicas: replicas})
+	if err != nil {
+		return err
+	}
+	if _, err := kv.Put(ctx, "probe", []byte("ok")); err != nil {
+		return err
+	}
+	return nil
+}
+
+// WaitStreamLeader polls until the stream has a leader that answers info
+// requests, or fails the test after d.
+func WaitStreamLeader(t testing.TB, js jetstream.JetStream, stream string, d time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	var last error
+	for time.Now().Before(deadline) {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		info, err := js.Stream(ctx, stream)
+		if err == nil {
+			_, err = info.Info(ctx)
+		}
+		cancel()
+		if err == nil {
+			return
+		}
+		last = err
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Fatalf("natstest: stream %s has no leader after %v: %v", stream, d, last)
+}
+
+// Eventually polls cond every 20ms until it returns nil or d passes, then
+// fails the test with the last error.
+func Eventually(t testing.TB, d time.Duration, cond func() error) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	err := cond()
+	for err != nil {
+		if time.Now().After(deadline) {
+			t.Fatalf("condition not met after %v: %v", d, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+		err = cond()
+	}
+}
+
+// ErrNotYet is a convenience for Eventually conditions.
+var ErrNotYet = errors.New("not yet")
+
+func freePort(t testing.TB) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatalf("natstest: free port: %v", err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+func mustURL(t testing.TB, s string) *url.URL {
+	t.Helper()
+	u, err := url.Parse(s)
+	if err != nil {
+		t.Fatalf("natstest: %v", err)
+	}
+	return u
+}

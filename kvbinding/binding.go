@@ -1,0 +1,123 @@
+package kvbinding
+
+import (
+	"encoding/json"
+	"fmt"
+	"time"
+)
+
+// State says what a binding record means.
+type State string
+
+const (
+	// StateBound routes the group's messages with ingress sequence >= FromSeq
+	// to Node.
+	StateBound State = "bound"
+	// StateDeadLettered records that the group's messages up to ThroughSeq
+	// went to the dead-letter stream because no decision could be had; later
+	// messages need a new binding.
+	StateDeadLettered State = "dead-lettered"
+)
+
+// Binding is one group's route, as stored in the bindings bucket.
+type Binding struct {
+	// Group is the original group id (or "" for the ungrouped routing binding).
+	Group string `json:"group"`
+	// State is StateBound or StateDeadLettered.
+	State State `json:"state"`
+	// Node is the node whose queue receives the group (empty when dead-lettered).
+	Node string `json:"node,omitempty"`
+	// FromSeq is the first ingress sequence the binding applies to.
+	FromSeq uint64 `json:"from_seq"`
+	// ThroughSeq is the last ingress sequence dead-lettered (StateDeadLettered only).
+	ThroughSeq uint64 `json:"through_seq,omitempty"`
+	// PrevNode is the node that held the group before this revision, if any;
+	// it routes the messages before FromSeq.
+	PrevNode string `json:"prev_node,omitempty"`
+	// DecidedAt is when the handler decided.
+	DecidedAt time.Time `json:"decided_at"`
+	// DecidedBy names the handler (name/node) or node that wrote the record.
+	DecidedBy string `json:"decided_by"`
+	// ProposedBy is the node whose proposal led to the record.
+	ProposedBy string `json:"proposed_by,omitempty"`
+	// Reason explains a dead-letter record or a rejection that rebound.
+	Reason string `json:"reason,omitempty"`
+
+	// Revision is the KV revision of the record; not part of the value.
+	Revision uint64 `json:"-"`
+}
+
+// Validate checks that b is a self-consistent record.
+func (b Binding) Validate() error {
+	if b.Group != "" {
+		if err := ValidateGroupID(b.Group); err != nil {
+			return fmt.Errorf("%w: %v", ErrInvalidBinding, err)
+		}
+	}
+	switch b.State {
+	case StateBound:
+		if err := ValidateNodeID(b.Node); err != nil {
+			return fmt.Errorf("%w: %v", ErrInvalidBinding, err)
+		}
+		if b.FromSeq == 0 {
+			return fmt.Errorf("%w: from_seq must be >= 1", ErrInvalidBinding)
+		}
+	case StateDeadLettered:
+		if b.Node != "" || b.ThroughSeq == 0 {
+			return fmt.Errorf("%w: dead-lettered record needs through_seq and no node", ErrInvalidBinding)
+		}
+	default:
+		return fmt.Errorf("%w: unknown state %q", ErrInvalidBinding, b.State)
+	}
+	return nil
+}
+
+// Marshal encodes b as the bucket value.
+func (b Binding) Marshal() ([]byte, error) {
+	if err := b.Validate(); err != nil {
+		return nil, err
+	}
+	return json.Marshal(b)
+}
+
+// UnmarshalBinding decodes a bucket value and validates it.
+func UnmarshalBinding(data []byte) (Binding, error) {
+	var b Binding
+	if err := json.Unmarshal(data, &b); err != nil {
+		return Binding{}, fmt.Errorf("%w: %v", ErrInvalidBinding, err)
+	}
+	if err := b.Validate(); err != nil {
+		return Binding{}, err
+	}
+	return b, nil
+}
+
+// KeyOf returns the KV key for the binding's group (UngroupedKey for "").
+func KeyOf(group string) (string, error) {
+	if group == "" {
+		return UngroupedKey, nil
+	}
+	return Key(group)
+}
+
+// MaxNodeIDLen is the longest node id accepted.
+const MaxNodeIDLen = 64
+
+// ValidateNodeID reports whether id can name a node: 1 to 64 characters of
+// [A-Za-z0-9_-], so that it is a single subject token, a consumer name part
+// and a KV key token.
+func ValidateNodeID(id string) error {
+	if id == "" {
+		return fmt.Errorf("node id is empty")
+	}
+	if len(id) > MaxNodeIDLen {
+		return fmt.Errorf("node id %q longer than %d characters", id, MaxNodeIDLen)
+	}
+	for i := 0; i < len(id); i++ {
+		c := id[i]
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_') {
+			return fmt.Errorf("node id %q has %q: only letters, digits, '-' and '_' are allowed", id, c)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,279 @@
+package kvbinding
+
+import (
+	"context"
+	"fmt"
+	"sync"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Route is the cached view of one group's binding record.
+type Route struct {
+	State      State
+	Node       string // bound node ("" when dead-lettered)
+	FromSeq    uint64 // first ingress sequence routed to Node
+	ThroughSeq uint64 // last dead-lettered sequence (StateDeadLettered)
+	PrevNode   string // node routing the messages before FromSeq, if known
+	Revision   uint64
+}
+
+// Owner returns the node that routes the message at ingress sequence seq
+// according to this record, and whether the record decides it at all. A
+// dead-lettered record decides sequences up to ThroughSeq with owner "".
+func (r Route) Owner(seq uint64) (node string, decided bool) {
+	switch r.State {
+	case StateBound:
+		if seq >= r.FromSeq {
+			return r.Node, true
+		}
+		if r.PrevNode != "" {
+			return r.PrevNode, true
+		}
+		// History before FromSeq is unknown: the current binding stands
+		// (the queue stream's duplicate window absorbs a double route).
+		return r.Node, true
+	case StateDeadLettered:
+		if seq <= r.ThroughSeq {
+			return "", true
+		}
+	}
+	return "", false
+}
+
+// entry is the compact cached form of a record: node names are interned.
+type entry struct {
+	rev   uint64
+	seq   uint64 // FromSeq, or ThroughSeq when dead-lettered
+	node  uint32 // index into Cache.names; 0 = none
+	prev  uint32
+	state uint8
+}
+
+const (
+	stateBound uint8 = iota + 1
+	stateDead
+)
+
+// Cache is an in-memory copy of the bindings bucket kept current by a KV
+// watch. It is complete once Ready is closed. Revisions it has applied are
+// never applied again, so a watcher that replays the bucket (as one does
+// after its server dies) changes nothing. It is safe for concurrent use.
+type Cache struct {
+	mu       sync.RWMutex
+	m        map[string]entry
+	names    []string // interned node names; names[0] = ""
+	index    map[string]uint32
+	counts   []int // bound groups per interned node
+	watchRev uint64
+
+	onChange func(Binding, bool)
+	ready    chan struct{}
+	once     sync.Once
+}
+
+// NewCache returns an empty cache. onChange, if not nil, is called from the
+// watching goroutine after each applied change (deleted=true for removals),
+// outside the cache's lock and in revision order.
+func NewCache(onChange func(b Binding, deleted bool)) *Cache {
+	return &Cache{
+		m:        make(map[string]entry),
+		names:    []string{""},
+		index:    map[string]uint32{"": 0},
+		counts:   []int{0},
+		onChange: onChange,
+		ready:    make(chan struct{}),
+	}
+}
+
+// Ready is closed once the cache holds every binding that existed when the
+// watch started.
+func (c *Cache) Ready() <-chan struct{} { return c.ready }
+
+// Lookup returns the cached record for a group ("" for the ungrouped
+// routing binding).
+func (c *Cache) Lookup(group string) (Route, bool) {
+	c.mu.RLock()
+	e, ok := c.m[group]
+	if !ok {
+		c.mu.RUnlock()
+		return Route{}, false
+	}
+	r := c.routeLocked(e)
+	c.mu.RUnlock()
+	return r, true
+}
+
+func (c *Cache) routeLocked(e entry) Route {
+	r := Route{Revision: e.rev, PrevNode: c.names[e.prev]}
+	if e.state == stateDead {
+		r.State = StateDeadLettered
+		r.ThroughSeq = e.seq
+		return r
+	}
+	r.State = StateBound
+	r.Node = c.names[e.node]
+	r.FromSeq = e.seq
+	return r
+}
+
+// Len returns the number of cached records.
+func (c *Cache) Len() int {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	return len(c.m)
+}
+
+// Counts returns the number of groups bound to each node (the ungrouped
+// routing binding is not counted).
+func (c *Cache) Counts() map[string]int {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	out := make(map[string]int, len(c.names))
+	for i, n := range c.counts {
+		if i > 0 && n > 0 {
+			out[c.names[i]] = n
+		}
+	}
+	return out
+}
+
+// Count returns the number of groups bound to node.
+func (c *Cache) Count(node string) int {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	if i, ok := c.index[node]; ok {
+		return c.counts[i]
+	}
+	return 0
+}
+
+// Apply records b unless the cache already holds the same or a later
+// revision of the group. It reports whether it changed the cache. Use it
+// for bindings learnt outside the watch (a handler's reply); the watch
+// delivers the same revision later and it is then ignored.
+func (c *Cache) Apply(b Binding) bool {
+	c.mu.Lock()
+	changed := c.applyLocked(b, false)
+	c.mu.Unlock()
+	if changed && c.onChange != nil {
+		c.onChange(b, false)
+	}
+	return changed
+}
+
+func (c *Cache) applyLocked(b Binding, fromWatch bool) bool {
+	if fromWatch {
+		if b.Revision <= c.watchRev {
+			return false
+		}
+		c.watchRev = b.Revision
+	}
+	old, had := c.m[b.Group]
+	if had && old.rev >= b.Revision {
+		return false
+	}
+	if had && old.state == stateBound && b.Group != "" {
+		c.counts[old.node]--
+	}
+	e := entry{rev: b.Revision, prev: c.intern(b.PrevNode)}
+	switch b.State {
+	case StateDeadLettered:
+		e.state = stateDead
+		e.seq = b.ThroughSeq
+	default:
+		e.state = stateBound
+		e.seq = b.FromSeq
+		e.node = c.intern(b.Node)
+		if b.Group != "" {
+			c.counts[e.node]++
+		}
+	}
+	c.m[b.Group] = e
+	return true
+}
+
+func (c *Cache) deleteLocked(group string, rev uint64) bool {
+	if rev <= c.watchRev {
+		return false
+	}
+	c.watchRev = rev
+	old, had := c.m[group]
+	if !had || old.rev >= rev {
+		return false
+	}
+	if old.state == stateBound && group != "" {
+		c.counts[old.node]--
+	}
+	delete(c.m, group)
+	return true
+}
+
+func (c *Cache) intern(node string) uint32 {
+	if i, ok := c.index[node]; ok {
+		return i
+	}
+	i := uint32(len(c.names))
+	c.names = append(c.names, node)
+	c.index[node] = i
+	c.counts = append(c.counts, 0)
+	return i
+}
+
+// Run watches the store's bucket and keeps the cache current until ctx
+// ends. It returns ctx's error, or an error if the watch cannot start.
+func (c *Cache) Run(ctx context.Context, s *Store) error {
+	w, err := s.kv.WatchAll(ctx)
+	if err != nil {
+		return fmt.Errorf("kvbinding: watch %s: %w", s.bucket, err)
+	}
+	defer w.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case e, ok := <-w.Updates():
+			if !ok {
+				return ctx.Err()
+			}
+			if e == nil {
+				c.once.Do(func() { close(c.ready) })
+				continue
+			}
+			c.applyEntry(e)
+		}
+	}
+}
+
+func (c *Cache) applyEntry(e jetstream.KeyValueEntry) {
+	if e.Operation() != jetstream.KeyValuePut {
+		group, err := groupOfKey(e.Key())
+		if err != nil {
+			return
+		}
+		c.mu.Lock()
+		changed := c.deleteLocked(group, e.Revision())
+		c.mu.Unlock()
+		if changed && c.onChange != nil {
+			c.onChange(Binding{Group: group, Revision: e.Revision()}, true)
+		}
+		return
+	}
+	b, err := decodeEntry(e)
+	if err != nil {
+		return // a value we do not understand: leave it to the operator
+	}
+	c.mu.Lock()
+	changed := c.applyLocked(b, true)
+	c.mu.Unlock()
+	if changed && c.onChange != nil {
+		c.onChange(b, false)
+	}
+}
+
+func groupOfKey(key string) (string, error) {
+	if key == UngroupedKey {
+		return "", nil
+	}
+	return GroupFromKey(key)
+}

@@ -1,0 +1,27 @@
+package kvbinding
+
+import "errors"
+
+var (
+	// ErrInvalidGroupID is returned for a group id that is empty, longer
+	// than MaxGroupIDLen bytes or not valid UTF-8.
+	ErrInvalidGroupID = errors.New("kvbinding: invalid group id")
+	// ErrInvalidKey is returned when a key is not one that Key produces.
+	ErrInvalidKey = errors.New("kvbinding: invalid binding key")
+	// ErrInvalidBinding is returned for a binding value that does not decode
+	// or does not describe a usable binding.
+	ErrInvalidBinding = errors.New("kvbinding: invalid binding")
+	// ErrExists is returned by Store.Create when the group already has a
+	// binding; the returned Binding is the one that stands.
+	ErrExists = errors.New("kvbinding: group already bound")
+	// ErrConflict is returned by Store.Replace when the binding changed
+	// since the revision given.
+	ErrConflict = errors.New("kvbinding: binding changed concurrently")
+	// ErrNotFound is returned when a group has no binding.
+	ErrNotFound = errors.New("kvbinding: group not bound")
+	// ErrLeaseHeld is returned when another holder owns a lease.
+	ErrLeaseHeld = errors.New("kvbinding: lease held by another")
+	// ErrLeaseLost is returned when a lease could not be renewed because
+	// it expired or was taken over.
+	ErrLeaseLost = errors.New("kvbinding: lease lost")
+)

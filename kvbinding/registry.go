@@ -1,0 +1,350 @@
+package kvbinding
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// DefaultNodesBucket is the node registry bucket name.
+const DefaultNodesBucket = "grouping-nodes"
+
+// Key prefixes inside the node registry bucket.
+const (
+	livePrefix  = "live."
+	leasePrefix = "lease."
+	ckptPrefix  = "ckpt."
+)
+
+// NodeInfo is what a node announces about itself while it is alive.
+type NodeInfo struct {
+	Node string `json:"node"`
+	// Type is LOCAL or REMOTE.
+	Type string `json:"type"`
+	// Handler is the grouping-handler name the node runs.
+	Handler string `json:"handler"`
+	// HasConsumer is true while the node's queue consumer has an active puller.
+	HasConsumer bool      `json:"has_consumer"`
+	Started     time.Time `json:"started"`
+	Heartbeat   time.Time `json:"heartbeat"`
+	// Position is the next ingress sequence the node will read.
+	Position uint64 `json:"position"`
+	// Held is the number of messages waiting for a decision.
+	Held int `json:"held"`
+	// Routed counts messages republished onto the node's queue since start.
+	Routed uint64 `json:"routed"`
+	// DecisionErrors counts failed proposal attempts since start.
+	DecisionErrors uint64 `json:"decision_errors"`
+	// DeadLettered counts messages sent to the dead-letter stream since start.
+	DeadLettered uint64 `json:"dead_lettered"`
+}
+
+// Lease is the record of a handler lease.
+type Lease struct {
+	Holder   string    `json:"holder"`
+	Since    time.Time `json:"since"`
+	Revision uint64    `json:"-"`
+}
+
+// Checkpoint is how far a node has routed the ingress stream: every
+// sequence below Next is done except those listed in Pending.
+type Checkpoint struct {
+	Next    uint64      `json:"next"`
+	Pending [][2]uint64 `json:"pending,omitempty"` // inclusive ranges still to route
+}
+
+// Registry is the node registry: live node announcements (with a TTL, so a
+// dead node disappears by itself), handler leases and checkpoints. It is
+// safe for concurrent use.
+type Registry struct {
+	js     jetstream.JetStream
+	kv     jetstream.KeyValue
+	bucket string
+
+	mu       sync.RWMutex
+	live     map[string]NodeInfo
+	ready    chan struct{}
+	once     sync.Once
+	onChange func()
+}
+
+// RegistryConfig configures the node registry bucket.
+type RegistryConfig struct {
+	// Bucket defaults to DefaultNodesBucket.
+	Bucket string
+	// Replicas of the bucket's stream; 0 means 1.
+	Replicas int
+}
+
+// OpenRegistry creates the registry bucket (with per-key TTLs enabled) if
+// it is missing and returns a Registry on it. onChange, if not nil, is
+// called after the set of live nodes changed.
+func OpenRegistry(ctx context.Context, js jetstream.JetStream, cfg RegistryConfig, onChange func()) (*Registry, error) {
+	if cfg.Bucket == "" {
+		cfg.Bucket = DefaultNodesBucket
+	}
+	if cfg.Replicas <= 0 {
+		cfg.Replicas = 1
+	}
+	kv, err := openBucket(ctx, js, jetstream.KeyValueConfig{
+		Bucket:         cfg.Bucket,
+		Description:    "grouprouter: live nodes, handler leases, checkpoints",
+		History:        1,
+		Replicas:       cfg.Replicas,
+		Storage:        jetstream.FileStorage,
+		LimitMarkerTTL: time.Second,
+	})
+	if err != nil {
+		return nil, err
+	}
+	return &Registry{js: js, kv: kv, bucket: cfg.Bucket, live: map[string]NodeInfo{}, ready: make(chan struct{}), onChange: onChange}, nil
+}
+
+func (r *Registry) subject(key string) string { return "$KV." + r.bucket + "." + key }
+
+// ttlHeader formats a per-message TTL; the server counts whole seconds, at least one.
+func ttlHeader(ttl time.Duration) string {
+	s := int64((ttl + time.Second - 1) / time.Second)
+	if s < 1 {
+		s = 1
+	}
+	return strconv.FormatInt(s, 10) + "s"
+}
+
+// Announce publishes info as the node's liveness record, expiring after ttl
+// unless announced again.
+func (r *Registry) Announce(ctx context.Context, info NodeInfo, ttl time.Duration) error {
+	data, err := json.Marshal(info)
+	if err != nil {
+		return err
+	}
+	msg := nats.NewMsg(r.subject(livePrefix + info.Node))
+	msg.Header.Set(jetstream.MsgTTLHeader, ttlHeader(ttl))
+	msg.Data = data
+	if _, err := r.js.PublishMsg(ctx, msg); err != nil {
+		return fmt.Errorf("kvbinding: announce %s: %w", info.Node, err)
+	}
+	return nil
+}
+
+// Withdraw removes the node's liveness record (a clean shutdown).
+func (r *Registry) Withdraw(ctx context.Context, node string) error {
+	if err := r.kv.Delete(ctx, livePrefix+node); err != nil {
+		return fmt.Errorf("kvbinding: withdraw %s: %w", node, err)
+	}
+	return nil
+}
+
+// Live returns the nodes currently announced, keyed by node id.
+func (r *Registry) Live() map[string]NodeInfo {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	out := make(map[string]NodeInfo, len(r.live))
+	for k, v := range r.live {
+		out[k] = v
+	}
+	return out
+}
+
+// Ready is closed once the registry has loaded the nodes announced when
+// its watch started.
+func (r *Registry) Ready() <-chan struct{} { return r.ready }
+
+// Run watches the liveness records until ctx ends.
+func (r *Registry) Run(ctx context.Context) error {
+	w, err := r.kv.Watch(ctx, livePrefix+">")
+	if err != nil {
+		return fmt.Errorf("kvbinding: watch nodes: %w", err)
+	}
+	defer w.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case e, ok := <-w.Updates():
+			if !ok {
+				return ctx.Err()
+			}
+			if e == nil {
+				r.once.Do(func() { close(r.ready) })
+				continue
+			}
+			r.apply(e)
+		}
+	}
+}
+
+func (r *Registry) apply(e jetstream.KeyValueEntry) {
+	node := strings.TrimPrefix(e.Key(), livePrefix)
+	changed := false
+	r.mu.Lock()
+	if e.Operation() == jetstream.KeyValuePut {
+		var info NodeInfo
+		if err := json.Unmarshal(e.Value(), &info); err == nil && info.Node == node {
+			old, had := r.live[node]
+			changed = !had || old.HasConsumer != info.HasConsumer
+			r.live[node] = info
+		}
+	} else if _, had := r.live[node]; had {
+		delete(r.live, node)
+		changed = true
+	}
+	r.mu.Unlock()
+	if changed && r.onChange != nil {
+		r.onChange()
+	}
+}
+
+// ListNodes reads the liveness records directly from the bucket.
+func (r *Registry) ListNodes(ctx context.Context) ([]NodeInfo, error) {
+	w, err := r.kv.Watch(ctx, livePrefix+">", jetstream.IgnoreDeletes())
+	if err != nil {
+		return nil, err
+	}
+	defer w.Stop()
+	var out []NodeInfo
+	for {
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case e := <-w.Updates():
+			if e == nil {
+				return out, nil
+			}
+			var info NodeInfo
+			if json.Unmarshal(e.Value(), &info) == nil {
+				out = append(out, info)
+			}
+		}
+	}
+}
+
+// AcquireLease takes the named lease for holder if nobody holds it. It
+// returns the lease, or an error wrapping ErrLeaseHeld with the current one.
+func (r *Registry) AcquireLease(ctx context.Context, name, holder string, ttl time.Duration) (Lease, error) {
+	l := Lease{Holder: holder, Since: time.Now().UTC()}
+	data, _ := json.Marshal(l)
+	rev, err := r.kv.Create(ctx, leasePrefix+name, data, jetstream.KeyTTL(roundTTL(ttl)))
+	if err == nil {
+		l.Revision = rev
+		return l, nil
+	}
+	if errors.Is(err, jetstream.ErrKeyExists) {
+		cur, gerr := r.GetLease(ctx, name)
+		if gerr == nil && cur.Holder == holder {
+			// Ours from an earlier incarnation: renew it.
+			return r.RenewLease(ctx, name, cur, ttl)
+		}
+		return cur, fmt.Errorf("%w: %s held by %s", ErrLeaseHeld, name, cur.Holder)
+	}
+	return Lease{}, fmt.Errorf("kvbinding: acquire lease %s: %w", name, err)
+}
+
+func roundTTL(ttl time.Duration) time.Duration {
+	if ttl < time.Second {
+		return time.Second
+	}
+	return ttl.Round(time.Second)
+}
+
+// RenewLease extends a lease held at l.Revision. If the lease changed, it
+// returns an error wrapping ErrLeaseLost.
+func (r *Registry) RenewLease(ctx context.Context, name string, l Lease, ttl time.Duration) (Lease, error) {
+	data, _ := json.Marshal(l)
+	msg := nats.NewMsg(r.subject(leasePrefix + name))
+	msg.Header.Set(jetstream.MsgTTLHeader, ttlHeader(ttl))
+	msg.Header.Set(jetstream.ExpectedLastSubjSeqHeader, strconv.FormatUint(l.Revision, 10))
+	msg.Data = data
+	ack, err := r.js.PublishMsg(ctx, msg)
+	if err != nil {
+		var apiErr *jetstream.APIError
+		if errors.As(err, &apiErr) && (apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence || apiErr.ErrorCode == 10164) {
+			return Lease{}, fmt.Errorf("%w: %s", ErrLeaseLost, name)
+		}
+		return Lease{}, fmt.Errorf("kvbinding: renew lease %s: %w", name, err)
+	}
+	l.Revision = ack.Sequence
+	return l, nil
+}
+
+// ReleaseLease deletes the lease if it is still at l.Revision, so that a
+// standby can take it at once.
+func (r *Registry) ReleaseLease(ctx context.Context, name string, l Lease) error {
+	return r.kv.Delete(ctx, leasePrefix+name, jetstream.LastRevision(l.Revision))
+}
+
+// GetLease returns the current lease record, or an error wrapping
+// jetstream.ErrKeyNotFound if nobody holds it.
+func (r *Registry) GetLease(ctx context.Context, name string) (Lease, error) {
+	e, err := r.kv.Get(ctx, leasePrefix+name)
+	if err != nil {
+		return Lease{}, err
+	}
+	var l Lease
+	if err := json.Unmarshal(e.Value(), &l); err != nil {
+		return Lease{}, fmt.Errorf("kvbinding: lease %s: %w", name, err)
+	}
+	l.Revision = e.Revision()
+	return l, nil
+}
+
+// WatchLease calls fn (from its own goroutine) whenever the lease record
+// changes, until ctx ends.
+func (r *Registry) WatchLease(ctx context.Context, name string, fn func()) error {
+	w, err := r.kv.Watch(ctx, leasePrefix+name, jetstream.UpdatesOnly())
+	if err != nil {
+		return err
+	}
+	go func() {
+		defer w.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case _, ok := <-w.Updates():
+				if !ok {
+					return
+				}
+				fn()
+			}
+		}
+	}()
+	return nil
+}
+
+// SaveCheckpoint stores the node's routing checkpoint.
+func (r *Registry) SaveCheckpoint(ctx context.Context, node string, c Checkpoint) error {
+	data, err := json.Marshal(c)
+	if err != nil {
+		return err
+	}
+	if _, err := r.kv.Put(ctx, ckptPrefix+node, data); err != nil {
+		return fmt.Errorf("kvbinding: save checkpoint %s: %w", node, err)
+	}
+	return nil
+}
+
+// LoadCheckpoint returns the node's stored checkpoint, or a zero
+// Checkpoint and false if it has none.
+func (r *Registry) LoadCheckpoint(ctx context.Context, node string) (Checkpoint, bool, error) {
+	e, err := r.kv.Get(ctx, ckptPrefix+node)
+	if err != nil {
+		if errors.Is(err, jetstream.ErrKeyNotFound) || errors.Is(err, jetstream.ErrKeyDeleted) {
+			return Checkpoint{}, false, nil
+		}
+		return Checkpoint{}, false, fmt.Errorf("kvbinding: load checkpoint %s: %w", node, err)
+	}
+	var c Checkpoint
+	if err := json.Unmarshal(e.Value(), &c); err != nil {
+		return Checkpoint{}, false, fmt.Errorf("kvbinding: checkpoint %s: %w", node, err)
+	}
+	return c, true, nil
+}

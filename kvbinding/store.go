@@ -1,0 +1,207 @@
+package kvbinding
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// DefaultBucket is the bindings bucket name.
+const DefaultBucket = "grouping-bindings"
+
+// StoreConfig configures the bindings bucket.
+type StoreConfig struct {
+	// Bucket defaults to DefaultBucket.
+	Bucket string
+	// Replicas of the bucket's stream; 0 means 1.
+	Replicas int
+}
+
+// Store reads and writes bindings in a JetStream KV bucket. Writes are
+// create or compare-and-set only, so concurrent writers converge on one
+// binding per group. It is safe for concurrent use.
+type Store struct {
+	kv     jetstream.KeyValue
+	bucket string
+}
+
+// OpenStore creates the bindings bucket if it is missing and returns a
+// Store on it. An existing bucket is used as it is.
+func OpenStore(ctx context.Context, js jetstream.JetStream, cfg StoreConfig) (*Store, error) {
+	if cfg.Bucket == "" {
+		cfg.Bucket = DefaultBucket
+	}
+	if cfg.Replicas <= 0 {
+		cfg.Replicas = 1
+	}
+	kv, err := openBucket(ctx, js, jetstream.KeyValueConfig{
+		Bucket:      cfg.Bucket,
+		Description: "grouprouter: group id -> node bindings",
+		History:     1,
+		Replicas:    cfg.Replicas,
+		Storage:     jetstream.FileStorage,
+	})
+	if err != nil {
+		return nil, err
+	}
+	return &Store{kv: kv, bucket: cfg.Bucket}, nil
+}
+
+// openBucket binds to a bucket, creating it when it does not exist yet.
+func openBucket(ctx context.Context, js jetstream.JetStream, cfg jetstream.KeyValueConfig) (jetstream.KeyValue, error) {
+	kv, err := js.KeyValue(ctx, cfg.Bucket)
+	if err == nil {
+		return kv, nil
+	}
+	if !errors.Is(err, jetstream.ErrBucketNotFound) {
+		return nil, fmt.Errorf("kvbinding: open bucket %s: %w", cfg.Bucket, err)
+	}
+	kv, err = js.CreateKeyValue(ctx, cfg)
+	if err != nil {
+		// Another node may have created it between the two calls.
+		if kv2, err2 := js.KeyValue(ctx, cfg.Bucket); err2 == nil {
+			return kv2, nil
+		}
+		return nil, fmt.Errorf("kvbinding: create bucket %s: %w", cfg.Bucket, err)
+	}
+	return kv, nil
+}
+
+// KV returns the underlying bucket.
+func (s *Store) KV() jetstream.KeyValue { return s.kv }
+
+// Bucket returns the bucket name.
+func (s *Store) Bucket() string { return s.bucket }
+
+// Create writes b if the group has no binding (or only a deleted one) and
+// returns it with its revision. If a binding exists it returns that binding
+// and an error wrapping ErrExists.
+func (s *Store) Create(ctx context.Context, b Binding) (Binding, error) {
+	key, err := KeyOf(b.Group)
+	if err != nil {
+		return Binding{}, err
+	}
+	val, err := b.Marshal()
+	if err != nil {
+		return Binding{}, err
+	}
+	rev, err := s.kv.Create(ctx, key, val)
+	if err == nil {
+		b.Revision = rev
+		return b, nil
+	}
+	if errors.Is(err, jetstream.ErrKeyExists) {
+		cur, gerr := s.Get(ctx, b.Group)
+		if gerr != nil {
+			if errors.Is(gerr, ErrNotFound) {
+				// Deleted between the two calls: let the caller retry.
+				return Binding{}, fmt.Errorf("%w: %v", ErrConflict, err)
+			}
+			return Binding{}, gerr
+		}
+		return cur, fmt.Errorf("%w: group %q bound to %q", ErrExists, b.Group, cur.Node)
+	}
+	return Binding{}, fmt.Errorf("kvbinding: create %q: %w", b.Group, err)
+}
+
+// Replace writes b over the record at revision rev. If the record changed
+// since, it returns the current one and an error wrapping ErrConflict.
+func (s *Store) Replace(ctx context.Context, b Binding, rev uint64) (Binding, error) {
+	key, err := KeyOf(b.Group)
+	if err != nil {
+		return Binding{}, err
+	}
+	val, err := b.Marshal()
+	if err != nil {
+		return Binding{}, err
+	}
+	nrev, err := s.kv.Update(ctx, key, val, rev)
+	if err == nil {
+		b.Revision = nrev
+		return b, nil
+	}
+	// A revision mismatch also matches ErrKeyExists: test it first.
+	if errors.Is(err, jetstream.ErrKeyRevisionMismatch) || errors.Is(err, jetstream.ErrKeyExists) {
+		cur, gerr := s.Get(ctx, b.Group)
+		if gerr != nil && !errors.Is(gerr, ErrNotFound) {
+			return Binding{}, gerr
+		}
+		return cur, fmt.Errorf("%w: group %q", ErrConflict, b.Group)
+	}
+	return Binding{}, fmt.Errorf("kvbinding: replace %q: %w", b.Group, err)
+}
+
+// Delete removes the group's binding if it is still at revision rev.
+func (s *Store) Delete(ctx context.Context, group string, rev uint64) error {
+	key, err := KeyOf(group)
+	if err != nil {
+		return err
+	}
+	err = s.kv.Delete(ctx, key, jetstream.LastRevision(rev))
+	if err == nil {
+		return nil
+	}
+	if errors.Is(err, jetstream.ErrKeyRevisionMismatch) || errors.Is(err, jetstream.ErrKeyExists) {
+		return fmt.Errorf("%w: group %q", ErrConflict, group)
+	}
+	return fmt.Errorf("kvbinding: delete %q: %w", group, err)
+}
+
+// Get returns the group's binding, or an error wrapping ErrNotFound.
+func (s *Store) Get(ctx context.Context, group string) (Binding, error) {
+	key, err := KeyOf(group)
+	if err != nil {
+		return Binding{}, err
+	}
+	e, err := s.kv.Get(ctx, key)
+	if err != nil {
+		if errors.Is(err, jetstream.ErrKeyNotFound) || errors.Is(err, jetstream.ErrKeyDeleted) {
+			return Binding{}, fmt.Errorf("%w: %q", ErrNotFound, group)
+		}
+		return Binding{}, fmt.Errorf("kvbinding: get %q: %w", group, err)
+	}
+	return decodeEntry(e)
+}
+
+// List returns every binding in the bucket, in key order of the stream.
+func (s *Store) List(ctx context.Context) ([]Binding, error) {
+	w, err := s.kv.WatchAll(ctx, jetstream.IgnoreDeletes())
+	if err != nil {
+		return nil, fmt.Errorf("kvbinding: list: %w", err)
+	}
+	defer w.Stop()
+	var out []Binding
+	for {
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case e, ok := <-w.Updates():
+			if !ok {
+				return out, nil
+			}
+			if e == nil {
+				return out, nil
+			}
+			b, err := decodeEntry(e)
+			if err != nil {
+				continue // not ours (foreign key): skip rather than fail the listing
+			}
+			out = append(out, b)
+		}
+	}
+}
+
+func decodeEntry(e jetstream.KeyValueEntry) (Binding, error) {
+	b, err := UnmarshalBinding(e.Value())
+	if err != nil {
+		return Binding{}, fmt.Errorf("key %q: %w", e.Key(), err)
+	}
+	want, err := KeyOf(b.Group)
+	if err != nil || want != e.Key() {
+		return Binding{}, fmt.Errorf("%w: key %q holds group %q", ErrInvalidBinding, e.Key(), b.Group)
+	}
+	b.Revision = e.Revision()
+	return b, nil
+}

@@ -1,0 +1,47 @@
+package proposals
+
+import (
+	"encoding/json"
+	"time"
+
+	"github.com/nats-io/nats.go"
+)
+
+// SubjectEventsPrefix prefixes event subjects: grouping.events.<kind>.
+const SubjectEventsPrefix = "grouping.events."
+
+// Event kinds.
+const (
+	EventBind            = "bind"       // a group was bound (accepted or redirected)
+	EventReject          = "reject"     // a proposal was rejected: another route stands
+	EventTimeout         = "timeout"    // a proposal got no decision in time
+	EventDeadLetter      = "deadletter" // messages went to the dead-letter stream
+	EventHandlerTakeover = "handler"    // a LOCAL handler became active
+)
+
+// Event is the JSON body published on SubjectEventsPrefix + Kind.
+type Event struct {
+	Kind     string    `json:"kind"`
+	Group    string    `json:"group"`
+	Node     string    `json:"node,omitempty"`
+	PrevNode string    `json:"prev_node,omitempty"`
+	FromSeq  uint64    `json:"from_seq,omitempty"`
+	By       string    `json:"by"`
+	At       time.Time `json:"at"`
+	Reason   string    `json:"reason,omitempty"`
+	Attempt  int       `json:"attempt,omitempty"`
+	Count    int       `json:"count,omitempty"`
+}
+
+// Publish sends the event on core NATS (fire and forget: events are for
+// observers and never block routing).
+func (e Event) Publish(nc *nats.Conn) {
+	if e.At.IsZero() {
+		e.At = time.Now().UTC()
+	}
+	data, err := json.Marshal(e)
+	if err != nil {
+		return
+	}
+	_ = nc.Publish(SubjectEventsPrefix+e.Kind, data)
+}

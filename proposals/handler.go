@@ -1,0 +1,298 @@
+package proposals
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"golang.org/x/sync/errgroup"
+
+	"grouprouter/kvbinding"
+)
+
+// HandlerConfig configures a LOCAL handler.
+type HandlerConfig struct {
+	// Name is the grouping-handler name; a hot backup uses the same name.
+	Name string
+	// Node is the id of the node the handler runs on.
+	Node string
+	// LeaseTTL is how long the active handler's lease lives without
+	// renewal; a standby takes over at most about this long after the
+	// active one dies. Default 2s; the registry rounds it to whole seconds.
+	LeaseTTL time.Duration
+	// Logger defaults to a discarding logger.
+	Logger *slog.Logger
+}
+
+// Handler is a LOCAL grouping handler. Run competes for the handler lease
+// named after the handler; only the holder answers proposals, so among a
+// handler and its hot backups exactly one answers at a time. Bindings are
+// written with KV create or compare-and-set before the reply, so even two
+// overlapping handlers converge on one binding per group.
+type Handler struct {
+	nc    *nats.Conn
+	store *kvbinding.Store
+	cache *kvbinding.Cache
+	reg   *kvbinding.Registry
+	cfg   HandlerConfig
+	log   *slog.Logger
+	id    string
+
+	active    atomic.Bool
+	decisions atomic.Uint64
+	wg        sync.WaitGroup
+	sem       chan struct{}
+}
+
+// NewHandler returns a handler deciding with the given shared state. cache
+// and reg must be kept current by their Run methods.
+func NewHandler(nc *nats.Conn, store *kvbinding.Store, cache *kvbinding.Cache, reg *kvbinding.Registry, cfg HandlerConfig) *Handler {
+	if cfg.LeaseTTL <= 0 {
+		cfg.LeaseTTL = 2 * time.Second
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return &Handler{
+		nc: nc, store: store, cache: cache, reg: reg, cfg: cfg,
+		log: log.With("component", "handler"),
+		id:  cfg.Name + "/" + cfg.Node,
+		sem: make(chan struct{}, 16),
+	}
+}
+
+// Active reports whether this handler currently holds the lease and answers.
+func (h *Handler) Active() bool { return h.active.Load() }
+
+// Decisions returns how many proposals this handler has answered.
+func (h *Handler) Decisions() uint64 { return h.decisions.Load() }
+
+// Run competes for the lease and answers proposals while holding it, until
+// ctx ends; then it stops answering and releases the lease so that a
+// backup takes over at once.
+func (h *Handler) Run(ctx context.Context) error {
+	wake := make(chan struct{}, 1)
+	notify := func() {
+		select {
+		case wake <- struct{}{}:
+		default:
+		}
+	}
+	if err := h.reg.WatchLease(ctx, h.cfg.Name, notify); err != nil {
+		return fmt.Errorf("proposals: watch lease: %w", err)
+	}
+	renew := h.cfg.LeaseTTL / 4
+	if renew < 100*time.Millisecond {
+		renew = 100 * time.Millisecond
+	}
+	ticker := time.NewTicker(renew)
+	defer ticker.Stop()
+
+	var (
+		lease kvbinding.Lease
+		sub   *nats.Subscription
+	)
+	stop := func() {
+		if sub != nil {
+			_ = sub.Drain()
+			sub = nil
+		}
+		h.wg.Wait()
+		h.active.Store(false)
+	}
+	defer func() {
+		held := sub != nil
+		stop()
+		if held {
+			rctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			_ = h.reg.ReleaseLease(rctx, h.cfg.Name, lease)
+			cancel()
+			h.log.Info("handler stopped and released its lease")
+		}
+	}()
+	for {
+		opCtx, cancel := context.WithTimeout(ctx, h.cfg.LeaseTTL/2)
+		if sub == nil {
+			l, err := h.reg.AcquireLease(opCtx, h.cfg.Name, h.id, h.cfg.LeaseTTL)
+			if err == nil {
+				lease = l
+				s, serr := h.nc.QueueSubscribe(SubjectPropose, handlerQueue, h.onRequest)
+				if serr != nil {
+					cancel()
+					return fmt.Errorf("proposals: subscribe: %w", serr)
+				}
+				_ = h.nc.Flush()
+				sub = s
+				h.active.Store(true)
+				h.log.Info("handler active", "lease_rev", lease.Revision)
+				Event{Kind: EventHandlerTakeover, By: h.id, Reason: "lease acquired"}.Publish(h.nc)
+			} else if !errors.Is(err, kvbinding.ErrLeaseHeld) && ctx.Err() == nil {
+				h.log.Warn("lease acquire failed", "err", err)
+			}
+		} else {
+			l, err := h.reg.RenewLease(opCtx, h.cfg.Name, lease, h.cfg.LeaseTTL)
+			switch {
+			case err == nil:
+				lease = l
+			case errors.Is(err, kvbinding.ErrLeaseLost):
+				h.log.Warn("lease lost: standing down")
+				stop()
+			default:
+				// Transient (e.g. a leader election): keep answering; the
+				// KV writes stay compare-and-set, so an overlap is safe.
+				if ctx.Err() == nil {
+					h.log.Warn("lease renew failed", "err", err)
+				}
+			}
+		}
+		cancel()
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-ticker.C:
+		case <-wake:
+		}
+	}
+}
+
+func (h *Handler) onRequest(m *nats.Msg) {
+	h.wg.Add(1)
+	h.sem <- struct{}{}
+	go func() {
+		defer func() { <-h.sem; h.wg.Done() }()
+		h.serve(m)
+	}()
+}
+
+func (h *Handler) serve(m *nats.Msg) {
+	reply := Reply{Handler: h.id}
+	req, err := DecodeRequest(m.Data)
+	if err != nil {
+		reply.Error = err.Error()
+		h.log.Warn("bad proposal request", "err", err)
+	} else {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		reply.Decisions = h.DecideAll(ctx, req)
+		cancel()
+	}
+	data, err := EncodeReply(reply)
+	if err != nil {
+		return
+	}
+	if m.Reply != "" {
+		_ = m.Respond(data)
+	}
+}
+
+// DecideAll decides every proposal of req, writing accepted bindings before
+// it returns. Independent groups are written concurrently.
+func (h *Handler) DecideAll(ctx context.Context, req Request) []Decision {
+	out := make([]Decision, len(req.Proposals))
+	live := h.liveState()
+	var mu sync.Mutex // guards live counts across concurrent writes
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(64)
+	for i, p := range req.Proposals {
+		i, p := i, p
+		out[i] = Decision{Group: p.Group, Outcome: Failed}
+		if err := p.Validate(); err != nil {
+			out[i].Error = fmt.Sprintf("invalid proposal: %v", err)
+			continue
+		}
+		mu.Lock()
+		st := State{Live: live}
+		if r, ok := h.cache.Lookup(p.Group); ok {
+			st.Existing = &r
+		}
+		v := Decide(st, p, time.Now())
+		if v.Action == Create || v.Action == Replace {
+			// Count the choice now so the rest of the batch spreads.
+			if n, ok := live[v.Binding.Node]; ok && p.Group != "" {
+				n.Groups++
+				live[v.Binding.Node] = n
+			}
+		}
+		mu.Unlock()
+		g.Go(func() error {
+			out[i] = h.carryOut(gctx, req.Proposer, p, st, v)
+			return nil
+		})
+	}
+	_ = g.Wait()
+	h.decisions.Add(uint64(len(req.Proposals)))
+	return out
+}
+
+func (h *Handler) liveState() map[string]NodeState {
+	live := h.reg.Live()
+	counts := h.cache.Counts()
+	out := make(map[string]NodeState, len(live))
+	for id, info := range live {
+		out[id] = NodeState{HasConsumer: info.HasConsumer, Groups: counts[id]}
+	}
+	return out
+}
+
+func (h *Handler) carryOut(ctx context.Context, proposer string, p Proposal, st State, v Verdict) Decision {
+	d := Decision{Group: p.Group, Outcome: Failed}
+	var (
+		b   kvbinding.Binding
+		err error
+	)
+	switch v.Action {
+	case Fail:
+		d.Error = v.Reason
+		return d
+	case Keep:
+		// Return the full record as stored.
+		b, err = h.store.Get(ctx, p.Group)
+		if err != nil {
+			d.Error = err.Error()
+			return d
+		}
+		return h.rejected(d, proposer, p, b, v.Reason)
+	case Create:
+		v.Binding.DecidedBy, v.Binding.ProposedBy = h.id, proposer
+		b, err = h.store.Create(ctx, v.Binding)
+	case Replace:
+		v.Binding.DecidedBy, v.Binding.ProposedBy = h.id, proposer
+		b, err = h.store.Replace(ctx, v.Binding, st.Existing.Revision)
+	}
+	switch {
+	case err == nil:
+	case errors.Is(err, kvbinding.ErrExists), errors.Is(err, kvbinding.ErrConflict):
+		if b.Revision == 0 {
+			d.Error = err.Error()
+			return d
+		}
+		// Someone else decided first (another proposal, an overlapping
+		// handler): their record stands.
+		h.cache.Apply(b)
+		return h.rejected(d, proposer, p, b, "decided concurrently")
+	default:
+		d.Error = err.Error()
+		h.log.Warn("binding write failed", "group", p.Group, "err", err)
+		return d
+	}
+	h.cache.Apply(b)
+	d.Binding, d.Revision = &b, b.Revision
+	d.Outcome = Accepted
+	if v.Redirected {
+		d.Outcome = Rejected
+	}
+	Event{Kind: EventBind, Group: p.Group, Node: b.Node, FromSeq: b.FromSeq, By: h.id, Reason: v.Reason}.Publish(h.nc)
+	return d
+}
+
+func (h *Handler) rejected(d Decision, proposer string, p Proposal, b kvbinding.Binding, reason string) Decision {
+	d.Outcome = Rejected
+	d.Binding, d.Revision = &b, b.Revision
+	Event{Kind: EventReject, Group: p.Group, Node: b.Node, By: h.id, Reason: reason + " (proposed " + p.Node + " by " + proposer + ")"}.Publish(h.nc)
+	return d
+}

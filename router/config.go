@@ -1,0 +1,203 @@
+package router
+
+import (
+	"fmt"
+	"log/slog"
+	"strings"
+	"time"
+
+	"grouprouter/kvbinding"
+)
+
+// HandlerType is the grouping-handler type of a node.
+type HandlerType string
+
+const (
+	// Local nodes route and also compete to answer proposals; a second
+	// LOCAL node is the hot backup of the first.
+	Local HandlerType = "LOCAL"
+	// Remote nodes route and propose to the LOCAL handler.
+	Remote HandlerType = "REMOTE"
+)
+
+// ParseHandlerType accepts LOCAL or REMOTE in any letter case.
+func ParseHandlerType(s string) (HandlerType, error) {
+	switch t := HandlerType(strings.ToUpper(strings.TrimSpace(s))); t {
+	case Local, Remote:
+		return t, nil
+	}
+	return "", fmt.Errorf("%w: unknown type %q (want LOCAL or REMOTE)", ErrConfig, s)
+}
+
+// Defaults of Config.
+const (
+	DefaultGroupHeader     = "Group-Id"
+	DefaultTimeout         = 5 * time.Second
+	DefaultMaxHeldMessages = 100_000
+	DefaultMaxHeldBytes    = 64 << 20
+	DefaultMaxInFlight     = 4096
+	DefaultHeartbeat       = time.Second
+	DefaultLeaseTTL        = 2 * time.Second
+	DefaultCheckpoint      = time.Second
+	DefaultIngressMaxAge   = 24 * time.Hour
+	DefaultPinnedTTL       = 5 * time.Second
+)
+
+// Config configures a router node. The first four fields are the seeds'
+// <grouping-handler> block; the rest have defaults (see Defaults).
+type Config struct {
+	// Name of the grouping handler; the LOCAL handler and its backups share it.
+	Name string
+	// Type is LOCAL or REMOTE.
+	Type HandlerType
+	// Address: producers publish on <Address>.> (e.g. "jms" -> jms.orders).
+	Address string
+	// Timeout is how long a proposal may wait for a decision before the
+	// attempt counts as failed (it is retried; the group waits).
+	Timeout time.Duration
+
+	// Node is this node's id: [A-Za-z0-9_-], at most 64 characters.
+	Node string
+	// GroupHeader names the header holding the group id. Default "Group-Id".
+	GroupHeader string
+	// LocalFirst makes a node propose itself for new groups when its queue
+	// has a consumer, instead of the least loaded eligible node.
+	LocalFirst bool
+	// MaxAttempts is how many failed proposal attempts a group's held
+	// messages wait through before they go to the dead-letter stream.
+	// 0 (the default) means never: they wait, in order, until decided.
+	MaxAttempts int
+	// MaxHeldMessages and MaxHeldBytes bound the messages a node keeps in
+	// memory (awaiting a decision or their group's previous publish). Past
+	// either bound the node stops reading the ingress: back-pressure, no loss.
+	MaxHeldMessages int
+	MaxHeldBytes    int64
+	// MaxInFlight bounds the queue publishes awaiting their ack.
+	MaxInFlight int
+	// Replicas of the streams and buckets; 0 picks 3 in a cluster of three
+	// or more servers and 1 otherwise. Existing streams keep theirs.
+	Replicas int
+	// Heartbeat is how often the node announces itself; it is considered
+	// gone 3 heartbeats (at least 1s) after its last announcement.
+	Heartbeat time.Duration
+	// LeaseTTL is the LOCAL handler lease; a backup takes over about this
+	// long after the active handler dies.
+	LeaseTTL time.Duration
+	// CheckpointInterval is how often the routing position is saved.
+	CheckpointInterval time.Duration
+	// IngressMaxAge is the ingress stream's MaxAge when the router creates it.
+	IngressMaxAge time.Duration
+	// PinnedTTL is the queue consumer's pinned-client timeout: how long a
+	// dead puller keeps the pin before a standby gets it.
+	PinnedTTL time.Duration
+	// Logger defaults to discarding.
+	Logger *slog.Logger
+}
+
+// withDefaults fills zero fields.
+func (c Config) withDefaults() Config {
+	if c.GroupHeader == "" {
+		c.GroupHeader = DefaultGroupHeader
+	}
+	if c.MaxHeldMessages == 0 {
+		c.MaxHeldMessages = DefaultMaxHeldMessages
+	}
+	if c.MaxHeldBytes == 0 {
+		c.MaxHeldBytes = DefaultMaxHeldBytes
+	}
+	if c.MaxInFlight == 0 {
+		c.MaxInFlight = DefaultMaxInFlight
+	}
+	if c.Heartbeat == 0 {
+		c.Heartbeat = DefaultHeartbeat
+	}
+	if c.LeaseTTL == 0 {
+		c.LeaseTTL = DefaultLeaseTTL
+	}
+	if c.CheckpointInterval == 0 {
+		c.CheckpointInterval = DefaultCheckpoint
+	}
+	if c.IngressMaxAge == 0 {
+		c.IngressMaxAge = DefaultIngressMaxAge
+	}
+	if c.PinnedTTL == 0 {
+		c.PinnedTTL = DefaultPinnedTTL
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	return c
+}
+
+// Validate checks the configuration; errors wrap ErrConfig.
+func (c Config) Validate() error {
+	if strings.TrimSpace(c.Name) == "" {
+		return fmt.Errorf("%w: name is empty", ErrConfig)
+	}
+	if err := kvbinding.ValidateNodeID(c.Name); err != nil {
+		return fmt.Errorf("%w: name: %v", ErrConfig, strings.Replace(err.Error(), "node id", "name", 1))
+	}
+	if c.Type != Local && c.Type != Remote {
+		return fmt.Errorf("%w: unknown type %q (want LOCAL or REMOTE)", ErrConfig, c.Type)
+	}
+	if err := ValidateAddress(c.Address); err != nil {
+		return err
+	}
+	if c.Timeout <= 0 {
+		return fmt.Errorf("%w: timeout must be > 0, got %v", ErrConfig, c.Timeout)
+	}
+	if err := kvbinding.ValidateNodeID(c.Node); err != nil {
+		return fmt.Errorf("%w: node: %v", ErrConfig, err)
+	}
+	if c.GroupHeader != "" && !validHeaderName(c.GroupHeader) {
+		return fmt.Errorf("%w: group header %q is not a valid header name", ErrConfig, c.GroupHeader)
+	}
+	switch {
+	case c.MaxAttempts < 0:
+		return fmt.Errorf("%w: max attempts must be >= 0, got %d", ErrConfig, c.MaxAttempts)
+	case c.MaxHeldMessages < 0, c.MaxHeldBytes < 0, c.MaxInFlight < 0:
+		return fmt.Errorf("%w: held/in-flight bounds must be > 0", ErrConfig)
+	case c.Replicas < 0 || c.Replicas > 5:
+		return fmt.Errorf("%w: replicas must be 0 (auto) to 5, got %d", ErrConfig, c.Replicas)
+	case c.Heartbeat < 0, c.LeaseTTL < 0, c.CheckpointInterval < 0, c.IngressMaxAge < 0, c.PinnedTTL < 0:
+		return fmt.Errorf("%w: durations must be > 0", ErrConfig)
+	}
+	return nil
+}
+
+// ValidateAddress checks a grouping-handler address: one or more subject
+// tokens, no wildcards, not inside the router's own grouping.> namespace
+// and not a system ($...) subject.
+func ValidateAddress(a string) error {
+	if a == "" {
+		return fmt.Errorf("%w: address is empty", ErrConfig)
+	}
+	if strings.HasPrefix(a, "$") {
+		return fmt.Errorf("%w: address %q is a system subject", ErrConfig, a)
+	}
+	for _, tok := range strings.Split(a, ".") {
+		if tok == "" {
+			return fmt.Errorf("%w: address %q has an empty token", ErrConfig, a)
+		}
+		if tok == "*" || tok == ">" || strings.ContainsAny(tok, " \t\r\n*>") {
+			return fmt.Errorf("%w: address %q must not contain wildcards or whitespace", ErrConfig, a)
+		}
+	}
+	if first, _, _ := strings.Cut(a, "."); first == "grouping" {
+		return fmt.Errorf("%w: address %q overlaps grouping.>, the router's own subjects", ErrConfig, a)
+	}
+	return nil
+}
+
+func validHeaderName(h string) bool {
+	if h == "" {
+		return false
+	}
+	for i := 0; i < len(h); i++ {
+		c := h[i]
+		if c <= ' ' || c >= 0x7f || c == ':' {
+			return false
+		}
+	}
+	return true
+}

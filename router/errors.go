@@ -1,0 +1,11 @@
+package router
+
+import "errors"
+
+var (
+	// ErrConfig is wrapped by every configuration error.
+	ErrConfig = errors.New("grouping: invalid configuration")
+	// ErrStreamConflict is returned when an existing stream does not fit
+	// the configuration (e.g. the ingress stream captures another address).
+	ErrStreamConflict = errors.New("grouping: existing stream does not match the configuration")
+)
