@@ -1,0 +1,154 @@
+package router
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Names of the JetStream resources a router uses.
+const (
+	// IngressStream stores what producers publish on <address>.>.
+	IngressStream = "GROUPING_INGRESS"
+	// QueueStream holds the per-node queues, subjects grouping.queue.>.
+	QueueStream = "GROUPING_QUEUE"
+	// DeadLetterStream holds messages that could not be routed, subjects grouping.dlq.>.
+	DeadLetterStream = "GROUPING_DLQ"
+
+	// QueueSubjectPrefix + <node> + "." + <ingress subject> is a node's queue subject.
+	QueueSubjectPrefix = "grouping.queue."
+	// DeadLetterSubjectPrefix + <ingress subject> is a dead-letter subject.
+	DeadLetterSubjectPrefix = "grouping.dlq."
+	// QueueConsumerPrefix + <node> is the durable consumer of a node's queue.
+	QueueConsumerPrefix = "grouping-node-"
+	// PriorityGroup is the priority group consumers of a node's queue pull with.
+	PriorityGroup = "grouping"
+)
+
+// Headers the router sets on the messages it republishes.
+const (
+	// HeaderIngressSeq carries the ingress stream sequence of the message.
+	HeaderIngressSeq = "Grouping-Ingress-Seq"
+	// HeaderDeadReason says why a message was dead-lettered.
+	HeaderDeadReason = "Grouping-Dead-Reason"
+	// HeaderOrigPrefix prefixes JetStream control headers ("Nats-...") the
+	// producer set on the ingress publish; they applied there and are kept
+	// under this prefix so they do not act again on the queue stream.
+	HeaderOrigPrefix = "Grouping-Orig-"
+)
+
+// QueueSubject returns the queue subject of a message for node.
+func QueueSubject(node, ingressSubject string) string {
+	return QueueSubjectPrefix + node + "." + ingressSubject
+}
+
+// QueueFilter returns the filter subject of node's queue consumer.
+func QueueFilter(node string) string { return QueueSubjectPrefix + node + ".>" }
+
+// QueueConsumer returns the durable consumer name of node's queue.
+func QueueConsumer(node string) string { return QueueConsumerPrefix + node }
+
+// Replicas returns the replica count the router uses on connection nc:
+// want if > 0, else 3 when connected to a cluster of at least three
+// servers, else 1.
+func Replicas(nc *nats.Conn, want int) int {
+	if want > 0 {
+		return want
+	}
+	if nc.ConnectedClusterName() == "" {
+		return 1
+	}
+	if n := len(nc.Servers()); n >= 3 {
+		return 3
+	}
+	return 1
+}
+
+// ensureStreams creates the ingress, queue and dead-letter streams if they
+// are missing, and checks that existing ones capture the right subjects.
+func ensureStreams(ctx context.Context, js jetstream.JetStream, cfg Config, replicas int) error {
+	specs := []jetstream.StreamConfig{
+		{
+			Name:        IngressStream,
+			Description: "grouprouter ingress: producers publish on " + cfg.Address + ".>",
+			Subjects:    []string{cfg.Address + ".>"},
+			Retention:   jetstream.LimitsPolicy,
+			MaxAge:      cfg.IngressMaxAge,
+			Storage:     jetstream.FileStorage,
+			Replicas:    replicas,
+		},
+		{
+			Name:        QueueStream,
+			Description: "grouprouter per-node queues: grouping.queue.<node>.<subject>",
+			Subjects:    []string{QueueSubjectPrefix + ">"},
+			Retention:   jetstream.WorkQueuePolicy,
+			Storage:     jetstream.FileStorage,
+			Replicas:    replicas,
+			Duplicates:  2 * time.Minute,
+		},
+		{
+			Name:        DeadLetterStream,
+			Description: "grouprouter dead letters, reason in " + HeaderDeadReason,
+			Subjects:    []string{DeadLetterSubjectPrefix + ">"},
+			Retention:   jetstream.LimitsPolicy,
+			Storage:     jetstream.FileStorage,
+			Replicas:    replicas,
+		},
+	}
+	for _, spec := range specs {
+		if err := ensureStream(ctx, js, spec); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func ensureStream(ctx context.Context, js jetstream.JetStream, spec jetstream.StreamConfig) error {
+	for attempt := 0; ; attempt++ {
+		s, err := js.Stream(ctx, spec.Name)
+		if err == nil {
+			got := s.CachedInfo().Config.Subjects
+			for _, want := range spec.Subjects {
+				if !slices.Contains(got, want) {
+					return fmt.Errorf("%w: stream %s captures %v, not %s", ErrStreamConflict, spec.Name, got, want)
+				}
+			}
+			return nil
+		}
+		if !errors.Is(err, jetstream.ErrStreamNotFound) {
+			return fmt.Errorf("grouping: stream %s: %w", spec.Name, err)
+		}
+		_, err = js.CreateStream(ctx, spec)
+		if err == nil {
+			return nil
+		}
+		if attempt >= 2 {
+			return fmt.Errorf("grouping: create stream %s: %w", spec.Name, err)
+		}
+		// Another node may have created it concurrently: look again.
+	}
+}
+
+// ensureQueueConsumer creates or updates node's durable queue consumer.
+func ensureQueueConsumer(ctx context.Context, js jetstream.JetStream, node string, pinnedTTL time.Duration) (jetstream.Consumer, error) {
+	c, err := js.CreateOrUpdateConsumer(ctx, QueueStream, jetstream.ConsumerConfig{
+		Durable:        QueueConsumer(node),
+		Description:    "grouprouter queue of node " + node + ": pull with priority group " + PriorityGroup,
+		FilterSubject:  QueueFilter(node),
+		AckPolicy:      jetstream.AckExplicitPolicy,
+		DeliverPolicy:  jetstream.DeliverAllPolicy,
+		MaxAckPending:  1000,
+		PriorityGroups: []string{PriorityGroup},
+		PriorityPolicy: jetstream.PriorityPolicyPinned,
+		PinnedTTL:      pinnedTTL,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("grouping: queue consumer for %s: %w", node, err)
+	}
+	return c, nil
+}
