@@ -2,10 +2,7 @@ package kvbinding
 
 import (
 	"context"
-	"fmt"
 	"sync"
-
-	"github.com/nats-io/nats.go/jetstream"
 )
 
 // Route is the cached view of one group's binding record.
@@ -223,46 +220,28 @@ func (c *Cache) intern(node string) uint32 {
 // Run watches the store's bucket and keeps the cache current until ctx
 // ends. It returns ctx's error, or an error if the watch cannot start.
 func (c *Cache) Run(ctx context.Context, s *Store) error {
-	w, err := s.kv.WatchAll(ctx)
-	if err != nil {
-		return fmt.Errorf("kvbinding: watch %s: %w", s.bucket, err)
-	}
-	defer w.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case e, ok := <-w.Updates():
-			if !ok {
-				return ctx.Err()
-			}
-			if e == nil {
-				c.once.Do(func() { close(c.ready) })
-				continue
-			}
-			c.applyEntry(e)
-		}
-	}
+	return watchBucket(ctx, s.js, s.bucket, ">", c.applyEntry, func() { c.once.Do(func() { close(c.ready) }) })
 }
 
-func (c *Cache) applyEntry(e jetstream.KeyValueEntry) {
-	if e.Operation() != jetstream.KeyValuePut {
-		group, err := groupOfKey(e.Key())
-		if err != nil {
-			return
-		}
+func (c *Cache) applyEntry(key string, op entryOp, value []byte, rev uint64) {
+	group, err := groupOfKey(key)
+	if err != nil {
+		return // not a key of ours
+	}
+	if op == opDelete {
 		c.mu.Lock()
-		changed := c.deleteLocked(group, e.Revision())
+		changed := c.deleteLocked(group, rev)
 		c.mu.Unlock()
 		if changed && c.onChange != nil {
-			c.onChange(Binding{Group: group, Revision: e.Revision()}, true)
+			c.onChange(Binding{Group: group, Revision: rev}, true)
 		}
 		return
 	}
-	b, err := decodeEntry(e)
-	if err != nil {
+	b, err := UnmarshalBinding(value)
+	if err != nil || b.Group != group {
 		return // a value we do not understand: leave it to the operator
 	}
+	b.Revision = rev
 	c.mu.Lock()
 	changed := c.applyLocked(b, true)
 	c.mu.Unlock()

@@ -160,35 +160,16 @@ func (r *Registry) Ready() <-chan struct{} { return r.ready }
 
 // Run watches the liveness records until ctx ends.
 func (r *Registry) Run(ctx context.Context) error {
-	w, err := r.kv.Watch(ctx, livePrefix+">")
-	if err != nil {
-		return fmt.Errorf("kvbinding: watch nodes: %w", err)
-	}
-	defer w.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case e, ok := <-w.Updates():
-			if !ok {
-				return ctx.Err()
-			}
-			if e == nil {
-				r.once.Do(func() { close(r.ready) })
-				continue
-			}
-			r.apply(e)
-		}
-	}
+	return watchBucket(ctx, r.js, r.bucket, livePrefix+">", r.apply, func() { r.once.Do(func() { close(r.ready) }) })
 }
 
-func (r *Registry) apply(e jetstream.KeyValueEntry) {
-	node := strings.TrimPrefix(e.Key(), livePrefix)
+func (r *Registry) apply(key string, op entryOp, value []byte, _ uint64) {
+	node := strings.TrimPrefix(key, livePrefix)
 	changed := false
 	r.mu.Lock()
-	if e.Operation() == jetstream.KeyValuePut {
+	if op == opPut {
 		var info NodeInfo
-		if err := json.Unmarshal(e.Value(), &info); err == nil && info.Node == node {
+		if err := json.Unmarshal(value, &info); err == nil && info.Node == node {
 			old, had := r.live[node]
 			changed = !had || old.HasConsumer != info.HasConsumer
 			r.live[node] = info

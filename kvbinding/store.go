@@ -23,6 +23,7 @@ type StoreConfig struct {
 // create or compare-and-set only, so concurrent writers converge on one
 // binding per group. It is safe for concurrent use.
 type Store struct {
+	js     jetstream.JetStream
 	kv     jetstream.KeyValue
 	bucket string
 }
@@ -46,7 +47,7 @@ func OpenStore(ctx context.Context, js jetstream.JetStream, cfg StoreConfig) (*S
 	if err != nil {
 		return nil, err
 	}
-	return &Store{kv: kv, bucket: cfg.Bucket}, nil
+	return &Store{js: js, kv: kv, bucket: cfg.Bucket}, nil
 }
 
 // openBucket binds to a bucket, creating it when it does not exist yet.

@@ -1,0 +1,201 @@
+package kvbinding
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"grouprouter/internal/natstest"
+)
+
+func bound(group, node string, from, rev uint64) Binding {
+	return Binding{Group: group, State: StateBound, Node: node, FromSeq: from, Revision: rev}
+}
+
+func TestCacheIgnoresRevisionsAlreadyApplied(t *testing.T) {
+	var changes []string
+	c := NewCache(func(b Binding, deleted bool) { changes = append(changes, fmt.Sprintf("%s@%d/%v", b.Group, b.Revision, deleted)) })
+	watch := func(b Binding) { c.mu.Lock(); c.applyLocked(b, true); c.mu.Unlock() }
+	watch(bound("g", "n1", 1, 1))
+	watch(bound("h", "n2", 2, 2))
+	c.mu.Lock()
+	c.deleteLocked("h", 3)
+	c.mu.Unlock()
+	watch(bound("g", "n2", 9, 4)) // a move
+
+	// A watcher that lost its server replays the bucket from revision 1.
+	watch(bound("g", "n1", 1, 1))
+	watch(bound("h", "n2", 2, 2))
+	c.mu.Lock()
+	c.deleteLocked("h", 3)
+	c.mu.Unlock()
+
+	r, ok := c.Lookup("g")
+	if !ok || r.Node != "n2" || r.FromSeq != 9 || r.Revision != 4 {
+		t.Fatalf("g = %+v, %v; want n2 from 9 at rev 4", r, ok)
+	}
+	if _, ok := c.Lookup("h"); ok {
+		t.Fatalf("h came back after its delete was replayed")
+	}
+	if got := c.Counts(); len(got) != 1 || got["n2"] != 1 {
+		t.Fatalf("counts = %v, want map[n2:1]", got)
+	}
+	// Out-of-band Apply of a revision the watch delivers later.
+	if !c.Apply(bound("k", "n1", 5, 7)) {
+		t.Fatal("Apply of a new revision did nothing")
+	}
+	if c.Apply(bound("k", "n1", 5, 7)) {
+		t.Fatal("Apply of the same revision changed the cache")
+	}
+	watch(bound("m", "n1", 6, 5)) // earlier revision of another key, delivered after: must apply
+	if _, ok := c.Lookup("m"); !ok {
+		t.Fatal("watch entry below an out-of-band revision was dropped")
+	}
+	if c.Count("n1") != 2 {
+		t.Fatalf("Count(n1) = %d, want 2", c.Count("n1"))
+	}
+}
+
+func TestRouteOwner(t *testing.T) {
+	tests := []struct {
+		name    string
+		r       Route
+		seq     uint64
+		owner   string
+		decided bool
+	}{
+		{"bound after fence", Route{State: StateBound, Node: "n1", FromSeq: 10}, 10, "n1", true},
+		{"before fence with prev", Route{State: StateBound, Node: "n1", FromSeq: 10, PrevNode: "n0"}, 9, "n0", true},
+		{"before fence no history", Route{State: StateBound, Node: "n1", FromSeq: 10}, 3, "n1", true},
+		{"dead-lettered", Route{State: StateDeadLettered, ThroughSeq: 5}, 5, "", true},
+		{"after dead-letter", Route{State: StateDeadLettered, ThroughSeq: 5}, 6, "", false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			owner, decided := tt.r.Owner(tt.seq)
+			if owner != tt.owner || decided != tt.decided {
+				t.Errorf("Owner(%d) = %q, %v; want %q, %v", tt.seq, owner, decided, tt.owner, tt.decided)
+			}
+		})
+	}
+}
+
+func openTestStore(t *testing.T) (*Store, *natstest.Server) {
+	t.Helper()
+	s := natstest.RunServer(t)
+	js, _ := jetstream.New(s.Connect())
+	st, err := OpenStore(context.Background(), js, StoreConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st, s
+}
+
+func TestStoreCreateConverges(t *testing.T) {
+	st, _ := openTestStore(t)
+	ctx := context.Background()
+	// Ten concurrent creates for one group: exactly one wins, all see it.
+	var wg sync.WaitGroup
+	results := make([]Binding, 10)
+	errs := make([]error, 10)
+	for i := range results {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			b := bound("order:42", fmt.Sprintf("n%d", i), 1, 0)
+			b.DecidedAt = time.Now()
+			results[i], errs[i] = st.Create(ctx, b)
+		}()
+	}
+	wg.Wait()
+	winners := 0
+	for i := range results {
+		if errs[i] == nil {
+			winners++
+		} else if !errors.Is(errs[i], ErrExists) {
+			t.Fatalf("create %d: %v", i, errs[i])
+		}
+		if results[i].Node != results[0].Node || results[i].Revision != results[0].Revision {
+			t.Fatalf("create %d saw %+v, create 0 saw %+v", i, results[i], results[0])
+		}
+	}
+	if winners != 1 {
+		t.Fatalf("%d creates won, want 1", winners)
+	}
+	// Compare-and-set: a stale revision loses and returns the current record.
+	cur := results[0]
+	moved := bound("order:42", "n9", 5, 0)
+	moved.PrevNode = cur.Node
+	nb, err := st.Replace(ctx, moved, cur.Revision)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.Replace(ctx, bound("order:42", "n8", 6, 0), cur.Revision); !errors.Is(err, ErrConflict) {
+		t.Fatalf("stale replace: %v, want ErrConflict", err)
+	}
+	got, err := st.Get(ctx, "order:42")
+	if err != nil || got.Node != "n9" || got.Revision != nb.Revision || got.PrevNode != cur.Node {
+		t.Fatalf("Get = %+v, %v", got, err)
+	}
+	// Create after delete succeeds.
+	if err := st.Delete(ctx, "order:42", got.Revision); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.Get(ctx, "order:42"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("Get after delete: %v", err)
+	}
+	if _, err := st.Create(ctx, bound("order:42", "n1", 7, 0)); err != nil {
+		t.Fatalf("create after delete: %v", err)
+	}
+}
+
+func TestCacheFollowsBucketAcrossServerRestart(t *testing.T) {
+	st, srv := openTestStore(t)
+	ctx := context.Background()
+	for i := 0; i < 50; i++ {
+		if _, err := st.Create(ctx, bound(fmt.Sprintf("g%d", i), fmt.Sprintf("n%d", i%3), uint64(i+1), 0)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c := NewCache(nil)
+	runCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() { _ = c.Run(runCtx, st) }()
+	select {
+	case <-c.Ready():
+	case <-time.After(10 * time.Second):
+		t.Fatal("cache not ready")
+	}
+	if c.Len() != 50 {
+		t.Fatalf("cache has %d bindings after load, want 50", c.Len())
+	}
+	srv.Stop()
+	srv.Restart()
+	if _, err := st.Create(ctx, bound("after", "n1", 99, 0)); err != nil {
+		// The client reconnects; the first write may race the restart.
+		natstest.Eventually(t, 10*time.Second, func() error {
+			_, err := st.Create(ctx, bound("after", "n1", 99, 0))
+			if errors.Is(err, ErrExists) {
+				return nil
+			}
+			return err
+		})
+	}
+	start := time.Now()
+	natstest.Eventually(t, 30*time.Second, func() error {
+		if _, ok := c.Lookup("after"); !ok {
+			return errors.New("write after restart not seen")
+		}
+		return nil
+	})
+	t.Logf("write after restart seen after %v", time.Since(start))
+	counts := c.Counts()
+	if c.Len() != 51 || counts["n0"] != 17 || counts["n1"] != 18 || counts["n2"] != 16 {
+		t.Fatalf("after restart: len %d counts %v", c.Len(), counts)
+	}
+}
