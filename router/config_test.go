@@ -1,0 +1,69 @@
+package router
+
+import (
+	"errors"
+	"strings"
+	"testing"
+	"time"
+)
+
+func validConfig() Config {
+	return Config{Name: "my-grouping-handler", Type: Local, Address: "jms", Timeout: 5 * time.Second, Node: "n1"}
+}
+
+func TestConfigValidate(t *testing.T) {
+	tests := []struct {
+		name   string
+		mutate func(*Config)
+		want   string // substring of the error; "" = valid
+	}{
+		{"valid", func(*Config) {}, ""},
+		{"remote", func(c *Config) { c.Type = Remote }, ""},
+		{"dotted address", func(c *Config) { c.Address = "jms.orders" }, ""},
+		{"unknown type", func(c *Config) { c.Type = "BOTH" }, "unknown type"},
+		{"zero timeout", func(c *Config) { c.Timeout = 0 }, "timeout must be > 0"},
+		{"negative timeout", func(c *Config) { c.Timeout = -time.Second }, "timeout must be > 0"},
+		{"empty address", func(c *Config) { c.Address = "" }, "address is empty"},
+		{"address is grouping", func(c *Config) { c.Address = "grouping" }, "overlaps grouping.>"},
+		{"address inside grouping", func(c *Config) { c.Address = "grouping.queue" }, "overlaps grouping.>"},
+		{"wildcard address", func(c *Config) { c.Address = "jms.*" }, "wildcards"},
+		{"full wildcard", func(c *Config) { c.Address = ">" }, "wildcards"},
+		{"empty token", func(c *Config) { c.Address = "jms..x" }, "empty token"},
+		{"system address", func(c *Config) { c.Address = "$JS.API" }, "system subject"},
+		{"space in address", func(c *Config) { c.Address = "j ms" }, "whitespace"},
+		{"empty name", func(c *Config) { c.Name = "" }, "name is empty"},
+		{"bad name", func(c *Config) { c.Name = "my handler" }, "name"},
+		{"bad node", func(c *Config) { c.Node = "n.1" }, "node"},
+		{"empty node", func(c *Config) { c.Node = "" }, "node"},
+		{"bad header", func(c *Config) { c.GroupHeader = "Group Id" }, "group header"},
+		{"negative attempts", func(c *Config) { c.MaxAttempts = -1 }, "max attempts"},
+		{"replicas", func(c *Config) { c.Replicas = 7 }, "replicas"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := validConfig()
+			tt.mutate(&c)
+			err := c.Validate()
+			if tt.want == "" {
+				if err != nil {
+					t.Fatalf("Validate: %v", err)
+				}
+				return
+			}
+			if !errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("Validate = %v, want ErrConfig containing %q", err, tt.want)
+			}
+		})
+	}
+}
+
+func TestParseHandlerType(t *testing.T) {
+	for in, want := range map[string]HandlerType{"LOCAL": Local, "local": Local, " Remote ": Remote} {
+		if got, err := ParseHandlerType(in); err != nil || got != want {
+			t.Errorf("ParseHandlerType(%q) = %q, %v", in, got, err)
+		}
+	}
+	if _, err := ParseHandlerType("BACKUP"); !errors.Is(err, ErrConfig) {
+		t.Errorf("ParseHandlerType(BACKUP) error = %v", err)
+	}
+}
