@@ -19,7 +19,9 @@ func bound(group, node string, from, rev uint64) Binding {
 
 func TestCacheIgnoresRevisionsAlreadyApplied(t *testing.T) {
 	var changes []string
-	c := NewCache(func(b Binding, deleted bool) { changes = append(changes, fmt.Sprintf("%s@%d/%v", b.Group, b.Revision, deleted)) })
+	c := NewCache(func(b Binding, deleted bool) {
+		changes = append(changes, fmt.Sprintf("%s@%d/%v", b.Group, b.Revision, deleted))
+	})
 	watch := func(b Binding) { c.mu.Lock(); c.applyLocked(b, true); c.mu.Unlock() }
 	watch(bound("g", "n1", 1, 1))
 	watch(bound("h", "n2", 2, 2))
