@@ -1,0 +1,165 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"sort"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+	"unicode"
+	"unicode/utf8"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"grouprouter/kvbinding"
+)
+
+// ungroupedLabel shows the routing binding of messages without a group id.
+const ungroupedLabel = "(ungrouped)"
+
+// printBindingsUsage writes the bindings subcommand's help.
+func printBindingsUsage(w io.Writer, fs *flag.FlagSet) {
+	fmt.Fprint(w, `Usage: grouprouter bindings [flags]
+
+Lists the group bindings (group -> node) sorted by group, as a table or as JSON.
+
+Flags:
+`)
+	fs.SetOutput(w)
+	fs.PrintDefaults()
+}
+
+// listBindings is the bindings subcommand.
+func listBindings(ctx context.Context, args []string, stdout io.Writer) error {
+	fs := flag.NewFlagSet("bindings", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	fs.Usage = func() {}
+	servers := fs.String("nats", defaultNATSURL, "NATS server `URL`s (comma-separated)")
+	asJSON := fs.Bool("json", false, "print a JSON array of the bindings instead of a table")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			printBindingsUsage(stdout, fs)
+			return err
+		}
+		return &usageError{cmd: "bindings", msg: err.Error()}
+	}
+	if fs.NArg() > 0 {
+		return &usageError{cmd: "bindings", msg: fmt.Sprintf("unexpected argument %q", fs.Arg(0))}
+	}
+	url := strings.TrimSpace(*servers)
+	if err := checkNATSURLs(url); err != nil {
+		return err
+	}
+
+	nc, err := nats.Connect(url, nats.Name("grouprouter-bindings"), nats.Timeout(5*time.Second))
+	if err != nil {
+		return fmt.Errorf("cannot connect to NATS at %s: %w", redactURLs(url), err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return err
+	}
+	// OpenStore would create a missing bucket; listing must not.
+	if _, err := js.KeyValue(ctx, kvbinding.DefaultBucket); err != nil {
+		switch {
+		case errors.Is(err, jetstream.ErrBucketNotFound):
+			return fmt.Errorf("no bindings yet: is a grouprouter node running? (no bucket %q at %s)", kvbinding.DefaultBucket, redactURLs(url))
+		case errors.Is(err, jetstream.ErrJetStreamNotEnabled), errors.Is(err, jetstream.ErrJetStreamNotEnabledForAccount):
+			return fmt.Errorf("JetStream is not enabled at %s; grouprouter needs it", redactURLs(url))
+		}
+		return fmt.Errorf("open bucket %s: %w", kvbinding.DefaultBucket, err)
+	}
+	store, err := kvbinding.OpenStore(ctx, js, kvbinding.StoreConfig{})
+	if err != nil {
+		return err
+	}
+	list, err := store.List(ctx)
+	if err != nil {
+		return err
+	}
+	sort.Slice(list, func(i, j int) bool { return list[i].Group < list[j].Group })
+	if *asJSON {
+		return writeBindingsJSON(stdout, list)
+	}
+	return writeBindingsTable(stdout, list)
+}
+
+// bindingJSON is a binding as --json prints it: the stored value plus its
+// KV revision.
+type bindingJSON struct {
+	kvbinding.Binding
+	Revision uint64 `json:"revision"`
+}
+
+func writeBindingsJSON(w io.Writer, list []kvbinding.Binding) error {
+	out := make([]bindingJSON, 0, len(list)) // [] rather than null when empty
+	for _, b := range list {
+		out = append(out, bindingJSON{Binding: b, Revision: b.Revision})
+	}
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	enc.SetEscapeHTML(false)
+	return enc.Encode(out)
+}
+
+func writeBindingsTable(w io.Writer, list []kvbinding.Binding) error {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "GROUP\tNODE\tFROM-SEQ\tSTATE\tDECIDED-AT\tDECIDED-BY")
+	for _, b := range list {
+		fromSeq := "-"
+		if b.FromSeq > 0 {
+			fromSeq = strconv.FormatUint(b.FromSeq, 10)
+		}
+		decidedAt := "-"
+		if !b.DecidedAt.IsZero() {
+			decidedAt = b.DecidedAt.UTC().Format("2006-01-02T15:04:05.000Z07:00")
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n",
+			displayGroup(b.Group), orDash(b.Node), fromSeq, orDash(string(b.State)), decidedAt, orDash(b.DecidedBy))
+	}
+	return tw.Flush()
+}
+
+// displayGroup renders a group id for the table: "" is the ungrouped
+// binding, and an id that could be misread (spaces, non-printable
+// characters, or looking like a label or a quoted id) is quoted.
+func displayGroup(g string) string {
+	switch {
+	case g == "":
+		return ungroupedLabel
+	case g == ungroupedLabel, strings.HasPrefix(g, `"`), needsQuoting(g):
+		return fmt.Sprintf("%q", g)
+	}
+	return g
+}
+
+// orDash renders an empty or unsafe free-text column.
+func orDash(s string) string {
+	switch {
+	case s == "":
+		return "-"
+	case needsQuoting(s):
+		return fmt.Sprintf("%q", s)
+	}
+	return s
+}
+
+func needsQuoting(s string) bool {
+	if !utf8.ValidString(s) {
+		return true
+	}
+	for _, r := range s {
+		if unicode.IsSpace(r) || !unicode.IsPrint(r) {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,324 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"runtime"
+	"strconv"
+	"strings"
+	"time"
+
+	"grouprouter/kvbinding"
+	"grouprouter/router"
+)
+
+// Defaults for what neither the configuration file nor a flag sets.
+const (
+	defaultName     = "grouping-handler"
+	defaultType     = router.Local
+	defaultAddress  = "jms"
+	defaultTimeout  = router.DefaultTimeout
+	defaultListen   = "127.0.0.1:4222"
+	defaultNATSURL  = "nats://127.0.0.1:4222"
+	defaultLogLevel = "info"
+	fallbackNode    = "grouprouter"
+)
+
+// usageError is a command-line mistake (unknown flag, stray argument,
+// malformed flag value). It exits with exitUsage.
+type usageError struct {
+	cmd string // subcommand, for the message
+	msg string
+}
+
+func (e *usageError) Error() string {
+	return fmt.Sprintf("%s (see 'grouprouter %s -h')", e.msg, e.cmd)
+}
+
+// runOptions is everything the run subcommand needs, merged and validated.
+type runOptions struct {
+	// cfg is validated; its Logger is set when the command starts.
+	cfg router.Config
+	// file is the parsed --config file, or nil.
+	file *fileConfig
+	// natsURL is the comma-separated server list of --nats; empty means
+	// start the embedded server.
+	natsURL string
+	// listen and storeDir configure the embedded server.
+	listen   string
+	storeDir string
+	logLevel slog.Level
+	logJSON  bool
+}
+
+// runFlags holds the run subcommand's flag values before merging.
+type runFlags struct {
+	fs          *flag.FlagSet
+	config      string
+	natsURL     string
+	node        string
+	typ         string
+	address     string
+	timeout     msDuration
+	name        string
+	groupHeader string
+	localFirst  bool
+	maxAttempts int
+	replicas    int
+	logLevel    string
+	logJSON     bool
+	listen      string
+	storeDir    string
+}
+
+func newRunFlags() *runFlags {
+	f := &runFlags{fs: flag.NewFlagSet("run", flag.ContinueOnError), timeout: msDuration(defaultTimeout)}
+	fs := f.fs
+	fs.StringVar(&f.config, "config", "", "read the `FILE` holding a <grouping-handler> element (flags override it)")
+	fs.StringVar(&f.natsURL, "nats", "", "join the NATS servers at `URL`s (comma-separated); without it an embedded server is started")
+	fs.StringVar(&f.node, "node", "", "this node's `ID`, [A-Za-z0-9_-]{1,64} (default: the host name, sanitized)")
+	fs.StringVar(&f.typ, "type", string(defaultType), "grouping-handler `TYPE`: LOCAL (decides; a second LOCAL is its backup) or REMOTE")
+	fs.StringVar(&f.address, "address", defaultAddress, "producers publish on `ADDRESS`.>")
+	fs.Var(&f.timeout, "timeout", "how long a routing decision may take: a `DURATION` like 5s, or milliseconds like 5000")
+	fs.StringVar(&f.name, "name", defaultName, "grouping-handler `NAME`; a LOCAL handler and its backup share it")
+	fs.StringVar(&f.groupHeader, "group-header", router.DefaultGroupHeader, "`HEADER` holding the group id")
+	fs.BoolVar(&f.localFirst, "local-first", false, "propose this node for new groups when its queue has a consumer")
+	fs.IntVar(&f.maxAttempts, "max-attempts", 0, "dead-letter a group's held messages after `N` failed decisions (0 = never)")
+	fs.IntVar(&f.replicas, "replicas", 0, "`N` replicas of streams and buckets (0 = 3 in a cluster of 3 or more servers, else 1)")
+	fs.StringVar(&f.logLevel, "log-level", defaultLogLevel, "`LEVEL`: debug, info, warn or error")
+	fs.BoolVar(&f.logJSON, "log-json", false, "log JSON lines instead of text")
+	fs.StringVar(&f.listen, "listen", defaultListen, "embedded server: listen on `HOST:PORT`")
+	fs.StringVar(&f.storeDir, "store-dir", "", "embedded server: JetStream store `DIR` (default: the user's data directory + /grouprouter)")
+	return f
+}
+
+// printRunUsage writes the run subcommand's help.
+func printRunUsage(w io.Writer) {
+	f := newRunFlags()
+	fmt.Fprint(w, `Usage: grouprouter run [flags]
+
+Runs a grouprouter node. Settings come from, in order of precedence: flags,
+the <grouping-handler> element of --config, defaults
+(name grouping-handler, type LOCAL, address jms, timeout 5s).
+
+Flags:
+`)
+	f.fs.SetOutput(w)
+	f.fs.PrintDefaults()
+}
+
+// parseRunArgs parses and merges the run subcommand's arguments and
+// validates the result. It returns flag.ErrHelp for -h, a *usageError for
+// command-line mistakes, and errors wrapping router.ErrConfig for invalid
+// settings. It touches no network and creates no directory.
+func parseRunArgs(args []string, env environment) (runOptions, error) {
+	f := newRunFlags()
+	f.fs.SetOutput(io.Discard) // errors are reported as one line by the caller
+	f.fs.Usage = func() {}
+	if err := f.fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return runOptions{}, err
+		}
+		return runOptions{}, &usageError{cmd: "run", msg: err.Error()}
+	}
+	if f.fs.NArg() > 0 {
+		return runOptions{}, &usageError{cmd: "run", msg: fmt.Sprintf("unexpected argument %q", f.fs.Arg(0))}
+	}
+	set := make(map[string]bool)
+	f.fs.Visit(func(fl *flag.Flag) { set[fl.Name] = true })
+
+	var opts runOptions
+	var file fileConfig
+	if set["config"] {
+		var err error
+		if file, err = loadConfigFile(f.config); err != nil {
+			return runOptions{}, err
+		}
+		opts.file = &file
+	}
+
+	// Precedence: an explicit flag, then the file, then the flag's default.
+	name := f.name
+	if !set["name"] && file.Name != "" {
+		name = file.Name
+	}
+	typ := f.typ
+	if !set["type"] && file.Type != nil {
+		typ = *file.Type
+	}
+	address := f.address
+	if !set["address"] && file.Address != nil {
+		address = *file.Address
+	}
+	timeout := time.Duration(f.timeout)
+	if !set["timeout"] && file.TimeoutMS != nil {
+		timeout = time.Duration(*file.TimeoutMS) * time.Millisecond
+	}
+	ht, err := router.ParseHandlerType(typ)
+	if err != nil {
+		return runOptions{}, err
+	}
+	node := f.node
+	if !set["node"] {
+		node = sanitizeNodeID(env.hostname())
+	}
+	opts.cfg = router.Config{
+		Name:        name,
+		Type:        ht,
+		Address:     address,
+		Timeout:     timeout,
+		Node:        node,
+		GroupHeader: f.groupHeader,
+		LocalFirst:  f.localFirst,
+		MaxAttempts: f.maxAttempts,
+		Replicas:    f.replicas,
+	}
+	if err := opts.cfg.Validate(); err != nil {
+		return runOptions{}, err
+	}
+
+	if opts.logLevel, err = parseLogLevel(f.logLevel); err != nil {
+		return runOptions{}, err
+	}
+	opts.logJSON = f.logJSON
+
+	if set["nats"] {
+		opts.natsURL = strings.TrimSpace(f.natsURL)
+		if err := checkNATSURLs(opts.natsURL); err != nil {
+			return runOptions{}, err
+		}
+		for _, embeddedOnly := range []string{"listen", "store-dir"} {
+			if set[embeddedOnly] {
+				return runOptions{}, fmt.Errorf("%w: --%s configures the embedded server, which --nats replaces; use one or the other",
+					router.ErrConfig, embeddedOnly)
+			}
+		}
+		return opts, nil
+	}
+	if opts.listen, err = checkListen(f.listen); err != nil {
+		return runOptions{}, err
+	}
+	opts.storeDir = f.storeDir
+	if !set["store-dir"] {
+		if opts.storeDir, err = defaultStoreDir(env.goos, env.getenv); err != nil {
+			return runOptions{}, fmt.Errorf("%w: %v; set --store-dir", router.ErrConfig, err)
+		}
+	} else if strings.TrimSpace(opts.storeDir) == "" {
+		return runOptions{}, fmt.Errorf("%w: --store-dir is empty", router.ErrConfig)
+	}
+	return opts, nil
+}
+
+// environment is what parseRunArgs reads from the process, replaceable in tests.
+type environment struct {
+	goos     string
+	getenv   func(string) string
+	hostname func() string
+}
+
+// osEnvironment is the real process environment.
+func osEnvironment() environment {
+	return environment{
+		goos:   runtime.GOOS,
+		getenv: os.Getenv,
+		hostname: func() string {
+			h, _ := os.Hostname()
+			return h
+		},
+	}
+}
+
+// sanitizeNodeID turns a host name into a valid node id: every byte
+// outside [A-Za-z0-9_-] becomes '-', at most kvbinding.MaxNodeIDLen long.
+func sanitizeNodeID(host string) string {
+	b := []byte(host)
+	for i, c := range b {
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_') {
+			b[i] = '-'
+		}
+	}
+	if len(b) > kvbinding.MaxNodeIDLen {
+		b = b[:kvbinding.MaxNodeIDLen]
+	}
+	if len(strings.Trim(string(b), "-")) == 0 {
+		return fallbackNode
+	}
+	return string(b)
+}
+
+// parseLogLevel accepts debug, info, warn or error in any letter case.
+func parseLogLevel(s string) (slog.Level, error) {
+	switch strings.ToLower(strings.TrimSpace(s)) {
+	case "debug":
+		return slog.LevelDebug, nil
+	case "info":
+		return slog.LevelInfo, nil
+	case "warn", "warning":
+		return slog.LevelWarn, nil
+	case "error":
+		return slog.LevelError, nil
+	}
+	return 0, fmt.Errorf("%w: unknown log level %q (want debug, info, warn or error)", router.ErrConfig, s)
+}
+
+// checkNATSURLs checks that --nats names at least one server.
+func checkNATSURLs(urls string) error {
+	if urls == "" {
+		return fmt.Errorf("%w: --nats is empty", router.ErrConfig)
+	}
+	for _, u := range strings.Split(urls, ",") {
+		if strings.TrimSpace(u) == "" {
+			return fmt.Errorf("%w: --nats %q has an empty URL", router.ErrConfig, urls)
+		}
+	}
+	return nil
+}
+
+// checkListen validates --listen as HOST:PORT.
+func checkListen(hp string) (string, error) {
+	host, port, err := net.SplitHostPort(strings.TrimSpace(hp))
+	if err != nil {
+		return "", fmt.Errorf("%w: --listen %q: want HOST:PORT like %s", router.ErrConfig, hp, defaultListen)
+	}
+	if p, err := strconv.Atoi(port); err != nil || p < 0 || p > 65535 {
+		return "", fmt.Errorf("%w: --listen %q: port must be 0 to 65535", router.ErrConfig, hp)
+	}
+	return net.JoinHostPort(host, port), nil
+}
+
+// msDuration is the --timeout flag: a Go duration ("5s") or a bare
+// integer number of milliseconds ("5000"), as in the XML file.
+type msDuration time.Duration
+
+func (m *msDuration) String() string { return time.Duration(*m).String() }
+
+func (m *msDuration) Set(s string) error {
+	d, err := parseMillisOrDuration(s)
+	if err != nil {
+		return err
+	}
+	*m = msDuration(d)
+	return nil
+}
+
+// parseMillisOrDuration parses "5s"-style durations and bare integers as
+// milliseconds.
+func parseMillisOrDuration(s string) (time.Duration, error) {
+	s = strings.TrimSpace(s)
+	if n, err := strconv.ParseInt(s, 10, 64); err == nil {
+		if n > maxMillis || n < -maxMillis {
+			return 0, fmt.Errorf("%d milliseconds is out of range", n)
+		}
+		return time.Duration(n) * time.Millisecond, nil
+	}
+	d, err := time.ParseDuration(s)
+	if err != nil {
+		return 0, errors.New("want a duration like 5s or a number of milliseconds like 5000")
+	}
+	return d, nil
+}

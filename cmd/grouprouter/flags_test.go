@@ -1,0 +1,344 @@
+package main
+
+import (
+	"bytes"
+	"errors"
+	"flag"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"grouprouter/router"
+)
+
+// testEnv is a Linux environment with a fixed host name and home.
+func testEnv(host string) environment {
+	return environment{
+		goos:     "linux",
+		getenv:   envMap{"HOME": "/home/op"}.get,
+		hostname: func() string { return host },
+	}
+}
+
+type envMap map[string]string
+
+func (m envMap) get(k string) string { return m[k] }
+
+func writeFile(t *testing.T, content string) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "grouping.xml")
+	if err := os.WriteFile(p, []byte(content), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func TestParseRunArgsDefaults(t *testing.T) {
+	opts, err := parseRunArgs(nil, testEnv("broker-1.example.com"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := router.Config{
+		Name: "grouping-handler", Type: router.Local, Address: "jms", Timeout: 5 * time.Second,
+		Node: "broker-1-example-com", GroupHeader: "Group-Id",
+	}
+	if opts.cfg != want {
+		t.Errorf("config\n got %+v\nwant %+v", opts.cfg, want)
+	}
+	if opts.natsURL != "" || opts.listen != "127.0.0.1:4222" || opts.storeDir != "/home/op/.local/share/grouprouter" {
+		t.Errorf("nats=%q listen=%q store=%q, want embedded on 127.0.0.1:4222 in the XDG data dir", opts.natsURL, opts.listen, opts.storeDir)
+	}
+	if opts.logLevel != slog.LevelInfo || opts.logJSON || opts.file != nil {
+		t.Errorf("log level %v json %v file %v", opts.logLevel, opts.logJSON, opts.file)
+	}
+}
+
+func TestParseRunArgsMerge(t *testing.T) {
+	file := writeFile(t, `<configuration xmlns="urn:activemq:core">
+  <grouping-handler name="orders-handler">
+    <type>REMOTE</type>
+    <address>orders</address>
+    <timeout>2500</timeout>
+    <group-timeout>60000</group-timeout>
+  </grouping-handler>
+</configuration>`)
+	partial := writeFile(t, `<grouping-handler name="partial"><address>billing.eu</address></grouping-handler>`)
+
+	tests := []struct {
+		name string
+		args []string
+		want router.Config
+	}{
+		{
+			name: "file only",
+			args: []string{"--config", file, "--node", "n1"},
+			want: router.Config{Name: "orders-handler", Type: router.Remote, Address: "orders", Timeout: 2500 * time.Millisecond, Node: "n1", GroupHeader: "Group-Id"},
+		},
+		{
+			name: "flags override the file, unset flags keep it",
+			args: []string{"--config", file, "--node", "n1", "--type", "local", "--timeout", "3s", "--group-header", "JMSXGroupID"},
+			want: router.Config{Name: "orders-handler", Type: router.Local, Address: "orders", Timeout: 3 * time.Second, Node: "n1", GroupHeader: "JMSXGroupID"},
+		},
+		{
+			name: "flags before and after, single dash, bare milliseconds",
+			args: []string{"-name", "other", "--config", file, "-address=payments", "--timeout", "750", "--node", "n2"},
+			want: router.Config{Name: "other", Type: router.Remote, Address: "payments", Timeout: 750 * time.Millisecond, Node: "n2", GroupHeader: "Group-Id"},
+		},
+		{
+			name: "file sets some, defaults fill the rest",
+			args: []string{"--config", partial, "--node", "n3"},
+			want: router.Config{Name: "partial", Type: router.Local, Address: "billing.eu", Timeout: 5 * time.Second, Node: "n3", GroupHeader: "Group-Id"},
+		},
+		{
+			name: "a flag set to its default value still overrides the file",
+			args: []string{"--config", file, "--node", "n4", "--type", "LOCAL", "--address", "jms", "--timeout", "5s", "--name", "grouping-handler"},
+			want: router.Config{Name: "grouping-handler", Type: router.Local, Address: "jms", Timeout: 5 * time.Second, Node: "n4", GroupHeader: "Group-Id"},
+		},
+		{
+			name: "the remaining flags",
+			args: []string{"--node", "n5", "--local-first", "--max-attempts", "3", "--replicas", "3", "--nats", "nats://a:4222,nats://b:4222"},
+			want: router.Config{Name: "grouping-handler", Type: router.Local, Address: "jms", Timeout: 5 * time.Second, Node: "n5", GroupHeader: "Group-Id",
+				LocalFirst: true, MaxAttempts: 3, Replicas: 3},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			opts, err := parseRunArgs(tt.args, testEnv("host"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if opts.cfg != tt.want {
+				t.Errorf("config\n got %+v\nwant %+v", opts.cfg, tt.want)
+			}
+		})
+	}
+
+	opts, err := parseRunArgs([]string{"--config", file}, testEnv("host"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if opts.file == nil || opts.file.GroupTimeoutMS == nil || *opts.file.GroupTimeoutMS != 60000 {
+		t.Errorf("group-timeout not kept from the file: %+v", opts.file)
+	}
+}
+
+func TestParseRunArgsConnection(t *testing.T) {
+	t.Run("nats", func(t *testing.T) {
+		opts, err := parseRunArgs([]string{"--nats", " nats://a:1,nats://b:2 "}, testEnv("h"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if opts.natsURL != "nats://a:1,nats://b:2" {
+			t.Errorf("nats %q", opts.natsURL)
+		}
+	})
+	t.Run("embedded with listen and store dir", func(t *testing.T) {
+		opts, err := parseRunArgs([]string{"--listen", "0.0.0.0:5222", "--store-dir", "/data/gr", "--log-level", "DEBUG", "--log-json"}, testEnv("h"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if opts.natsURL != "" || opts.listen != "0.0.0.0:5222" || opts.storeDir != "/data/gr" || opts.logLevel != slog.LevelDebug || !opts.logJSON {
+			t.Errorf("got %+v", opts)
+		}
+	})
+}
+
+func TestParseRunArgsErrors(t *testing.T) {
+	badFile := writeFile(t, `<grouping-handler name="x"><timeout>soon</timeout></grouping-handler>`)
+	tests := []struct {
+		name  string
+		args  []string
+		usage bool // a *usageError rather than a config error
+		want  string
+	}{
+		{"unknown type", []string{"--type", "BOGUS"}, false, `unknown type "BOGUS" (want LOCAL or REMOTE)`},
+		{"negative timeout", []string{"--timeout", "-1s"}, false, "timeout must be > 0, got -1s"},
+		{"zero timeout", []string{"--timeout", "0"}, false, "timeout must be > 0, got 0s"},
+		{"malformed timeout", []string{"--timeout", "soon"}, true, `invalid value "soon" for flag -timeout`},
+		{"empty address", []string{"--address", ""}, false, "address is empty"},
+		{"address in grouping.>", []string{"--address", "grouping.orders"}, false, "overlaps grouping.>"},
+		{"wildcard address", []string{"--address", "jms.>"}, false, "must not contain wildcards"},
+		{"bad node", []string{"--node", "a.b"}, false, "node: node id"},
+		{"bad name", []string{"--name", "my handler"}, false, "name:"},
+		{"negative max attempts", []string{"--max-attempts", "-1"}, false, "max attempts must be >= 0"},
+		{"too many replicas", []string{"--replicas", "7"}, false, "replicas must be 0 (auto) to 5"},
+		{"bad log level", []string{"--log-level", "loud"}, false, `unknown log level "loud"`},
+		{"empty nats", []string{"--nats", ""}, false, "--nats is empty"},
+		{"listen with nats", []string{"--nats", "nats://x:4222", "--listen", "127.0.0.1:1"}, false, "--listen configures the embedded server"},
+		{"bad listen", []string{"--listen", "4222"}, false, `--listen "4222": want HOST:PORT`},
+		{"bad listen port", []string{"--listen", "127.0.0.1:99999"}, false, "port must be 0 to 65535"},
+		{"empty store dir", []string{"--store-dir", ""}, false, "--store-dir is empty"},
+		{"bad file", []string{"--config", badFile}, false, "<timeout> must be an integer number of milliseconds"},
+		{"missing file", []string{"--config", "/nonexistent/grouping.xml"}, false, "config file: open /nonexistent/grouping.xml"},
+		{"unknown flag", []string{"--bogus"}, true, "flag provided but not defined: -bogus"},
+		{"stray argument", []string{"--type", "LOCAL", "extra"}, true, `unexpected argument "extra"`},
+		{"non-integer replicas", []string{"--replicas", "three"}, true, `invalid value "three" for flag -replicas`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := parseRunArgs(tt.args, testEnv("h"))
+			if err == nil {
+				t.Fatal("accepted")
+			}
+			var ue *usageError
+			if tt.usage != errors.As(err, &ue) {
+				t.Errorf("usage error = %v, want %v (err %v)", !tt.usage, tt.usage, err)
+			}
+			if !tt.usage && !errors.Is(err, router.ErrConfig) {
+				t.Errorf("%v does not wrap router.ErrConfig", err)
+			}
+			if !strings.Contains(err.Error(), tt.want) {
+				t.Errorf("error %q\ndoes not contain %q", err, tt.want)
+			}
+		})
+	}
+
+	if _, err := parseRunArgs([]string{"-h"}, testEnv("h")); !errors.Is(err, flag.ErrHelp) {
+		t.Errorf("-h: %v, want flag.ErrHelp", err)
+	}
+}
+
+func TestParseRunArgsNoDataDir(t *testing.T) {
+	env := environment{goos: "linux", getenv: envMap{}.get, hostname: func() string { return "h" }}
+	_, err := parseRunArgs(nil, env)
+	if !errors.Is(err, router.ErrConfig) || !strings.Contains(err.Error(), "set --store-dir") {
+		t.Fatalf("got %v, want a config error asking for --store-dir", err)
+	}
+	if _, err := parseRunArgs([]string{"--store-dir", "/x"}, env); err != nil {
+		t.Fatalf("with --store-dir: %v", err)
+	}
+	if _, err := parseRunArgs([]string{"--nats", "nats://x:4222"}, env); err != nil {
+		t.Fatalf("with --nats: %v", err)
+	}
+}
+
+// TestRunRejectsBadConfigBeforeConnecting checks the exit code and the one
+// line on stderr, and that nothing was started: the listen address given
+// is busy, and --nats points at a port nobody listens on, so an attempt
+// to start or connect would fail differently (exit 1).
+func TestRunRejectsBadConfigBeforeConnecting(t *testing.T) {
+	busy, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer busy.Close()
+	storeDir := filepath.Join(t.TempDir(), "store")
+
+	tests := []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"bogus type", []string{"run", "--type", "BOGUS"},
+			`grouprouter: invalid configuration: unknown type "BOGUS" (want LOCAL or REMOTE)`},
+		{"bogus type, embedded on a busy port", []string{"run", "--type", "BOGUS", "--listen", busy.Addr().String(), "--store-dir", storeDir},
+			`grouprouter: invalid configuration: unknown type "BOGUS" (want LOCAL or REMOTE)`},
+		{"negative timeout, unreachable nats", []string{"run", "--timeout", "-1s", "--nats", "nats://127.0.0.1:1"},
+			"grouprouter: invalid configuration: timeout must be > 0, got -1s"},
+		{"address overlaps grouping", []string{"run", "--address", "grouping", "--nats", "nats://127.0.0.1:1"},
+			`grouprouter: invalid configuration: address "grouping" overlaps grouping.>, the router's own subjects`},
+		{"unknown flag", []string{"run", "--bogus", "--nats", "nats://127.0.0.1:1"},
+			"grouprouter run: flag provided but not defined: -bogus (see 'grouprouter run -h')"},
+		{"stray argument", []string{"run", "--nats", "nats://127.0.0.1:1", "now"},
+			`grouprouter run: unexpected argument "now" (see 'grouprouter run -h')`},
+		{"bindings: unknown flag", []string{"bindings", "--all"},
+			"grouprouter bindings: flag provided but not defined: -all (see 'grouprouter bindings -h')"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var stdout, stderr bytes.Buffer
+			code := run(tt.args, &stdout, &stderr)
+			if code != exitUsage {
+				t.Errorf("exit code %d, want %d; stderr: %s", code, exitUsage, stderr.String())
+			}
+			if got := stderr.String(); got != tt.want+"\n" {
+				t.Errorf("stderr\n got %q\nwant %q", got, tt.want+"\n")
+			}
+			if stdout.Len() != 0 {
+				t.Errorf("stdout: %q", stdout.String())
+			}
+		})
+	}
+	if _, err := os.Stat(storeDir); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("store dir was created before the config was validated: %v", err)
+	}
+}
+
+func TestSanitizeNodeID(t *testing.T) {
+	tests := []struct{ host, want string }{
+		{"node-1", "node-1"},
+		{"Broker_2", "Broker_2"},
+		{"broker-1.example.com", "broker-1-example-com"},
+		{"höst", "h--st"},
+		{"", "grouprouter"},
+		{"...", "grouprouter"},
+		{strings.Repeat("a", 70), strings.Repeat("a", 64)},
+	}
+	for _, tt := range tests {
+		if got := sanitizeNodeID(tt.host); got != tt.want {
+			t.Errorf("sanitizeNodeID(%q) = %q, want %q", tt.host, got, tt.want)
+		}
+	}
+}
+
+func TestParseMillisOrDuration(t *testing.T) {
+	tests := []struct {
+		in   string
+		want time.Duration
+		ok   bool
+	}{
+		{"5s", 5 * time.Second, true},
+		{"1m30s", 90 * time.Second, true},
+		{"250ms", 250 * time.Millisecond, true},
+		{"5000", 5 * time.Second, true},
+		{" 1 ", time.Millisecond, true},
+		{"-1", -time.Millisecond, true}, // rejected later by Validate, with the value
+		{"0", 0, true},
+		{"5 s", 0, false},
+		{"five", 0, false},
+		{"", 0, false},
+		{"9223372036854775807", 0, false},
+	}
+	for _, tt := range tests {
+		got, err := parseMillisOrDuration(tt.in)
+		if (err == nil) != tt.ok || got != tt.want {
+			t.Errorf("parseMillisOrDuration(%q) = %v, %v; want %v, ok=%v", tt.in, got, err, tt.want, tt.ok)
+		}
+	}
+}
+
+func TestDefaultStoreDir(t *testing.T) {
+	tests := []struct {
+		name string
+		goos string
+		env  envMap
+		want string // "" = error
+	}{
+		{"linux XDG", "linux", envMap{"XDG_DATA_HOME": "/xdg", "HOME": "/home/u"}, filepath.Join("/xdg", "grouprouter")},
+		{"linux home", "linux", envMap{"HOME": "/home/u"}, filepath.Join("/home/u", ".local", "share", "grouprouter")},
+		{"linux relative XDG is ignored", "linux", envMap{"XDG_DATA_HOME": "data", "HOME": "/home/u"}, filepath.Join("/home/u", ".local", "share", "grouprouter")},
+		{"freebsd", "freebsd", envMap{"HOME": "/home/u"}, filepath.Join("/home/u", ".local", "share", "grouprouter")},
+		{"linux nothing", "linux", envMap{}, ""},
+		{"darwin", "darwin", envMap{"HOME": "/Users/u", "XDG_DATA_HOME": "/xdg"}, filepath.Join("/Users/u", "Library", "Application Support", "grouprouter")},
+		{"windows", "windows", envMap{"LocalAppData": `C:\Users\u\AppData\Local`}, filepath.Join(`C:\Users\u\AppData\Local`, "grouprouter")},
+		{"windows nothing", "windows", envMap{"HOME": "/x"}, ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := defaultStoreDir(tt.goos, tt.env.get)
+			if tt.want == "" {
+				if err == nil {
+					t.Fatalf("got %q, want an error", got)
+				}
+				return
+			}
+			if err != nil || got != tt.want {
+				t.Fatalf("got %q, %v; want %q", got, err, tt.want)
+			}
+		})
+	}
+}

@@ -1,0 +1,96 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+
+	"grouprouter/router"
+)
+
+// Exit codes.
+const (
+	exitOK      = 0
+	exitFailure = 1 // the command failed at run time
+	exitUsage   = 2 // bad command line or configuration; nothing was started
+)
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+// run executes the command line args (without the program name) until it
+// completes or SIGINT/SIGTERM arrives, and returns the exit code.
+func run(args []string, stdout, stderr io.Writer) int {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	return runContext(ctx, args, stdout, stderr)
+}
+
+// runContext is run with the process's signals replaced by ctx.
+func runContext(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 {
+		printUsage(stderr)
+		return exitUsage
+	}
+	cmd, rest := args[0], args[1:]
+	var err error
+	switch cmd {
+	case "-h", "-help", "--help", "help":
+		printUsage(stdout)
+		return exitOK
+	case "run":
+		err = runNode(ctx, rest, stdout, stderr)
+	case "bindings":
+		err = listBindings(ctx, rest, stdout)
+	// Further subcommands ("bench", "move", "unbind", "nodes") go here:
+	// each parses its own flags from rest, prints its help to stdout and
+	// returns flag.ErrHelp for -h, and returns a *usageError, an error
+	// wrapping router.ErrConfig, or any other error; exitCode maps them.
+	// Add it to printUsage too.
+	default:
+		fmt.Fprintf(stderr, "grouprouter: unknown command %q\n\n", cmd)
+		printUsage(stderr)
+		return exitUsage
+	}
+	return exitCode(stderr, cmd, err)
+}
+
+// exitCode reports err as one line on stderr and returns the exit code.
+func exitCode(stderr io.Writer, cmd string, err error) int {
+	var usage *usageError
+	switch {
+	case err == nil, errors.Is(err, flag.ErrHelp):
+		return exitOK
+	case errors.As(err, &usage):
+		fmt.Fprintf(stderr, "grouprouter %s: %v\n", cmd, usage)
+		return exitUsage
+	case errors.Is(err, router.ErrConfig):
+		msg := strings.TrimPrefix(err.Error(), router.ErrConfig.Error()+": ")
+		fmt.Fprintf(stderr, "grouprouter: invalid configuration: %s\n", msg)
+		return exitUsage
+	default:
+		fmt.Fprintf(stderr, "grouprouter: %v\n", err)
+		return exitFailure
+	}
+}
+
+// printUsage writes the top-level help.
+func printUsage(w io.Writer) {
+	fmt.Fprint(w, `Usage: grouprouter <command> [flags]
+
+Routes every message of a group to one node's queue, in order, on NATS JetStream.
+
+Commands:
+  run        run a router node (starts an embedded NATS server without --nats)
+  bindings   list the group bindings (group -> node)
+
+Run 'grouprouter <command> -h' for the flags of a command.
+`)
+}

@@ -1,0 +1,72 @@
+package main
+
+import (
+	"bytes"
+	"strings"
+	"sync"
+	"testing"
+)
+
+func TestUsage(t *testing.T) {
+	tests := []struct {
+		name       string
+		args       []string
+		code       int
+		stdoutHas  string // "" = stdout must be empty
+		stderrHas  string // "" = stderr must be empty
+		stderrLine bool   // stderr is exactly one line
+	}{
+		{name: "no command", args: nil, code: exitUsage, stderrHas: "Usage: grouprouter <command>"},
+		{name: "unknown command", args: []string{"serve"}, code: exitUsage, stderrHas: `grouprouter: unknown command "serve"`},
+		{name: "-h", args: []string{"-h"}, code: exitOK, stdoutHas: "Usage: grouprouter <command>"},
+		{name: "--help", args: []string{"--help"}, code: exitOK, stdoutHas: "bindings"},
+		{name: "help", args: []string{"help"}, code: exitOK, stdoutHas: "run "},
+		{name: "run -h", args: []string{"run", "-h"}, code: exitOK, stdoutHas: "-max-attempts N"},
+		{name: "run --help", args: []string{"run", "--type", "REMOTE", "--help"}, code: exitOK, stdoutHas: "Usage: grouprouter run"},
+		{name: "bindings -h", args: []string{"bindings", "-h"}, code: exitOK, stdoutHas: "-json"},
+		{name: "bindings stray argument", args: []string{"bindings", "orders"}, code: exitUsage,
+			stderrHas: `grouprouter bindings: unexpected argument "orders"`, stderrLine: true},
+		{name: "bindings empty nats", args: []string{"bindings", "--nats", " "}, code: exitUsage,
+			stderrHas: "grouprouter: invalid configuration: --nats is empty", stderrLine: true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var stdout, stderr bytes.Buffer
+			if code := run(tt.args, &stdout, &stderr); code != tt.code {
+				t.Errorf("exit code %d, want %d; stderr: %s", code, tt.code, stderr.String())
+			}
+			check := func(what, got, want string) {
+				if want == "" && got != "" {
+					t.Errorf("%s should be empty, got %q", what, got)
+				}
+				if !strings.Contains(got, want) {
+					t.Errorf("%s %q does not contain %q", what, got, want)
+				}
+			}
+			check("stdout", stdout.String(), tt.stdoutHas)
+			check("stderr", stderr.String(), tt.stderrHas)
+			if tt.stderrLine && strings.Count(stderr.String(), "\n") != 1 {
+				t.Errorf("stderr is not one line: %q", stderr.String())
+			}
+		})
+	}
+}
+
+// syncBuffer is a bytes.Buffer that the command's goroutines and the test
+// can use at once.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}

@@ -1,0 +1,137 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"grouprouter/router"
+)
+
+const (
+	// reconnectWait is the pause between reconnect attempts of a node.
+	reconnectWait = 250 * time.Millisecond
+	// drainTimeout bounds the connection drain at shutdown.
+	drainTimeout = 10 * time.Second
+)
+
+// runNode is the run subcommand: it validates the configuration, starts
+// the embedded server if --nats is absent, connects, and runs the router
+// until ctx ends. Then it drains the connection and stops the server.
+func runNode(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	opts, err := parseRunArgs(args, osEnvironment())
+	if errors.Is(err, flag.ErrHelp) {
+		printRunUsage(stdout)
+		return err
+	}
+	if err != nil {
+		return err
+	}
+	log := newLogger(stderr, opts.logLevel, opts.logJSON)
+	opts.cfg.Logger = log
+	if f := opts.file; f != nil && (f.GroupTimeoutMS != nil || f.ReaperPeriodMS != nil) {
+		log.Warn("<group-timeout> and <reaper-period> are read and validated but not applied yet: bindings do not expire")
+	}
+
+	servers := opts.natsURL
+	if servers == "" {
+		emb, err := startEmbedded(opts.listen, opts.storeDir, log)
+		if err != nil {
+			return err
+		}
+		defer emb.Close() // after the drain below: defers run last-in first-out
+		servers = emb.url
+	}
+
+	closed := make(chan struct{})
+	nc, err := nats.Connect(servers,
+		nats.Name("grouprouter-"+opts.cfg.Node),
+		nats.MaxReconnects(-1),
+		nats.ReconnectWait(reconnectWait),
+		nats.DrainTimeout(drainTimeout),
+		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
+			if err != nil {
+				log.Warn("disconnected from NATS", "err", err)
+			}
+		}),
+		nats.ReconnectHandler(func(nc *nats.Conn) {
+			log.Info("reconnected to NATS", "url", nc.ConnectedUrlRedacted())
+		}),
+		nats.ErrorHandler(func(_ *nats.Conn, sub *nats.Subscription, err error) {
+			if sub != nil {
+				log.Error("NATS error", "subject", sub.Subject, "err", err)
+				return
+			}
+			log.Error("NATS error", "err", err)
+		}),
+		nats.ClosedHandler(func(*nats.Conn) { close(closed) }),
+	)
+	if err != nil {
+		return fmt.Errorf("cannot connect to NATS at %s: %w", redactURLs(servers), err)
+	}
+	defer drain(nc, closed, log)
+
+	r, err := router.New(nc, opts.cfg)
+	if err != nil {
+		return err
+	}
+	log.Info("grouprouter node starting",
+		"node", opts.cfg.Node, "name", opts.cfg.Name, "type", string(opts.cfg.Type),
+		"address", opts.cfg.Address, "timeout", opts.cfg.Timeout, "nats", nc.ConnectedUrlRedacted())
+	if err := r.Run(ctx); err != nil {
+		if ctx.Err() == nil || !errors.Is(err, context.Canceled) {
+			return fmt.Errorf("router: %w", err)
+		}
+		// Stopped (SIGINT/SIGTERM) while still setting up: not a failure.
+		log.Info("grouprouter node stopped during startup", "node", opts.cfg.Node, "err", err)
+		return nil
+	}
+	log.Info("grouprouter node stopped", "node", opts.cfg.Node)
+	return nil
+}
+
+// drain drains nc and waits until it is closed.
+func drain(nc *nats.Conn, closed <-chan struct{}, log *slog.Logger) {
+	if err := nc.Drain(); err != nil {
+		nc.Close()
+		return
+	}
+	t := time.NewTimer(drainTimeout + time.Second)
+	defer t.Stop()
+	select {
+	case <-closed:
+	case <-t.C:
+		log.Warn("NATS connection drain did not finish; closing")
+		nc.Close()
+	}
+}
+
+// newLogger returns the command's logger: text (or JSON) lines on w.
+func newLogger(w io.Writer, level slog.Level, asJSON bool) *slog.Logger {
+	hopts := &slog.HandlerOptions{Level: level}
+	if asJSON {
+		return slog.New(slog.NewJSONHandler(w, hopts))
+	}
+	return slog.New(slog.NewTextHandler(w, hopts))
+}
+
+// redactURLs hides passwords in a comma-separated server list for messages.
+func redactURLs(servers string) string {
+	parts := strings.Split(servers, ",")
+	for i, p := range parts {
+		p = strings.TrimSpace(p)
+		if u, err := url.Parse(p); err == nil && u.User != nil {
+			p = u.Redacted()
+		}
+		parts[i] = p
+	}
+	return strings.Join(parts, ",")
+}
