@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"strconv"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -301,7 +302,7 @@ func (r *Router) startDeadLetter(ln *lane, reason string) {
 			}
 			out.Header.Set(HeaderDeadReason, reason)
 			out.Header.Set(jetstream.ExpectedStreamHeader, DeadLetterStream)
-			out.Header.Set(jetstream.MsgIDHeader, "dlq:"+IngressStream+":"+fmt.Sprint(m.seq))
+			out.Header.Set(jetstream.MsgIDHeader, "dlq:"+IngressStream+":"+strconv.FormatUint(m.seq, 10))
 			for {
 				if _, err := r.js.PublishMsg(ctx, out); err == nil {
 					break

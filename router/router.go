@@ -7,6 +7,7 @@ import (
 	"hash/fnv"
 	"log/slog"
 	"sort"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -393,7 +394,7 @@ func (r *Router) prepare(rec *msgRec, hdr nats.Header, data []byte) *nats.Msg {
 		}
 		out.Header[k] = v
 	}
-	seq := fmt.Sprint(rec.seq)
+	seq := strconv.FormatUint(rec.seq, 10)
 	out.Header.Set(jetstream.MsgIDHeader, IngressStream+":"+seq)
 	out.Header.Set(HeaderIngressSeq, seq)
 	return out
@@ -490,7 +491,7 @@ func (r *Router) publishDeadLetter(ln *lane, m *msgRec, reason string) {
 	m.out.Subject = DeadLetterSubjectPrefix + m.subject
 	m.out.Header.Set(HeaderDeadReason, reason)
 	m.out.Header.Set(jetstream.ExpectedStreamHeader, DeadLetterStream)
-	m.out.Header.Set(jetstream.MsgIDHeader, "dlq:"+IngressStream+":"+fmt.Sprint(m.seq))
+	m.out.Header.Set(jetstream.MsgIDHeader, "dlq:"+IngressStream+":"+strconv.FormatUint(m.seq, 10))
 	r.send(ln, m, func() { r.deadLetters.Add(1) })
 }
 

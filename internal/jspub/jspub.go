@@ -4,6 +4,7 @@
 package jspub
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -156,6 +157,9 @@ func ParseAck(m *nats.Msg) (Ack, error) {
 	if len(m.Data) == 0 && m.Header.Get("Status") == "503" {
 		return Ack{}, ErrNoResponders
 	}
+	if ack, ok := parseAckFast(m.Data); ok {
+		return ack, nil
+	}
 	var r struct {
 		Ack
 		Error *APIError `json:"error,omitempty"`
@@ -201,4 +205,45 @@ func (p *Publisher) sweep() {
 			expired = expired[:0]
 		}
 	}
+}
+
+// parseAckFast decodes the common success reply,
+// {"stream":"NAME","seq":N} optionally with "domain" and "duplicate":true,
+// without reflection. It returns false for anything else (errors included),
+// which the caller then decodes with encoding/json.
+func parseAckFast(b []byte) (Ack, bool) {
+	if bytes.Contains(b, []byte(`"error"`)) {
+		return Ack{}, false
+	}
+	var a Ack
+	i := bytes.Index(b, []byte(`"stream":"`))
+	if i < 0 {
+		return Ack{}, false
+	}
+	rest := b[i+len(`"stream":"`):]
+	j := bytes.IndexByte(rest, '"')
+	if j <= 0 {
+		return Ack{}, false
+	}
+	for _, c := range rest[:j] {
+		if c < 0x21 || c > 0x7e || c == '\\' { // stream names are printable ASCII
+			return Ack{}, false
+		}
+	}
+	a.Stream = string(rest[:j])
+	i = bytes.Index(b, []byte(`"seq":`))
+	if i < 0 {
+		return Ack{}, false
+	}
+	digits := b[i+len(`"seq":`):]
+	n := 0
+	for n < len(digits) && digits[n] >= '0' && digits[n] <= '9' {
+		a.Sequence = a.Sequence*10 + uint64(digits[n]-'0')
+		n++
+	}
+	if n == 0 || n > 19 || a.Sequence == 0 {
+		return Ack{}, false
+	}
+	a.Duplicate = bytes.Contains(b, []byte(`"duplicate":true`))
+	return a, true
 }

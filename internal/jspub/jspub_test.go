@@ -1,0 +1,61 @@
+package jspub
+
+import (
+	"encoding/json"
+	"errors"
+	"testing"
+
+	"github.com/nats-io/nats.go"
+)
+
+func TestParseAck(t *testing.T) {
+	tests := []struct {
+		name string
+		data string
+		want Ack
+		err  bool
+	}{
+		{"plain", `{"stream":"Q","seq":42}`, Ack{Stream: "Q", Sequence: 42}, false},
+		{"duplicate", `{"stream":"GROUPING_QUEUE","seq":7,"duplicate":true}`, Ack{Stream: "GROUPING_QUEUE", Sequence: 7, Duplicate: true}, false},
+		{"domain", `{"stream":"Q","domain":"hub","seq":18446744073709551615}`, Ack{Stream: "Q", Sequence: 18446744073709551615}, false},
+		{"error", `{"error":{"code":503,"err_code":10077,"description":"maximum messages exceeded"}}`, Ack{}, true},
+		{"garbage", `nope`, Ack{}, true},
+		{"no seq", `{"stream":"Q"}`, Ack{}, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := ParseAck(&nats.Msg{Data: []byte(tt.data)})
+			if (err != nil) != tt.err || got != tt.want {
+				t.Fatalf("ParseAck(%s) = %+v, %v", tt.data, got, err)
+			}
+		})
+	}
+	_, err := ParseAck(&nats.Msg{Data: []byte(`{"error":{"code":503,"err_code":10077,"description":"x"}}`)})
+	var apiErr *APIError
+	if !errors.As(err, &apiErr) || apiErr.ErrCode != 10077 {
+		t.Fatalf("error reply: %v", err)
+	}
+	if _, err := ParseAck(&nats.Msg{Header: nats.Header{"Status": {"503"}}}); !errors.Is(err, ErrNoResponders) {
+		t.Fatalf("503: %v", err)
+	}
+}
+
+// FuzzParseAck: the fast path agrees with encoding/json on every input it accepts.
+func FuzzParseAck(f *testing.F) {
+	for _, s := range []string{`{"stream":"Q","seq":42}`, `{"stream":"Q","seq":1,"duplicate":true}`, `{"error":{}}`, `{"seq":5,"stream":"A"}`} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		fast, ok := parseAckFast(b)
+		if !ok {
+			return
+		}
+		var slow Ack
+		if err := json.Unmarshal(b, &slow); err != nil {
+			return // the fast path is lenient on malformed JSON; the server never sends it
+		}
+		if slow.Stream != "" && slow.Sequence != 0 && (slow.Stream != fast.Stream || slow.Sequence != fast.Sequence) {
+			t.Fatalf("fast %+v != json %+v for %q", fast, slow, b)
+		}
+	})
+}
