@@ -90,9 +90,25 @@ type Config struct {
 	// PinnedTTL is the queue consumer's pinned-client timeout: how long a
 	// dead puller keeps the pin before a standby gets it.
 	PinnedTTL time.Duration
+	// QueueMode is how node queues are consumed: QueuePinned (the default)
+	// gives each node's durable consumer a priority group with one pinned
+	// puller at a time, so several consumer processes may run as standbys;
+	// QueuePlain creates it without a priority group, for clients that
+	// cannot pull with one (run a single consumer process per node then).
+	QueueMode QueueMode
 	// Logger defaults to discarding.
 	Logger *slog.Logger
 }
+
+// QueueMode says how a node's queue consumer is set up.
+type QueueMode string
+
+const (
+	// QueuePinned: priority group PriorityGroup, pinned-client policy.
+	QueuePinned QueueMode = "pinned"
+	// QueuePlain: a plain durable pull consumer.
+	QueuePlain QueueMode = "plain"
+)
 
 // withDefaults fills zero fields.
 func (c Config) withDefaults() Config {
@@ -123,6 +139,9 @@ func (c Config) withDefaults() Config {
 	if c.PinnedTTL == 0 {
 		c.PinnedTTL = DefaultPinnedTTL
 	}
+	if c.QueueMode == "" {
+		c.QueueMode = QueuePinned
+	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -151,6 +170,9 @@ func (c Config) Validate() error {
 	}
 	if c.GroupHeader != "" && !validHeaderName(c.GroupHeader) {
 		return fmt.Errorf("%w: group header %q is not a valid header name", ErrConfig, c.GroupHeader)
+	}
+	if c.QueueMode != "" && c.QueueMode != QueuePinned && c.QueueMode != QueuePlain {
+		return fmt.Errorf("%w: queue mode %q (want pinned or plain)", ErrConfig, c.QueueMode)
 	}
 	switch {
 	case c.MaxAttempts < 0:

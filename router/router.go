@@ -160,7 +160,7 @@ func (r *Router) Run(ctx context.Context) error {
 	if err := ensureStreams(setupCtx, r.js, r.cfg, replicas); err != nil {
 		return err
 	}
-	queueCons, err := ensureQueueConsumer(setupCtx, r.js, r.cfg.Node, r.cfg.PinnedTTL)
+	queueCons, err := ensureQueueConsumer(setupCtx, r.js, r.cfg.Node, r.cfg.QueueMode, r.cfg.PinnedTTL)
 	if err != nil {
 		return err
 	}

@@ -135,20 +135,24 @@ func ensureStream(ctx context.Context, js jetstream.JetStream, spec jetstream.St
 }
 
 // ensureQueueConsumer creates or updates node's durable queue consumer.
-func ensureQueueConsumer(ctx context.Context, js jetstream.JetStream, node string, pinnedTTL time.Duration) (jetstream.Consumer, error) {
-	c, err := js.CreateOrUpdateConsumer(ctx, QueueStream, jetstream.ConsumerConfig{
-		Durable:        QueueConsumer(node),
-		Description:    "grouprouter queue of node " + node + ": pull with priority group " + PriorityGroup,
-		FilterSubject:  QueueFilter(node),
-		AckPolicy:      jetstream.AckExplicitPolicy,
-		DeliverPolicy:  jetstream.DeliverAllPolicy,
-		MaxAckPending:  1000,
-		PriorityGroups: []string{PriorityGroup},
-		PriorityPolicy: jetstream.PriorityPolicyPinned,
-		PinnedTTL:      pinnedTTL,
-	})
+func ensureQueueConsumer(ctx context.Context, js jetstream.JetStream, node string, mode QueueMode, pinnedTTL time.Duration) (jetstream.Consumer, error) {
+	cfg := jetstream.ConsumerConfig{
+		Durable:       QueueConsumer(node),
+		Description:   "grouprouter queue of node " + node + " (one consumer process at a time)",
+		FilterSubject: QueueFilter(node),
+		AckPolicy:     jetstream.AckExplicitPolicy,
+		DeliverPolicy: jetstream.DeliverAllPolicy,
+		MaxAckPending: 1000,
+	}
+	if mode != QueuePlain {
+		cfg.Description = "grouprouter queue of node " + node + ": pull with priority group " + PriorityGroup
+		cfg.PriorityGroups = []string{PriorityGroup}
+		cfg.PriorityPolicy = jetstream.PriorityPolicyPinned
+		cfg.PinnedTTL = pinnedTTL
+	}
+	c, err := js.CreateOrUpdateConsumer(ctx, QueueStream, cfg)
 	if err != nil {
-		return nil, fmt.Errorf("grouping: queue consumer for %s: %w", node, err)
+		return nil, fmt.Errorf("grouping: queue consumer %s (mode %s): %w", QueueConsumer(node), mode, err)
 	}
 	return c, nil
 }
