@@ -17,6 +17,15 @@ const (
 	// went to the dead-letter stream because no decision could be had; later
 	// messages need a new binding.
 	StateDeadLettered State = "dead-lettered"
+	// StateMoving asks PrevNode, the node the group is bound to, to stop
+	// routing it and hand it over to Node ("" for an unbind). PrevNode
+	// answers by writing the fence: StateBound for Node from the group's
+	// first message it has not routed (or StateReleased for an unbind).
+	StateMoving State = "moving"
+	// StateReleased records that the group's binding ended (idle expiry, a
+	// close marker, an unbind): PrevNode routed its messages up to
+	// ThroughSeq; later messages need a new binding.
+	StateReleased State = "released"
 )
 
 // Binding is one group's route, as stored in the bindings bucket.
@@ -42,6 +51,15 @@ type Binding struct {
 	ProposedBy string `json:"proposed_by,omitempty"`
 	// Reason explains a dead-letter record or a rejection that rebound.
 	Reason string `json:"reason,omitempty"`
+	// Handoff is true on a binding that took the group over from PrevNode
+	// (a move, or a new binding after a release) until Node has moved the
+	// group's waiting messages off PrevNode's queue and routed the ones
+	// from FromSeq that it had skipped; Node clears it when done.
+	Handoff bool `json:"handoff,omitempty"`
+	// Drain lists the nodes whose queues may still hold the group's
+	// waiting messages; the new owner moves them to its own queue, in
+	// ingress order, before routing anything else of the group.
+	Drain []string `json:"drain,omitempty"`
 
 	// Revision is the KV revision of the record; not part of the value.
 	Revision uint64 `json:"-"`
@@ -65,6 +83,22 @@ func (b Binding) Validate() error {
 	case StateDeadLettered:
 		if b.Node != "" || b.ThroughSeq == 0 {
 			return fmt.Errorf("%w: dead-lettered record needs through_seq and no node", ErrInvalidBinding)
+		}
+	case StateReleased:
+		if b.Node != "" || b.ThroughSeq == 0 {
+			return fmt.Errorf("%w: released record needs through_seq and no node", ErrInvalidBinding)
+		}
+		if err := ValidateNodeID(b.PrevNode); err != nil {
+			return fmt.Errorf("%w: released record: prev_node: %v", ErrInvalidBinding, err)
+		}
+	case StateMoving:
+		if b.Node != "" {
+			if err := ValidateNodeID(b.Node); err != nil {
+				return fmt.Errorf("%w: %v", ErrInvalidBinding, err)
+			}
+		}
+		if err := ValidateNodeID(b.PrevNode); err != nil {
+			return fmt.Errorf("%w: moving record: prev_node: %v", ErrInvalidBinding, err)
 		}
 	default:
 		return fmt.Errorf("%w: unknown state %q", ErrInvalidBinding, b.State)

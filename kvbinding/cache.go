@@ -8,48 +8,78 @@ import (
 // Route is the cached view of one group's binding record.
 type Route struct {
 	State      State
-	Node       string // bound node ("" when dead-lettered)
-	FromSeq    uint64 // first ingress sequence routed to Node
-	ThroughSeq uint64 // last dead-lettered sequence (StateDeadLettered)
-	PrevNode   string // node routing the messages before FromSeq, if known
+	Node       string // bound node, or the target of a move ("" otherwise)
+	FromSeq    uint64 // first ingress sequence routed to Node (StateBound)
+	ThroughSeq uint64 // last sequence of the ended binding (released, dead-lettered)
+	PrevNode   string // node routing the messages before FromSeq / through ThroughSeq
+	Handoff    bool   // Node is still taking the group over from PrevNode
 	Revision   uint64
 }
 
-// Owner returns the node that routes the message at ingress sequence seq
-// according to this record, and whether the record decides it at all. A
-// dead-lettered record decides sequences up to ThroughSeq with owner "".
-func (r Route) Owner(seq uint64) (node string, decided bool) {
+// Action says what a node does with a message, given a group's record.
+type Action uint8
+
+const (
+	// ActRoute: the message belongs to the owner returned with it ("" for
+	// a dead-lettered message); if that is not this node, skip it.
+	ActRoute Action = iota + 1
+	// ActWait: hold the message; a change that concerns this node is in
+	// progress and a later record will decide.
+	ActWait
+	// ActPropose: no binding covers the message; propose one.
+	ActPropose
+)
+
+// Owner says, for node me, what to do with the group's message at ingress
+// sequence seq according to this record.
+func (r Route) Owner(seq uint64, me string) (owner string, act Action) {
 	switch r.State {
 	case StateBound:
-		if seq >= r.FromSeq {
-			return r.Node, true
+		if seq < r.FromSeq {
+			if r.PrevNode != "" {
+				return r.PrevNode, ActRoute
+			}
+			// History before FromSeq is unknown: the current binding stands
+			// (the queue stream's duplicate window absorbs a double route).
+			return r.Node, ActRoute
 		}
-		if r.PrevNode != "" {
-			return r.PrevNode, true
+		if r.Handoff && r.Node == me {
+			return "", ActWait
 		}
-		// History before FromSeq is unknown: the current binding stands
-		// (the queue stream's duplicate window absorbs a double route).
-		return r.Node, true
+		return r.Node, ActRoute
+	case StateMoving:
+		if me == r.Node || me == r.PrevNode {
+			return "", ActWait
+		}
+		// Neither the old nor the new owner: never this node's to route.
+		return r.PrevNode, ActRoute
+	case StateReleased:
+		if seq <= r.ThroughSeq {
+			return r.PrevNode, ActRoute
+		}
 	case StateDeadLettered:
 		if seq <= r.ThroughSeq {
-			return "", true
+			return "", ActRoute
 		}
 	}
-	return "", false
+	return "", ActPropose
 }
 
 // entry is the compact cached form of a record: node names are interned.
 type entry struct {
-	rev   uint64
-	seq   uint64 // FromSeq, or ThroughSeq when dead-lettered
-	node  uint32 // index into Cache.names; 0 = none
-	prev  uint32
-	state uint8
+	rev     uint64
+	seq     uint64 // FromSeq, or ThroughSeq when released or dead-lettered
+	node    uint32 // index into Cache.names; 0 = none
+	prev    uint32
+	state   uint8
+	handoff bool
 }
 
 const (
 	stateBound uint8 = iota + 1
 	stateDead
+	stateMoving
+	stateReleased
 )
 
 // Cache is an in-memory copy of the bindings bucket kept current by a KV
@@ -102,15 +132,17 @@ func (c *Cache) Lookup(group string) (Route, bool) {
 }
 
 func (c *Cache) routeLocked(e entry) Route {
-	r := Route{Revision: e.rev, PrevNode: c.names[e.prev]}
-	if e.state == stateDead {
-		r.State = StateDeadLettered
-		r.ThroughSeq = e.seq
-		return r
+	r := Route{Revision: e.rev, PrevNode: c.names[e.prev], Node: c.names[e.node], Handoff: e.handoff}
+	switch e.state {
+	case stateDead:
+		r.State, r.ThroughSeq = StateDeadLettered, e.seq
+	case stateReleased:
+		r.State, r.ThroughSeq = StateReleased, e.seq
+	case stateMoving:
+		r.State, r.FromSeq = StateMoving, e.seq
+	default:
+		r.State, r.FromSeq = StateBound, e.seq
 	}
-	r.State = StateBound
-	r.Node = c.names[e.node]
-	r.FromSeq = e.seq
 	return r
 }
 
@@ -173,15 +205,16 @@ func (c *Cache) applyLocked(b Binding, fromWatch bool) bool {
 	if had && old.state == stateBound && b.Group != "" {
 		c.counts[old.node]--
 	}
-	e := entry{rev: b.Revision, prev: c.intern(b.PrevNode)}
+	e := entry{rev: b.Revision, prev: c.intern(b.PrevNode), node: c.intern(b.Node), handoff: b.Handoff}
 	switch b.State {
 	case StateDeadLettered:
-		e.state = stateDead
-		e.seq = b.ThroughSeq
+		e.state, e.seq = stateDead, b.ThroughSeq
+	case StateReleased:
+		e.state, e.seq = stateReleased, b.ThroughSeq
+	case StateMoving:
+		e.state, e.seq = stateMoving, b.FromSeq
 	default:
-		e.state = stateBound
-		e.seq = b.FromSeq
-		e.node = c.intern(b.Node)
+		e.state, e.seq = stateBound, b.FromSeq
 		if b.Group != "" {
 			c.counts[e.node]++
 		}
@@ -255,4 +288,34 @@ func groupOfKey(key string) (string, error) {
 		return "", nil
 	}
 	return GroupFromKey(key)
+}
+
+// GroupsOf returns the groups whose record names node as the bound node
+// (StateBound) or, for a move in progress, as the node moved from.
+func (c *Cache) GroupsOf(node string) []string {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	i, ok := c.index[node]
+	if !ok {
+		return nil
+	}
+	var out []string
+	for g, e := range c.m {
+		if (e.state == stateBound && e.node == i) || (e.state == stateMoving && e.prev == i) {
+			out = append(out, g)
+		}
+	}
+	return out
+}
+
+// Each calls fn for every cached record until fn returns false. It holds
+// the cache's read lock: fn must not call back into the cache.
+func (c *Cache) Each(fn func(group string, r Route) bool) {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	for g, e := range c.m {
+		if !fn(g, c.routeLocked(e)) {
+			return
+		}
+	}
 }

@@ -64,24 +64,36 @@ func TestCacheIgnoresRevisionsAlreadyApplied(t *testing.T) {
 }
 
 func TestRouteOwner(t *testing.T) {
+	moving := Route{State: StateMoving, Node: "n2", PrevNode: "n1"}
+	handoff := Route{State: StateBound, Node: "n2", FromSeq: 10, PrevNode: "n1", Handoff: true}
+	released := Route{State: StateReleased, ThroughSeq: 7, PrevNode: "n1"}
 	tests := []struct {
-		name    string
-		r       Route
-		seq     uint64
-		owner   string
-		decided bool
+		name  string
+		r     Route
+		seq   uint64
+		me    string
+		owner string
+		act   Action
 	}{
-		{"bound after fence", Route{State: StateBound, Node: "n1", FromSeq: 10}, 10, "n1", true},
-		{"before fence with prev", Route{State: StateBound, Node: "n1", FromSeq: 10, PrevNode: "n0"}, 9, "n0", true},
-		{"before fence no history", Route{State: StateBound, Node: "n1", FromSeq: 10}, 3, "n1", true},
-		{"dead-lettered", Route{State: StateDeadLettered, ThroughSeq: 5}, 5, "", true},
-		{"after dead-letter", Route{State: StateDeadLettered, ThroughSeq: 5}, 6, "", false},
+		{"bound after fence", Route{State: StateBound, Node: "n1", FromSeq: 10}, 10, "n0", "n1", ActRoute},
+		{"before fence with prev", Route{State: StateBound, Node: "n1", FromSeq: 10, PrevNode: "n0"}, 9, "n0", "n0", ActRoute},
+		{"before fence no history", Route{State: StateBound, Node: "n1", FromSeq: 10}, 3, "n0", "n1", ActRoute},
+		{"dead-lettered", Route{State: StateDeadLettered, ThroughSeq: 5}, 5, "n0", "", ActRoute},
+		{"after dead-letter", Route{State: StateDeadLettered, ThroughSeq: 5}, 6, "n0", "", ActPropose},
+		{"moving: old owner waits", moving, 50, "n1", "", ActWait},
+		{"moving: new owner waits", moving, 50, "n2", "", ActWait},
+		{"moving: others skip", moving, 50, "n3", "n1", ActRoute},
+		{"handoff: new owner waits", handoff, 10, "n2", "", ActWait},
+		{"handoff: others skip", handoff, 10, "n3", "n2", ActRoute},
+		{"handoff: before fence is prev's", handoff, 9, "n2", "n1", ActRoute},
+		{"released: before fence is prev's", released, 7, "n3", "n1", ActRoute},
+		{"released: after fence proposes", released, 8, "n1", "", ActPropose},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			owner, decided := tt.r.Owner(tt.seq)
-			if owner != tt.owner || decided != tt.decided {
-				t.Errorf("Owner(%d) = %q, %v; want %q, %v", tt.seq, owner, decided, tt.owner, tt.decided)
+			owner, act := tt.r.Owner(tt.seq, tt.me)
+			if owner != tt.owner || act != tt.act {
+				t.Errorf("Owner(%d, %s) = %q, %v; want %q, %v", tt.seq, tt.me, owner, act, tt.owner, tt.act)
 			}
 		})
 	}

@@ -4,7 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
+	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -43,6 +46,9 @@ func OpenStore(ctx context.Context, js jetstream.JetStream, cfg StoreConfig) (*S
 		History:     1,
 		Replicas:    cfg.Replicas,
 		Storage:     jetstream.FileStorage,
+		// Ended records (released, dead-lettered) carry a per-message TTL;
+		// their expiry leaves a marker for this long so watchers see it.
+		LimitMarkerTTL: time.Minute,
 	})
 	if err != nil {
 		return nil, err
@@ -132,6 +138,61 @@ func (s *Store) Replace(ctx context.Context, b Binding, rev uint64) (Binding, er
 		return cur, fmt.Errorf("%w: group %q", ErrConflict, b.Group)
 	}
 	return Binding{}, fmt.Errorf("kvbinding: replace %q: %w", b.Group, err)
+}
+
+// ReplaceTTL is Replace for a record that should disappear by itself after
+// ttl (ended records: released, dead-lettered). rev 0 means the group must
+// have no record. The TTL is rounded up to whole seconds.
+func (s *Store) ReplaceTTL(ctx context.Context, b Binding, rev uint64, ttl time.Duration) (Binding, error) {
+	key, err := KeyOf(b.Group)
+	if err != nil {
+		return Binding{}, err
+	}
+	val, err := b.Marshal()
+	if err != nil {
+		return Binding{}, err
+	}
+	msg := nats.NewMsg("$KV." + s.bucket + "." + key)
+	msg.Header.Set(jetstream.MsgTTLHeader, ttlHeader(ttl))
+	msg.Header.Set(jetstream.ExpectedLastSubjSeqHeader, strconv.FormatUint(rev, 10))
+	msg.Data = val
+	ack, err := s.js.PublishMsg(ctx, msg)
+	if err == nil {
+		b.Revision = ack.Sequence
+		return b, nil
+	}
+	var apiErr *jetstream.APIError
+	if errors.As(err, &apiErr) && (apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence || apiErr.ErrorCode == 10164) {
+		cur, gerr := s.Get(ctx, b.Group)
+		if gerr != nil && !errors.Is(gerr, ErrNotFound) {
+			return Binding{}, gerr
+		}
+		if rev == 0 {
+			if gerr == nil {
+				return cur, fmt.Errorf("%w: group %q has a record", ErrExists, b.Group)
+			}
+			// Only a delete or expiry marker stands: write over it.
+			if last, lerr := s.lastRevision(ctx, key); lerr == nil && last > 0 {
+				return s.ReplaceTTL(ctx, b, last, ttl)
+			}
+		}
+		return cur, fmt.Errorf("%w: group %q", ErrConflict, b.Group)
+	}
+	return Binding{}, fmt.Errorf("kvbinding: replace %q: %w", b.Group, err)
+}
+
+// lastRevision returns the stream sequence of the key's last message,
+// whatever its operation (a value, a delete or an expiry marker).
+func (s *Store) lastRevision(ctx context.Context, key string) (uint64, error) {
+	st, err := s.js.Stream(ctx, "KV_"+s.bucket)
+	if err != nil {
+		return 0, err
+	}
+	m, err := st.GetLastMsgForSubject(ctx, "$KV."+s.bucket+"."+key)
+	if err != nil {
+		return 0, err
+	}
+	return m.Sequence, nil
 }
 
 // Delete removes the group's binding if it is still at revision rev.

@@ -65,18 +65,29 @@ type Verdict struct {
 // For the ungrouped routing binding (group ""), any live node is eligible.
 func Decide(s State, p Proposal, now time.Time) Verdict {
 	action := Create
+	prev := ""
 	if e := s.Existing; e != nil {
 		switch e.State {
 		case kvbinding.StateBound:
 			return Verdict{Action: Keep, Binding: kvbinding.Binding{Group: p.Group, State: e.State, Node: e.Node, FromSeq: e.FromSeq}, Reason: "group is bound"}
-		case kvbinding.StateDeadLettered:
+		case kvbinding.StateMoving:
+			return Verdict{Action: Keep, Binding: kvbinding.Binding{Group: p.Group, State: e.State, Node: e.Node, PrevNode: e.PrevNode}, Reason: "group is being moved"}
+		case kvbinding.StateDeadLettered, kvbinding.StateReleased:
 			if p.FromSeq <= e.ThroughSeq {
-				return Verdict{Action: Keep, Binding: kvbinding.Binding{Group: p.Group, State: e.State, ThroughSeq: e.ThroughSeq}, Reason: "messages up to the proposal were dead-lettered"}
+				return Verdict{Action: Keep, Binding: kvbinding.Binding{Group: p.Group, State: e.State, ThroughSeq: e.ThroughSeq, PrevNode: e.PrevNode}, Reason: "the proposal comes before the end of the previous binding"}
 			}
 			action = Replace
+			if e.State == kvbinding.StateReleased {
+				prev = e.PrevNode
+			}
 		}
 	}
 	node, redirected := choose(s.Live, p)
+	if prev != "" && redirected && isEligible(s.Live, prev, p.Group == "") {
+		// After an expiry or close, the node that had the group keeps it
+		// when it can: its queue may still hold the group's last messages.
+		node, redirected = prev, false
+	}
 	if node == "" {
 		return Verdict{Action: Fail, Reason: "no eligible node is alive"}
 	}
@@ -95,7 +106,61 @@ func Decide(s State, p Proposal, now time.Time) Verdict {
 		v.Reason = "proposed node " + p.Node + " is not eligible"
 		v.Binding.Reason = v.Reason
 	}
+	if prev != "" {
+		// Nodes may have skipped the group's messages after the release
+		// (they were the previous owner's then): the new owner takes them
+		// over from the ingress, and any waiting on prev's queue.
+		v.Binding.PrevNode = prev
+		v.Binding.Handoff = true
+	}
 	return v
+}
+
+func isEligible(live map[string]NodeState, node string, ungrouped bool) bool {
+	for _, n := range Eligible(live, ungrouped) {
+		if n == node {
+			return true
+		}
+	}
+	return false
+}
+
+// MoveRequest is an operator's or the handler's request to move a bound
+// group to Target, or to unbind it (Target "").
+type MoveRequest struct {
+	Group  string
+	Target string
+	Reason string
+}
+
+// DecideMove is the rule for moving or unbinding a group: the group must be
+// bound (and not already changing hands); the target must be eligible. It
+// returns Replace with a StateMoving record, Keep when the group is already
+// bound to the target, or Fail with the reason (and ErrUnknownGroup or
+// ErrIneligibleNode in Err).
+func DecideMove(s State, m MoveRequest, now time.Time) (Verdict, error) {
+	e := s.Existing
+	if e == nil || (e.State != kvbinding.StateBound && e.State != kvbinding.StateMoving) {
+		return Verdict{Action: Fail, Reason: "group is not bound"}, ErrUnknownGroup
+	}
+	if e.State == kvbinding.StateMoving || e.Handoff {
+		return Verdict{Action: Fail, Reason: "group is being moved already"}, ErrMoveInProgress
+	}
+	if m.Target == e.Node {
+		return Verdict{Action: Keep, Binding: kvbinding.Binding{Group: m.Group, State: e.State, Node: e.Node, FromSeq: e.FromSeq}, Reason: "already bound there"}, nil
+	}
+	if m.Target != "" {
+		if _, live := s.Live[m.Target]; !live {
+			return Verdict{Action: Fail, Reason: "node " + m.Target + " is not alive"}, ErrIneligibleNode
+		}
+		if !isEligible(s.Live, m.Target, m.Group == "") {
+			return Verdict{Action: Fail, Reason: "node " + m.Target + " has no queue consumer while others have one"}, ErrIneligibleNode
+		}
+	}
+	return Verdict{Action: Replace, Reason: m.Reason, Binding: kvbinding.Binding{
+		Group: m.Group, State: kvbinding.StateMoving, Node: m.Target, PrevNode: e.Node,
+		FromSeq: e.FromSeq, DecidedAt: now.UTC(), Reason: m.Reason,
+	}}, nil
 }
 
 // Eligible returns the nodes a group may be bound to, sorted by id.

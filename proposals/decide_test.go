@@ -1,6 +1,7 @@
 package proposals
 
 import (
+	"reflect"
 	"testing"
 	"time"
 
@@ -70,7 +71,7 @@ func TestDecideIsPure(t *testing.T) {
 	now := time.Unix(100, 0)
 	first := Decide(s, p, now)
 	for i := 0; i < 100; i++ {
-		if got := Decide(s, p, now); got != first {
+		if got := Decide(s, p, now); !reflect.DeepEqual(got, first) {
 			t.Fatalf("Decide changed its answer: %+v vs %+v", got, first)
 		}
 	}

@@ -12,4 +12,11 @@ var (
 	ErrBadMessage = errors.New("proposals: malformed message")
 	// ErrHandlerFailed is returned when the handler answered with an error.
 	ErrHandlerFailed = errors.New("proposals: handler failed")
+	// ErrUnknownGroup is returned when moving or unbinding a group that is not bound.
+	ErrUnknownGroup = errors.New("proposals: group is not bound")
+	// ErrIneligibleNode is returned when moving a group to a node that is
+	// not alive or has no queue consumer while others have one.
+	ErrIneligibleNode = errors.New("proposals: node is not eligible")
+	// ErrMoveInProgress is returned when a group is already changing hands.
+	ErrMoveInProgress = errors.New("proposals: group is being moved")
 )

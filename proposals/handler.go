@@ -25,6 +25,15 @@ type HandlerConfig struct {
 	// renewal; a standby takes over at most about this long after the
 	// active one dies. Default 2s; the registry rounds it to whole seconds.
 	LeaseTTL time.Duration
+	// NodeGrace is how long a node may be gone (its liveness record
+	// expired) before its groups move to other nodes. Default 15s.
+	NodeGrace time.Duration
+	// RebindAfter is how long a live node's queue may have no consumer,
+	// while another node's has one, before its groups move. Default 30s;
+	// negative disables.
+	RebindAfter time.Duration
+	// RecordTTL is how long an ended record (released) is kept. Default 10m.
+	RecordTTL time.Duration
 	// Logger defaults to a discarding logger.
 	Logger *slog.Logger
 }
@@ -47,6 +56,7 @@ type Handler struct {
 	decisions atomic.Uint64
 	wg        sync.WaitGroup
 	sem       chan struct{}
+	mon       monitor
 }
 
 // NewHandler returns a handler deciding with the given shared state. cache
@@ -54,6 +64,15 @@ type Handler struct {
 func NewHandler(nc *nats.Conn, store *kvbinding.Store, cache *kvbinding.Cache, reg *kvbinding.Registry, cfg HandlerConfig) *Handler {
 	if cfg.LeaseTTL <= 0 {
 		cfg.LeaseTTL = 2 * time.Second
+	}
+	if cfg.NodeGrace <= 0 {
+		cfg.NodeGrace = 15 * time.Second
+	}
+	if cfg.RebindAfter == 0 {
+		cfg.RebindAfter = 30 * time.Second
+	}
+	if cfg.RecordTTL <= 0 {
+		cfg.RecordTTL = 10 * time.Minute
 	}
 	log := cfg.Logger
 	if log == nil {
@@ -95,16 +114,22 @@ func (h *Handler) Run(ctx context.Context) error {
 	defer ticker.Stop()
 
 	var (
-		lease kvbinding.Lease
-		sub   *nats.Subscription
+		lease    kvbinding.Lease
+		sub      *nats.Subscription
+		adminSub *nats.Subscription
 	)
 	stop := func() {
 		if sub != nil {
 			_ = sub.Drain()
 			sub = nil
 		}
+		if adminSub != nil {
+			_ = adminSub.Drain()
+			adminSub = nil
+		}
 		h.wg.Wait()
 		h.active.Store(false)
+		h.mon.reset()
 	}
 	defer func() {
 		held := sub != nil
@@ -127,8 +152,14 @@ func (h *Handler) Run(ctx context.Context) error {
 					cancel()
 					return fmt.Errorf("proposals: subscribe: %w", serr)
 				}
+				as, serr := h.nc.QueueSubscribe(SubjectAdmin, handlerQueue, h.onAdmin)
+				if serr != nil {
+					_ = s.Unsubscribe()
+					cancel()
+					return fmt.Errorf("proposals: subscribe: %w", serr)
+				}
 				_ = h.nc.Flush()
-				sub = s
+				sub, adminSub = s, as
 				h.active.Store(true)
 				h.log.Info("handler active", "lease_rev", lease.Revision)
 				Event{Kind: EventHandlerTakeover, By: h.id, Reason: "lease acquired"}.Publish(h.nc)
@@ -152,6 +183,9 @@ func (h *Handler) Run(ctx context.Context) error {
 			}
 		}
 		cancel()
+		if sub != nil {
+			h.watchNodes(ctx)
+		}
 		select {
 		case <-ctx.Done():
 			return ctx.Err()

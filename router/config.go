@@ -90,6 +90,25 @@ type Config struct {
 	// PinnedTTL is the queue consumer's pinned-client timeout: how long a
 	// dead puller keeps the pin before a standby gets it.
 	PinnedTTL time.Duration
+	// GroupTimeout expires a binding after no message of its group was
+	// routed for this long (Artemis group-timeout); 0 or negative: never.
+	GroupTimeout time.Duration
+	// ReaperPeriod is how often idle bindings are looked for. Default 30s.
+	ReaperPeriod time.Duration
+	// NodeGrace is how long a node may be gone before the active LOCAL
+	// handler moves its groups. Default 15s; keep it well under the queue
+	// stream's 2 min duplicate window.
+	NodeGrace time.Duration
+	// RebindAfter is how long a node's queue may have no consumer (while
+	// another node's has one) before the active LOCAL handler moves its
+	// groups, waiting messages included. Default 30s; negative: never.
+	RebindAfter time.Duration
+	// DrainWait bounds how long a move waits for the old node's consumer
+	// to ack what it was delivered before moving the rest. Default 10s.
+	DrainWait time.Duration
+	// RecordTTL is how long ended records (released, dead-lettered) stay
+	// in the bindings bucket. Default 10m.
+	RecordTTL time.Duration
 	// QueueMode is how node queues are consumed: QueuePinned (the default)
 	// gives each node's durable consumer a priority group with one pinned
 	// puller at a time, so several consumer processes may run as standbys;
@@ -141,6 +160,21 @@ func (c Config) withDefaults() Config {
 	}
 	if c.QueueMode == "" {
 		c.QueueMode = QueuePinned
+	}
+	if c.ReaperPeriod <= 0 {
+		c.ReaperPeriod = 30 * time.Second
+	}
+	if c.NodeGrace <= 0 {
+		c.NodeGrace = 15 * time.Second
+	}
+	if c.RebindAfter == 0 {
+		c.RebindAfter = 30 * time.Second
+	}
+	if c.DrainWait <= 0 {
+		c.DrainWait = 10 * time.Second
+	}
+	if c.RecordTTL <= 0 {
+		c.RecordTTL = 10 * time.Minute
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)

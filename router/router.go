@@ -64,8 +64,14 @@ type Router struct {
 	live      []string                       // live node ids, sorted
 	liveState map[string]proposals.NodeState // without group counts
 	closing   bool
+	// lastActive: when each group bound here last had a message routed
+	// (only with GroupTimeout > 0).
+	lastActive map[string]int64
+	// handoffs: groups handed to this node, waiting for handoffLoop.
+	handoffs map[string]bool
 
-	propWake chan struct{}
+	propWake    chan struct{}
+	handoffWake chan struct{}
 
 	hasConsumer atomic.Bool
 	routed      atomic.Uint64
@@ -83,6 +89,7 @@ type msgRec struct {
 	subject string    // ingress subject
 	size    int
 	invalid string // why its group id is unusable ("" if fine)
+	close   bool   // Group-Seq: -1: the group ends after this message
 }
 
 // lane holds one group's messages that are not done yet, in ingress order.
@@ -95,6 +102,9 @@ type lane struct {
 	waiting       bool // the head needs a decision
 	prop          *propState
 	deadLettering bool
+	// changing is true while this node writes a change of the group's
+	// record (handing it over, releasing it): nothing moves meanwhile.
+	changing bool
 }
 
 // New returns a router node for cfg on connection nc (which the caller
@@ -118,6 +128,11 @@ func New(nc *nats.Conn, cfg Config) (*Router, error) {
 		assigned:  make(map[string]int),
 		liveState: map[string]proposals.NodeState{},
 		propWake:  make(chan struct{}, 1),
+
+		handoffWake: make(chan struct{}, 1),
+	}
+	if cfg.GroupTimeout > 0 {
+		r.lastActive = make(map[string]int64)
 	}
 	r.cond = sync.NewCond(&r.mu)
 	return r, nil
@@ -209,9 +224,15 @@ func (r *Router) Run(ctx context.Context) error {
 	if r.cfg.Type == Local {
 		r.handler = proposals.NewHandler(r.nc, r.store, r.cache, r.reg, proposals.HandlerConfig{
 			Name: r.cfg.Name, Node: r.cfg.Node, LeaseTTL: r.cfg.LeaseTTL, Logger: r.cfg.Logger,
+			NodeGrace: r.cfg.NodeGrace, RebindAfter: r.cfg.RebindAfter, RecordTTL: r.cfg.RecordTTL,
 		})
 		g.Go(func() error { return ignoreCanceled(r.handler.Run(gctx)) })
 	}
+	if r.cfg.GroupTimeout > 0 {
+		g.Go(func() error { r.reaper(gctx); return nil })
+	}
+	g.Go(func() error { r.handoffLoop(gctx); return nil })
+	r.resumeChanges()
 	g.Go(func() error { r.heartbeat(gctx, queueCons); return nil })
 	g.Go(func() error { r.checkpointLoop(gctx); return nil })
 	g.Go(func() error { r.proposer(gctx); return nil })
@@ -312,6 +333,9 @@ func (r *Router) ingest(msg jetstream.Msg) {
 	hdr := msg.Headers()
 	group, present := groupID(hdr, r.cfg.GroupHeader)
 	rec := &msgRec{seq: seq, subject: msg.Subject(), size: len(msg.Data()) + len(msg.Subject())}
+	if v, ok := hdr[HeaderGroupSeq]; ok && len(v) > 0 && v[0] == "-1" {
+		rec.close = true
+	}
 	if present {
 		if err := kvbinding.ValidateGroupID(group); err != nil {
 			rec.invalid = fmt.Sprintf("invalid %s header: %v", r.cfg.GroupHeader, err)
@@ -336,7 +360,7 @@ func (r *Router) ingest(msg jetstream.Msg) {
 	ln := r.lanes[group]
 	if ln == nil {
 		if route, ok := r.cache.Lookup(group); ok {
-			if owner, decided := route.Owner(seq); decided && owner != r.cfg.Node {
+			if owner, act := route.Owner(seq, r.cfg.Node); act == kvbinding.ActRoute && owner != r.cfg.Node {
 				// Routed by another node (or dead-lettered by one).
 				r.track.resolve(seq)
 				r.skipped.Add(1)
@@ -402,18 +426,25 @@ func (r *Router) prepare(rec *msgRec, hdr nats.Header, data []byte) *nats.Msg {
 
 // pump moves a lane forward as far as it can. r.mu is held.
 func (r *Router) pump(ln *lane) {
-	if ln.deadLettering {
+	if ln.deadLettering || ln.changing {
 		return
 	}
 	for len(ln.msgs) > 0 && (ln.inflight == 0 || ln.group == "") {
 		m := ln.msgs[0]
-		owner, decided := "", false
-		if route, ok := r.cache.Lookup(ln.group); ok {
-			owner, decided = route.Owner(m.seq)
+		route, known := r.cache.Lookup(ln.group)
+		owner, act := "", kvbinding.ActPropose
+		if known {
+			owner, act = route.Owner(m.seq, r.cfg.Node)
 		}
-		if !decided {
+		switch act {
+		case kvbinding.ActPropose:
 			ln.waiting = true
 			r.needProposal(ln)
+			return
+		case kvbinding.ActWait:
+			ln.waiting = false
+			r.dropProposal(ln)
+			r.concerns(ln.group, route, ln)
 			return
 		}
 		ln.waiting = false
@@ -513,8 +544,15 @@ func (r *Router) send(ln *lane, m *msgRec, onStored func()) {
 		if ln.group != "" {
 			ln.msgs[0] = nil
 			ln.msgs = ln.msgs[1:]
+			r.touch(ln.group)
 		}
 		r.release(m)
+		if m.close && ln.group != "" {
+			// The group's last message is on its queue: release the binding
+			// (later messages of the group wait for it, then bind afresh).
+			r.startRelease(ln, m.seq, proposals.EventClose, "closed by a "+HeaderGroupSeq+": -1 message")
+			return
+		}
 		r.pump(ln)
 	})
 	if err != nil {
@@ -546,6 +584,34 @@ func (r *Router) onBinding(b kvbinding.Binding, deleted bool) {
 	defer r.mu.Unlock()
 	if ln := r.lanes[b.Group]; ln != nil {
 		r.pump(ln)
+		return
+	}
+	if !deleted {
+		if route, ok := r.cache.Lookup(b.Group); ok {
+			r.concerns(b.Group, route, nil)
+		}
+	}
+}
+
+// resumeChanges picks up, after a start, the changes in progress that
+// concern this node (hand-overs it owes, takeovers handed to it).
+func (r *Router) resumeChanges() {
+	type pending struct {
+		group string
+		route kvbinding.Route
+	}
+	var todo []pending
+	r.cache.Each(func(g string, route kvbinding.Route) bool {
+		if (route.State == kvbinding.StateMoving && route.PrevNode == r.cfg.Node) ||
+			(route.State == kvbinding.StateBound && route.Handoff && route.Node == r.cfg.Node) {
+			todo = append(todo, pending{g, route})
+		}
+		return true
+	})
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, p := range todo {
+		r.concerns(p.group, p.route, r.lanes[p.group])
 	}
 }
 

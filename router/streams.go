@@ -34,6 +34,12 @@ const (
 const (
 	// HeaderIngressSeq carries the ingress stream sequence of the message.
 	HeaderIngressSeq = "Grouping-Ingress-Seq"
+	// HeaderGroupSeq set to -1 on a message closes its group after it (the
+	// JMS JMSXGroupSeq convention): the binding is released cluster-wide.
+	HeaderGroupSeq = "Group-Seq"
+	// HeaderMovedFrom is set on a message moved from another node's queue
+	// when its group changed node.
+	HeaderMovedFrom = "Grouping-Moved-From"
 	// HeaderDeadReason says why a message was dead-lettered.
 	HeaderDeadReason = "Grouping-Dead-Reason"
 	// HeaderOrigPrefix prefixes JetStream control headers ("Nats-...") the
