@@ -1,0 +1,132 @@
+package integration
+
+import (
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"grouprouter/internal/natstest"
+	"grouprouter/proposals"
+	"grouprouter/router"
+)
+
+// producer publishes numbered messages round-robin over groups until
+// stopped, recording what each group should receive.
+type producer struct {
+	mu     sync.Mutex
+	want   map[string][]string
+	stop   chan struct{}
+	done   chan struct{}
+	errors int
+}
+
+func startProducer(t *testing.T, url string, groups []string, every time.Duration) *producer {
+	t.Helper()
+	js := jetStream(t, url)
+	p := &producer{want: map[string][]string{}, stop: make(chan struct{}), done: make(chan struct{})}
+	go func() {
+		defer close(p.done)
+		for i := 0; ; i++ {
+			select {
+			case <-p.stop:
+				return
+			case <-time.After(every):
+			}
+			g := groups[i%len(groups)]
+			p.mu.Lock()
+			body := fmt.Sprintf("%s/%05d", g, len(p.want[g]))
+			p.mu.Unlock()
+			if err := tryPublish(js, "jms.orders", g, body); err != nil {
+				// Not acknowledged: it may or may not be stored. Give up on
+				// this body (the test then cannot tell) by stopping.
+				p.mu.Lock()
+				p.errors++
+				p.mu.Unlock()
+				return
+			}
+			p.mu.Lock()
+			p.want[g] = append(p.want[g], body)
+			p.mu.Unlock()
+		}
+	}()
+	t.Cleanup(p.halt)
+	return p
+}
+
+func (p *producer) halt() {
+	select {
+	case <-p.stop:
+	default:
+		close(p.stop)
+	}
+	<-p.done
+}
+
+func (p *producer) total() (map[string][]string, int) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	n := 0
+	out := map[string][]string{}
+	for g, b := range p.want {
+		out[g] = append([]string(nil), b...)
+		n += len(b)
+	}
+	return out, n
+}
+
+// A node process is killed mid-stream, with its consumer (machine loss):
+// after the grace period its groups move, with what waited on its queue
+// and what it never routed, in order, nothing lost or duplicated.
+func TestNodeKilledGroupsMoveAfterGrace(t *testing.T) {
+	s := natstest.RunServer(t)
+	startNode(t, s.URL(), lifecycleConfig("n0", router.Local))
+	n1 := startNode(t, s.URL(), lifecycleConfig("n1", router.Remote))
+	startNode(t, s.URL(), lifecycleConfig("n2", router.Remote))
+	var col collector
+	startConsumer(t, s.URL(), "n0", &col)
+	stop1 := startConsumer(t, s.URL(), "n1", &col)
+	startConsumer(t, s.URL(), "n2", &col)
+	nc := s.Connect()
+	waitEligible(t, nc, []string{"n0", "n1", "n2"}, []string{"n0", "n1", "n2"})
+	handoffs := watchEvents(t, nc, proposals.EventHandoff)
+	groups := make([]string, 12)
+	for i := range groups {
+		groups[i] = fmt.Sprintf("g%02d", i)
+	}
+	p := startProducer(t, s.URL(), groups, 2*time.Millisecond)
+	col.waitCount(t, 200, 20*time.Second)
+	st := openStore(t, nc)
+	var onN1 []string
+	for _, g := range groups {
+		if waitBound(t, st, g, 5*time.Second).Node == "n1" {
+			onN1 = append(onN1, g)
+		}
+	}
+	if len(onN1) == 0 {
+		t.Fatal("no group on n1")
+	}
+	killed := time.Now()
+	stop1()
+	n1.kill()
+	for _, g := range onN1 {
+		handoffs.waitGroup(t, g, 30*time.Second)
+	}
+	t.Logf("groups of the killed node routed again %v after the kill (grace %v)", time.Since(killed), n1.cfg.NodeGrace)
+	time.Sleep(500 * time.Millisecond) // keep producing after the move
+	p.halt()
+	want, n := p.total()
+	if p.errors > 0 {
+		t.Fatalf("producer saw %d publish errors", p.errors)
+	}
+	got := col.waitCount(t, n, 30*time.Second)
+	where := checkOrderedOnce(t, got, want)
+	for _, g := range onN1 {
+		if w := where[g]; w[len(w)-1] == "n1" {
+			t.Errorf("group %q still ends on the dead node: %v", g, w)
+		}
+	}
+	if st := streamState(t, jetStream(t, s.URL()), router.QueueStream); st.Msgs != 0 {
+		t.Errorf("%d messages left on queues", st.Msgs)
+	}
+}
