@@ -92,6 +92,7 @@ type Cache struct {
 	names    []string // interned node names; names[0] = ""
 	index    map[string]uint32
 	counts   []int // bound groups per interned node
+	leaving  []int // groups being moved away from each interned node
 	watchRev uint64
 
 	onChange func(Binding, bool)
@@ -108,6 +109,7 @@ func NewCache(onChange func(b Binding, deleted bool)) *Cache {
 		names:    []string{""},
 		index:    map[string]uint32{"": 0},
 		counts:   []int{0},
+		leaving:  []int{0},
 		onChange: onChange,
 		ready:    make(chan struct{}),
 	}
@@ -202,8 +204,8 @@ func (c *Cache) applyLocked(b Binding, fromWatch bool) bool {
 	if had && old.rev >= b.Revision {
 		return false
 	}
-	if had && old.state == stateBound && b.Group != "" {
-		c.counts[old.node]--
+	if had {
+		c.uncount(b.Group, old)
 	}
 	e := entry{rev: b.Revision, prev: c.intern(b.PrevNode), node: c.intern(b.Node), handoff: b.Handoff}
 	switch b.State {
@@ -213,6 +215,7 @@ func (c *Cache) applyLocked(b Binding, fromWatch bool) bool {
 		e.state, e.seq = stateReleased, b.ThroughSeq
 	case StateMoving:
 		e.state, e.seq = stateMoving, b.FromSeq
+		c.leaving[e.prev]++
 	default:
 		e.state, e.seq = stateBound, b.FromSeq
 		if b.Group != "" {
@@ -232,11 +235,40 @@ func (c *Cache) deleteLocked(group string, rev uint64) bool {
 	if !had || old.rev >= rev {
 		return false
 	}
-	if old.state == stateBound && group != "" {
-		c.counts[old.node]--
-	}
+	c.uncount(group, old)
 	delete(c.m, group)
 	return true
+}
+
+func (c *Cache) uncount(group string, e entry) {
+	switch {
+	case e.state == stateBound && group != "":
+		c.counts[e.node]--
+	case e.state == stateMoving:
+		c.leaving[e.prev]--
+	}
+}
+
+// Owners returns the nodes that hold groups: bound to them, or being moved
+// away from them. The ungrouped routing binding is not counted.
+func (c *Cache) Owners() map[string]bool {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	out := map[string]bool{}
+	for i := range c.names {
+		if i > 0 && (c.counts[i] > 0 || c.leaving[i] > 0) {
+			out[c.names[i]] = true
+		}
+	}
+	if e, ok := c.m[""]; ok {
+		switch e.state {
+		case stateBound:
+			out[c.names[e.node]] = true
+		case stateMoving:
+			out[c.names[e.prev]] = true
+		}
+	}
+	return out
 }
 
 func (c *Cache) intern(node string) uint32 {
@@ -247,6 +279,7 @@ func (c *Cache) intern(node string) uint32 {
 	c.names = append(c.names, node)
 	c.index[node] = i
 	c.counts = append(c.counts, 0)
+	c.leaving = append(c.leaving, 0)
 	return i
 }
 

@@ -213,3 +213,23 @@ func TestCacheFollowsBucketAcrossServerRestart(t *testing.T) {
 		t.Fatalf("after restart: len %d counts %v", c.Len(), counts)
 	}
 }
+
+func TestCacheOwnersCountsMovesInProgress(t *testing.T) {
+	c := NewCache(nil)
+	c.Apply(bound("a", "n1", 1, 1))
+	c.Apply(bound("b", "n2", 1, 2))
+	c.Apply(Binding{Group: "b", State: StateMoving, Node: "n3", PrevNode: "n2", FromSeq: 1, Revision: 3})
+	c.Apply(bound("", "n4", 1, 4)) // the ungrouped router counts as an owner
+	got := c.Owners()
+	if len(got) != 3 || !got["n1"] || !got["n2"] || !got["n4"] {
+		t.Fatalf("Owners = %v, want n1 n2 n4", got)
+	}
+	c.Apply(Binding{Group: "b", State: StateBound, Node: "n3", PrevNode: "n2", FromSeq: 9, Handoff: true, Revision: 5})
+	got = c.Owners()
+	if got["n2"] || !got["n3"] {
+		t.Fatalf("after the fence Owners = %v, want n3 and not n2", got)
+	}
+	if gs := c.GroupsOf("n3"); len(gs) != 1 || gs[0] != "b" {
+		t.Fatalf("GroupsOf(n3) = %v", gs)
+	}
+}

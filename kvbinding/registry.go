@@ -278,8 +278,9 @@ func (r *Registry) GetLease(ctx context.Context, name string) (Lease, error) {
 }
 
 // WatchLease calls fn (from its own goroutine) whenever the lease record
-// changes, until ctx ends.
-func (r *Registry) WatchLease(ctx context.Context, name string, fn func()) error {
+// changes, with the new holder ("" when the lease was released or
+// expired), until ctx ends.
+func (r *Registry) WatchLease(ctx context.Context, name string, fn func(holder string)) error {
 	w, err := r.kv.Watch(ctx, leasePrefix+name, jetstream.UpdatesOnly())
 	if err != nil {
 		return err
@@ -290,11 +291,18 @@ func (r *Registry) WatchLease(ctx context.Context, name string, fn func()) error
 			select {
 			case <-ctx.Done():
 				return
-			case _, ok := <-w.Updates():
+			case e, ok := <-w.Updates():
 				if !ok {
 					return
 				}
-				fn()
+				holder := ""
+				if e != nil && e.Operation() == jetstream.KeyValuePut {
+					var l Lease
+					if json.Unmarshal(e.Value(), &l) == nil {
+						holder = l.Holder
+					}
+				}
+				fn(holder)
 			}
 		}
 	}()

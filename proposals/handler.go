@@ -97,7 +97,10 @@ func (h *Handler) Decisions() uint64 { return h.decisions.Load() }
 // backup takes over at once.
 func (h *Handler) Run(ctx context.Context) error {
 	wake := make(chan struct{}, 1)
-	notify := func() {
+	notify := func(holder string) {
+		if holder == h.id {
+			return // our own renewal
+		}
 		select {
 		case wake <- struct{}{}:
 		default:

@@ -33,7 +33,7 @@ func (m *monitor) reset() {
 func (h *Handler) watchNodes(ctx context.Context) {
 	now := time.Now()
 	live := h.reg.Live()
-	owners := h.owners()
+	owners := h.cache.Owners()
 	someConsumer := false
 	for _, info := range live {
 		if info.HasConsumer {
@@ -91,21 +91,6 @@ func (h *Handler) watchNodes(ctx context.Context) {
 			h.evacuate(ctx, node, false)
 		}()
 	}
-}
-
-// owners returns the nodes that own or are giving up groups.
-func (h *Handler) owners() map[string]bool {
-	out := map[string]bool{}
-	h.cache.Each(func(_ string, r kvbinding.Route) bool {
-		switch r.State {
-		case kvbinding.StateBound:
-			out[r.Node] = true
-		case kvbinding.StateMoving:
-			out[r.PrevNode] = true
-		}
-		return true
-	})
-	return out
 }
 
 // evacuate moves every group of node elsewhere. A dead node cannot hand its

@@ -47,7 +47,8 @@ type Router struct {
 	client  *proposals.Client
 	pub     *jspub.Publisher
 
-	ready chan struct{}
+	ready   chan struct{}
+	started time.Time
 
 	mu        sync.Mutex
 	cond      *sync.Cond // signalled when held or in-flight work shrinks
@@ -212,6 +213,13 @@ func (r *Router) Run(ctx context.Context) error {
 		return err
 	}
 	r.resume = resumePoint{ckpt: ckpt}
+	if r.cfg.Type == Local {
+		r.handler = proposals.NewHandler(r.nc, r.store, r.cache, r.reg, proposals.HandlerConfig{
+			Name: r.cfg.Name, Node: r.cfg.Node, LeaseTTL: r.cfg.LeaseTTL, Logger: r.cfg.Logger,
+			NodeGrace: r.cfg.NodeGrace, RebindAfter: r.cfg.RebindAfter, RecordTTL: r.cfg.RecordTTL,
+		})
+	}
+	r.started = time.Now().UTC()
 	r.announce(setupCtx, queueCons)
 	r.log.Info("node ready", "type", r.cfg.Type, "address", r.cfg.Address, "bindings", r.cache.Len(),
 		"resume_at", r.resume.start(), "replicas", replicas)
@@ -221,11 +229,7 @@ func (r *Router) Run(ctx context.Context) error {
 	runCtx, stopRun := context.WithCancel(ctx)
 	defer stopRun()
 	g, gctx := errgroup.WithContext(runCtx)
-	if r.cfg.Type == Local {
-		r.handler = proposals.NewHandler(r.nc, r.store, r.cache, r.reg, proposals.HandlerConfig{
-			Name: r.cfg.Name, Node: r.cfg.Node, LeaseTTL: r.cfg.LeaseTTL, Logger: r.cfg.Logger,
-			NodeGrace: r.cfg.NodeGrace, RebindAfter: r.cfg.RebindAfter, RecordTTL: r.cfg.RecordTTL,
-		})
+	if r.handler != nil {
 		g.Go(func() error { return ignoreCanceled(r.handler.Run(gctx)) })
 	}
 	if r.cfg.GroupTimeout > 0 {
@@ -683,7 +687,7 @@ func (r *Router) announce(ctx context.Context, cons jetstream.Consumer) {
 	st := r.Stats()
 	info := kvbinding.NodeInfo{
 		Node: r.cfg.Node, Type: string(r.cfg.Type), Handler: r.cfg.Name,
-		HasConsumer: r.hasConsumer.Load(), Heartbeat: time.Now().UTC(),
+		HasConsumer: r.hasConsumer.Load(), Started: r.started, Heartbeat: time.Now().UTC(),
 		Position: st.Position, Held: st.Held, Routed: st.Routed,
 		DecisionErrors: st.DecisionErrors, DeadLettered: st.DeadLettered,
 	}

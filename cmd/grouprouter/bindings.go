@@ -11,11 +11,9 @@ import (
 	"strconv"
 	"strings"
 	"text/tabwriter"
-	"time"
 	"unicode"
 	"unicode/utf8"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"grouprouter/kvbinding"
@@ -54,26 +52,18 @@ func listBindings(ctx context.Context, args []string, stdout io.Writer) error {
 		return &usageError{cmd: "bindings", msg: fmt.Sprintf("unexpected argument %q", fs.Arg(0))}
 	}
 	url := strings.TrimSpace(*servers)
-	if err := checkNATSURLs(url); err != nil {
-		return err
-	}
-
-	nc, err := nats.Connect(url, nats.Name("grouprouter-bindings"), nats.Timeout(5*time.Second))
+	nc, js, err := connectClient(url, "bindings")
 	if err != nil {
-		return fmt.Errorf("cannot connect to NATS at %s: %w", redactURLs(url), err)
+		return err
 	}
 	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		return err
-	}
 	// OpenStore would create a missing bucket; listing must not.
 	if _, err := js.KeyValue(ctx, kvbinding.DefaultBucket); err != nil {
 		switch {
 		case errors.Is(err, jetstream.ErrBucketNotFound):
 			return fmt.Errorf("no bindings yet: is a grouprouter node running? (no bucket %q at %s)", kvbinding.DefaultBucket, redactURLs(url))
-		case errors.Is(err, jetstream.ErrJetStreamNotEnabled), errors.Is(err, jetstream.ErrJetStreamNotEnabledForAccount):
-			return fmt.Errorf("JetStream is not enabled at %s; grouprouter needs it", redactURLs(url))
+		case jetStreamDisabled(err):
+			return noJetStreamError(url)
 		}
 		return fmt.Errorf("open bucket %s: %w", kvbinding.DefaultBucket, err)
 	}

@@ -8,10 +8,13 @@
 //	grouprouter run [--config FILE] [--nats URL[,URL...]] [--node ID]
 //	                [--type LOCAL|REMOTE] [--address ADDR] [--timeout 5s]
 //	                [--name NAME] [--group-header Group-Id] [--local-first]
-//	                [--max-attempts N] [--replicas N]
+//	                [--max-attempts N] [--replicas N] [--queue-mode pinned|plain]
 //	                [--log-level debug|info|warn|error] [--log-json]
 //	                [--listen HOST:PORT] [--store-dir DIR]
 //	grouprouter bindings [--nats URL] [--json]
+//	grouprouter nodes [--nats URL] [--name NAME] [--json]
+//	grouprouter consume [--nats URL] [--node ID] [--count N] [--json]
+//	                    [--no-ack] [--group-header Group-Id]
 //
 // run reads the <grouping-handler> element of --config (found anywhere in
 // the XML document, as printed in the Artemis/HornetQ documentation;
@@ -22,8 +25,28 @@
 // --listen (default 127.0.0.1:4222) that stores its data under --store-dir
 // (default: the user's data directory + /grouprouter).
 //
+// --queue-mode says how the node's queue (the durable consumer
+// grouping-node-<node> on stream GROUPING_QUEUE) is set up: pinned (the
+// default) gives it the priority group "grouping" with one pinned puller
+// at a time, so further consumer processes wait as standbys; plain creates
+// it without a priority group, for clients that cannot pull with one (then
+// run one consumer process per node).
+//
 // bindings lists the group bindings: which node each group is bound to and
 // from which ingress sequence, as a table or, with --json, as JSON.
+//
+// nodes lists the live nodes as they last announced themselves (type,
+// whether a consumer pulls from the queue, routing position, held, routed,
+// decision-error and dead-lettered counts, last heartbeat) and which node
+// holds the LOCAL handler lease of --name, as a table or, with --json, as
+// JSON.
+//
+// consume pulls from a node's queue as an application does (with the
+// priority group when the queue is pinned), prints each message as a line
+// "<ingress-seq> <group-id or -> <subject> <body>" or, with --json, as one
+// JSON object per line, and acknowledges it after printing (unless
+// --no-ack). It stops after --count messages, or at SIGINT/SIGTERM with
+// --count 0. The node's router must have run once to create the consumer.
 //
 // Exit codes: 0 success (also for -h), 1 a runtime failure (cannot connect,
 // port in use, router error), 2 a usage or configuration error.

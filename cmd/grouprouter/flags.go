@@ -26,6 +26,7 @@ const (
 	defaultListen   = "127.0.0.1:4222"
 	defaultNATSURL  = "nats://127.0.0.1:4222"
 	defaultLogLevel = "info"
+	defaultQueue    = router.QueuePinned
 	fallbackNode    = "grouprouter"
 )
 
@@ -70,6 +71,7 @@ type runFlags struct {
 	localFirst  bool
 	maxAttempts int
 	replicas    int
+	queueMode   string
 	logLevel    string
 	logJSON     bool
 	listen      string
@@ -90,6 +92,8 @@ func newRunFlags() *runFlags {
 	fs.BoolVar(&f.localFirst, "local-first", false, "propose this node for new groups when its queue has a consumer")
 	fs.IntVar(&f.maxAttempts, "max-attempts", 0, "dead-letter a group's held messages after `N` failed decisions (0 = never)")
 	fs.IntVar(&f.replicas, "replicas", 0, "`N` replicas of streams and buckets (0 = 3 in a cluster of 3 or more servers, else 1)")
+	fs.StringVar(&f.queueMode, "queue-mode", string(defaultQueue),
+		"how the node's queue is consumed: `MODE` pinned (pull with priority group \""+router.PriorityGroup+"\"; one pinned consumer process, others stand by) or plain (no priority group, for clients that cannot pull with one; run one consumer process per node)")
 	fs.StringVar(&f.logLevel, "log-level", defaultLogLevel, "`LEVEL`: debug, info, warn or error")
 	fs.BoolVar(&f.logJSON, "log-json", false, "log JSON lines instead of text")
 	fs.StringVar(&f.listen, "listen", defaultListen, "embedded server: listen on `HOST:PORT`")
@@ -163,6 +167,10 @@ func parseRunArgs(args []string, env environment) (runOptions, error) {
 	if err != nil {
 		return runOptions{}, err
 	}
+	queueMode := router.QueueMode(strings.ToLower(strings.TrimSpace(f.queueMode)))
+	if queueMode == "" { // Validate would take it for the default
+		return runOptions{}, fmt.Errorf("%w: queue mode %q (want pinned or plain)", router.ErrConfig, f.queueMode)
+	}
 	node := f.node
 	if !set["node"] {
 		node = sanitizeNodeID(env.hostname())
@@ -177,6 +185,7 @@ func parseRunArgs(args []string, env environment) (runOptions, error) {
 		LocalFirst:  f.localFirst,
 		MaxAttempts: f.maxAttempts,
 		Replicas:    f.replicas,
+		QueueMode:   queueMode,
 	}
 	if err := opts.cfg.Validate(); err != nil {
 		return runOptions{}, err

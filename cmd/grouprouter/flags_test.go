@@ -44,7 +44,7 @@ func TestParseRunArgsDefaults(t *testing.T) {
 	}
 	want := router.Config{
 		Name: "grouping-handler", Type: router.Local, Address: "jms", Timeout: 5 * time.Second,
-		Node: "broker-1-example-com", GroupHeader: "Group-Id",
+		Node: "broker-1-example-com", GroupHeader: "Group-Id", QueueMode: router.QueuePinned,
 	}
 	if opts.cfg != want {
 		t.Errorf("config\n got %+v\nwant %+v", opts.cfg, want)
@@ -76,33 +76,39 @@ func TestParseRunArgsMerge(t *testing.T) {
 		{
 			name: "file only",
 			args: []string{"--config", file, "--node", "n1"},
-			want: router.Config{Name: "orders-handler", Type: router.Remote, Address: "orders", Timeout: 2500 * time.Millisecond, Node: "n1", GroupHeader: "Group-Id"},
+			want: router.Config{Name: "orders-handler", Type: router.Remote, Address: "orders", Timeout: 2500 * time.Millisecond, Node: "n1", GroupHeader: "Group-Id", QueueMode: router.QueuePinned},
 		},
 		{
 			name: "flags override the file, unset flags keep it",
 			args: []string{"--config", file, "--node", "n1", "--type", "local", "--timeout", "3s", "--group-header", "JMSXGroupID"},
-			want: router.Config{Name: "orders-handler", Type: router.Local, Address: "orders", Timeout: 3 * time.Second, Node: "n1", GroupHeader: "JMSXGroupID"},
+			want: router.Config{Name: "orders-handler", Type: router.Local, Address: "orders", Timeout: 3 * time.Second, Node: "n1", GroupHeader: "JMSXGroupID", QueueMode: router.QueuePinned},
 		},
 		{
 			name: "flags before and after, single dash, bare milliseconds",
 			args: []string{"-name", "other", "--config", file, "-address=payments", "--timeout", "750", "--node", "n2"},
-			want: router.Config{Name: "other", Type: router.Remote, Address: "payments", Timeout: 750 * time.Millisecond, Node: "n2", GroupHeader: "Group-Id"},
+			want: router.Config{Name: "other", Type: router.Remote, Address: "payments", Timeout: 750 * time.Millisecond, Node: "n2", GroupHeader: "Group-Id", QueueMode: router.QueuePinned},
 		},
 		{
 			name: "file sets some, defaults fill the rest",
 			args: []string{"--config", partial, "--node", "n3"},
-			want: router.Config{Name: "partial", Type: router.Local, Address: "billing.eu", Timeout: 5 * time.Second, Node: "n3", GroupHeader: "Group-Id"},
+			want: router.Config{Name: "partial", Type: router.Local, Address: "billing.eu", Timeout: 5 * time.Second, Node: "n3", GroupHeader: "Group-Id", QueueMode: router.QueuePinned},
 		},
 		{
 			name: "a flag set to its default value still overrides the file",
 			args: []string{"--config", file, "--node", "n4", "--type", "LOCAL", "--address", "jms", "--timeout", "5s", "--name", "grouping-handler"},
-			want: router.Config{Name: "grouping-handler", Type: router.Local, Address: "jms", Timeout: 5 * time.Second, Node: "n4", GroupHeader: "Group-Id"},
+			want: router.Config{Name: "grouping-handler", Type: router.Local, Address: "jms", Timeout: 5 * time.Second, Node: "n4", GroupHeader: "Group-Id", QueueMode: router.QueuePinned},
+		},
+		{
+			name: "plain queue mode, any letter case",
+			args: []string{"--node", "n6", "--queue-mode", " Plain "},
+			want: router.Config{Name: "grouping-handler", Type: router.Local, Address: "jms", Timeout: 5 * time.Second, Node: "n6", GroupHeader: "Group-Id",
+				QueueMode: router.QueuePlain},
 		},
 		{
 			name: "the remaining flags",
 			args: []string{"--node", "n5", "--local-first", "--max-attempts", "3", "--replicas", "3", "--nats", "nats://a:4222,nats://b:4222"},
 			want: router.Config{Name: "grouping-handler", Type: router.Local, Address: "jms", Timeout: 5 * time.Second, Node: "n5", GroupHeader: "Group-Id",
-				LocalFirst: true, MaxAttempts: 3, Replicas: 3},
+				LocalFirst: true, MaxAttempts: 3, Replicas: 3, QueueMode: router.QueuePinned},
 		},
 	}
 	for _, tt := range tests {
@@ -167,6 +173,8 @@ func TestParseRunArgsErrors(t *testing.T) {
 		{"negative max attempts", []string{"--max-attempts", "-1"}, false, "max attempts must be >= 0"},
 		{"too many replicas", []string{"--replicas", "7"}, false, "replicas must be 0 (auto) to 5"},
 		{"bad log level", []string{"--log-level", "loud"}, false, `unknown log level "loud"`},
+		{"bad queue mode", []string{"--queue-mode", "shared"}, false, `queue mode "shared" (want pinned or plain)`},
+		{"empty queue mode", []string{"--queue-mode", ""}, false, `queue mode "" (want pinned or plain)`},
 		{"empty nats", []string{"--nats", ""}, false, "--nats is empty"},
 		{"listen with nats", []string{"--nats", "nats://x:4222", "--listen", "127.0.0.1:1"}, false, "--listen configures the embedded server"},
 		{"bad listen", []string{"--listen", "4222"}, false, `--listen "4222": want HOST:PORT`},

@@ -49,7 +49,11 @@ func runContext(ctx context.Context, args []string, stdout, stderr io.Writer) in
 		err = runNode(ctx, rest, stdout, stderr)
 	case "bindings":
 		err = listBindings(ctx, rest, stdout)
-	// Further subcommands ("bench", "move", "unbind", "nodes") go here:
+	case "consume":
+		err = consume(ctx, rest, stdout, stderr)
+	case "nodes":
+		err = listNodes(ctx, rest, stdout)
+	// Further subcommands ("bench", "move", "unbind") go here:
 	// each parses its own flags from rest, prints its help to stdout and
 	// returns flag.ErrHelp for -h, and returns a *usageError, an error
 	// wrapping router.ErrConfig, or any other error; exitCode maps them.
@@ -90,6 +94,8 @@ Routes every message of a group to one node's queue, in order, on NATS JetStream
 Commands:
   run        run a router node (starts an embedded NATS server without --nats)
   bindings   list the group bindings (group -> node)
+  nodes      list the live nodes and the active LOCAL handler
+  consume    consume a node's queue as an application does, printing each message
 
 Run 'grouprouter <command> -h' for the flags of a command.
 `)

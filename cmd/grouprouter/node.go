@@ -85,7 +85,8 @@ func runNode(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	}
 	log.Info("grouprouter node starting",
 		"node", opts.cfg.Node, "name", opts.cfg.Name, "type", string(opts.cfg.Type),
-		"address", opts.cfg.Address, "timeout", opts.cfg.Timeout, "nats", nc.ConnectedUrlRedacted())
+		"address", opts.cfg.Address, "timeout", opts.cfg.Timeout, "queue_mode", string(opts.cfg.QueueMode),
+		"nats", nc.ConnectedUrlRedacted())
 	if err := r.Run(ctx); err != nil {
 		if ctx.Err() == nil || !errors.Is(err, context.Canceled) {
 			return fmt.Errorf("router: %w", err)

@@ -1,0 +1,165 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"sort"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"grouprouter/kvbinding"
+	"grouprouter/router"
+)
+
+// nodesTimeout bounds reading the node registry.
+const nodesTimeout = 10 * time.Second
+
+// timeLayout is how the tables print times.
+const timeLayout = "2006-01-02T15:04:05.000Z07:00"
+
+func newNodesFlags() (fs *flag.FlagSet, servers, name *string, asJSON *bool) {
+	fs = flag.NewFlagSet("nodes", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	fs.Usage = func() {}
+	servers = fs.String("nats", defaultNATSURL, "NATS server `URL`s (comma-separated)")
+	name = fs.String("name", defaultName, "grouping-handler `NAME` whose active LOCAL handler to show")
+	asJSON = fs.Bool("json", false, `print a JSON object {"nodes": [...], "handler": {...} or null} instead of a table`)
+	return fs, servers, name, asJSON
+}
+
+// printNodesUsage writes the nodes subcommand's help.
+func printNodesUsage(w io.Writer) {
+	fs, _, _, _ := newNodesFlags()
+	fmt.Fprint(w, `Usage: grouprouter nodes [flags]
+
+Lists the live nodes, sorted by id, as they last announced themselves
+(CONSUMER: whether a consumer is pulling from the node's queue; POSITION:
+the next ingress sequence the node reads; HELD: messages waiting for a
+decision; the counters are since the node started), and which node's
+LOCAL handler is active for --name.
+
+Flags:
+`)
+	fs.SetOutput(w)
+	fs.PrintDefaults()
+}
+
+// listNodes is the nodes subcommand.
+func listNodes(ctx context.Context, args []string, stdout io.Writer) error {
+	fs, servers, name, asJSON := newNodesFlags()
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			printNodesUsage(stdout)
+			return err
+		}
+		return &usageError{cmd: "nodes", msg: err.Error()}
+	}
+	if fs.NArg() > 0 {
+		return &usageError{cmd: "nodes", msg: fmt.Sprintf("unexpected argument %q", fs.Arg(0))}
+	}
+	if err := kvbinding.ValidateNodeID(*name); err != nil {
+		return fmt.Errorf("%w: name: %v", router.ErrConfig, strings.Replace(err.Error(), "node id", "name", 1))
+	}
+	url := strings.TrimSpace(*servers)
+	nc, js, err := connectClient(url, "nodes")
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+
+	ctx, cancel := context.WithTimeout(ctx, nodesTimeout)
+	defer cancel()
+	// OpenRegistry would create a missing bucket; listing must not.
+	if _, err := js.KeyValue(ctx, kvbinding.DefaultNodesBucket); err != nil {
+		switch {
+		case errors.Is(err, jetstream.ErrBucketNotFound):
+			return fmt.Errorf("no nodes yet: is a grouprouter node running? (no bucket %q at %s)", kvbinding.DefaultNodesBucket, redactURLs(url))
+		case jetStreamDisabled(err):
+			return noJetStreamError(url)
+		}
+		return fmt.Errorf("open bucket %s: %w", kvbinding.DefaultNodesBucket, err)
+	}
+	reg, err := kvbinding.OpenRegistry(ctx, js, kvbinding.RegistryConfig{}, nil)
+	if err != nil {
+		return err
+	}
+	nodes, err := reg.ListNodes(ctx)
+	if err != nil {
+		return fmt.Errorf("list nodes: %w", err)
+	}
+	sort.Slice(nodes, func(i, j int) bool { return nodes[i].Node < nodes[j].Node })
+
+	var handler *handlerJSON
+	lease, err := reg.GetLease(ctx, *name)
+	switch {
+	case err == nil:
+		handler = &handlerJSON{Name: *name, Holder: lease.Holder, Since: lease.Since, Revision: lease.Revision}
+	case errors.Is(err, jetstream.ErrKeyNotFound), errors.Is(err, jetstream.ErrKeyDeleted):
+	default:
+		return fmt.Errorf("handler lease %s: %w", *name, err)
+	}
+
+	if *asJSON {
+		return writeNodesJSON(stdout, nodes, handler)
+	}
+	return writeNodesTable(stdout, nodes, handler)
+}
+
+// handlerJSON is the active LOCAL handler as --json prints it.
+type handlerJSON struct {
+	// Name is the grouping-handler name.
+	Name string `json:"name"`
+	// Holder is the active handler: <name>/<node>.
+	Holder   string    `json:"holder"`
+	Since    time.Time `json:"since"`
+	Revision uint64    `json:"revision"`
+}
+
+// nodesJSON is what nodes --json prints.
+type nodesJSON struct {
+	Nodes   []kvbinding.NodeInfo `json:"nodes"`
+	Handler *handlerJSON         `json:"handler"`
+}
+
+func writeNodesJSON(w io.Writer, nodes []kvbinding.NodeInfo, handler *handlerJSON) error {
+	if nodes == nil {
+		nodes = []kvbinding.NodeInfo{} // [] rather than null when empty
+	}
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	enc.SetEscapeHTML(false)
+	return enc.Encode(nodesJSON{Nodes: nodes, Handler: handler})
+}
+
+func writeNodesTable(w io.Writer, nodes []kvbinding.NodeInfo, handler *handlerJSON) error {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "NODE\tTYPE\tCONSUMER\tPOSITION\tHELD\tROUTED\tDECISION-ERRORS\tDEAD-LETTERED\tHEARTBEAT")
+	for _, n := range nodes {
+		consumer := "no"
+		if n.HasConsumer {
+			consumer = "yes"
+		}
+		heartbeat := "-"
+		if !n.Heartbeat.IsZero() {
+			heartbeat = n.Heartbeat.UTC().Format(timeLayout)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%d\t%d\t%d\t%s\n",
+			orDash(n.Node), orDash(n.Type), consumer, n.Position, n.Held, n.Routed, n.DecisionErrors, n.DeadLettered, heartbeat)
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	holder := "none"
+	if handler != nil {
+		holder = orDash(handler.Holder)
+	}
+	_, err := fmt.Fprintf(w, "\nactive LOCAL handler: %s\n", holder)
+	return err
+}
