@@ -315,16 +315,16 @@ func (r *Router) startDeadLetter(ln *lane, reason string) {
 		}
 		tomb := kvbinding.Binding{Group: ln.group, State: kvbinding.StateDeadLettered, ThroughSeq: through,
 			DecidedAt: time.Now().UTC(), DecidedBy: r.cfg.Node, Reason: reason}
+		var rev uint64
 		if cur, ok := r.cache.Lookup(ln.group); ok && cur.State == kvbinding.StateDeadLettered {
-			tomb, _ = r.replaceTomb(ctx, tomb, cur.Revision)
-		} else {
-			b, err := r.store.Create(ctx, tomb)
-			if err != nil && b.Revision == 0 {
-				r.abortDeadLetter(ln, err)
-				return
-			}
-			tomb = b
+			rev = cur.Revision
 		}
+		b, err := r.store.ReplaceTTL(ctx, tomb, rev, r.cfg.RecordTTL)
+		if err != nil && b.Revision == 0 {
+			r.abortDeadLetter(ln, err)
+			return
+		}
+		tomb = b
 		r.cache.Apply(tomb)
 		r.deadLetters.Add(uint64(len(msgs)))
 		proposals.Event{Kind: proposals.EventDeadLetter, Group: ln.group, By: r.cfg.Node, Reason: reason,
@@ -335,14 +335,6 @@ func (r *Router) startDeadLetter(ln *lane, reason string) {
 		r.pump(ln)
 		r.mu.Unlock()
 	}()
-}
-
-func (r *Router) replaceTomb(ctx context.Context, tomb kvbinding.Binding, rev uint64) (kvbinding.Binding, error) {
-	b, err := r.store.Replace(ctx, tomb, rev)
-	if err != nil && b.Revision == 0 {
-		return tomb, err
-	}
-	return b, nil
 }
 
 func (r *Router) abortDeadLetter(ln *lane, err error) {
