@@ -291,6 +291,9 @@ func (r *Router) startDeadLetter(ln *lane, reason string) {
 	ln.deadLettering = true
 	r.dropProposal(ln)
 	msgs := append([]*msgRec(nil), ln.msgs...)
+	for _, m := range msgs {
+		r.outMsg(m)
+	}
 	through := msgs[len(msgs)-1].seq
 	go func() {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)

@@ -86,7 +86,9 @@ type Router struct {
 // msgRec is an ingress message held by the router.
 type msgRec struct {
 	seq     uint64
-	out     *nats.Msg // prepared queue (or dead-letter) message
+	hdr     nats.Header // as read from the ingress, until out is prepared
+	data    []byte
+	out     *nats.Msg // the message to republish, prepared when first needed
 	subject string    // ingress subject
 	size    int
 	invalid string // why its group id is unusable ("" if fine)
@@ -346,7 +348,7 @@ func (r *Router) ingest(msg jetstream.Msg) {
 			group = ""
 		}
 	}
-	rec.out = r.prepare(rec, hdr, msg.Data())
+	rec.hdr, rec.data = hdr, msg.Data()
 
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -516,13 +518,25 @@ func (r *Router) ungroupedDestination() string {
 	return eligible[r.rr%len(eligible)]
 }
 
+// outMsg returns m's message to republish, preparing it on first use (a
+// node skips most messages: it copies only those it routes). r.mu is held.
+func (r *Router) outMsg(m *msgRec) *nats.Msg {
+	if m.out == nil {
+		m.out = r.prepare(m, m.hdr, m.data)
+		m.hdr, m.data = nil, nil
+	}
+	return m.out
+}
+
 func (r *Router) publishQueue(ln *lane, m *msgRec, subject string) {
+	r.outMsg(m)
 	m.out.Subject = subject
 	m.out.Header.Set(jetstream.ExpectedStreamHeader, QueueStream)
 	r.send(ln, m, func() { r.routed.Add(1) })
 }
 
 func (r *Router) publishDeadLetter(ln *lane, m *msgRec, reason string) {
+	r.outMsg(m)
 	m.out.Subject = DeadLetterSubjectPrefix + m.subject
 	m.out.Header.Set(HeaderDeadReason, reason)
 	m.out.Header.Set(jetstream.ExpectedStreamHeader, DeadLetterStream)
