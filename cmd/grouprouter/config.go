@@ -35,12 +35,14 @@ type fileConfig struct {
 	Address *string
 	// TimeoutMS is <timeout>, in milliseconds.
 	TimeoutMS *int64
-	// GroupTimeoutMS is <group-timeout> in milliseconds (-1 = never), with
-	// the Artemis meaning: a binding unused for that long is removed.
-	// Parsed and validated only; a later feature uses it.
+	// GroupTimeoutMS is <group-timeout> in milliseconds (-1 or 0 = never),
+	// with the Artemis meaning: a binding unused for that long expires
+	// (router.Config.GroupTimeout).
 	GroupTimeoutMS *int64
 	// ReaperPeriodMS is <reaper-period> in milliseconds (-1 = never): how
-	// often expired bindings are looked for. Parsed and validated only.
+	// often expired bindings are looked for (router.Config.ReaperPeriod);
+	// it must be > 0 when the group timeout is set, which parseRunArgs
+	// checks once flags are merged.
 	ReaperPeriodMS *int64
 }
 

@@ -9,12 +9,19 @@
 //	                [--type LOCAL|REMOTE] [--address ADDR] [--timeout 5s]
 //	                [--name NAME] [--group-header Group-Id] [--local-first]
 //	                [--max-attempts N] [--replicas N] [--queue-mode pinned|plain]
+//	                [--group-timeout DURATION] [--reaper-period 30s]
+//	                [--node-grace 15s] [--rebind-after 30s]
 //	                [--log-level debug|info|warn|error] [--log-json]
 //	                [--listen HOST:PORT] [--store-dir DIR]
 //	grouprouter bindings [--nats URL] [--json]
 //	grouprouter nodes [--nats URL] [--name NAME] [--json]
 //	grouprouter consume [--nats URL] [--node ID] [--count N] [--json]
 //	                    [--no-ack] [--group-header Group-Id]
+//	grouprouter move [--nats URL] [--timeout 10s] [--json] [--wait] GROUP NODE
+//	grouprouter unbind [--nats URL] [--timeout 10s] [--json] [--wait] GROUP
+//
+// Durations (--timeout and the group lifecycle flags) are Go durations
+// like 5s or bare integers of milliseconds like 5000.
 //
 // run reads the <grouping-handler> element of --config (found anywhere in
 // the XML document, as printed in the Artemis/HornetQ documentation;
@@ -24,6 +31,18 @@
 // SIGTERM. Without --nats it starts an embedded JetStream nats-server on
 // --listen (default 127.0.0.1:4222) that stores its data under --store-dir
 // (default: the user's data directory + /grouprouter).
+//
+// The group lifecycle: --group-timeout (the Artemis group-timeout; default
+// never, as -1 or 0) expires a binding after no message of its group for
+// that long, looked for every --reaper-period (default 30s; it must be > 0
+// when a group timeout is set); the group's next message gets a new
+// binding. The file's <group-timeout> and <reaper-period> (milliseconds,
+// -1 = never) set them too; flags override the file. The active LOCAL
+// handler moves the groups of a node gone for --node-grace (default 15s;
+// keep it well under the queue stream's 2 minute duplicate window) to live
+// nodes, and those of a node whose queue has had no consumer for
+// --rebind-after (default 30s; negative = never) while another node's
+// queue has one, waiting messages included, in order.
 //
 // --queue-mode says how the node's queue (the durable consumer
 // grouping-node-<node> on stream GROUPING_QUEUE) is set up: pinned (the
@@ -40,6 +59,19 @@
 // decision-error and dead-lettered counts, last heartbeat) and which node
 // holds the LOCAL handler lease of --name, as a table or, with --json, as
 // JSON.
+//
+// move asks the active LOCAL handler to move GROUP to NODE: it writes a
+// "moving" record, and the node the group is bound to hands the group over
+// with its waiting messages, in order; NODE must be alive and, when some
+// node's queue has a consumer, have one too. unbind ends GROUP's binding
+// the same way (the node releases it; its next message gets a new
+// binding). GROUP is taken verbatim: any UTF-8, spaces and dots included.
+// Both print the record written (with --json as JSON) and return at once;
+// 'grouprouter bindings' shows when the hand-over is done. With --wait they
+// poll the record until it is (bound to NODE with the takeover finished,
+// or released), at most --timeout, and print the final record. An unknown
+// group, an ineligible node, a group being moved already, no LOCAL handler
+// answering or a timeout exit 1.
 //
 // consume pulls from a node's queue as an application does (with the
 // priority group when the queue is pinned), prints each message as a line

@@ -28,6 +28,11 @@ const (
 	defaultLogLevel = "info"
 	defaultQueue    = router.QueuePinned
 	fallbackNode    = "grouprouter"
+
+	// Group lifecycle defaults, as router.Config's (the group timeout's is never).
+	defaultReaperPeriod = 30 * time.Second
+	defaultNodeGrace    = 15 * time.Second
+	defaultRebindAfter  = 30 * time.Second
 )
 
 // usageError is a command-line mistake (unknown flag, stray argument,
@@ -59,27 +64,37 @@ type runOptions struct {
 
 // runFlags holds the run subcommand's flag values before merging.
 type runFlags struct {
-	fs          *flag.FlagSet
-	config      string
-	natsURL     string
-	node        string
-	typ         string
-	address     string
-	timeout     msDuration
-	name        string
-	groupHeader string
-	localFirst  bool
-	maxAttempts int
-	replicas    int
-	queueMode   string
-	logLevel    string
-	logJSON     bool
-	listen      string
-	storeDir    string
+	fs           *flag.FlagSet
+	config       string
+	natsURL      string
+	node         string
+	typ          string
+	address      string
+	timeout      msDuration
+	groupTimeout msDuration
+	reaperPeriod msDuration
+	nodeGrace    msDuration
+	rebindAfter  msDuration
+	name         string
+	groupHeader  string
+	localFirst   bool
+	maxAttempts  int
+	replicas     int
+	queueMode    string
+	logLevel     string
+	logJSON      bool
+	listen       string
+	storeDir     string
 }
 
 func newRunFlags() *runFlags {
-	f := &runFlags{fs: flag.NewFlagSet("run", flag.ContinueOnError), timeout: msDuration(defaultTimeout)}
+	f := &runFlags{
+		fs:           flag.NewFlagSet("run", flag.ContinueOnError),
+		timeout:      msDuration(defaultTimeout),
+		reaperPeriod: msDuration(defaultReaperPeriod),
+		nodeGrace:    msDuration(defaultNodeGrace),
+		rebindAfter:  msDuration(defaultRebindAfter),
+	}
 	fs := f.fs
 	fs.StringVar(&f.config, "config", "", "read the `FILE` holding a <grouping-handler> element (flags override it)")
 	fs.StringVar(&f.natsURL, "nats", "", "join the NATS servers at `URL`s (comma-separated); without it an embedded server is started")
@@ -87,6 +102,13 @@ func newRunFlags() *runFlags {
 	fs.StringVar(&f.typ, "type", string(defaultType), "grouping-handler `TYPE`: LOCAL (decides; a second LOCAL is its backup) or REMOTE")
 	fs.StringVar(&f.address, "address", defaultAddress, "producers publish on `ADDRESS`.>")
 	fs.Var(&f.timeout, "timeout", "how long a routing decision may take: a `DURATION` like 5s, or milliseconds like 5000")
+	fs.Var(&f.groupTimeout, "group-timeout",
+		"Artemis group-timeout: a binding expires after no message of its group for this `DURATION` (5m, or milliseconds); -1 or 0 = never, the default")
+	fs.Var(&f.reaperPeriod, "reaper-period", "how often expired bindings are looked for: a `DURATION` (or milliseconds)")
+	fs.Var(&f.nodeGrace, "node-grace",
+		"how long a node may be gone before the LOCAL handler moves its groups to live nodes: a `DURATION` (or milliseconds); keep it well under 2m")
+	fs.Var(&f.rebindAfter, "rebind-after",
+		"how long a node's queue may have no consumer while another node's has one before its groups move, waiting messages included: a `DURATION` (or milliseconds); negative = never")
 	fs.StringVar(&f.name, "name", defaultName, "grouping-handler `NAME`; a LOCAL handler and its backup share it")
 	fs.StringVar(&f.groupHeader, "group-header", router.DefaultGroupHeader, "`HEADER` holding the group id")
 	fs.BoolVar(&f.localFirst, "local-first", false, "propose this node for new groups when its queue has a consumer")
@@ -108,7 +130,9 @@ func printRunUsage(w io.Writer) {
 
 Runs a grouprouter node. Settings come from, in order of precedence: flags,
 the <grouping-handler> element of --config, defaults
-(name grouping-handler, type LOCAL, address jms, timeout 5s).
+(name grouping-handler, type LOCAL, address jms, timeout 5s, group-timeout
+never, reaper-period 30s). The file's <timeout>, <group-timeout> and
+<reaper-period> are milliseconds, -1 meaning never for the last two.
 
 Flags:
 `)
@@ -167,6 +191,10 @@ func parseRunArgs(args []string, env environment) (runOptions, error) {
 	if err != nil {
 		return runOptions{}, err
 	}
+	lc, err := mergeLifecycle(f, set, file)
+	if err != nil {
+		return runOptions{}, err
+	}
 	queueMode := router.QueueMode(strings.ToLower(strings.TrimSpace(f.queueMode)))
 	if queueMode == "" { // Validate would take it for the default
 		return runOptions{}, fmt.Errorf("%w: queue mode %q (want pinned or plain)", router.ErrConfig, f.queueMode)
@@ -186,6 +214,11 @@ func parseRunArgs(args []string, env environment) (runOptions, error) {
 		MaxAttempts: f.maxAttempts,
 		Replicas:    f.replicas,
 		QueueMode:   queueMode,
+
+		GroupTimeout: lc.groupTimeout,
+		ReaperPeriod: lc.reaperPeriod,
+		NodeGrace:    lc.nodeGrace,
+		RebindAfter:  lc.rebindAfter,
 	}
 	if err := opts.cfg.Validate(); err != nil {
 		return runOptions{}, err
@@ -221,6 +254,68 @@ func parseRunArgs(args []string, env environment) (runOptions, error) {
 		return runOptions{}, fmt.Errorf("%w: --store-dir is empty", router.ErrConfig)
 	}
 	return opts, nil
+}
+
+// lifecycle is the merged group lifecycle settings, as router.Config takes
+// them.
+type lifecycle struct {
+	groupTimeout time.Duration // 0 = never
+	reaperPeriod time.Duration // 0 = never (only without a group timeout)
+	nodeGrace    time.Duration
+	rebindAfter  time.Duration // negative = never
+}
+
+// neverMillis is -1 as a bare number of milliseconds: the flags' and the
+// file's "never" (as is 0 for --group-timeout).
+const neverMillis = -time.Millisecond
+
+// mergeLifecycle merges the lifecycle flags with the file's
+// <group-timeout> and <reaper-period> (an explicit flag wins) and checks
+// them. Errors wrap router.ErrConfig.
+func mergeLifecycle(f *runFlags, set map[string]bool, file fileConfig) (lifecycle, error) {
+	groupTimeout := time.Duration(f.groupTimeout)
+	if !set["group-timeout"] && file.GroupTimeoutMS != nil {
+		groupTimeout = time.Duration(*file.GroupTimeoutMS) * time.Millisecond
+	}
+	reaperPeriod := time.Duration(f.reaperPeriod)
+	if !set["reaper-period"] && file.ReaperPeriodMS != nil {
+		reaperPeriod = time.Duration(*file.ReaperPeriodMS) * time.Millisecond
+	}
+	lc := lifecycle{nodeGrace: time.Duration(f.nodeGrace), rebindAfter: time.Duration(f.rebindAfter)}
+
+	switch {
+	case groupTimeout == neverMillis, groupTimeout == 0:
+	case groupTimeout < 0:
+		return lifecycle{}, fmt.Errorf("%w: group-timeout must be > 0, or -1 or 0 for never, got %v", router.ErrConfig, groupTimeout)
+	default:
+		lc.groupTimeout = groupTimeout
+	}
+	switch {
+	case reaperPeriod == neverMillis, reaperPeriod == 0:
+		if lc.groupTimeout > 0 {
+			return lifecycle{}, fmt.Errorf("%w: reaper-period must be > 0 when group-timeout is set (group-timeout %v, reaper-period %s)",
+				router.ErrConfig, lc.groupTimeout, neverOr(reaperPeriod))
+		}
+	case reaperPeriod < 0:
+		return lifecycle{}, fmt.Errorf("%w: reaper-period must be > 0, or -1 for never, got %v", router.ErrConfig, reaperPeriod)
+	default:
+		lc.reaperPeriod = reaperPeriod
+	}
+	if lc.nodeGrace <= 0 {
+		return lifecycle{}, fmt.Errorf("%w: node-grace must be > 0, got %v", router.ErrConfig, lc.nodeGrace)
+	}
+	if lc.rebindAfter == 0 {
+		return lifecycle{}, fmt.Errorf("%w: rebind-after must be > 0, or negative for never, got 0s", router.ErrConfig)
+	}
+	return lc, nil
+}
+
+// neverOr renders a lifecycle duration, "never" for -1 and 0.
+func neverOr(d time.Duration) string {
+	if d == neverMillis || d == 0 {
+		return "never"
+	}
+	return d.String()
 }
 
 // environment is what parseRunArgs reads from the process, replaceable in tests.

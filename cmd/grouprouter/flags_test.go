@@ -45,6 +45,7 @@ func TestParseRunArgsDefaults(t *testing.T) {
 	want := router.Config{
 		Name: "grouping-handler", Type: router.Local, Address: "jms", Timeout: 5 * time.Second,
 		Node: "broker-1-example-com", GroupHeader: "Group-Id", QueueMode: router.QueuePinned,
+		GroupTimeout: 0, ReaperPeriod: 30 * time.Second, NodeGrace: 15 * time.Second, RebindAfter: 30 * time.Second,
 	}
 	if opts.cfg != want {
 		t.Errorf("config\n got %+v\nwant %+v", opts.cfg, want)
@@ -76,17 +77,17 @@ func TestParseRunArgsMerge(t *testing.T) {
 		{
 			name: "file only",
 			args: []string{"--config", file, "--node", "n1"},
-			want: router.Config{Name: "orders-handler", Type: router.Remote, Address: "orders", Timeout: 2500 * time.Millisecond, Node: "n1", GroupHeader: "Group-Id", QueueMode: router.QueuePinned},
+			want: router.Config{Name: "orders-handler", Type: router.Remote, Address: "orders", Timeout: 2500 * time.Millisecond, Node: "n1", GroupHeader: "Group-Id", QueueMode: router.QueuePinned, GroupTimeout: time.Minute},
 		},
 		{
 			name: "flags override the file, unset flags keep it",
 			args: []string{"--config", file, "--node", "n1", "--type", "local", "--timeout", "3s", "--group-header", "JMSXGroupID"},
-			want: router.Config{Name: "orders-handler", Type: router.Local, Address: "orders", Timeout: 3 * time.Second, Node: "n1", GroupHeader: "JMSXGroupID", QueueMode: router.QueuePinned},
+			want: router.Config{Name: "orders-handler", Type: router.Local, Address: "orders", Timeout: 3 * time.Second, Node: "n1", GroupHeader: "JMSXGroupID", QueueMode: router.QueuePinned, GroupTimeout: time.Minute},
 		},
 		{
 			name: "flags before and after, single dash, bare milliseconds",
 			args: []string{"-name", "other", "--config", file, "-address=payments", "--timeout", "750", "--node", "n2"},
-			want: router.Config{Name: "other", Type: router.Remote, Address: "payments", Timeout: 750 * time.Millisecond, Node: "n2", GroupHeader: "Group-Id", QueueMode: router.QueuePinned},
+			want: router.Config{Name: "other", Type: router.Remote, Address: "payments", Timeout: 750 * time.Millisecond, Node: "n2", GroupHeader: "Group-Id", QueueMode: router.QueuePinned, GroupTimeout: time.Minute},
 		},
 		{
 			name: "file sets some, defaults fill the rest",
@@ -96,7 +97,7 @@ func TestParseRunArgsMerge(t *testing.T) {
 		{
 			name: "a flag set to its default value still overrides the file",
 			args: []string{"--config", file, "--node", "n4", "--type", "LOCAL", "--address", "jms", "--timeout", "5s", "--name", "grouping-handler"},
-			want: router.Config{Name: "grouping-handler", Type: router.Local, Address: "jms", Timeout: 5 * time.Second, Node: "n4", GroupHeader: "Group-Id", QueueMode: router.QueuePinned},
+			want: router.Config{Name: "grouping-handler", Type: router.Local, Address: "jms", Timeout: 5 * time.Second, Node: "n4", GroupHeader: "Group-Id", QueueMode: router.QueuePinned, GroupTimeout: time.Minute},
 		},
 		{
 			name: "plain queue mode, any letter case",
@@ -117,8 +118,8 @@ func TestParseRunArgsMerge(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if opts.cfg != tt.want {
-				t.Errorf("config\n got %+v\nwant %+v", opts.cfg, tt.want)
+			if want := withLifecycleDefaults(tt.want); opts.cfg != want {
+				t.Errorf("config\n got %+v\nwant %+v", opts.cfg, want)
 			}
 		})
 	}
@@ -129,6 +130,112 @@ func TestParseRunArgsMerge(t *testing.T) {
 	}
 	if opts.file == nil || opts.file.GroupTimeoutMS == nil || *opts.file.GroupTimeoutMS != 60000 {
 		t.Errorf("group-timeout not kept from the file: %+v", opts.file)
+	}
+}
+
+// withLifecycleDefaults fills the group lifecycle settings c leaves zero
+// with the run defaults (GroupTimeout 0 is never, the default).
+func withLifecycleDefaults(c router.Config) router.Config {
+	if c.ReaperPeriod == 0 {
+		c.ReaperPeriod = 30 * time.Second
+	}
+	if c.NodeGrace == 0 {
+		c.NodeGrace = 15 * time.Second
+	}
+	if c.RebindAfter == 0 {
+		c.RebindAfter = 30 * time.Second
+	}
+	return c
+}
+
+type lifecycleSettings struct {
+	groupTimeout, reaperPeriod, nodeGrace, rebindAfter time.Duration
+}
+
+func lifecycleOf(c router.Config) lifecycleSettings {
+	return lifecycleSettings{c.GroupTimeout, c.ReaperPeriod, c.NodeGrace, c.RebindAfter}
+}
+
+func TestParseRunArgsLifecycle(t *testing.T) {
+	both := writeFile(t, `<grouping-handler name="h"><group-timeout>60000</group-timeout><reaper-period>5000</reaper-period></grouping-handler>`)
+	never := writeFile(t, `<grouping-handler name="h"><group-timeout>-1</group-timeout><reaper-period>-1</reaper-period></grouping-handler>`)
+	zero := writeFile(t, `<grouping-handler name="h"><group-timeout>0</group-timeout></grouping-handler>`)
+	timeoutOnly := writeFile(t, `<grouping-handler name="h"><group-timeout>1500</group-timeout></grouping-handler>`)
+	reaperNever := writeFile(t, `<grouping-handler name="h"><group-timeout>60000</group-timeout><reaper-period>-1</reaper-period></grouping-handler>`)
+	reaperZero := writeFile(t, `<grouping-handler name="h"><group-timeout>60000</group-timeout><reaper-period>0</reaper-period></grouping-handler>`)
+	const s = time.Second
+	def := lifecycleSettings{0, 30 * s, 15 * s, 30 * s}
+
+	tests := []struct {
+		name string
+		args []string
+		want lifecycleSettings
+	}{
+		{"defaults", nil, def},
+		{"file", []string{"--config", both}, lifecycleSettings{time.Minute, 5 * s, 15 * s, 30 * s}},
+		{"file: -1 is never", []string{"--config", never}, lifecycleSettings{0, 0, 15 * s, 30 * s}},
+		{"file: group-timeout 0 is never", []string{"--config", zero}, def},
+		{"file: group-timeout with the default reaper period", []string{"--config", timeoutOnly}, lifecycleSettings{1500 * time.Millisecond, 30 * s, 15 * s, 30 * s}},
+		{"flags override the file", []string{"--config", both, "--group-timeout", "2m", "--reaper-period", "250"},
+			lifecycleSettings{2 * time.Minute, 250 * time.Millisecond, 15 * s, 30 * s}},
+		{"flag -1 overrides the file's group-timeout", []string{"--config", both, "--group-timeout", "-1"}, lifecycleSettings{0, 5 * s, 15 * s, 30 * s}},
+		{"flag 0 overrides the file's group-timeout", []string{"--config", both, "--group-timeout", "0s"}, lifecycleSettings{0, 5 * s, 15 * s, 30 * s}},
+		{"flag sets only the reaper period", []string{"--config", both, "--reaper-period", "1s"}, lifecycleSettings{time.Minute, s, 15 * s, 30 * s}},
+		{"a reaper-period flag fixes the file's never", []string{"--config", reaperNever, "--reaper-period", "10s"}, lifecycleSettings{time.Minute, 10 * s, 15 * s, 30 * s}},
+		{"group timeout flag, bare milliseconds", []string{"--group-timeout", "90000"}, lifecycleSettings{90 * s, 30 * s, 15 * s, 30 * s}},
+		{"reaper never without a group timeout", []string{"--reaper-period", "-1"}, lifecycleSettings{0, 0, 15 * s, 30 * s}},
+		{"node grace and rebind after", []string{"--node-grace", "2s", "--rebind-after", "500"}, lifecycleSettings{0, 30 * s, 2 * s, 500 * time.Millisecond}},
+		{"rebind after never", []string{"--rebind-after", "-1"}, lifecycleSettings{0, 30 * s, 15 * s, -time.Millisecond}},
+		{"rebind after negative duration", []string{"--rebind-after", "-1s"}, lifecycleSettings{0, 30 * s, 15 * s, -s}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			opts, err := parseRunArgs(append([]string{"--node", "n1"}, tt.args...), testEnv("h"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := lifecycleOf(opts.cfg); got != tt.want {
+				t.Errorf("got %+v, want %+v", got, tt.want)
+			}
+		})
+	}
+
+	errTests := []struct {
+		name  string
+		args  []string
+		usage bool
+		want  string
+	}{
+		{"reaper never with a group timeout, file", []string{"--config", reaperNever},
+			false, "reaper-period must be > 0 when group-timeout is set (group-timeout 1m0s, reaper-period never)"},
+		{"reaper 0 with a group timeout, file", []string{"--config", reaperZero}, false, "reaper-period must be > 0 when group-timeout is set"},
+		{"reaper never flag with the file's group timeout", []string{"--config", both, "--reaper-period", "-1"}, false, "reaper-period must be > 0 when group-timeout is set"},
+		{"reaper 0 flag with a group timeout flag", []string{"--group-timeout", "1m", "--reaper-period", "0"}, false, "reaper-period must be > 0 when group-timeout is set"},
+		{"negative reaper period", []string{"--reaper-period", "-5s"}, false, "reaper-period must be > 0, or -1 for never, got -5s"},
+		{"negative group timeout", []string{"--group-timeout", "-2s"}, false, "group-timeout must be > 0, or -1 or 0 for never, got -2s"},
+		{"zero node grace", []string{"--node-grace", "0"}, false, "node-grace must be > 0, got 0s"},
+		{"negative node grace", []string{"--node-grace", "-1s"}, false, "node-grace must be > 0, got -1s"},
+		{"zero rebind after", []string{"--rebind-after", "0s"}, false, "rebind-after must be > 0, or negative for never"},
+		{"malformed group timeout", []string{"--group-timeout", "soon"}, true, `invalid value "soon" for flag -group-timeout`},
+		{"malformed node grace", []string{"--node-grace", "15 s"}, true, `invalid value "15 s" for flag -node-grace`},
+	}
+	for _, tt := range errTests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := parseRunArgs(append([]string{"--node", "n1"}, tt.args...), testEnv("h"))
+			if err == nil {
+				t.Fatal("accepted")
+			}
+			var ue *usageError
+			if tt.usage != errors.As(err, &ue) {
+				t.Errorf("usage error = %v, want %v (err %v)", !tt.usage, tt.usage, err)
+			}
+			if !tt.usage && !errors.Is(err, router.ErrConfig) {
+				t.Errorf("%v does not wrap router.ErrConfig", err)
+			}
+			if !strings.Contains(err.Error(), tt.want) {
+				t.Errorf("error %q\ndoes not contain %q", err, tt.want)
+			}
+		})
 	}
 }
 
@@ -253,6 +360,10 @@ func TestRunRejectsBadConfigBeforeConnecting(t *testing.T) {
 			"grouprouter run: flag provided but not defined: -bogus (see 'grouprouter run -h')"},
 		{"stray argument", []string{"run", "--nats", "nats://127.0.0.1:1", "now"},
 			`grouprouter run: unexpected argument "now" (see 'grouprouter run -h')`},
+		{"group timeout without a reaper", []string{"run", "--group-timeout", "1m", "--reaper-period", "-1", "--nats", "nats://127.0.0.1:1"},
+			"grouprouter: invalid configuration: reaper-period must be > 0 when group-timeout is set (group-timeout 1m0s, reaper-period never)"},
+		{"zero node grace", []string{"run", "--node-grace", "0", "--nats", "nats://127.0.0.1:1"},
+			"grouprouter: invalid configuration: node-grace must be > 0, got 0s"},
 		{"bindings: unknown flag", []string{"bindings", "--all"},
 			"grouprouter bindings: flag provided but not defined: -all (see 'grouprouter bindings -h')"},
 	}

@@ -53,7 +53,9 @@ func runContext(ctx context.Context, args []string, stdout, stderr io.Writer) in
 		err = consume(ctx, rest, stdout, stderr)
 	case "nodes":
 		err = listNodes(ctx, rest, stdout)
-	// Further subcommands ("bench", "move", "unbind") go here:
+	case opMove, opUnbind:
+		err = moveGroup(ctx, cmd, rest, stdout)
+	// Further subcommands ("bench") go here:
 	// each parses its own flags from rest, prints its help to stdout and
 	// returns flag.ErrHelp for -h, and returns a *usageError, an error
 	// wrapping router.ErrConfig, or any other error; exitCode maps them.
@@ -96,6 +98,8 @@ Commands:
   bindings   list the group bindings (group -> node)
   nodes      list the live nodes and the active LOCAL handler
   consume    consume a node's queue as an application does, printing each message
+  move       move a group to another node, with its waiting messages, in order
+  unbind     end a group's binding; its next message gets a new one
 
 Run 'grouprouter <command> -h' for the flags of a command.
 `)

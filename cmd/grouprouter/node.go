@@ -37,9 +37,6 @@ func runNode(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	}
 	log := newLogger(stderr, opts.logLevel, opts.logJSON)
 	opts.cfg.Logger = log
-	if f := opts.file; f != nil && (f.GroupTimeoutMS != nil || f.ReaperPeriodMS != nil) {
-		log.Warn("<group-timeout> and <reaper-period> are read and validated but not applied yet: bindings do not expire")
-	}
 
 	servers := opts.natsURL
 	if servers == "" {
@@ -86,6 +83,7 @@ func runNode(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	log.Info("grouprouter node starting",
 		"node", opts.cfg.Node, "name", opts.cfg.Name, "type", string(opts.cfg.Type),
 		"address", opts.cfg.Address, "timeout", opts.cfg.Timeout, "queue_mode", string(opts.cfg.QueueMode),
+		"group_timeout", neverOr(opts.cfg.GroupTimeout), "node_grace", opts.cfg.NodeGrace, "rebind_after", neverOr(max(opts.cfg.RebindAfter, 0)),
 		"nats", nc.ConnectedUrlRedacted())
 	if err := r.Run(ctx); err != nil {
 		if ctx.Err() == nil || !errors.Is(err, context.Canceled) {

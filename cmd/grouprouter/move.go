@@ -1,0 +1,373 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"grouprouter/kvbinding"
+	"grouprouter/proposals"
+	"grouprouter/router"
+)
+
+const (
+	// defaultMoveTimeout is the default --timeout of move and unbind.
+	defaultMoveTimeout = 10 * time.Second
+	// movePollInterval is how often --wait reads the group's record.
+	movePollInterval = 100 * time.Millisecond
+)
+
+// Operations of moveGroup.
+const (
+	opMove   = "move"
+	opUnbind = "unbind"
+)
+
+// moveOptions is what the move and unbind subcommands need, parsed and
+// checked.
+type moveOptions struct {
+	op      string // opMove or opUnbind
+	natsURL string
+	timeout msDuration
+	asJSON  bool
+	wait    bool
+	group   string // verbatim
+	node    string // the target; "" for unbind
+}
+
+func newMoveFlags(op string, o *moveOptions) *flag.FlagSet {
+	fs := flag.NewFlagSet(op, flag.ContinueOnError)
+	fs.SetOutput(io.Discard) // errors are reported as one line by the caller
+	fs.Usage = func() {}
+	o.timeout = msDuration(defaultMoveTimeout)
+	fs.StringVar(&o.natsURL, "nats", defaultNATSURL, "NATS server `URL`s (comma-separated)")
+	fs.Var(&o.timeout, "timeout", "how long to wait for the LOCAL handler's answer, and with --wait for the hand-over: a `DURATION` like 10s, or milliseconds like 10000")
+	fs.BoolVar(&o.asJSON, "json", false, "print the record as a JSON object (as 'bindings --json' prints one) instead of a table")
+	done := "the group is bound to NODE and its new node has taken it over"
+	if op == opUnbind {
+		done = "the group is released"
+	}
+	fs.BoolVar(&o.wait, "wait", false, "wait until "+done+" (at most --timeout), then print the final record")
+	return fs
+}
+
+// printMoveUsage writes the move or unbind subcommand's help.
+func printMoveUsage(w io.Writer, op string) {
+	fs := newMoveFlags(op, &moveOptions{})
+	if op == opMove {
+		fmt.Fprint(w, `Usage: grouprouter move [flags] GROUP NODE
+
+Moves group GROUP to node NODE. The active LOCAL handler writes a "moving"
+record; the node the group is bound to then stops routing it and hands it
+over to NODE with its waiting messages, in order: NODE moves them to its
+own queue before it routes anything else of the group. NODE must be alive
+and, when some node's queue has a consumer, have one too.
+`)
+	} else {
+		fmt.Fprint(w, `Usage: grouprouter unbind [flags] GROUP
+
+Ends the binding of group GROUP. The active LOCAL handler writes a
+"moving" record without a target; the node the group is bound to then
+stops routing it, routes what it has of it, in order, and releases it.
+The group's next message gets a new binding, as a new group's does (the
+old node keeps it when it is eligible).
+`)
+	}
+	fmt.Fprint(w, `
+GROUP is taken verbatim: any UTF-8 text, spaces and dots included (quote it
+for the shell; put -- before a GROUP that starts with '-'). Flags go before
+the arguments.
+
+The command prints the record written; 'grouprouter bindings' shows when
+the hand-over is done. With --wait it waits for that and prints the final
+record instead.
+
+Exit codes: 0 done; 1 refused (the group is not bound, the node is not
+eligible, the group is being moved already) or failed (no LOCAL handler
+answering, timeout); 2 bad arguments.
+
+Flags:
+`)
+	fs.SetOutput(w)
+	fs.PrintDefaults()
+}
+
+// parseMoveArgs parses the arguments of the move (op opMove) or unbind
+// (opUnbind) subcommand. It returns flag.ErrHelp for -h, a *usageError for
+// command-line mistakes and errors wrapping router.ErrConfig for invalid
+// flag values.
+func parseMoveArgs(op string, args []string) (moveOptions, error) {
+	o := moveOptions{op: op}
+	fs := newMoveFlags(op, &o)
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return moveOptions{}, err
+		}
+		return moveOptions{}, &usageError{cmd: op, msg: err.Error()}
+	}
+	want := []string{"GROUP", "NODE"}
+	if op == opUnbind {
+		want = want[:1]
+	}
+	pos := fs.Args()
+	if len(pos) != len(want) {
+		msg := fmt.Sprintf("want %s, got %d argument%s", strings.Join(want, " "), len(pos), plural(len(pos)))
+		for _, a := range pos {
+			if len(a) > 1 && strings.HasPrefix(a, "-") && fs.Lookup(strings.TrimLeft(strings.SplitN(a, "=", 2)[0], "-")) != nil {
+				msg = fmt.Sprintf("flag %s must come before %s", a, strings.Join(want, " "))
+				break
+			}
+		}
+		return moveOptions{}, &usageError{cmd: op, msg: msg}
+	}
+	o.group = pos[0]
+	if err := kvbinding.ValidateGroupID(o.group); err != nil {
+		msg := strings.TrimPrefix(err.Error(), kvbinding.ErrInvalidGroupID.Error()+": ")
+		return moveOptions{}, &usageError{cmd: op, msg: fmt.Sprintf("invalid GROUP %q: %s", clip(o.group), msg)}
+	}
+	if op == opMove {
+		o.node = pos[1]
+		if err := kvbinding.ValidateNodeID(o.node); err != nil {
+			return moveOptions{}, &usageError{cmd: op, msg: "invalid NODE: " + err.Error()}
+		}
+	}
+	if o.timeout <= 0 {
+		return moveOptions{}, fmt.Errorf("%w: --timeout must be > 0, got %v", router.ErrConfig, time.Duration(o.timeout))
+	}
+	o.natsURL = strings.TrimSpace(o.natsURL)
+	if err := checkNATSURLs(o.natsURL); err != nil {
+		return moveOptions{}, err
+	}
+	return o, nil
+}
+
+func plural(n int) string {
+	if n == 1 {
+		return ""
+	}
+	return "s"
+}
+
+// moveGroup is the move (op opMove) and unbind (op opUnbind) subcommand.
+func moveGroup(ctx context.Context, op string, args []string, stdout io.Writer) error {
+	o, err := parseMoveArgs(op, args)
+	if errors.Is(err, flag.ErrHelp) {
+		printMoveUsage(stdout, op)
+		return err
+	}
+	if err != nil {
+		return err
+	}
+	nc, js, err := connectClient(o.natsURL, op)
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+
+	timeout := time.Duration(o.timeout)
+	b, err := proposals.Move(ctx, nc, o.group, o.node, timeout)
+	if err != nil {
+		return o.moveError(err)
+	}
+	if !o.wait {
+		return o.print(stdout, &b, false)
+	}
+
+	// OpenStore would create a missing bucket; waiting must not.
+	wctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	if _, err := js.KeyValue(wctx, kvbinding.DefaultBucket); err != nil {
+		switch {
+		case errors.Is(err, jetstream.ErrBucketNotFound):
+			return fmt.Errorf("%s: no bucket %q at %s to wait on", o.what(), kvbinding.DefaultBucket, redactURLs(o.natsURL))
+		case jetStreamDisabled(err):
+			return noJetStreamError(o.natsURL)
+		}
+		return fmt.Errorf("%s: open bucket %s: %w", o.what(), kvbinding.DefaultBucket, err)
+	}
+	store, err := kvbinding.OpenStore(wctx, js, kvbinding.StoreConfig{})
+	if err != nil {
+		return fmt.Errorf("%s: %w", o.what(), err)
+	}
+	final, err := o.waitDone(ctx, wctx, store, b)
+	if err != nil {
+		return err
+	}
+	return o.print(stdout, final, true)
+}
+
+// what names the operation for messages: move "order-42".
+func (o moveOptions) what() string { return fmt.Sprintf("%s %q", o.op, o.group) }
+
+// moveError turns an error of proposals.Move into the command's message.
+func (o moveOptions) moveError(err error) error {
+	for _, sentinel := range []error{proposals.ErrUnknownGroup, proposals.ErrIneligibleNode, proposals.ErrMoveInProgress, proposals.ErrHandlerFailed} {
+		if !errors.Is(err, sentinel) {
+			continue
+		}
+		// The handler's message is `<op> "<group>": <reason>`.
+		msg := strings.TrimPrefix(err.Error(), sentinel.Error()+": ")
+		if !strings.HasPrefix(msg, o.what()+": ") {
+			msg = o.what() + ": " + msg
+		}
+		if sentinel == proposals.ErrHandlerFailed {
+			msg += " (the LOCAL handler failed)"
+		}
+		return errors.New(msg)
+	}
+	switch {
+	case errors.Is(err, proposals.ErrNoHandler):
+		return fmt.Errorf("%s: no LOCAL grouping handler is answering at %s: is a LOCAL node running?", o.what(), redactURLs(o.natsURL))
+	case errors.Is(err, proposals.ErrDecisionTimeout):
+		return fmt.Errorf("%s: the LOCAL handler did not answer within %v (whether the %s was done is unknown: see 'grouprouter bindings')",
+			o.what(), time.Duration(o.timeout), o.op)
+	}
+	return fmt.Errorf("%s: %w", o.what(), err)
+}
+
+// waitDone polls the group's record until the operation is done, wctx
+// ends or the record shows it was overtaken. written is the record the
+// handler wrote. It returns the final record, nil when the group has no
+// record left (unbind).
+func (o moveOptions) waitDone(ctx, wctx context.Context, store *kvbinding.Store, written kvbinding.Binding) (*kvbinding.Binding, error) {
+	t := time.NewTicker(movePollInterval)
+	defer t.Stop()
+	cur := written
+	for {
+		done, err := o.doneBy(cur, written)
+		if done || err != nil {
+			if cur.State == "" { // not found
+				return nil, err
+			}
+			return &cur, err
+		}
+		select {
+		case <-t.C:
+		case <-wctx.Done():
+			if ctx.Err() != nil {
+				return nil, fmt.Errorf("%s: interrupted while waiting; it goes on: see 'grouprouter bindings'", o.what())
+			}
+			return nil, fmt.Errorf("%s: not done after %v: %s; see 'grouprouter bindings'", o.what(), time.Duration(o.timeout), describeRecord(cur))
+		}
+		b, err := store.Get(wctx, o.group)
+		switch {
+		case err == nil:
+			if b.Revision < written.Revision {
+				continue // a stale read (from a replica behind): not yet ours
+			}
+			cur = b
+		case errors.Is(err, kvbinding.ErrNotFound):
+			cur = kvbinding.Binding{}
+		case wctx.Err() != nil:
+			// reported at the top of the next round
+		default:
+			return nil, fmt.Errorf("%s: reading the group's record: %w", o.what(), err)
+		}
+	}
+}
+
+// doneBy reports whether cur, the group's record now (the zero Binding
+// when it has none), shows the operation done, or an error when it shows
+// that something else overtook it.
+func (o moveOptions) doneBy(cur, written kvbinding.Binding) (bool, error) {
+	notFound := cur.State == ""
+	if o.op == opUnbind {
+		// Anything but the moving record means the node released the group
+		// (a new message may have bound it again since).
+		return notFound || cur.State != kvbinding.StateMoving, nil
+	}
+	switch {
+	case notFound:
+		return false, fmt.Errorf("%s: the group's record is gone (expired or deleted)", o.what())
+	case cur.State == kvbinding.StateBound && cur.Node == o.node:
+		return !cur.Handoff, nil
+	case cur.State == kvbinding.StateMoving && cur.Node == o.node:
+		return false, nil
+	}
+	return false, fmt.Errorf("%s: overtaken: %s", o.what(), describeRecord(cur))
+}
+
+// describeRecord says in words where a group's record stands.
+func describeRecord(b kvbinding.Binding) string {
+	switch b.State {
+	case "":
+		return "the group has no binding"
+	case kvbinding.StateMoving:
+		if b.Node == "" {
+			return fmt.Sprintf("the group is still being unbound (%s releases it)", b.PrevNode)
+		}
+		return fmt.Sprintf("the group is still moving (%s hands it over to %s)", b.PrevNode, b.Node)
+	case kvbinding.StateBound:
+		if b.Handoff {
+			return fmt.Sprintf("the group is bound to %s, which is still taking it over from %s", b.Node, orDash(b.PrevNode))
+		}
+		return fmt.Sprintf("the group is bound to %s", b.Node)
+	case kvbinding.StateReleased:
+		return fmt.Sprintf("the group is released (%s routed it up to ingress sequence %d)", orDash(b.PrevNode), b.ThroughSeq)
+	case kvbinding.StateDeadLettered:
+		return fmt.Sprintf("the group's messages up to ingress sequence %d were dead-lettered", b.ThroughSeq)
+	}
+	return fmt.Sprintf("the group's record is in state %q", b.State)
+}
+
+// print writes the record (nil: the group has none) as JSON or as a table
+// with a note; final says whether it is the outcome of --wait.
+func (o moveOptions) print(w io.Writer, b *kvbinding.Binding, final bool) error {
+	if o.asJSON {
+		if b == nil {
+			_, err := fmt.Fprintln(w, "null")
+			return err
+		}
+		return writeBindingJSON(w, *b)
+	}
+	if b != nil {
+		if err := writeBindingsTable(w, []kvbinding.Binding{*b}); err != nil {
+			return err
+		}
+		if _, err := fmt.Fprintln(w); err != nil {
+			return err
+		}
+	}
+	_, err := fmt.Fprintln(w, o.note(b, final))
+	return err
+}
+
+// note explains the record printed.
+func (o moveOptions) note(b *kvbinding.Binding, final bool) string {
+	g := fmt.Sprintf("%q", o.group)
+	if b == nil {
+		return fmt.Sprintf("Group %s has no binding: the unbind is done; its next message gets a new one.", g)
+	}
+	switch {
+	case b.State == kvbinding.StateMoving && b.Node != "":
+		return fmt.Sprintf("Group %s is moving from %s to %s: %s hands it over with its waiting messages, in order.\n"+
+			"'grouprouter bindings' shows when it is done: the group is then bound to %s.", g, b.PrevNode, b.Node, b.PrevNode, b.Node)
+	case b.State == kvbinding.StateMoving:
+		return fmt.Sprintf("Group %s is being unbound: %s routes what it has of it, in order, and then releases it.\n"+
+			"'grouprouter bindings' shows when it is done: the group is then released.", g, b.PrevNode)
+	case o.op == opMove && b.State == kvbinding.StateBound && b.Node == o.node && !final:
+		return fmt.Sprintf("Group %s is bound to %s already: nothing to move.", g, b.Node)
+	case o.op == opMove && b.State == kvbinding.StateBound && b.Node == o.node:
+		return fmt.Sprintf("Group %s is bound to %s: the move is done.", g, b.Node)
+	case o.op == opUnbind && b.State == kvbinding.StateReleased:
+		return fmt.Sprintf("Group %s is released: the unbind is done; its next message gets a new binding.", g)
+	case o.op == opUnbind && final:
+		return fmt.Sprintf("Group %s was released: the unbind is done; a new message has bound it again since.", g)
+	}
+	return fmt.Sprintf("Group %s: %s.", g, describeRecord(*b))
+}
+
+// writeBindingJSON writes one record as 'bindings --json' writes each.
+func writeBindingJSON(w io.Writer, b kvbinding.Binding) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	enc.SetEscapeHTML(false)
+	return enc.Encode(bindingJSON{Binding: b, Revision: b.Revision})
+}
