@@ -35,6 +35,8 @@ type NodeInfo struct {
 	HasConsumer bool      `json:"has_consumer"`
 	Started     time.Time `json:"started"`
 	Heartbeat   time.Time `json:"heartbeat"`
+	// Every is how often the node announces itself.
+	Every time.Duration `json:"every,omitempty"`
 	// Position is the next ingress sequence the node will read.
 	Position uint64 `json:"position"`
 	// Held is the number of messages waiting for a decision.
@@ -71,6 +73,7 @@ type Registry struct {
 
 	mu       sync.RWMutex
 	live     map[string]NodeInfo
+	seen     map[string]time.Time // local time of each node's last announcement
 	ready    chan struct{}
 	once     sync.Once
 	onChange func()
@@ -105,7 +108,8 @@ func OpenRegistry(ctx context.Context, js jetstream.JetStream, cfg RegistryConfi
 	if err != nil {
 		return nil, err
 	}
-	return &Registry{js: js, kv: kv, bucket: cfg.Bucket, live: map[string]NodeInfo{}, ready: make(chan struct{}), onChange: onChange}, nil
+	return &Registry{js: js, kv: kv, bucket: cfg.Bucket, live: map[string]NodeInfo{}, seen: map[string]time.Time{},
+		ready: make(chan struct{}), onChange: onChange}, nil
 }
 
 func (r *Registry) subject(key string) string { return "$KV." + r.bucket + "." + key }
@@ -154,6 +158,14 @@ func (r *Registry) Live() map[string]NodeInfo {
 	return out
 }
 
+// Seen returns when this process last received node's announcement (its
+// own clock), or the zero time.
+func (r *Registry) Seen(node string) time.Time {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	return r.seen[node]
+}
+
 // Ready is closed once the registry has loaded the nodes announced when
 // its watch started.
 func (r *Registry) Ready() <-chan struct{} { return r.ready }
@@ -173,9 +185,11 @@ func (r *Registry) apply(key string, op entryOp, value []byte, _ uint64) {
 			old, had := r.live[node]
 			changed = !had || old.HasConsumer != info.HasConsumer
 			r.live[node] = info
+			r.seen[node] = time.Now()
 		}
 	} else if _, had := r.live[node]; had {
 		delete(r.live, node)
+		delete(r.seen, node)
 		changed = true
 	}
 	r.mu.Unlock()

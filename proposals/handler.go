@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -57,6 +58,14 @@ type Handler struct {
 	wg        sync.WaitGroup
 	sem       chan struct{}
 	mon       monitor
+
+	// lastHolder is the last other holder of the lease seen; suspect is
+	// the node of a holder whose lease expired (it did not release it:
+	// presumably crashed), ineligible until it announces itself again.
+	lastHolder   atomic.Value // string
+	suspectMu    sync.Mutex
+	suspect      string
+	suspectSince time.Time
 }
 
 // NewHandler returns a handler deciding with the given shared state. cache
@@ -100,6 +109,9 @@ func (h *Handler) Run(ctx context.Context) error {
 	notify := func(holder string) {
 		if holder == h.id {
 			return // our own renewal
+		}
+		if holder != "" {
+			h.lastHolder.Store(holder)
 		}
 		select {
 		case wake <- struct{}{}:
@@ -150,6 +162,7 @@ func (h *Handler) Run(ctx context.Context) error {
 			l, err := h.reg.AcquireLease(opCtx, h.cfg.Name, h.id, h.cfg.LeaseTTL)
 			if err == nil {
 				lease = l
+				h.suspectPrevious()
 				s, serr := h.nc.QueueSubscribe(SubjectPropose, handlerQueue, h.onRequest)
 				if serr != nil {
 					cancel()
@@ -266,14 +279,49 @@ func (h *Handler) DecideAll(ctx context.Context, req Request) []Decision {
 	return out
 }
 
+// liveState is what the decision rule knows of the nodes: those announced,
+// minus those whose announcements stopped arriving (more than two
+// heartbeats ago: the record has not expired yet but the node is likely
+// dead) and a crashed previous lease holder until it announces again.
 func (h *Handler) liveState() map[string]NodeState {
 	live := h.reg.Live()
 	counts := h.cache.Counts()
+	now := time.Now()
+	h.suspectMu.Lock()
+	suspect, since := h.suspect, h.suspectSince
+	h.suspectMu.Unlock()
 	out := make(map[string]NodeState, len(live))
 	for id, info := range live {
+		seen := h.reg.Seen(id)
+		if id == suspect && !seen.After(since) {
+			continue
+		}
+		if info.Every > 0 && !seen.IsZero() && now.Sub(seen) > 2*info.Every {
+			continue
+		}
 		out[id] = NodeState{HasConsumer: info.HasConsumer, Groups: counts[id]}
 	}
 	return out
+}
+
+// suspectPrevious marks the node of the previous lease holder as crashed
+// when this handler took over an expired lease.
+func (h *Handler) suspectPrevious() {
+	prev, _ := h.lastHolder.Load().(string)
+	if prev == "" || prev == h.id {
+		return
+	}
+	node := prev
+	if i := strings.LastIndexByte(prev, '/'); i >= 0 {
+		node = prev[i+1:]
+	}
+	if node == h.cfg.Node {
+		return
+	}
+	h.suspectMu.Lock()
+	h.suspect, h.suspectSince = node, time.Now()
+	h.suspectMu.Unlock()
+	h.log.Warn("took over the lease of a handler that did not release it; its node is ineligible until it announces again", "node", node)
 }
 
 func (h *Handler) carryOut(ctx context.Context, proposer string, p Proposal, st State, v Verdict) Decision {

@@ -658,7 +658,9 @@ func (r *Router) isProposer(group string) bool {
 		_, _ = h.Write([]byte(node))
 		_, _ = h.Write([]byte{0})
 		_, _ = h.Write([]byte(group))
-		if v := h.Sum64(); bestNode == "" || v > best || (v == best && node < bestNode) {
+		// FNV-1a alone leaves ids that share a prefix clustered in the
+		// high bits; a 64-bit finalizer spreads them.
+		if v := mix64(h.Sum64()); bestNode == "" || v > best || (v == best && node < bestNode) {
 			best, bestNode = v, node
 		}
 	}
@@ -667,6 +669,16 @@ func (r *Router) isProposer(group string) bool {
 		consider(n)
 	}
 	return bestNode == r.cfg.Node
+}
+
+// mix64 is the MurmurHash3 64-bit finalizer.
+func mix64(x uint64) uint64 {
+	x ^= x >> 33
+	x *= 0xff51afd7ed558ccd
+	x ^= x >> 33
+	x *= 0xc4ceb93e53ca34d5
+	x ^= x >> 33
+	return x
 }
 
 // heartbeat announces the node every cfg.Heartbeat, with whether its queue
@@ -701,7 +713,7 @@ func (r *Router) announce(ctx context.Context, cons jetstream.Consumer) {
 	st := r.Stats()
 	info := kvbinding.NodeInfo{
 		Node: r.cfg.Node, Type: string(r.cfg.Type), Handler: r.cfg.Name,
-		HasConsumer: r.hasConsumer.Load(), Started: r.started, Heartbeat: time.Now().UTC(),
+		HasConsumer: r.hasConsumer.Load(), Started: r.started, Heartbeat: time.Now().UTC(), Every: r.cfg.Heartbeat,
 		Position: st.Position, Held: st.Held, Routed: st.Routed,
 		DecisionErrors: st.DecisionErrors, DeadLettered: st.DeadLettered,
 	}
