@@ -2,6 +2,8 @@ package integration
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -16,6 +18,7 @@ import (
 
 	"grouprouter/internal/natstest"
 	"grouprouter/kvbinding"
+	"grouprouter/proposals"
 	"grouprouter/router"
 )
 
@@ -55,13 +58,15 @@ func startNode(t testing.TB, url string, cfg router.Config) *node {
 	t.Helper()
 	n := &node{t: t, id: cfg.Node, cfg: cfg, url: url}
 	n.start()
-	t.Cleanup(n.stop)
 	return n
 }
 
 func (n *node) start() {
 	n.t.Helper()
 	n.nc = natstest.Connect(n.t, n.url, nats.Name("node-"+n.id))
+	// Registered after the connection's cleanup, so it runs before it: the
+	// node stops gracefully, not with its connection already closed.
+	n.t.Cleanup(n.stop)
 	r, err := router.New(n.nc, n.cfg)
 	if err != nil {
 		n.t.Fatalf("router.New(%s): %v", n.id, err)
@@ -150,6 +155,26 @@ func (c *collector) waitCount(t testing.TB, n int, d time.Duration) []received {
 	return c.all()
 }
 
+// waitGroup waits until at least n messages of group were received and
+// returns them.
+func (c *collector) waitGroup(t testing.TB, group string, n int, d time.Duration) []received {
+	t.Helper()
+	var rs []received
+	natstest.Eventually(t, d, func() error {
+		rs = rs[:0]
+		for _, r := range c.all() {
+			if r.group == group {
+				rs = append(rs, r)
+			}
+		}
+		if len(rs) < n {
+			return fmt.Errorf("received %d of %d messages of group %q", len(rs), n, group)
+		}
+		return nil
+	})
+	return rs
+}
+
 // startConsumer consumes node's queue as an application would: the
 // documented durable consumer, pulled with the priority group.
 func startConsumer(t testing.TB, url, nodeID string, c *collector) (stop func()) {
@@ -225,6 +250,14 @@ func waitEligible(t testing.TB, nc *nats.Conn, live []string, withConsumer []str
 // PubAck means the message is safe).
 func publish(t testing.TB, js jetstream.JetStream, subject, group string, bodies ...string) {
 	t.Helper()
+	if err := tryPublish(js, subject, group, bodies...); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// tryPublish is publish for goroutines other than the test's: it returns
+// the first error instead of failing the test.
+func tryPublish(js jetstream.JetStream, subject, group string, bodies ...string) error {
 	for _, b := range bodies {
 		m := nats.NewMsg(subject)
 		if group != "" {
@@ -235,8 +268,38 @@ func publish(t testing.TB, js jetstream.JetStream, subject, group string, bodies
 		_, err := js.PublishMsg(ctx, m)
 		cancel()
 		if err != nil {
-			t.Fatalf("publish %s/%s: %v", group, b, err)
+			return fmt.Errorf("publish %s/%s: %w", group, b, err)
 		}
+	}
+	return nil
+}
+
+// jetStream returns a JetStream context on a new connection to url.
+func jetStream(t testing.TB, url string) jetstream.JetStream {
+	t.Helper()
+	js, err := jetstream.New(natstest.Connect(t, url))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return js
+}
+
+// sendBatch publishes n messages of group on jms.orders through js, with
+// bodies "<group>/<tag>-000" onward, and appends them to want[group].
+func sendBatch(t testing.TB, js jetstream.JetStream, group, tag string, n int, want map[string][]string) {
+	t.Helper()
+	b := bodies(group+"/"+tag, n)
+	publish(t, js, "jms.orders", group, b...)
+	want[group] = append(want[group], b...)
+}
+
+// checkQueuedOnce asserts that the queue stream has stored exactly n
+// messages since it was created: with checkGrouping's counts, no message
+// was queued twice, not even one still waiting for a consumer.
+func checkQueuedOnce(t testing.TB, js jetstream.JetStream, n int) {
+	t.Helper()
+	if st := streamState(t, js, router.QueueStream); st.LastSeq != uint64(n) {
+		t.Errorf("queue stream stored %d messages, want %d", st.LastSeq, n)
 	}
 }
 
@@ -291,4 +354,172 @@ func sortedKeys[V any](m map[string]V) []string {
 	}
 	sort.Strings(out)
 	return out
+}
+
+// openStore opens the bindings bucket as an operator would, to inspect it.
+func openStore(t testing.TB, nc *nats.Conn) *kvbinding.Store {
+	t.Helper()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	st, err := kvbinding.OpenStore(ctx, js, kvbinding.StoreConfig{})
+	if err != nil {
+		t.Fatalf("open bindings store: %v", err)
+	}
+	return st
+}
+
+// listBindings returns every binding in the store by group id.
+func listBindings(t testing.TB, st *kvbinding.Store) map[string]kvbinding.Binding {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	bs, err := st.List(ctx)
+	if err != nil {
+		t.Fatalf("list bindings: %v", err)
+	}
+	out := make(map[string]kvbinding.Binding, len(bs))
+	for _, b := range bs {
+		out[b.Group] = b
+	}
+	return out
+}
+
+// waitBound waits until group has a bound (not dead-lettered) binding and
+// returns it.
+func waitBound(t testing.TB, st *kvbinding.Store, group string, d time.Duration) kvbinding.Binding {
+	t.Helper()
+	var b kvbinding.Binding
+	natstest.Eventually(t, d, func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		var err error
+		if b, err = st.Get(ctx, group); err != nil {
+			return err
+		}
+		if b.State != kvbinding.StateBound {
+			return fmt.Errorf("group %q is %s", group, b.State)
+		}
+		return nil
+	})
+	return b
+}
+
+// streamState returns the current state of a stream.
+func streamState(t testing.TB, js jetstream.JetStream, stream string) jetstream.StreamState {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	s, err := js.Stream(ctx, stream)
+	if err != nil {
+		t.Fatalf("stream %s: %v", stream, err)
+	}
+	info, err := s.Info(ctx)
+	if err != nil {
+		t.Fatalf("stream %s info: %v", stream, err)
+	}
+	return info.State
+}
+
+// waitStreamMsgs waits until a stream holds at least n messages and
+// returns all of them in stream order.
+func waitStreamMsgs(t testing.TB, js jetstream.JetStream, stream string, n int, d time.Duration) []*jetstream.RawStreamMsg {
+	t.Helper()
+	natstest.Eventually(t, d, func() error {
+		if got := streamState(t, js, stream).Msgs; got < uint64(n) {
+			return fmt.Errorf("stream %s holds %d of %d messages", stream, got, n)
+		}
+		return nil
+	})
+	st := streamState(t, js, stream)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	s, err := js.Stream(ctx, stream)
+	if err != nil {
+		t.Fatalf("stream %s: %v", stream, err)
+	}
+	var out []*jetstream.RawStreamMsg
+	for seq := st.FirstSeq; seq <= st.LastSeq && seq > 0; seq++ {
+		m, err := s.GetMsg(ctx, seq)
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			continue
+		}
+		if err != nil {
+			t.Fatalf("stream %s message %d: %v", stream, seq, err)
+		}
+		out = append(out, m)
+	}
+	return out
+}
+
+// eventLog records the events of one kind published on grouping.events.
+type eventLog struct {
+	mu  sync.Mutex
+	evs []proposals.Event
+}
+
+// watchEvents subscribes to events of kind on nc (before anything that
+// may publish them) and records them until the test ends.
+func watchEvents(t testing.TB, nc *nats.Conn, kind string) *eventLog {
+	t.Helper()
+	l := &eventLog{}
+	sub, err := nc.Subscribe(proposals.SubjectEventsPrefix+kind, func(m *nats.Msg) {
+		var e proposals.Event
+		if json.Unmarshal(m.Data, &e) == nil {
+			l.mu.Lock()
+			l.evs = append(l.evs, e)
+			l.mu.Unlock()
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = sub.Unsubscribe() })
+	return l
+}
+
+// waitGroup waits for an event about group and returns the first one.
+func (l *eventLog) waitGroup(t testing.TB, group string, d time.Duration) proposals.Event {
+	t.Helper()
+	var ev proposals.Event
+	natstest.Eventually(t, d, func() error {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		for _, e := range l.evs {
+			if e.Group == group {
+				ev = e
+				return nil
+			}
+		}
+		return fmt.Errorf("no event about group %q among %d", group, len(l.evs))
+	})
+	return ev
+}
+
+// waitActiveHandler waits until exactly one of the nodes runs the active
+// LOCAL handler and returns it.
+func waitActiveHandler(t testing.TB, d time.Duration, nodes ...*node) *node {
+	t.Helper()
+	var active *node
+	natstest.Eventually(t, d, func() error {
+		var on []string
+		active = nil
+		for _, n := range nodes {
+			if n.cancel != nil && n.r.HandlerActive() {
+				on = append(on, n.id)
+				active = n
+			}
+		}
+		if len(on) != 1 {
+			return fmt.Errorf("active handlers: %v, want exactly one", on)
+		}
+		return nil
+	})
+	return active
 }

@@ -1,0 +1,285 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"grouprouter/kvbinding"
+)
+
+// rawPublish is baseline (ii): the producer alone, PublishMsgAsync of the
+// same messages into one stream of the same replication, timed from the
+// first publish to the last PubAck.
+func (b *bencher) rawPublish(ctx context.Context, e *env) (figure, error) {
+	const stream, subject = "BENCH_RAW", "bench.raw.x"
+	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if _, err := e.js.CreateStream(cctx, jetstream.StreamConfig{Name: stream, Subjects: []string{"bench.raw.>"},
+		Storage: jetstream.FileStorage, Replicas: e.replicas}); err != nil {
+		return figure{}, fmt.Errorf("bench: raw stream: %w", err)
+	}
+	defer func() {
+		dctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = e.js.DeleteStream(dctx, stream)
+	}()
+	hot := hotGroups("raw", b.cfg.Groups)
+	b.runID++
+	w := startCPUWatch()
+	start, err := e.prod.publish(ctx, subject, b.runID, b.cfg.Messages, 0, roundRobin(hot, false))
+	if err != nil {
+		return figure{}, err
+	}
+	el := time.Since(start)
+	f := b.figure(w, 0, float64(b.cfg.Messages)/el.Seconds())
+	b.logf("%-28s %7d msgs in %6.2fs = %8.0f msgs/s%s", "raw JetStream publish", b.cfg.Messages, el.Seconds(), f.V, f.noise())
+	return f, nil
+}
+
+// figure is a measured value and the share of the machine other
+// processes took while it was measured (-1: unknown).
+type figure struct {
+	V, Foreign float64
+}
+
+func (f figure) noise() string { return noiseNote(f.Foreign) }
+
+func noiseNote(foreign float64) string {
+	if foreign < 0 {
+		return ""
+	}
+	return fmt.Sprintf(" [other processes: %.0f%% of the machine]", 100*foreign)
+}
+
+func (b *bencher) figure(w cpuWatch, children time.Duration, v float64) figure {
+	f := figure{V: v, Foreign: w.foreign(children, runtime.NumCPU())}
+	b.noteForeign(f.Foreign)
+	return f
+}
+
+// bindingValue is a realistic bucket value for group.
+func bindingValue(group, node string, seq uint64) ([]byte, error) {
+	return kvbinding.Binding{Group: group, State: kvbinding.StateBound, Node: node, FromSeq: seq,
+		DecidedAt: time.Now().UTC(), DecidedBy: handlerName + "/n0", ProposedBy: node}.Marshal()
+}
+
+// kvBucket creates a scratch bucket like the bindings bucket.
+func (b *bencher) kvBucket(ctx context.Context, e *env, name string) (jetstream.KeyValue, func(), error) {
+	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	kv, err := e.js.CreateKeyValue(cctx, jetstream.KeyValueConfig{Bucket: name, History: 1,
+		Replicas: e.replicas, Storage: jetstream.FileStorage})
+	if err != nil {
+		return nil, nil, fmt.Errorf("bench: bucket %s: %w", name, err)
+	}
+	return kv, func() {
+		dctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = e.js.DeleteKeyValue(dctx, name)
+	}, nil
+}
+
+// kvCreatePipelined is baseline (iii), pipelined: n creates published
+// asynchronously to $KV.<bucket>.<key> with Nats-Expected-Last-Subject-
+// Sequence: 0 (what KeyValue.Create sends), on their own connection,
+// timed from the first publish to the last PubAck.
+func (b *bencher) kvCreatePipelined(ctx context.Context, e *env, n int) (figure, error) {
+	const bucket = "bench-kv-pipelined"
+	_, drop, err := b.kvBucket(ctx, e, bucket)
+	if err != nil {
+		return figure{}, err
+	}
+	defer drop()
+	nc, err := connect(e.ns.urlsFor(0), "bench-kv-pipelined")
+	if err != nil {
+		return figure{}, err
+	}
+	defer nc.Close()
+	var failed atomic.Int64
+	js, err := jetstream.New(nc, jetstream.WithPublishAsyncErrHandler(func(jetstream.JetStream, *nats.Msg, error) { failed.Add(1) }))
+	if err != nil {
+		return figure{}, err
+	}
+	msgs := make([]*nats.Msg, n)
+	for i := range msgs {
+		g := "kvp-" + strconv.Itoa(i)
+		val, err := bindingValue(g, "n0", uint64(i+1))
+		if err != nil {
+			return figure{}, err
+		}
+		key, _ := kvbinding.Key(g)
+		msgs[i] = &nats.Msg{Subject: "$KV." + bucket + "." + key, Data: val,
+			Header: nats.Header{jetstream.ExpectedLastSubjSeqHeader: []string{"0"}}}
+	}
+	w := startCPUWatch()
+	start := time.Now()
+	for _, m := range msgs {
+		for {
+			if _, err := js.PublishMsgAsync(m); err == nil {
+				break
+			}
+			if ctx.Err() != nil {
+				return figure{}, ctx.Err()
+			}
+		}
+	}
+	select {
+	case <-js.PublishAsyncComplete():
+	case <-time.After(time.Minute):
+		return figure{}, fmt.Errorf("bench: KV creates still pending after a minute")
+	}
+	el := time.Since(start)
+	if f := failed.Load(); f > 0 {
+		return figure{}, fmt.Errorf("bench: %d pipelined KV creates failed", f)
+	}
+	f := b.figure(w, 0, float64(n)/el.Seconds())
+	b.logf("%-28s %7d in %6.2fs = %8.0f creates/s%s", "KV create pipelined", n, el.Seconds(), f.V, f.noise())
+	return f, nil
+}
+
+// kvCreateConcurrent is baseline (iii) as most code would write it:
+// workers goroutines calling KeyValue.Create.
+func (b *bencher) kvCreateConcurrent(ctx context.Context, e *env, n, workers int) (figure, error) {
+	const bucket = "bench-kv-concurrent"
+	kv, drop, err := b.kvBucket(ctx, e, bucket)
+	if err != nil {
+		return figure{}, err
+	}
+	defer drop()
+	vals := make([][]byte, n)
+	keys := make([]string, n)
+	for i := range vals {
+		g := "kvc-" + strconv.Itoa(i)
+		if vals[i], err = bindingValue(g, "n0", uint64(i+1)); err != nil {
+			return figure{}, err
+		}
+		keys[i], _ = kvbinding.Key(g)
+	}
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	errs := make(chan error, workers)
+	w := startCPUWatch()
+	start := time.Now()
+	for range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				i := int(next.Add(1) - 1)
+				if i >= n {
+					return
+				}
+				cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+				_, err := kv.Create(cctx, keys[i], vals[i])
+				cancel()
+				if err != nil {
+					errs <- fmt.Errorf("bench: KV create %s: %w", keys[i], err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	el := time.Since(start)
+	select {
+	case err := <-errs:
+		return figure{}, err
+	default:
+	}
+	f := b.figure(w, 0, float64(n)/el.Seconds())
+	b.logf("%-28s %7d in %6.2fs = %8.0f creates/s%s", fmt.Sprintf("KV create %d goroutines", workers), n, el.Seconds(), f.V, f.noise())
+	return f, nil
+}
+
+// warmPhase writes cfg.WarmStart bindings into the bindings bucket
+// (asynchronous publishes of valid records), then has a child process load
+// them into a fresh cache and report time and heap.
+func (b *bencher) warmPhase(ctx context.Context, e *env) (*warmResult, error) {
+	if err := b.resetRouting(ctx, e); err != nil {
+		return nil, err
+	}
+	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	store, err := kvbinding.OpenStore(cctx, e.js, kvbinding.StoreConfig{Replicas: e.replicas})
+	cancel()
+	if err != nil {
+		return nil, err
+	}
+	nc, err := connect(e.ns.urlsFor(0), "bench-warm-fill")
+	if err != nil {
+		return nil, err
+	}
+	defer nc.Close()
+	var failed atomic.Int64
+	js, err := jetstream.New(nc, jetstream.WithPublishAsyncErrHandler(func(jetstream.JetStream, *nats.Msg, error) { failed.Add(1) }))
+	if err != nil {
+		return nil, err
+	}
+	n := b.cfg.WarmStart
+	prefix := "$KV." + store.Bucket() + "."
+	nodes := []string{"n0", "n1", "n2"}
+	start := time.Now()
+	for i := 0; i < n; i++ {
+		// Group ids like an application's: "order-" and a number.
+		g := "order-" + strconv.Itoa(1_000_000+i)
+		val, err := bindingValue(g, nodes[i%len(nodes)], uint64(i+1))
+		if err != nil {
+			return nil, err
+		}
+		key, err := kvbinding.Key(g)
+		if err != nil {
+			return nil, err
+		}
+		m := &nats.Msg{Subject: prefix + key, Data: val}
+		for {
+			if _, err := js.PublishMsgAsync(m); err == nil {
+				break
+			}
+			if ctx.Err() != nil {
+				return nil, ctx.Err()
+			}
+		}
+	}
+	select {
+	case <-js.PublishAsyncComplete():
+	case <-time.After(2 * time.Minute):
+		return nil, fmt.Errorf("bench: warm-start fill still pending after 2 minutes")
+	}
+	if f := failed.Load(); f > 0 {
+		return nil, fmt.Errorf("bench: %d warm-start writes failed", f)
+	}
+	fill := time.Since(start)
+	b.logf("%-28s %7d in %6.2fs = %8.0f writes/s", "warm-start fill", n, fill.Seconds(), float64(n)/fill.Seconds())
+
+	args := []string{"--mode", modeWarm, "--nats", strings.Join(e.ns.urlsFor(0), ","), "--node", "warm"}
+	if b.cfg.CPUProfile != "" {
+		args = append(args, "--cpuprofile", profileName(b.cfg.CPUProfile, "warm"))
+	}
+	wat := startCPUWatch()
+	k, err := startChild(b.prefix, args, "warm start", b.stderr)
+	if err != nil {
+		return nil, err
+	}
+	rep, _, err := k.wait(3 * time.Minute)
+	if err != nil {
+		return nil, err
+	}
+	if rep.Event != "warm" || rep.Bindings == 0 {
+		return nil, fmt.Errorf("bench: warm start reported %+v", rep)
+	}
+	w := &warmResult{count: rep.Bindings, fillRate: float64(n) / fill.Seconds(), load: rep.WarmNS,
+		heapDelta: int64(rep.HeapAfter) - int64(rep.HeapBefore), rss: rep.Usage.MaxRSS}
+	w.foreign = wat.foreign(rep.Usage.CPU(), runtime.NumCPU())
+	b.noteForeign(w.foreign)
+	b.logf("%-28s %7d in %6.2fs, heap %+d B = %.0f B/binding, max RSS %.1f MiB%s", "warm start (child)", w.count,
+		w.load.Seconds(), w.heapDelta, float64(w.heapDelta)/float64(w.count), float64(w.rss)/(1<<20), figure{Foreign: w.foreign}.noise())
+	return w, nil
+}

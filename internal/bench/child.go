@@ -1,0 +1,401 @@
+package bench
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"runtime"
+	"runtime/pprof"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"grouprouter/kvbinding"
+	"grouprouter/router"
+)
+
+// Child modes (NodeMain --mode).
+const (
+	modeRouter = "router" // one router node
+	modeRelay  = "relay"  // the relay baseline: ingress -> queue, no grouping
+	modeWarm   = "warm"   // load a fresh binding cache once and report
+)
+
+// usage is CPU time and peak memory of a process.
+type usage struct {
+	User   time.Duration `json:"user_ns"`
+	Sys    time.Duration `json:"sys_ns"`
+	MaxRSS int64         `json:"max_rss"` // bytes (VmHWM where there is /proc)
+}
+
+// CPU is user + system time.
+func (u usage) CPU() time.Duration { return u.User + u.Sys }
+
+// report is one JSON line a child writes on stdout: "ready" once it
+// works, "stats" in answer to a "stats" line on stdin, "warm" with the
+// cache load figures, "exit" when it has drained.
+type report struct {
+	Event string `json:"event"`
+	Mode  string `json:"mode"`
+	Node  string `json:"node,omitempty"`
+	Error string `json:"error,omitempty"`
+
+	// Router and relay counters.
+	Routed         uint64 `json:"routed,omitempty"`
+	Skipped        uint64 `json:"skipped,omitempty"`
+	Proposals      uint64 `json:"proposals,omitempty"`
+	DecisionErrors uint64 `json:"decision_errors,omitempty"`
+	PublishErrors  uint64 `json:"publish_errors,omitempty"`
+	Held           int    `json:"held,omitempty"`
+	Position       uint64 `json:"position,omitempty"` // next ingress sequence to read
+	Bindings       int    `json:"bindings,omitempty"` // records in the binding cache
+
+	// Process figures at the time of the report.
+	Usage     usage  `json:"usage"`
+	HeapInuse uint64 `json:"heap_inuse"`
+	HeapAlloc uint64 `json:"heap_alloc"`
+
+	// Warm start (mode warm).
+	WarmNS     time.Duration `json:"warm_ns,omitempty"`
+	HeapBefore uint64        `json:"heap_before,omitempty"`
+	HeapAfter  uint64        `json:"heap_after,omitempty"`
+}
+
+// reporter writes reports as JSON lines, one writer at a time.
+type reporter struct {
+	mu  sync.Mutex
+	enc *json.Encoder
+}
+
+func (r *reporter) send(rep report) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	_ = r.enc.Encode(rep)
+}
+
+// processFigures fills the process part of a report.
+func processFigures(rep *report) {
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	rep.Usage = selfUsage()
+	if rss, ok := peakRSS(); ok {
+		rep.Usage.MaxRSS = rss
+	}
+	rep.HeapInuse, rep.HeapAlloc = ms.HeapInuse, ms.HeapAlloc
+}
+
+// NodeMain is the entry point of a benchmark child process (the hidden
+// "grouprouter bench-node" command). It runs one router node, the relay
+// baseline, or a binding-cache warm start, as --mode says, connected to
+// the NATS URLs in --nats (loopback only). It writes JSON lines on stdout:
+// "ready" when it routes, a "stats" line for each "stats" line read on
+// stdin, and "exit" after it drained on SIGTERM/SIGINT, on ctx's end or
+// when stdin closes (the parent is gone). Logs (warnings) go to stderr.
+func NodeMain(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("bench-node", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var (
+		mode       = fs.String("mode", modeRouter, "router, relay or warm")
+		urls       = fs.String("nats", "", "NATS URLs, comma-separated, own server first")
+		node       = fs.String("node", "n0", "node id (router), or the node whose queue the relay fills")
+		typ        = fs.String("type", string(router.Local), "LOCAL or REMOTE (router)")
+		address    = fs.String("address", benchAddress, "grouping-handler address (router)")
+		name       = fs.String("name", "bench", "grouping-handler name (router)")
+		timeout    = fs.Duration("timeout", router.DefaultTimeout, "proposal timeout (router)")
+		replicas   = fs.Int("replicas", 0, "replicas of streams and buckets, 0 = auto (router)")
+		startSeq   = fs.Uint64("start-seq", 0, "first ingress sequence to relay (relay)")
+		cpuprofile = fs.String("cpuprofile", "", "write a CPU profile of this process to `file`")
+	)
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	list := strings.Split(*urls, ",")
+	for _, u := range list {
+		if err := mustLoopback(u); err != nil {
+			return err
+		}
+	}
+	ctx, stop := signal.NotifyContext(ctx, stopSignals...)
+	defer stop()
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+
+	if *cpuprofile != "" {
+		f, err := os.Create(*cpuprofile)
+		if err != nil {
+			return err
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			f.Close()
+			return err
+		}
+		defer func() {
+			pprof.StopCPUProfile()
+			f.Close()
+		}()
+	}
+
+	out := &reporter{enc: json.NewEncoder(stdout)}
+	nc, err := connect(list, "bench-"+*mode+"-"+*node)
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn})).With("child", *mode, "node", *node)
+
+	// The stats protocol: a "stats" line on stdin is answered with a
+	// report; EOF means the parent is gone.
+	var snapshot atomic.Pointer[func() report]
+	go func() {
+		sc := bufio.NewScanner(os.Stdin)
+		for sc.Scan() {
+			if strings.TrimSpace(sc.Text()) == "stats" {
+				rep := report{Event: "stats", Mode: *mode, Node: *node}
+				if f := snapshot.Load(); f != nil {
+					rep = (*f)()
+					rep.Event = "stats"
+				}
+				processFigures(&rep)
+				out.send(rep)
+			}
+		}
+		cancel()
+	}()
+
+	switch *mode {
+	case modeRouter:
+		t, err := router.ParseHandlerType(*typ)
+		if err != nil {
+			return err
+		}
+		cfg := router.Config{Name: *name, Type: t, Address: *address, Timeout: *timeout, Node: *node,
+			Replicas: *replicas, Logger: log}
+		r, err := router.New(nc, cfg)
+		if err != nil {
+			return err
+		}
+		snap := func() report { return routerReport(r) }
+		snapshot.Store(&snap)
+		errc := make(chan error, 1)
+		go func() { errc <- r.Run(ctx) }()
+		select {
+		case <-r.Ready():
+			rep := snap()
+			rep.Event = "ready"
+			processFigures(&rep)
+			out.send(rep)
+		case err := <-errc:
+			if err == nil {
+				err = errors.New("stopped before it was ready")
+			}
+			return fmt.Errorf("bench-node %s: %w", *node, err)
+		}
+		err = <-errc
+		rep := snap()
+		rep.Event = "exit"
+		if err != nil {
+			rep.Error = err.Error()
+		}
+		processFigures(&rep)
+		out.send(rep)
+		return err
+
+	case modeRelay:
+		rl := &relay{node: *node, startSeq: *startSeq, log: log}
+		snap := func() report {
+			return report{Mode: modeRelay, Node: *node, Routed: rl.relayed.Load(), Position: rl.next.Load(),
+				PublishErrors: rl.errs.Load()}
+		}
+		snapshot.Store(&snap)
+		err := rl.run(ctx, nc, func() {
+			rep := snap()
+			rep.Event = "ready"
+			processFigures(&rep)
+			out.send(rep)
+		})
+		rep := snap()
+		rep.Event = "exit"
+		if err != nil {
+			rep.Error = err.Error()
+		}
+		processFigures(&rep)
+		out.send(rep)
+		return err
+
+	case modeWarm:
+		rep, err := warmStart(ctx, nc)
+		if err != nil {
+			return err
+		}
+		rep.Node = *node
+		out.send(rep)
+		return nil
+	}
+	return fmt.Errorf("bench-node: unknown mode %q", *mode)
+}
+
+func routerReport(r *router.Router) report {
+	st := r.Stats()
+	rep := report{Mode: modeRouter, Node: r.Node(), Routed: st.Routed, Skipped: st.Skipped,
+		Proposals: st.Proposals, DecisionErrors: st.DecisionErrors, PublishErrors: st.PublishErrors,
+		Held: st.Held, Position: st.Position}
+	if c := r.Cache(); c != nil {
+		rep.Bindings = c.Len()
+	}
+	return rep
+}
+
+// relay is the baseline of issue 4 (i), the limit of this design: it
+// reads the ingress stream in order with an ordered consumer (as a router
+// node does) and republishes every message, asynchronously pipelined, onto
+// node's queue subject with Nats-Msg-Id from the ingress sequence — the
+// router's work minus grouping, decisions and per-group ordering.
+type relay struct {
+	node     string
+	startSeq uint64
+	log      *slog.Logger
+
+	relayed atomic.Uint64 // messages published (acked or not)
+	next    atomic.Uint64 // next ingress sequence to read
+	errs    atomic.Uint64 // failed publishes (each retried)
+}
+
+// run relays until ctx ends, calling ready once its consumer exists, and
+// then waits (bounded) for the publishes in flight.
+func (rl *relay) run(ctx context.Context, nc *nats.Conn, ready func()) error {
+	var js jetstream.JetStream
+	var err error
+	js, err = jetstream.New(nc,
+		jetstream.WithPublishAsyncMaxPending(router.DefaultMaxInFlight),
+		jetstream.WithPublishAsyncErrHandler(func(_ jetstream.JetStream, m *nats.Msg, err error) {
+			// Retry with the same Nats-Msg-Id (the queue stream dedups).
+			if n := rl.errs.Add(1); n&(n-1) == 0 {
+				rl.log.Warn("relay publish failed, retrying", "err", err, "failures", n)
+			}
+			go func() {
+				select {
+				case <-ctx.Done():
+				case <-time.After(100 * time.Millisecond):
+					_, _ = js.PublishMsgAsync(m)
+				}
+			}()
+		}))
+	if err != nil {
+		return err
+	}
+	cfg := jetstream.OrderedConsumerConfig{DeliverPolicy: jetstream.DeliverAllPolicy}
+	if rl.startSeq > 1 {
+		cfg.DeliverPolicy = jetstream.DeliverByStartSequencePolicy
+		cfg.OptStartSeq = rl.startSeq
+	}
+	cons, err := js.OrderedConsumer(ctx, router.IngressStream, cfg)
+	if err != nil {
+		return fmt.Errorf("relay: ingress consumer: %w", err)
+	}
+	it, err := cons.Messages(jetstream.PullMaxMessages(1024))
+	if err != nil {
+		return fmt.Errorf("relay: ingress: %w", err)
+	}
+	stop := context.AfterFunc(ctx, it.Stop)
+	defer stop()
+	rl.next.Store(max(rl.startSeq, 1))
+	ready()
+	prefix := router.QueueSubjectPrefix + rl.node + "."
+	for {
+		msg, err := it.Next()
+		if err != nil {
+			if ctx.Err() != nil || errors.Is(err, jetstream.ErrMsgIteratorClosed) {
+				break
+			}
+			continue
+		}
+		meta, err := msg.Metadata()
+		if err != nil {
+			continue
+		}
+		seq := meta.Sequence.Stream
+		h := msg.Headers()
+		hdr := make(nats.Header, len(h)+1)
+		for k, v := range h {
+			hdr[k] = v
+		}
+		hdr[jetstream.MsgIDHeader] = []string{router.IngressStream + ":" + strconv.FormatUint(seq, 10)}
+		out := &nats.Msg{Subject: prefix + msg.Subject(), Header: hdr, Data: msg.Data()}
+		for ctx.Err() == nil {
+			if _, err := js.PublishMsgAsync(out); err == nil {
+				break
+			}
+			// Stalled (too many pending) or disconnected: wait, try again.
+			select {
+			case <-ctx.Done():
+			case <-time.After(10 * time.Millisecond):
+			}
+		}
+		rl.relayed.Add(1)
+		rl.next.Store(seq + 1)
+	}
+	select {
+	case <-js.PublishAsyncComplete():
+	case <-time.After(5 * time.Second):
+	}
+	return nil
+}
+
+// warmStart measures how long a fresh binding cache takes to load the
+// bindings bucket and how much heap it holds afterwards.
+func warmStart(ctx context.Context, nc *nats.Conn) (report, error) {
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return report{}, err
+	}
+	store, err := kvbinding.OpenStore(ctx, js, kvbinding.StoreConfig{})
+	if err != nil {
+		return report{}, err
+	}
+	before := settledHeap()
+	cache := kvbinding.NewCache(nil)
+	runCtx, stopRun := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	start := time.Now()
+	go func() { done <- cache.Run(runCtx, store) }()
+	select {
+	case <-cache.Ready():
+	case err := <-done:
+		stopRun()
+		return report{}, fmt.Errorf("warm start: cache stopped: %v", err)
+	case <-ctx.Done():
+		stopRun()
+		return report{}, ctx.Err()
+	}
+	elapsed := time.Since(start)
+	// Stop the watch so that only the cache itself stays on the heap.
+	stopRun()
+	<-done
+	after := settledHeap()
+	rep := report{Event: "warm", Mode: modeWarm, Bindings: cache.Len(), WarmNS: elapsed,
+		HeapBefore: before, HeapAfter: after}
+	processFigures(&rep)
+	runtime.KeepAlive(cache)
+	return rep, nil
+}
+
+// settledHeap returns HeapInuse after two collections.
+func settledHeap() uint64 {
+	runtime.GC()
+	runtime.GC()
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	return ms.HeapInuse
+}

@@ -1,0 +1,81 @@
+// Package bench is "grouprouter bench": a reproducible benchmark of the
+// router against the limit of its design, on this machine, in one run
+// (issue 4).
+//
+// # Layout
+//
+// Main starts its own NATS in the calling process — one JetStream server
+// and/or a 3-server JetStream cluster on loopback, random ports, stores in
+// a temporary directory — together with the load generator (one producer
+// connection, PublishMsgAsync with a Group-Id header into jms.bench) and
+// the consumers (one per node: node N's durable queue consumer pulled with
+// the priority group, every message acked).
+//
+// Router nodes run in child processes, one process per node (as they are
+// deployed; node i connects to server i mod servers), so that
+// their CPU time and memory are measured apart from the servers and the
+// load: the child is the command in GROUPROUTER_BENCH_CHILD (split on
+// white space) or else this executable with the argument "bench-node",
+// which must call NodeMain (NodeMain reads the stats requests from
+// os.Stdin). n0 is LOCAL (the handler), the others REMOTE. A child prints JSON lines on
+// stdout ("ready", a "stats" answer for every "stats" line on stdin,
+// "exit" after draining) carrying router.Stats, its getrusage(RUSAGE_SELF)
+// CPU time and peak RSS, and runtime heap figures; the parent stops it
+// with SIGTERM, and a child whose stdin closes stops by itself. The relay
+// baseline and the cache warm start run in child processes the same way.
+//
+// # What is measured
+//
+// On each NATS set-up, phases run one after the other on the same servers;
+// before each, the ingress is purged and the bindings and checkpoints are
+// cleared, so each starts from the same state:
+//
+//   - the router with --nodes nodes: steady state (--groups hot groups
+//     bound by a warm-up run, then --messages round-robin over them), high
+//     cardinality (--decisions messages, each a new group) and Zipf
+//     (--messages over --zipf-groups groups, exponent --zipf-s);
+//   - baseline (i), the relay: an ordered consumer on the ingress that
+//     republishes every message, pipelined, onto grouping.queue.n0.<subject>
+//     with Nats-Msg-Id from the ingress sequence — no grouping;
+//   - the steady state again with 3 nodes;
+//   - baseline (ii), raw JetStream async publish of the same messages into
+//     one stream of the same replication (publisher only);
+//   - baseline (iii), raw KV Create of binding-sized values at the same
+//     replication, pipelined (PublishMsgAsync to $KV.<bucket>.<key> with
+//     Nats-Expected-Last-Subject-Sequence: 0) and with 32 goroutines of
+//     KeyValue.Create; the faster is the baseline of decisions/s;
+//   - on the first set-up, the cache warm start: --warm-start valid binding
+//     records are published into grouping-bindings, then a child loads a
+//     fresh kvbinding.Cache and reports the time to Ready and the heap it
+//     holds (HeapInuse after GC, loaded minus empty, per binding).
+//
+// Every phase measures the CPU time other processes took of the machine
+// (from /proc/stat minus this process and its measured children) and
+// prints it with each figure: the benchmark shares its cores with them.
+//
+// Every workload has a throughput run (published as fast as the producer's
+// async window allows; messages/s from the first publish to the last
+// message consumed; decisions/s = bind events on grouping.events.bind /
+// time from the first publish to the last event) and a paced latency run
+// at half the measured peak (--rate overrides; the relay and the 3-node
+// steady state run at the steady state's rate so that they compare).
+// Latency is publish to consume: the producer writes its clock into the
+// body, the consumer (same process, same clock) subtracts. Decision
+// latency is the same for the first message of a new group. Router CPU per
+// message is the child's CPU time over the throughput run (summed over the
+// nodes) divided by the messages; memory is the largest node's HeapInuse
+// and peak RSS.
+//
+// # Wiring and running
+//
+// The grouprouter command maps "bench" to Main and the hidden "bench-node"
+// to NodeMain. The package's test binary does the same (see TestMain), so
+// the benchmark also runs without the command:
+//
+//	go test -c -o /tmp/bench.test ./internal/bench
+//	GROUPROUTER_BENCH_CHILD="/tmp/bench.test bench-node" /tmp/bench.test bench
+//
+// go test ./internal/bench runs Main once at tiny sizes; go test -bench .
+// adds the hot-path benchmarks and BenchmarkSteadyState, the steady state
+// and the relay with everything in the test process.
+package bench

@@ -1,0 +1,289 @@
+package bench
+
+import (
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"grouprouter/proposals"
+	"grouprouter/router"
+)
+
+// benchAddress is the grouping-handler address; producers publish on
+// benchSubject, inside it.
+const (
+	benchAddress = "jms"
+	benchSubject = benchAddress + ".bench"
+)
+
+// Payload layout: the producer writes the publish time and the run id at
+// the start of the body; the consumer (same host clock) computes latency.
+const (
+	offTime  = 0  // int64 unix nanoseconds at publish
+	offRun   = 8  // uint32 run id
+	offFlags = 12 // flagFirst: first message of its group
+	minBody  = 13
+
+	flagFirst = 1
+)
+
+// run collects what the consumers and the event subscription see during
+// one measured run.
+type run struct {
+	id        uint32
+	want      int64
+	keepLat   bool
+	groupPref string // bind events of groups with this prefix are counted
+
+	count    atomic.Int64
+	lastNano atomic.Int64 // when the last counted message was consumed
+	done     chan struct{}
+	doneOnce sync.Once
+
+	mu       sync.Mutex
+	lat      []time.Duration // publish -> consume, every message
+	firstLat []time.Duration // publish -> consume, first message of a new group
+
+	binds    atomic.Int64
+	lastBind atomic.Int64
+}
+
+func newRun(id uint32, want int, keepLat bool, groupPrefix string) *run {
+	r := &run{id: id, want: int64(want), keepLat: keepLat, groupPref: groupPrefix, done: make(chan struct{})}
+	if keepLat {
+		r.lat = make([]time.Duration, 0, want)
+	}
+	return r
+}
+
+func (r *run) observe(now int64, body []byte) {
+	if r.keepLat {
+		d := time.Duration(now - int64(binary.LittleEndian.Uint64(body[offTime:])))
+		r.mu.Lock()
+		r.lat = append(r.lat, d)
+		if body[offFlags]&flagFirst != 0 {
+			r.firstLat = append(r.firstLat, d)
+		}
+		r.mu.Unlock()
+	}
+	r.lastNano.Store(now)
+	if r.count.Add(1) == r.want {
+		r.doneOnce.Do(func() { close(r.done) })
+	}
+}
+
+// sink consumes the node queues, as an application would: one consumer
+// per node, pulling the node's durable consumer with the priority group,
+// acking every message. Consumers live as long as the sink (a pinned
+// puller that went away would hold the pin for PinnedTTL), and hand what
+// they receive to the current run.
+type sink struct {
+	js  jetstream.JetStream
+	cur atomic.Pointer[run]
+
+	mu    sync.Mutex
+	nodes map[string]jetstream.ConsumeContext
+	stray atomic.Int64 // messages of no current run
+
+	bindSub *nats.Subscription
+}
+
+func newSink(nc *nats.Conn) (*sink, error) {
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return nil, err
+	}
+	s := &sink{js: js, nodes: map[string]jetstream.ConsumeContext{}}
+	// Count bindings as the LOCAL handler announces them.
+	s.bindSub, err = nc.Subscribe(proposals.SubjectEventsPrefix+proposals.EventBind, s.onBind)
+	if err != nil {
+		return nil, err
+	}
+	_ = s.bindSub.SetPendingLimits(-1, -1)
+	return s, nc.Flush()
+}
+
+func (s *sink) onBind(m *nats.Msg) {
+	r := s.cur.Load()
+	if r == nil {
+		return
+	}
+	var ev struct {
+		Group string `json:"group"`
+	}
+	if json.Unmarshal(m.Data, &ev) != nil || !strings.HasPrefix(ev.Group, r.groupPref) {
+		return
+	}
+	r.lastBind.Store(time.Now().UnixNano())
+	r.binds.Add(1)
+}
+
+// consume starts consuming node's queue if it is not consumed yet. The
+// node's durable consumer must exist (a router node creates it).
+func (s *sink) consume(ctx context.Context, node string) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.nodes[node] != nil {
+		return nil
+	}
+	cons, err := s.js.Consumer(ctx, router.QueueStream, router.QueueConsumer(node))
+	if err != nil {
+		return fmt.Errorf("bench: queue consumer of %s: %w", node, err)
+	}
+	cc, err := cons.Consume(s.handle, jetstream.PullPriorityGroup(router.PriorityGroup))
+	if err != nil {
+		return fmt.Errorf("bench: consume %s: %w", node, err)
+	}
+	s.nodes[node] = cc
+	return nil
+}
+
+func (s *sink) handle(m jetstream.Msg) {
+	now := time.Now().UnixNano()
+	body := m.Data()
+	if r := s.cur.Load(); r != nil && len(body) >= minBody && binary.LittleEndian.Uint32(body[offRun:]) == r.id {
+		r.observe(now, body)
+	} else {
+		s.stray.Add(1)
+	}
+	_ = m.Ack()
+}
+
+func (s *sink) stop() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, cc := range s.nodes {
+		cc.Stop()
+	}
+	s.nodes = map[string]jetstream.ConsumeContext{}
+	_ = s.bindSub.Unsubscribe()
+}
+
+// groupFunc returns the group id of message i and whether it is the first
+// message of its group.
+type groupFunc func(i int) (group string, first bool)
+
+// producer publishes the load into the ingress: PublishMsgAsync with the
+// Group-Id header, on its own connection.
+type producer struct {
+	js      jetstream.JetStream
+	payload int
+	errs    atomic.Int64
+}
+
+func newProducer(nc *nats.Conn, payload int) (*producer, error) {
+	p := &producer{payload: max(payload, minBody)}
+	js, err := jetstream.New(nc, jetstream.WithPublishAsyncErrHandler(func(jetstream.JetStream, *nats.Msg, error) {
+		p.errs.Add(1)
+	}))
+	if err != nil {
+		return nil, err
+	}
+	p.js = js
+	return p, nil
+}
+
+// publish sends n messages of run id on subject, at rate messages/s (0: as
+// fast as the async window allows), and returns when the first was sent
+// and once every PubAck is in (or after a minute).
+func (p *producer) publish(ctx context.Context, subject string, id uint32, n int, rate float64, group groupFunc) (time.Time, error) {
+	start := time.Now()
+	var interval time.Duration
+	if rate > 0 {
+		interval = time.Duration(float64(time.Second) / rate)
+	}
+	for i := 0; i < n; i++ {
+		if interval > 0 {
+			// Pace in steps of at least a millisecond.
+			if ahead := time.Until(start.Add(time.Duration(i) * interval)); ahead > time.Millisecond {
+				time.Sleep(ahead)
+			}
+		}
+		g, first := group(i)
+		body := make([]byte, p.payload)
+		binary.LittleEndian.PutUint32(body[offRun:], id)
+		if first {
+			body[offFlags] = flagFirst
+		}
+		msg := &nats.Msg{Subject: subject, Header: nats.Header{router.DefaultGroupHeader: []string{g}}, Data: body}
+		for {
+			binary.LittleEndian.PutUint64(body[offTime:], uint64(time.Now().UnixNano()))
+			_, err := p.js.PublishMsgAsync(msg)
+			if err == nil {
+				break
+			}
+			if ctx.Err() != nil {
+				return start, ctx.Err()
+			}
+			// Stalled: too many PubAcks outstanding. Try again.
+		}
+		if i == 0 {
+			start = time.Now()
+		}
+	}
+	select {
+	case <-p.js.PublishAsyncComplete():
+	case <-time.After(time.Minute):
+		return start, fmt.Errorf("bench: %d publishes still unacknowledged after a minute", p.js.PublishAsyncPending())
+	case <-ctx.Done():
+		return start, ctx.Err()
+	}
+	if e := p.errs.Swap(0); e > 0 {
+		return start, fmt.Errorf("bench: %d publishes failed", e)
+	}
+	return start, nil
+}
+
+// waitRun waits until r saw everything it wants, failing when nothing new
+// arrived for idle.
+func waitRun(ctx context.Context, r *run, idle time.Duration, progress func() string) error {
+	tick := time.NewTicker(100 * time.Millisecond)
+	defer tick.Stop()
+	lastCount, lastChange := r.count.Load(), time.Now()
+	for {
+		select {
+		case <-r.done:
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-tick.C:
+			if c := r.count.Load(); c != lastCount {
+				lastCount, lastChange = c, time.Now()
+			} else if time.Since(lastChange) > idle {
+				extra := ""
+				if progress != nil {
+					extra = "; " + progress()
+				}
+				return fmt.Errorf("bench: run %d stalled at %d of %d messages for %v%s", r.id, c, r.want, idle, extra)
+			}
+		}
+	}
+}
+
+// percentiles of a latency sample.
+type percentiles struct {
+	N                 int
+	P50, P99, P999, M time.Duration // M is the maximum
+}
+
+func percentilesOf(ds []time.Duration) percentiles {
+	if len(ds) == 0 {
+		return percentiles{}
+	}
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	at := func(q float64) time.Duration {
+		i := int(q*float64(len(s))+0.999999) - 1
+		return s[min(max(i, 0), len(s)-1)]
+	}
+	return percentiles{N: len(s), P50: at(0.50), P99: at(0.99), P999: at(0.999), M: s[len(s)-1]}
+}

@@ -1,0 +1,658 @@
+package bench
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"grouprouter/kvbinding"
+	"grouprouter/router"
+)
+
+// ErrUsage is wrapped by Main's errors about its command line (nothing
+// was started then); -h returns flag.ErrHelp.
+var ErrUsage = errors.New("bench: usage")
+
+// config is the parsed command line.
+type config struct {
+	JSON       bool
+	Servers    []int
+	Nodes      int
+	Messages   int
+	Decisions  int
+	Groups     int
+	Payload    int
+	Rate       float64
+	Workloads  []string
+	WarmStart  int
+	ZipfGroups int
+	ZipfS      float64
+	LatencyFor time.Duration
+	Keep       bool
+	CPUProfile string
+}
+
+// Defaults, sized so that the default run (both server set-ups) ends in
+// under three minutes on a 2-core machine.
+const (
+	defaultMessages   = 50_000
+	defaultDecisions  = 20_000
+	defaultGroups     = 1_000
+	defaultPayload    = 1024
+	defaultWarmStart  = 200_000
+	defaultZipfGroups = 1_000_000
+	defaultZipfS      = 1.1
+	defaultLatencyFor = 2 * time.Second
+	handlerName       = "bench"
+)
+
+func parseFlags(args []string, stdout, stderr io.Writer) (config, error) {
+	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	for _, a := range args {
+		if a == "-h" || a == "-help" || a == "--help" || a == "--h" {
+			fs.SetOutput(stdout) // asked-for help goes to stdout
+		}
+	}
+	var (
+		c         config
+		servers   string
+		workloads string
+	)
+	fs.BoolVar(&c.JSON, "json", false, "print the results as JSON instead of a table")
+	fs.StringVar(&servers, "servers", "1,3", "NATS set-ups to run on: 1 (one server), 3 (a 3-server cluster) or both")
+	fs.IntVar(&c.Nodes, "nodes", 1, "router nodes for every workload (the steady state also runs with 3)")
+	fs.IntVar(&c.Messages, "messages", defaultMessages, "messages per throughput run of the steady state, the relay and raw publish")
+	fs.IntVar(&c.Decisions, "decisions", defaultDecisions, "messages per throughput run of the decision-bound workloads (cardinality: each a new group; zipf) and KV creates of their baseline")
+	fs.IntVar(&c.Groups, "groups", defaultGroups, "hot groups of the steady state")
+	fs.IntVar(&c.Payload, "payload", defaultPayload, "message body size in bytes")
+	fs.Float64Var(&c.Rate, "rate", 0, "publish rate (msgs/s) of the latency runs; 0 = half the measured peak")
+	fs.StringVar(&workloads, "workloads", "steady,cardinality,zipf", "workloads to run")
+	fs.IntVar(&c.WarmStart, "warm-start", defaultWarmStart, "bindings written before the cache warm start (0 skips it)")
+	fs.IntVar(&c.ZipfGroups, "zipf-groups", defaultZipfGroups, "distinct groups of the zipf workload")
+	fs.Float64Var(&c.ZipfS, "zipf-s", defaultZipfS, "exponent of the zipf workload (> 1)")
+	fs.DurationVar(&c.LatencyFor, "latency-duration", defaultLatencyFor, "length of each paced latency run")
+	fs.BoolVar(&c.Keep, "keep", false, "keep the temporary directory (NATS stores) and print its path")
+	fs.StringVar(&c.CPUProfile, "cpuprofile", "", "write a CPU profile of router node n0's process to `file` (-s1/-s3 inserted when both set-ups run), of the relay's to file-relay and of the warm start's to file-warm")
+	fs.Usage = func() {
+		fmt.Fprintf(fs.Output(), "usage: grouprouter bench [flags]\n\n"+
+			"Starts its own NATS (in this process) and router nodes (child processes), runs the\n"+
+			"workloads of issue 4 and their baselines, and prints one row per measurement.\n\n")
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return c, err
+		}
+		return c, fmt.Errorf("%w: %v", ErrUsage, err)
+	}
+	if fs.NArg() > 0 {
+		return c, fmt.Errorf("%w: unexpected argument %q", ErrUsage, fs.Arg(0))
+	}
+	for _, s := range strings.Split(servers, ",") {
+		switch strings.TrimSpace(s) {
+		case "1":
+			c.Servers = append(c.Servers, 1)
+		case "3":
+			c.Servers = append(c.Servers, 3)
+		default:
+			return c, fmt.Errorf("%w: --servers %q: want 1, 3 or 1,3", ErrUsage, servers)
+		}
+	}
+	for _, w := range strings.Split(workloads, ",") {
+		switch w = strings.TrimSpace(w); w {
+		case wlSteady, wlCardinality, wlZipf:
+			if !slices.Contains(c.Workloads, w) {
+				c.Workloads = append(c.Workloads, w)
+			}
+		case "":
+		default:
+			return c, fmt.Errorf("%w: unknown workload %q (want steady, cardinality, zipf)", ErrUsage, w)
+		}
+	}
+	switch {
+	case len(c.Workloads) == 0:
+		return c, fmt.Errorf("%w: no workload", ErrUsage)
+	case c.Nodes < 1 || c.Nodes > 16:
+		return c, fmt.Errorf("%w: --nodes %d: want 1 to 16", ErrUsage, c.Nodes)
+	case c.Messages < 1, c.Decisions < 1, c.Groups < 1:
+		return c, fmt.Errorf("%w: --messages, --decisions and --groups must be >= 1", ErrUsage)
+	case c.Payload < minBody || c.Payload > 1<<20:
+		return c, fmt.Errorf("%w: --payload %d: want %d to 1048576 bytes", ErrUsage, c.Payload, minBody)
+	case c.Rate < 0, c.WarmStart < 0:
+		return c, fmt.Errorf("%w: --rate and --warm-start must be >= 0", ErrUsage)
+	case c.ZipfGroups < 2 || c.ZipfS <= 1:
+		return c, fmt.Errorf("%w: --zipf-groups must be >= 2 and --zipf-s > 1", ErrUsage)
+	case c.LatencyFor <= 0:
+		return c, fmt.Errorf("%w: --latency-duration must be > 0", ErrUsage)
+	}
+	return c, nil
+}
+
+// Main runs the benchmark (the "grouprouter bench" command) with args
+// (without the command name), printing the results on stdout and progress
+// on stderr. It starts NATS servers in this process and router nodes as
+// child processes of the command in GROUPROUTER_BENCH_CHILD (default: this
+// executable with "bench-node"); see the package documentation.
+func Main(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	cfg, err := parseFlags(args, stdout, stderr)
+	if err != nil {
+		return err
+	}
+	prefix, err := childPrefix()
+	if err != nil {
+		return err
+	}
+	tmp, err := os.MkdirTemp("", "grouprouter-bench-*")
+	if err != nil {
+		return err
+	}
+	if cfg.Keep {
+		defer fmt.Fprintf(stderr, "bench: kept %s\n", tmp)
+	} else {
+		defer os.RemoveAll(tmp)
+	}
+	stderr = &lockedWriter{w: stderr}
+	b := &bencher{cfg: cfg, prefix: prefix, stdout: stdout, stderr: stderr, tmp: tmp, started: time.Now()}
+	res := Result{Machine: machineInfo(), Sizes: b.sizes(), Command: "grouprouter bench " + strings.Join(args, " ")}
+	b.logf("sizes: %s", res.Sizes)
+	for i, s := range cfg.Servers {
+		sr, err := b.runServers(ctx, s, i == 0)
+		if err != nil {
+			return fmt.Errorf("servers=%d: %w", s, err)
+		}
+		res.Rows = append(res.Rows, sr.rows(cfg)...)
+		if f, ok := b.foreign[s]; ok && f >= 0 {
+			res.Rows = append(res.Rows, Row{Workload: "machine", Servers: s, Metric: "CPU taken by other processes (worst run)",
+				Value: 100 * f, Unit: unitPercent, Target: "~0 for clean figures"})
+		}
+	}
+	res.ElapsedSec = time.Since(b.started).Seconds()
+	if cfg.JSON {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		return enc.Encode(res)
+	}
+	return res.writeTable(stdout)
+}
+
+// lockedWriter serializes writes: the children's stderr (copied by
+// os/exec goroutines) and the progress lines share one writer.
+type lockedWriter struct {
+	mu sync.Mutex
+	w  io.Writer
+}
+
+func (l *lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
+}
+
+// bencher runs the benchmark.
+type bencher struct {
+	cfg            config
+	prefix         []string
+	stdout, stderr io.Writer
+	tmp            string
+	started        time.Time
+	runID          uint32
+	servers        int             // set-up being measured (for logs)
+	foreign        map[int]float64 // per set-up: the most other processes took during a run
+}
+
+func (b *bencher) noteForeign(f float64) {
+	if b.foreign == nil {
+		b.foreign = map[int]float64{}
+	}
+	if cur, ok := b.foreign[b.servers]; !ok || f > cur {
+		b.foreign[b.servers] = f
+	}
+}
+
+func (b *bencher) logf(format string, args ...any) {
+	where := ""
+	if b.servers > 0 {
+		where = fmt.Sprintf("[s%d] ", b.servers)
+	}
+	fmt.Fprintf(b.stderr, "bench %5.1fs %s%s\n", time.Since(b.started).Seconds(), where, fmt.Sprintf(format, args...))
+}
+
+// env is one NATS set-up and the parent's clients on it.
+type env struct {
+	ns       *natsSet
+	servers  int
+	replicas int
+	mon      *nats.Conn // sink consumers, events, admin
+	js       jetstream.JetStream
+	sink     *sink
+	prodConn *nats.Conn
+	prod     *producer
+}
+
+func (e *env) close() {
+	if e.sink != nil {
+		e.sink.stop()
+	}
+	if e.prodConn != nil {
+		e.prodConn.Close()
+	}
+	if e.mon != nil {
+		e.mon.Close()
+	}
+	if e.ns != nil {
+		e.ns.Close()
+	}
+}
+
+// wlResult is a workload's throughput run and paced latency run.
+type wlResult struct {
+	thr, lat measure
+}
+
+// serverResults holds everything measured on one NATS set-up.
+type serverResults struct {
+	servers, nodes int
+	wl             map[string]*wlResult // with cfg.Nodes nodes
+	steady3        *wlResult            // steady state with 3 nodes (when cfg.Nodes != 3)
+	relay          *wlResult
+	steadyRate     float64 // publish rate of the steady latency runs
+	raw            figure  // raw JetStream async publish, msgs/s
+	kvPipe, kvConc figure  // raw KV Create, pipelined / 32 goroutines, creates/s
+	kvN            int
+	warm           *warmResult
+}
+
+type warmResult struct {
+	count     int
+	fillRate  float64
+	load      time.Duration
+	heapDelta int64
+	rss       int64
+	foreign   float64
+}
+
+func (b *bencher) runServers(ctx context.Context, servers int, first bool) (*serverResults, error) {
+	b.servers = servers
+	e := &env{servers: servers, replicas: 1}
+	if servers >= 3 {
+		e.replicas = 3
+	}
+	defer e.close()
+	t0 := time.Now()
+	var err error
+	if e.ns, err = startNATS(ctx, filepath.Join(b.tmp, "s"+strconv.Itoa(servers)), servers); err != nil {
+		return nil, err
+	}
+	b.logf("NATS up in %v: %s", time.Since(t0).Round(time.Millisecond), strings.Join(e.ns.urls, ","))
+	if e.mon, err = connect(e.ns.urlsFor(0), "bench-consumers"); err != nil {
+		return nil, err
+	}
+	if e.js, err = jetstream.New(e.mon); err != nil {
+		return nil, err
+	}
+	if e.sink, err = newSink(e.mon); err != nil {
+		return nil, err
+	}
+	if e.prodConn, err = connect(e.ns.urlsFor(0), "bench-producer"); err != nil {
+		return nil, err
+	}
+	if e.prod, err = newProducer(e.prodConn, b.cfg.Payload); err != nil {
+		return nil, err
+	}
+	sr := &serverResults{servers: servers, nodes: b.cfg.Nodes, wl: map[string]*wlResult{}}
+
+	// (A) The router with cfg.Nodes nodes, every workload.
+	profile := b.cfg.CPUProfile
+	if len(b.cfg.Servers) > 1 {
+		profile = profileName(profile, "s"+strconv.Itoa(servers))
+	}
+	if err := b.routerPhase(ctx, e, b.cfg.Nodes, "a", b.cfg.Workloads, profile, sr, sr.wl); err != nil {
+		return nil, err
+	}
+	// (B) The relay baseline on the same servers.
+	if err := b.relayPhase(ctx, e, sr, profileName(profile, "relay")); err != nil {
+		return nil, err
+	}
+	// (C) Steady state with 3 nodes.
+	if b.cfg.Nodes != 3 && slices.Contains(b.cfg.Workloads, wlSteady) {
+		m := map[string]*wlResult{}
+		if err := b.routerPhase(ctx, e, 3, "c", []string{wlSteady}, "", sr, m); err != nil {
+			return nil, err
+		}
+		sr.steady3 = m[wlSteady]
+	}
+	// (D) Raw JetStream async publish, (E) raw KV Create.
+	if sr.raw, err = b.rawPublish(ctx, e); err != nil {
+		return nil, err
+	}
+	sr.kvN = b.cfg.Decisions
+	if sr.kvPipe, err = b.kvCreatePipelined(ctx, e, sr.kvN); err != nil {
+		return nil, err
+	}
+	if sr.kvConc, err = b.kvCreateConcurrent(ctx, e, sr.kvN, 32); err != nil {
+		return nil, err
+	}
+	// (F) Cache warm start, on the first set-up only.
+	if first && b.cfg.WarmStart > 0 {
+		if sr.warm, err = b.warmPhase(ctx, e); err != nil {
+			return nil, err
+		}
+	}
+	return sr, nil
+}
+
+// profileName inserts "-"+suffix before file's extension ("" stays "").
+func profileName(file, suffix string) string {
+	if file == "" {
+		return ""
+	}
+	ext := filepath.Ext(file)
+	return strings.TrimSuffix(file, ext) + "-" + suffix + ext
+}
+
+// resetRouting clears what an earlier phase left: the ingress (purged; its
+// sequence numbers go on), every binding and the nodes' checkpoints, so
+// that every phase starts from the same state on the same servers.
+func (b *bencher) resetRouting(ctx context.Context, e *env) error {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	purge := func(stream string, opts ...jetstream.StreamPurgeOpt) error {
+		s, err := e.js.Stream(ctx, stream)
+		if errors.Is(err, jetstream.ErrStreamNotFound) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		return s.Purge(ctx, opts...)
+	}
+	if err := purge(router.IngressStream); err != nil {
+		return fmt.Errorf("bench: purge ingress: %w", err)
+	}
+	if err := purge("KV_" + kvbinding.DefaultBucket); err != nil {
+		return fmt.Errorf("bench: purge bindings: %w", err)
+	}
+	if err := purge("KV_"+kvbinding.DefaultNodesBucket, jetstream.WithPurgeSubject("$KV."+kvbinding.DefaultNodesBucket+".ckpt.>")); err != nil {
+		return fmt.Errorf("bench: purge checkpoints: %w", err)
+	}
+	return nil
+}
+
+// startNodes starts n router nodes (n0 LOCAL, the others REMOTE), node i
+// connected to server i mod servers, and waits until they route, their
+// queues are consumed, the registry shows them with a consumer and the
+// handler holds its lease.
+func (b *bencher) startNodes(ctx context.Context, e *env, n int, profile string) ([]*child, error) {
+	var kids []*child
+	fail := func(err error) ([]*child, error) {
+		for _, k := range kids {
+			_, _, _ = k.stop(10 * time.Second)
+		}
+		return nil, err
+	}
+	for i := 0; i < n; i++ {
+		node := "n" + strconv.Itoa(i)
+		typ := router.Remote
+		if i == 0 {
+			typ = router.Local
+		}
+		args := []string{"--mode", modeRouter, "--nats", strings.Join(e.ns.urlsFor(i), ","), "--node", node,
+			"--type", string(typ), "--name", handlerName, "--address", benchAddress}
+		if i == 0 && profile != "" {
+			args = append(args, "--cpuprofile", profile)
+		}
+		k, err := startChild(b.prefix, args, "router "+node, b.stderr)
+		if err != nil {
+			return fail(err)
+		}
+		kids = append(kids, k)
+	}
+	for _, k := range kids {
+		if _, err := k.next(ctx, "ready", 60*time.Second); err != nil {
+			return fail(err)
+		}
+	}
+	names := make([]string, n)
+	for i := range names {
+		names[i] = "n" + strconv.Itoa(i)
+		if err := e.sink.consume(ctx, names[i]); err != nil {
+			return fail(err)
+		}
+	}
+	if err := waitRegistry(ctx, e.js, names, 20*time.Second); err != nil {
+		return fail(err)
+	}
+	return kids, nil
+}
+
+// waitRegistry polls the node registry until every node is live with a
+// consumer and the handler lease is held.
+func waitRegistry(ctx context.Context, js jetstream.JetStream, nodes []string, d time.Duration) error {
+	deadline := time.Now().Add(d)
+	var last error
+	for {
+		last = func() error {
+			cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+			defer cancel()
+			kv, err := js.KeyValue(cctx, kvbinding.DefaultNodesBucket)
+			if err != nil {
+				return err
+			}
+			for _, n := range nodes {
+				en, err := kv.Get(cctx, "live."+n)
+				if err != nil {
+					return fmt.Errorf("node %s: %w", n, err)
+				}
+				var info kvbinding.NodeInfo
+				if err := json.Unmarshal(en.Value(), &info); err != nil {
+					return err
+				}
+				if !info.HasConsumer {
+					return fmt.Errorf("node %s has no consumer yet", n)
+				}
+			}
+			if _, err := kv.Get(cctx, "lease."+handlerName); err != nil {
+				return fmt.Errorf("handler lease: %w", err)
+			}
+			return nil
+		}()
+		if last == nil {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("bench: nodes not ready after %v: %w", d, last)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// stopAll terminates the children together (they drain in parallel) and
+// waits for them, logging each one's lifetime CPU time (rusage).
+func (b *bencher) stopAll(kids []*child) error {
+	var errs []error
+	for _, k := range kids {
+		k.terminate()
+	}
+	for _, k := range kids {
+		last, u, err := k.stop(20 * time.Second)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		b.logf("%s stopped: CPU %v user + %v sys over its life, peak RSS %.1f MiB, routed %d",
+			k.name, u.User.Round(time.Millisecond), u.Sys.Round(time.Millisecond), mib(float64(last.Usage.MaxRSS)), last.Routed)
+	}
+	return errors.Join(errs...)
+}
+
+// latencyCount is the size of a paced run at rate: LatencyFor worth of
+// messages, at least 1,000 (or all), at most the throughput run's size.
+func (b *bencher) latencyCount(rate float64, limit int) int {
+	n := int(rate * b.cfg.LatencyFor.Seconds())
+	return min(max(n, 1000), limit)
+}
+
+func (b *bencher) pace(peak float64) float64 {
+	if b.cfg.Rate > 0 {
+		return b.cfg.Rate
+	}
+	return max(peak/2, 100)
+}
+
+// routerPhase runs workloads on n fresh router nodes.
+func (b *bencher) routerPhase(ctx context.Context, e *env, n int, tag string, workloads []string, profile string, sr *serverResults, out map[string]*wlResult) error {
+	if err := b.resetRouting(ctx, e); err != nil {
+		return err
+	}
+	t0 := time.Now()
+	kids, err := b.startNodes(ctx, e, n, profile)
+	if err != nil {
+		return err
+	}
+	b.logf("%d router node(s) ready in %v", n, time.Since(t0).Round(time.Millisecond))
+	runErr := func() error {
+		label := func(wl, kind string) string { return fmt.Sprintf("%s n=%d %s", wl, n, kind) }
+		for _, wl := range workloads {
+			res := &wlResult{}
+			var err error
+			switch wl {
+			case wlSteady:
+				hot := hotGroups(tag, b.cfg.Groups)
+				pref := "hot-" + tag + "-"
+				if _, err = b.measureRun(ctx, e, kids, runSpec{label: label(wl, "warm-up"), n: len(hot), groupPrefix: pref,
+					groups: roundRobin(hot, true), newGroups: len(hot)}); err != nil {
+					return err
+				}
+				if res.thr, err = b.measureRun(ctx, e, kids, runSpec{label: label(wl, "throughput"), n: b.cfg.Messages,
+					groupPrefix: pref, groups: roundRobin(hot, false)}); err != nil {
+					return err
+				}
+				// The relay runs at the rate of the first steady state (n
+				// nodes) so that their latencies compare; other node counts
+				// at half their own peak.
+				rate := b.pace(res.thr.Rate)
+				if sr.steadyRate == 0 {
+					sr.steadyRate = rate
+				} else if n == b.cfg.Nodes {
+					rate = sr.steadyRate
+				}
+				if res.lat, err = b.measureRun(ctx, e, kids, runSpec{label: label(wl, "latency"), n: b.latencyCount(rate, b.cfg.Messages),
+					rate: rate, keepLat: true, groupPrefix: pref, groups: roundRobin(hot, false)}); err != nil {
+					return err
+				}
+			case wlCardinality:
+				pref := "new-" + tag + "-"
+				if res.thr, err = b.measureRun(ctx, e, kids, runSpec{label: label(wl, "throughput"), n: b.cfg.Decisions,
+					groupPrefix: pref, groups: fresh(pref), newGroups: b.cfg.Decisions}); err != nil {
+					return err
+				}
+				rate := b.pace(res.thr.Rate)
+				pref = "newl-" + tag + "-"
+				cnt := b.latencyCount(rate, b.cfg.Decisions)
+				if res.lat, err = b.measureRun(ctx, e, kids, runSpec{label: label(wl, "latency"), n: cnt,
+					rate: rate, keepLat: true, groupPrefix: pref, groups: fresh(pref), newGroups: cnt}); err != nil {
+					return err
+				}
+			case wlZipf:
+				pref := "z-" + tag + "-"
+				zg := newZipfGroups(pref, b.cfg.ZipfGroups, b.cfg.ZipfS, uint64(e.servers)*1000+uint64(n))
+				gf := zg.next(b.cfg.Decisions)
+				if res.thr, err = b.measureRun(ctx, e, kids, runSpec{label: label(wl, "throughput"), n: b.cfg.Decisions,
+					groupPrefix: pref, groups: gf, newGroups: zg.fresh}); err != nil {
+					return err
+				}
+				// The paced run goes on with the same groups: the head is
+				// bound by now, the tail still brings new groups.
+				rate := b.pace(res.thr.Rate)
+				cnt := b.latencyCount(rate, b.cfg.Decisions)
+				gf = zg.next(cnt)
+				if res.lat, err = b.measureRun(ctx, e, kids, runSpec{label: label(wl, "latency"), n: cnt,
+					rate: rate, keepLat: true, groupPrefix: pref, groups: gf, newGroups: zg.fresh}); err != nil {
+					return err
+				}
+			}
+			out[wl] = res
+		}
+		return nil
+	}()
+	stopErr := b.stopAll(kids)
+	if runErr != nil {
+		return runErr
+	}
+	return stopErr
+}
+
+// relayPhase measures baseline (i): the relay in a child process, fed and
+// consumed exactly like the router (hot-group headers, node n0's queue).
+func (b *bencher) relayPhase(ctx context.Context, e *env, sr *serverResults, profile string) error {
+	if err := b.resetRouting(ctx, e); err != nil {
+		return err
+	}
+	var start uint64 = 1
+	if s, err := e.js.Stream(ctx, router.IngressStream); err == nil {
+		info, err := s.Info(ctx)
+		if err != nil {
+			return err
+		}
+		start = info.State.LastSeq + 1
+	}
+	args := []string{"--mode", modeRelay, "--nats", strings.Join(e.ns.urlsFor(0), ","),
+		"--node", "n0", "--start-seq", strconv.FormatUint(start, 10)}
+	if profile != "" {
+		args = append(args, "--cpuprofile", profile)
+	}
+	k, err := startChild(b.prefix, args, "relay", b.stderr)
+	if err != nil {
+		return err
+	}
+	kids := []*child{k}
+	runErr := func() error {
+		if _, err := k.next(ctx, "ready", 60*time.Second); err != nil {
+			return err
+		}
+		if err := e.sink.consume(ctx, "n0"); err != nil {
+			return err
+		}
+		hot := hotGroups("r", b.cfg.Groups)
+		res := &wlResult{}
+		var err error
+		if _, err = b.measureRun(ctx, e, kids, runSpec{label: "relay warm-up", n: len(hot), groups: roundRobin(hot, true)}); err != nil {
+			return err
+		}
+		if res.thr, err = b.measureRun(ctx, e, kids, runSpec{label: "relay throughput", n: b.cfg.Messages, groups: roundRobin(hot, false)}); err != nil {
+			return err
+		}
+		if sr.steadyRate == 0 {
+			sr.steadyRate = b.pace(res.thr.Rate)
+		}
+		if res.lat, err = b.measureRun(ctx, e, kids, runSpec{label: "relay latency", n: b.latencyCount(sr.steadyRate, b.cfg.Messages),
+			rate: sr.steadyRate, keepLat: true, groups: roundRobin(hot, false)}); err != nil {
+			return err
+		}
+		sr.relay = res
+		return nil
+	}()
+	stopErr := b.stopAll(kids)
+	if runErr != nil {
+		return runErr
+	}
+	return stopErr
+}

@@ -1,0 +1,162 @@
+package bench
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/signal"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestMain lets the test binary stand in for the grouprouter command:
+// "<test binary> bench-node ..." runs a benchmark child (how TestMainRuns
+// starts its router nodes), and "<test binary> bench ..." runs the whole
+// benchmark (go test -c -o /tmp/bench.test ./internal/bench &&
+// GROUPROUTER_BENCH_CHILD="/tmp/bench.test bench-node" /tmp/bench.test bench).
+func TestMain(m *testing.M) {
+	if len(os.Args) > 1 {
+		var run func(context.Context, []string, *os.File, *os.File) error
+		switch os.Args[1] {
+		case "bench-node":
+			run = func(ctx context.Context, a []string, o, e *os.File) error { return NodeMain(ctx, a, o, e) }
+		case "bench":
+			run = func(ctx context.Context, a []string, o, e *os.File) error { return Main(ctx, a, o, e) }
+		}
+		if run != nil {
+			// The signal handlers stay installed until the process exits.
+			ctx, _ := signal.NotifyContext(context.Background(), stopSignals...)
+			err := run(ctx, os.Args[2:], os.Stdout, os.Stderr)
+			if err != nil {
+				fmt.Fprintln(os.Stderr, "error:", err)
+				os.Exit(1)
+			}
+			os.Exit(0)
+		}
+	}
+	os.Exit(m.Run())
+}
+
+// selfAsChild makes Main start this test binary as its child processes.
+func selfAsChild(t *testing.T) {
+	t.Helper()
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv(ChildEnv, exe+" bench-node")
+}
+
+// TestMainRuns runs the real command, child processes included, at tiny
+// sizes, and checks that every figure is there and plausible.
+func TestMainRuns(t *testing.T) {
+	selfAsChild(t)
+	var out, errOut bytes.Buffer
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	args := []string{"--json", "--servers", "1", "--messages", "2000", "--decisions", "1000", "--groups", "100",
+		"--warm-start", "2000", "--latency-duration", "500ms", "--zipf-groups", "10000"}
+	if err := Main(ctx, args, &out, &errOut); err != nil {
+		t.Fatalf("Main: %v\nstderr:\n%s", err, errOut.String())
+	}
+	var res Result
+	if err := json.Unmarshal(out.Bytes(), &res); err != nil {
+		t.Fatalf("output is not JSON: %v\n%s", err, out.String())
+	}
+	seen := map[string]Row{}
+	for _, r := range res.Rows {
+		seen[fmt.Sprintf("%s/%d/%s", r.Workload, r.Nodes, strings.SplitN(r.Metric, " @", 2)[0])] = r
+	}
+	for _, key := range []string{
+		"steady/1/end-to-end", "steady/1/latency p99", "steady/1/router CPU per msg (all nodes)", "steady/3/end-to-end",
+		"cardinality/1/end-to-end", "cardinality/1/decisions/s", "cardinality/1/decision latency p99",
+		"zipf/1/end-to-end", "zipf/1/decisions/s", "zipf/1/latency p99.9",
+		"baseline/0/relay end-to-end", "baseline/0/raw JetStream async publish",
+		"baseline/0/KV create pipelined (1000)", "baseline/0/KV create 32 goroutines (1000)",
+		"warm-start/1/heap per cached binding (at 2,000)",
+	} {
+		r, ok := seen[key]
+		if !ok {
+			t.Errorf("no row %q", key)
+			continue
+		}
+		if r.Value <= 0 {
+			t.Errorf("row %q: value %v", key, r.Value)
+		}
+	}
+	if r := seen["steady/1/end-to-end"]; r.BaselineName != "relay" || r.Ratio <= 0 || r.Met == nil {
+		t.Errorf("steady row has no relay ratio and target: %+v", r)
+	}
+	if r := seen["cardinality/1/decisions/s"]; r.Ratio <= 0 || r.Met == nil {
+		t.Errorf("decisions row has no KV ratio and target: %+v", r)
+	}
+	if t.Failed() {
+		t.Logf("stderr:\n%s", errOut.String())
+	}
+}
+
+func TestParseFlags(t *testing.T) {
+	tests := []struct {
+		name string
+		args []string
+		ok   bool
+	}{
+		{"defaults", nil, true},
+		{"one set-up", []string{"--servers", "3"}, true},
+		{"bad servers", []string{"--servers", "2"}, false},
+		{"bad workload", []string{"--workloads", "steady,burst"}, false},
+		{"tiny payload", []string{"--payload", "4"}, false},
+		{"zipf exponent", []string{"--zipf-s", "1"}, false},
+		{"stray argument", []string{"extra"}, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var stderr bytes.Buffer
+			c, err := parseFlags(tt.args, &stderr, &stderr)
+			if (err == nil) != tt.ok || (err != nil && !errors.Is(err, ErrUsage)) {
+				t.Fatalf("parseFlags(%v) = %+v, %v", tt.args, c, err)
+			}
+			if tt.name == "defaults" && (len(c.Servers) != 2 || c.Nodes != 1 || c.Payload != 1024 || c.WarmStart != 200_000 || len(c.Workloads) != 3) {
+				t.Fatalf("defaults = %+v", c)
+			}
+		})
+	}
+}
+
+func TestPercentiles(t *testing.T) {
+	var ds []time.Duration
+	for i := 1; i <= 1000; i++ {
+		ds = append(ds, time.Duration(i)*time.Millisecond)
+	}
+	p := percentilesOf(ds)
+	if p.P50 != 500*time.Millisecond || p.P99 != 990*time.Millisecond || p.P999 != 999*time.Millisecond || p.M != time.Second {
+		t.Fatalf("percentiles = %+v", p)
+	}
+	if (percentilesOf(nil) != percentiles{}) {
+		t.Fatal("empty sample")
+	}
+}
+
+func TestZipfMarksFirstMessages(t *testing.T) {
+	zg := newZipfGroups("z-", 1000, 1.1, 1)
+	gf := zg.next(5000)
+	seen := map[string]bool{}
+	firsts := 0
+	for i := 0; i < 5000; i++ {
+		g, first := gf(i)
+		if first == seen[g] {
+			t.Fatalf("message %d group %s: first=%v, seen before=%v", i, g, first, seen[g])
+		}
+		if first {
+			firsts++
+		}
+		seen[g] = true
+	}
+	if firsts != zg.fresh || firsts == 0 || firsts >= 1000 {
+		t.Fatalf("%d first messages, fresh=%d", firsts, zg.fresh)
+	}
+}

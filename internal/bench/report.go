@@ -1,0 +1,368 @@
+package bench
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"runtime"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+)
+
+// Result is the whole benchmark outcome (the --json output).
+type Result struct {
+	Command    string  `json:"command"`
+	Machine    Machine `json:"machine"`
+	Sizes      Sizes   `json:"sizes"`
+	Rows       []Row   `json:"rows"`
+	ElapsedSec float64 `json:"elapsed_s"`
+}
+
+// Machine describes where the benchmark ran.
+type Machine struct {
+	CPU    string `json:"cpu"`
+	CPUs   int    `json:"cpus"`
+	OS     string `json:"os"`
+	Arch   string `json:"arch"`
+	Go     string `json:"go"`
+	Layout string `json:"layout"`
+}
+
+// Sizes are the run sizes used.
+type Sizes struct {
+	Servers         []int   `json:"servers"`
+	Nodes           int     `json:"nodes"`
+	Messages        int     `json:"messages"`
+	Decisions       int     `json:"decisions"` // cardinality and zipf runs, KV creates
+	HotGroups       int     `json:"hot_groups"`
+	PayloadBytes    int     `json:"payload_bytes"`
+	ZipfGroups      int     `json:"zipf_groups"`
+	ZipfS           float64 `json:"zipf_s"`
+	LatencyRunSec   float64 `json:"latency_run_s"`
+	LatencyRate     float64 `json:"latency_rate,omitempty"` // --rate; 0 = half of each measured peak
+	WarmStart       int     `json:"warm_start"`
+	Workloads       string  `json:"workloads"`
+	QueueConsumers  string  `json:"queue_consumers"`
+	ProducerPending int     `json:"producer_max_pending"`
+}
+
+func (s Sizes) String() string {
+	rate := "half of each measured peak"
+	if s.LatencyRate > 0 {
+		rate = fmt.Sprintf("%.0f msgs/s", s.LatencyRate)
+	}
+	return fmt.Sprintf("servers=%v nodes=%d (+3 for steady) messages=%d decisions(cardinality,zipf)=%d hot-groups=%d payload=%dB zipf=%d groups s=%.2f "+
+		"latency runs=%gs at %s warm-start=%d workloads=%s",
+		s.Servers, s.Nodes, s.Messages, s.Decisions, s.HotGroups, s.PayloadBytes, s.ZipfGroups, s.ZipfS,
+		s.LatencyRunSec, rate, s.WarmStart, s.Workloads)
+}
+
+func (b *bencher) sizes() Sizes {
+	return Sizes{Servers: b.cfg.Servers, Nodes: b.cfg.Nodes, Messages: b.cfg.Messages, Decisions: b.cfg.Decisions,
+		HotGroups: b.cfg.Groups, PayloadBytes: b.cfg.Payload, ZipfGroups: b.cfg.ZipfGroups, ZipfS: b.cfg.ZipfS,
+		LatencyRunSec: b.cfg.LatencyFor.Seconds(), LatencyRate: b.cfg.Rate, WarmStart: b.cfg.WarmStart,
+		Workloads: strings.Join(b.cfg.Workloads, ","), QueueConsumers: "one per node, priority group, ack each",
+		ProducerPending: 4000}
+}
+
+func machineInfo() Machine {
+	m := Machine{CPUs: runtime.NumCPU(), OS: runtime.GOOS, Arch: runtime.GOARCH, Go: runtime.Version(),
+		Layout: "NATS servers, producer and consumers in the bench process; each router node and the relay in its own child process"}
+	if f, err := os.Open("/proc/cpuinfo"); err == nil {
+		sc := bufio.NewScanner(f)
+		for sc.Scan() {
+			if k, v, ok := strings.Cut(sc.Text(), ":"); ok && strings.TrimSpace(k) == "model name" {
+				m.CPU = strings.TrimSpace(v)
+				break
+			}
+		}
+		f.Close()
+	}
+	return m
+}
+
+// Row is one measurement.
+type Row struct {
+	Workload string  `json:"workload"`
+	Servers  int     `json:"servers"`
+	Nodes    int     `json:"nodes"`
+	Metric   string  `json:"metric"`
+	Value    float64 `json:"value"`
+	Unit     string  `json:"unit"`
+	// Baseline is the value of the same metric for BaselineName (0: none).
+	Baseline     float64 `json:"baseline,omitempty"`
+	BaselineName string  `json:"baseline_name,omitempty"`
+	Ratio        float64 `json:"ratio,omitempty"` // Value / Baseline
+	Target       string  `json:"target,omitempty"`
+	Met          *bool   `json:"met,omitempty"`
+	// OtherCPU is the largest share (percent) of the machine that other
+	// processes used while this figure or its baseline was measured: the
+	// benchmark shares its cores, and a busy neighbour skews a figure.
+	OtherCPU *float64 `json:"other_cpu_pct,omitempty"`
+}
+
+// noise records that other processes took foreign (0..1, <0 unknown) of
+// the machine while the row's figures were measured.
+func (r *Row) noise(foreign float64) *Row {
+	if foreign < 0 {
+		return r
+	}
+	pct := 100 * foreign
+	if r.OtherCPU == nil || pct > *r.OtherCPU {
+		r.OtherCPU = &pct
+	}
+	return r
+}
+
+// Units.
+const (
+	unitMsgs      = "msgs/s"
+	unitDecisions = "decisions/s"
+	unitCreates   = "creates/s"
+	unitWrites    = "writes/s"
+	unitMs        = "ms"
+	unitUsPerMsg  = "µs/msg"
+	unitMiB       = "MiB"
+	unitBytes     = "B/binding"
+	unitSec       = "s"
+	unitCount     = ""
+	unitPercent   = "%"
+)
+
+func (r Row) valueString() string { return formatValue(r.Value, r.Unit) }
+func (r Row) baseString() string {
+	if r.BaselineName == "" {
+		return ""
+	}
+	return formatValue(r.Baseline, r.Unit) + " " + r.BaselineName
+}
+
+func formatValue(v float64, unit string) string {
+	var s string
+	switch unit {
+	case unitMsgs, unitDecisions, unitCreates, unitWrites, unitCount:
+		s = thousands(int64(math.Round(v)))
+	case unitMs, unitUsPerMsg, unitSec:
+		switch {
+		case v >= 100:
+			s = strconv.FormatFloat(v, 'f', 0, 64)
+		case v >= 10:
+			s = strconv.FormatFloat(v, 'f', 1, 64)
+		default:
+			s = strconv.FormatFloat(v, 'f', 2, 64)
+		}
+	default:
+		s = strconv.FormatFloat(v, 'f', 1, 64)
+	}
+	if unit == "" {
+		return s
+	}
+	return s + " " + unit
+}
+
+func thousands(n int64) string {
+	s := strconv.FormatInt(n, 10)
+	neg := strings.HasPrefix(s, "-")
+	s = strings.TrimPrefix(s, "-")
+	var out []byte
+	for i := range s {
+		if i > 0 && (len(s)-i)%3 == 0 {
+			out = append(out, ',')
+		}
+		out = append(out, s[i])
+	}
+	if neg {
+		return "-" + string(out)
+	}
+	return string(out)
+}
+
+func (res Result) writeTable(w io.Writer) error {
+	fmt.Fprintf(w, "grouprouter bench — %s, %d CPUs, %s/%s, %s\n", res.Machine.CPU, res.Machine.CPUs, res.Machine.OS, res.Machine.Arch, res.Machine.Go)
+	fmt.Fprintf(w, "layout: %s\n", res.Machine.Layout)
+	fmt.Fprintf(w, "sizes: %s\n\n", res.Sizes)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "WORKLOAD\tSERVERS\tNODES\tMETRIC\tVALUE\tBASELINE\tRATIO\tTARGET\tMET\tOTHER CPU")
+	for _, r := range res.Rows {
+		ratio, met := "", ""
+		if r.Ratio != 0 {
+			ratio = strconv.FormatFloat(r.Ratio, 'f', 2, 64) + "x"
+		}
+		if r.Met != nil {
+			met = "no"
+			if *r.Met {
+				met = "yes"
+			}
+		}
+		nodes := strconv.Itoa(r.Nodes)
+		if r.Nodes == 0 {
+			nodes = "-"
+		}
+		other := ""
+		if r.OtherCPU != nil {
+			other = strconv.FormatFloat(*r.OtherCPU, 'f', 0, 64) + "%"
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.Workload, r.Servers, nodes, r.Metric,
+			r.valueString(), r.baseString(), ratio, r.Target, met, other)
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	_, err := fmt.Fprintf(w, "\nOTHER CPU: share of the machine other processes used while the figure (or its baseline) was measured.\ntotal %.0fs\n", res.ElapsedSec)
+	return err
+}
+
+// rowBuilder adds rows for one set-up.
+type rowBuilder struct {
+	servers int
+	rows    []Row
+}
+
+func (rb *rowBuilder) add(wl string, nodes int, metric string, v float64, unit string) *Row {
+	rb.rows = append(rb.rows, Row{Workload: wl, Servers: rb.servers, Nodes: nodes, Metric: metric, Value: v, Unit: unit})
+	return &rb.rows[len(rb.rows)-1]
+}
+
+// vs sets the baseline and ratio.
+func (r *Row) vs(name string, base float64) *Row {
+	r.BaselineName, r.Baseline = name, base
+	if base != 0 {
+		r.Ratio = r.Value / base
+	}
+	return r
+}
+
+// atLeast marks the row met when ratio >= x.
+func (r *Row) atLeast(x float64) *Row {
+	r.Target = fmt.Sprintf(">= %.1fx", x)
+	met := r.Ratio >= x
+	r.Met = &met
+	return r
+}
+
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+func mib(b float64) float64      { return b / (1 << 20) }
+func us(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) }
+
+// rows turns one set-up's measurements into rows. A row's OtherCPU is the
+// most other processes took of the machine during its run or its
+// baseline's.
+func (sr *serverResults) rows(cfg config) []Row {
+	rb := &rowBuilder{servers: sr.servers}
+	relay := sr.relay
+	at := func(rate float64) string { return "@" + thousands(int64(math.Round(rate))) + "/s" }
+	latRows := func(wl string, nodes int, what string, m measure, first bool, base *measure, withTarget bool) {
+		p := m.Lat
+		if first {
+			p = m.FirstLat
+		}
+		for _, q := range []struct {
+			name string
+			of   func(percentiles) time.Duration
+		}{{"p50", func(x percentiles) time.Duration { return x.P50 }},
+			{"p99", func(x percentiles) time.Duration { return x.P99 }},
+			{"p99.9", func(x percentiles) time.Duration { return x.P999 }}} {
+			r := rb.add(wl, nodes, fmt.Sprintf("%s %s %s", what, q.name, at(m.Paced)), ms(q.of(p)), unitMs).noise(m.Foreign)
+			if base != nil && base.Lat.N > 0 && base.Paced == m.Paced {
+				r.vs("relay", ms(q.of(base.Lat))).noise(base.Foreign)
+				if withTarget && q.name == "p99" {
+					r.Target = "<= relay+2ms"
+					met := q.of(p) <= q.of(base.Lat)+2*time.Millisecond
+					r.Met = &met
+				}
+			}
+		}
+	}
+	var relayLat *measure
+	if relay != nil {
+		relayLat = &relay.lat
+	}
+	common := func(wl string, nodes int, res *wlResult) {
+		thr := res.thr
+		r := rb.add(wl, nodes, "end-to-end", thr.Rate, unitMsgs).noise(thr.Foreign)
+		if relay != nil {
+			r.vs("relay", relay.thr.Rate).noise(relay.thr.Foreign)
+			if wl == wlSteady && nodes == 1 {
+				r.atLeast(0.9)
+			}
+		}
+		if wl == wlSteady && sr.raw.V > 0 {
+			rb.add(wl, nodes, "end-to-end vs raw publish", thr.Rate, unitMsgs).noise(thr.Foreign).vs("raw-pub", sr.raw.V).noise(sr.raw.Foreign)
+		}
+		type memFig struct {
+			metric string
+			v      func(measure) float64
+			unit   string
+		}
+		for _, f := range []memFig{
+			{"router CPU per msg (all nodes)", func(m measure) float64 { return us(m.CPUPerMsg()) }, unitUsPerMsg},
+			{"router heap in use (max node)", func(m measure) float64 { return mib(float64(m.Heap)) }, unitMiB},
+			{"router max RSS (max node)", func(m measure) float64 { return mib(float64(m.RSS)) }, unitMiB},
+		} {
+			r := rb.add(wl, nodes, f.metric, f.v(thr), f.unit).noise(thr.Foreign)
+			if relay != nil {
+				r.vs("relay", f.v(relay.thr)).noise(relay.thr.Foreign)
+			}
+		}
+	}
+	kvBest, kvName := sr.kvPipe, "kv-pipelined"
+	if sr.kvConc.V > kvBest.V {
+		kvBest, kvName = sr.kvConc, "kv-32-goroutines"
+	}
+	for _, wl := range cfg.Workloads {
+		res := sr.wl[wl]
+		if res == nil {
+			continue
+		}
+		n := sr.nodes
+		common(wl, n, res)
+		switch wl {
+		case wlSteady:
+			latRows(wl, n, "latency", res.lat, false, relayLat, true)
+		case wlCardinality:
+			rb.add(wl, n, "decisions/s", res.thr.BindRate, unitDecisions).noise(res.thr.Foreign).vs(kvName, kvBest.V).noise(kvBest.Foreign).atLeast(0.7)
+			latRows(wl, n, "decision latency", res.lat, true, nil, false)
+		case wlZipf:
+			rb.add(wl, n, "new groups in run", float64(res.thr.NewGroup), unitCount)
+			rb.add(wl, n, "decisions/s", res.thr.BindRate, unitDecisions).noise(res.thr.Foreign).vs(kvName, kvBest.V).noise(kvBest.Foreign)
+			latRows(wl, n, "latency", res.lat, false, nil, false)
+			latRows(wl, n, "decision latency", res.lat, true, nil, false)
+		}
+	}
+	if s3 := sr.steady3; s3 != nil {
+		common(wlSteady, 3, s3)
+		latRows(wlSteady, 3, "latency", s3.lat, false, relayLat, false)
+	}
+	if relay != nil {
+		rb.add("baseline", 0, "relay end-to-end", relay.thr.Rate, unitMsgs).noise(relay.thr.Foreign).vs("raw-pub", sr.raw.V).noise(sr.raw.Foreign)
+		latRows("baseline", 0, "relay latency", relay.lat, false, nil, false)
+		rb.add("baseline", 0, "relay CPU per msg", us(relay.thr.CPUPerMsg()), unitUsPerMsg).noise(relay.thr.Foreign)
+		rb.add("baseline", 0, "relay max RSS", mib(float64(relay.thr.RSS)), unitMiB).noise(relay.thr.Foreign)
+	}
+	rb.add("baseline", 0, "raw JetStream async publish", sr.raw.V, unitMsgs).noise(sr.raw.Foreign)
+	rb.add("baseline", 0, fmt.Sprintf("KV create pipelined (%d)", sr.kvN), sr.kvPipe.V, unitCreates).noise(sr.kvPipe.Foreign)
+	rb.add("baseline", 0, fmt.Sprintf("KV create 32 goroutines (%d)", sr.kvN), sr.kvConc.V, unitCreates).noise(sr.kvConc.Foreign)
+	if w := sr.warm; w != nil {
+		rb.add("warm-start", 1, "bindings written (async KV publish)", w.fillRate, unitWrites)
+		rb.add("warm-start", 1, fmt.Sprintf("cache warm start, %s bindings", thousands(int64(w.count))), w.load.Seconds(), unitSec).noise(w.foreign)
+		per1M := w.load.Seconds() * 1e6 / float64(w.count)
+		r := rb.add("warm-start", 1, "cache warm start per 1M bindings", per1M, unitSec).noise(w.foreign)
+		if w.count < 1_000_000 {
+			r.Metric += " (extrapolated)"
+		}
+		r.Target = "< 10 s"
+		fast := per1M < 10
+		r.Met = &fast
+		bpb := float64(w.heapDelta) / float64(w.count)
+		r = rb.add("warm-start", 1, fmt.Sprintf("heap per cached binding (at %s)", thousands(int64(w.count))), bpb, unitBytes)
+		r.Target = "<= 200 B"
+		small := bpb <= 200
+		r.Met = &small
+		rb.add("warm-start", 1, "warm-start process max RSS", mib(float64(w.rss)), unitMiB)
+	}
+	return rb.rows
+}
