@@ -150,10 +150,7 @@ func (h *Handler) Run(ctx context.Context) error {
 		held := sub != nil
 		stop()
 		if held {
-			rctx, cancel := context.WithTimeout(context.Background(), time.Second)
-			_ = h.reg.ReleaseLease(rctx, h.cfg.Name, lease)
-			cancel()
-			h.log.Info("handler stopped and released its lease")
+			h.release()
 		}
 	}()
 	for {
@@ -208,6 +205,26 @@ func (h *Handler) Run(ctx context.Context) error {
 		case <-ticker.C:
 		case <-wake:
 		}
+	}
+}
+
+// release deletes this handler's lease so that a backup takes over at
+// once. The revision known here may be stale (a renewal in flight when the
+// run ended was stored without its ack being read), so it reads the lease
+// and deletes it at its current revision while this handler still holds it.
+func (h *Handler) release() {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	for attempt := 0; attempt < 3; attempt++ {
+		cur, err := h.reg.GetLease(ctx, h.cfg.Name)
+		if err != nil || cur.Holder != h.id {
+			return // expired or taken over already
+		}
+		if err = h.reg.ReleaseLease(ctx, h.cfg.Name, cur); err == nil {
+			h.log.Info("handler stopped and released its lease")
+			return
+		}
+		h.log.Warn("lease release failed", "err", err)
 	}
 }
 

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"syscall"
 
+	"grouprouter/internal/bench"
 	"grouprouter/router"
 )
 
@@ -55,11 +56,14 @@ func runContext(ctx context.Context, args []string, stdout, stderr io.Writer) in
 		err = listNodes(ctx, rest, stdout)
 	case opMove, opUnbind:
 		err = moveGroup(ctx, cmd, rest, stdout)
-	// Further subcommands ("bench") go here:
-	// each parses its own flags from rest, prints its help to stdout and
-	// returns flag.ErrHelp for -h, and returns a *usageError, an error
-	// wrapping router.ErrConfig, or any other error; exitCode maps them.
-	// Add it to printUsage too.
+	case "bench":
+		err = bench.Main(ctx, rest, stdout, stderr)
+		if errors.Is(err, bench.ErrUsage) {
+			err = &usageError{cmd: cmd, msg: strings.TrimPrefix(err.Error(), bench.ErrUsage.Error()+": ")}
+		}
+	case "bench-node":
+		// Internal: a router node or relay run by "bench" in a child process.
+		err = bench.NodeMain(ctx, rest, stdout, stderr)
 	default:
 		fmt.Fprintf(stderr, "grouprouter: unknown command %q\n\n", cmd)
 		printUsage(stderr)
@@ -100,6 +104,7 @@ Commands:
   consume    consume a node's queue as an application does, printing each message
   move       move a group to another node, with its waiting messages, in order
   unbind     end a group's binding; its next message gets a new one
+  bench      measure throughput, decisions and latency against baselines (own embedded NATS)
 
 Run 'grouprouter <command> -h' for the flags of a command.
 `)

@@ -62,16 +62,23 @@ func (s *Server) Restart() {
 
 func (s *Server) start() {
 	s.t.Helper()
+	if err := s.tryStart(); err != nil {
+		s.t.Fatal(err)
+	}
+}
+
+// tryStart starts the server, returning an error instead of failing.
+func (s *Server) tryStart() error {
 	opts := s.opts // fresh copy: the server mutates its options
 	opts.Routes = append([]*url.URL(nil), s.opts.Routes...)
 	srv, err := server.NewServer(&opts)
 	if err != nil {
-		s.t.Fatalf("natstest: new server %s: %v", s.Name(), err)
+		return fmt.Errorf("natstest: new server %s: %w", s.Name(), err)
 	}
 	srv.Start()
 	if !srv.ReadyForConnections(10 * time.Second) {
 		srv.Shutdown()
-		s.t.Fatalf("natstest: server %s not ready", s.Name())
+		return fmt.Errorf("natstest: server %s not ready (client port %d, cluster port %d: taken?)", s.Name(), s.opts.Port, s.opts.Cluster.Port)
 	}
 	s.srv = srv
 	if s.opts.Port <= 0 {
@@ -80,6 +87,7 @@ func (s *Server) start() {
 	if s.opts.Cluster.Port < 0 {
 		s.opts.Cluster.Port = srv.ClusterAddr().Port
 	}
+	return nil
 }
 
 // Connect opens a client connection to the server that keeps reconnecting
@@ -136,6 +144,22 @@ type Cluster struct {
 // on a cluster that can take replicated writes. It is shut down when the test ends.
 func RunCluster(t testing.TB, n int) *Cluster {
 	t.Helper()
+	var last error
+	// Cluster ports are reserved by listening and closing: another process
+	// may take one before the server binds it, so retry with fresh ports.
+	for attempt := 0; attempt < 3; attempt++ {
+		c, err := tryCluster(t, n)
+		if err == nil {
+			c.WaitReady(30 * time.Second)
+			return c
+		}
+		last = err
+	}
+	t.Fatalf("natstest: cluster of %d: %v", n, last)
+	return nil
+}
+
+func tryCluster(t testing.TB, n int) (*Cluster, error) {
 	c := &Cluster{t: t}
 	ports := make([]int, n)
 	for i := range ports {
@@ -162,11 +186,15 @@ func RunCluster(t testing.TB, n int) *Cluster {
 		c.Servers = append(c.Servers, s)
 	}
 	for _, s := range c.Servers {
-		s.start()
+		if err := s.tryStart(); err != nil {
+			for _, started := range c.Servers {
+				started.Stop()
+			}
+			return nil, err
+		}
 		t.Cleanup(s.Stop)
 	}
-	c.WaitReady(30 * time.Second)
-	return c
+	return c, nil
 }
 
 // URLs returns the comma-separated client URLs of every member.
