@@ -1,6 +1,7 @@
 package kvbinding
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"time"
@@ -106,12 +107,19 @@ func (b Binding) Validate() error {
 	return nil
 }
 
-// Marshal encodes b as the bucket value.
+// Marshal encodes b as the bucket value (JSON, without HTML escaping so
+// that group ids read as they are).
 func (b Binding) Marshal() ([]byte, error) {
 	if err := b.Validate(); err != nil {
 		return nil, err
 	}
-	return json.Marshal(b)
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(b); err != nil {
+		return nil, err
+	}
+	return bytes.TrimSuffix(buf.Bytes(), []byte("\n")), nil
 }
 
 // UnmarshalBinding decodes a bucket value and validates it.

@@ -303,9 +303,15 @@ func (c *Cache) applyEntry(key string, op entryOp, value []byte, rev uint64) {
 		}
 		return
 	}
-	b, err := UnmarshalBinding(value)
-	if err != nil || b.Group != group {
-		return // a value we do not understand: leave it to the operator
+	b, ok := fastBinding(value)
+	if !ok {
+		var err error
+		if b, err = UnmarshalBinding(value); err != nil {
+			return // a value we do not understand: leave it to the operator
+		}
+	}
+	if b.Group != group {
+		return
 	}
 	b.Revision = rev
 	c.mu.Lock()

@@ -5,10 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"grouprouter/internal/jspub"
 )
 
 // DefaultBucket is the bindings bucket name.
@@ -29,6 +32,10 @@ type Store struct {
 	js     jetstream.JetStream
 	kv     jetstream.KeyValue
 	bucket string
+
+	pubOnce sync.Once
+	pub     *jspub.Publisher
+	pubErr  error
 }
 
 // OpenStore creates the bindings bucket if it is missing and returns a
@@ -111,6 +118,83 @@ func (s *Store) Create(ctx context.Context, b Binding) (Binding, error) {
 		return cur, fmt.Errorf("%w: group %q bound to %q", ErrExists, b.Group, cur.Node)
 	}
 	return Binding{}, fmt.Errorf("kvbinding: create %q: %w", b.Group, err)
+}
+
+// CreateResult is the outcome of one create of CreateMany.
+type CreateResult struct {
+	Binding Binding
+	Err     error
+}
+
+// CreateMany is Create for many groups at once: the writes are pipelined
+// (each a KV create: a publish expecting no previous message on the key)
+// instead of one round trip each. Results are in the order of bs; a
+// group that has a record gets that record and an error wrapping ErrExists.
+func (s *Store) CreateMany(ctx context.Context, bs []Binding) []CreateResult {
+	out := make([]CreateResult, len(bs))
+	pub, err := s.publisher()
+	if err != nil {
+		for i := range out {
+			out[i].Err = err
+		}
+		return out
+	}
+	var wg sync.WaitGroup
+	for i, b := range bs {
+		key, err := KeyOf(b.Group)
+		if err != nil {
+			out[i].Err = err
+			continue
+		}
+		val, err := b.Marshal()
+		if err != nil {
+			out[i].Err = err
+			continue
+		}
+		msg := nats.NewMsg("$KV." + s.bucket + "." + key)
+		msg.Header.Set(jetstream.ExpectedLastSubjSeqHeader, "0")
+		msg.Data = val
+		wg.Add(1)
+		err = pub.Publish(msg, func(ack jspub.Ack, err error) {
+			defer wg.Done()
+			if err != nil {
+				out[i].Err = err
+				return
+			}
+			b.Revision = ack.Sequence
+			out[i].Binding = b
+		})
+		if err != nil {
+			out[i].Err = err
+			wg.Done()
+		}
+	}
+	wg.Wait()
+	for i := range out {
+		if out[i].Err == nil {
+			continue
+		}
+		if errors.Is(out[i].Err, ErrInvalidGroupID) || errors.Is(out[i].Err, ErrInvalidBinding) {
+			continue
+		}
+		// The key has a record (or a delete marker, or the ack was lost):
+		// settle it with a plain create, which reports what stands.
+		out[i].Binding, out[i].Err = s.Create(ctx, bs[i])
+	}
+	return out
+}
+
+func (s *Store) publisher() (*jspub.Publisher, error) {
+	s.pubOnce.Do(func() { s.pub, s.pubErr = jspub.New(s.js.Conn(), 5*time.Second) })
+	return s.pub, s.pubErr
+}
+
+// Close releases what the store started for CreateMany.
+func (s *Store) Close() {
+	s.pubOnce.Do(func() {}) // no publisher may start after Close
+	if s.pub != nil {
+		s.pub.Close()
+	}
 }
 
 // Replace writes b over the record at revision rev. If the record changed

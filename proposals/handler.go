@@ -262,32 +262,56 @@ func (h *Handler) serve(m *nats.Msg) {
 func (h *Handler) DecideAll(ctx context.Context, req Request) []Decision {
 	out := make([]Decision, len(req.Proposals))
 	live := h.liveState()
-	var mu sync.Mutex // guards live counts across concurrent writes
-	g, gctx := errgroup.WithContext(ctx)
-	g.SetLimit(64)
+	now := time.Now()
+	type planned struct {
+		i  int
+		p  Proposal
+		st State
+		v  Verdict
+	}
+	var creates, others []planned
 	for i, p := range req.Proposals {
-		i, p := i, p
 		out[i] = Decision{Group: p.Group, Outcome: Failed}
 		if err := p.Validate(); err != nil {
 			out[i].Error = fmt.Sprintf("invalid proposal: %v", err)
 			continue
 		}
-		mu.Lock()
 		st := State{Live: live}
 		if r, ok := h.cache.Lookup(p.Group); ok {
 			st.Existing = &r
 		}
-		v := Decide(st, p, time.Now())
+		v := Decide(st, p, now)
 		if v.Action == Create || v.Action == Replace {
+			v.Binding.DecidedBy, v.Binding.ProposedBy = h.id, req.Proposer
 			// Count the choice now so the rest of the batch spreads.
 			if n, ok := live[v.Binding.Node]; ok && p.Group != "" {
 				n.Groups++
 				live[v.Binding.Node] = n
 			}
 		}
-		mu.Unlock()
+		if v.Action == Create {
+			creates = append(creates, planned{i, p, st, v})
+		} else {
+			others = append(others, planned{i, p, st, v})
+		}
+	}
+	// New groups: one pipelined round of KV creates.
+	if len(creates) > 0 {
+		bs := make([]kvbinding.Binding, len(creates))
+		for k, c := range creates {
+			bs[k] = c.v.Binding
+		}
+		for k, res := range h.store.CreateMany(ctx, bs) {
+			c := creates[k]
+			out[c.i] = h.settle(req.Proposer, c.p, c.v, res.Binding, res.Err)
+		}
+	}
+	// The rest (rare): one at a time per group, concurrently.
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(64)
+	for _, o := range others {
 		g.Go(func() error {
-			out[i] = h.carryOut(gctx, req.Proposer, p, st, v)
+			out[o.i] = h.carryOut(gctx, req.Proposer, o.p, o.st, o.v)
 			return nil
 		})
 	}
@@ -296,10 +320,6 @@ func (h *Handler) DecideAll(ctx context.Context, req Request) []Decision {
 	return out
 }
 
-// liveState is what the decision rule knows of the nodes: those announced,
-// minus those whose announcements stopped arriving (more than two
-// heartbeats ago: the record has not expired yet but the node is likely
-// dead) and a crashed previous lease holder until it announces again.
 func (h *Handler) liveState() map[string]NodeState {
 	live := h.reg.Live()
 	counts := h.cache.Counts()
@@ -360,12 +380,16 @@ func (h *Handler) carryOut(ctx context.Context, proposer string, p Proposal, st 
 		}
 		return h.rejected(d, proposer, p, b, v.Reason)
 	case Create:
-		v.Binding.DecidedBy, v.Binding.ProposedBy = h.id, proposer
 		b, err = h.store.Create(ctx, v.Binding)
 	case Replace:
-		v.Binding.DecidedBy, v.Binding.ProposedBy = h.id, proposer
 		b, err = h.store.Replace(ctx, v.Binding, st.Existing.Revision)
 	}
+	return h.settle(proposer, p, v, b, err)
+}
+
+// settle turns the outcome of a binding write into the decision to reply.
+func (h *Handler) settle(proposer string, p Proposal, v Verdict, b kvbinding.Binding, err error) Decision {
+	d := Decision{Group: p.Group, Outcome: Failed}
 	switch {
 	case err == nil:
 	case errors.Is(err, kvbinding.ErrExists), errors.Is(err, kvbinding.ErrConflict):

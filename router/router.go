@@ -185,6 +185,7 @@ func (r *Router) Run(ctx context.Context) error {
 	if r.store, err = kvbinding.OpenStore(setupCtx, r.js, kvbinding.StoreConfig{Replicas: replicas}); err != nil {
 		return err
 	}
+	defer r.store.Close()
 	if r.reg, err = kvbinding.OpenRegistry(setupCtx, r.js, kvbinding.RegistryConfig{Replicas: replicas}, r.onLiveChange); err != nil {
 		return err
 	}

@@ -1,0 +1,65 @@
+package kvbinding
+
+import (
+	"encoding/json"
+	"testing"
+	"time"
+)
+
+func TestFastBindingMatchesJSON(t *testing.T) {
+	records := []Binding{
+		{Group: "order-42", State: StateBound, Node: "n1", FromSeq: 17, DecidedAt: time.Now(), DecidedBy: "h/n0", ProposedBy: "n2"},
+		{Group: "Zürich ✓ a.b > *", State: StateBound, Node: "n1", FromSeq: 1, PrevNode: "n0", Handoff: true, Drain: []string{"n0", "n3"}, Reason: "node n0 gone"},
+		{Group: "g", State: StateReleased, ThroughSeq: 99, PrevNode: "n1"},
+		{Group: "g", State: StateMoving, Node: "n2", PrevNode: "n1", FromSeq: 4},
+		{Group: "", State: StateBound, Node: "n1", FromSeq: 3},
+		{Group: "x", State: StateDeadLettered, ThroughSeq: 5, Reason: `quoted "reason"`},
+	}
+	for _, want := range records {
+		data, err := want.Marshal()
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, ok := fastBinding(data)
+		slow, err := UnmarshalBinding(data)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want.Reason == `quoted "reason"` {
+			if ok {
+				t.Errorf("escaped string accepted by the fast path: %s", data)
+			}
+			continue
+		}
+		if !ok {
+			t.Errorf("fast path refused %s", data)
+			continue
+		}
+		if got.Group != slow.Group || got.State != slow.State || got.Node != slow.Node || got.FromSeq != slow.FromSeq ||
+			got.ThroughSeq != slow.ThroughSeq || got.PrevNode != slow.PrevNode || got.Handoff != slow.Handoff {
+			t.Errorf("fast %+v != json %+v", got, slow)
+		}
+	}
+}
+
+// FuzzFastBinding: whenever the fast path accepts a value, encoding/json
+// accepts it too and agrees on every cached field.
+func FuzzFastBinding(f *testing.F) {
+	f.Add([]byte(`{"group":"g","state":"bound","node":"n1","from_seq":1,"decided_at":"2026-01-01T00:00:00Z","decided_by":"h"}`))
+	f.Add([]byte(`{"group":"g","state":"released","through_seq":3,"prev_node":"n1","drain":["a","b"],"handoff":true}`))
+	f.Add([]byte(`{"group":"g","state":"bound","node":"n1","from_seq":01}`))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		got, ok := fastBinding(data)
+		if !ok {
+			return
+		}
+		var slow Binding
+		if err := json.Unmarshal(data, &slow); err != nil {
+			t.Fatalf("fast path accepted %q, encoding/json: %v", data, err)
+		}
+		if got.Group != slow.Group || got.State != slow.State || got.Node != slow.Node || got.FromSeq != slow.FromSeq ||
+			got.ThroughSeq != slow.ThroughSeq || got.PrevNode != slow.PrevNode || got.Handoff != slow.Handoff {
+			t.Fatalf("fast %+v != json %+v for %q", got, slow, data)
+		}
+	})
+}
