@@ -1,8 +1,6 @@
 package kvbinding
 
 import (
-	"bytes"
-	"encoding/json"
 	"fmt"
 	"time"
 )
@@ -113,19 +111,13 @@ func (b Binding) Marshal() ([]byte, error) {
 	if err := b.Validate(); err != nil {
 		return nil, err
 	}
-	var buf bytes.Buffer
-	enc := json.NewEncoder(&buf)
-	enc.SetEscapeHTML(false)
-	if err := enc.Encode(b); err != nil {
-		return nil, err
-	}
-	return bytes.TrimSuffix(buf.Bytes(), []byte("\n")), nil
+	return b.AppendJSON(make([]byte, 0, 256)), nil
 }
 
 // UnmarshalBinding decodes a bucket value and validates it.
 func UnmarshalBinding(data []byte) (Binding, error) {
-	var b Binding
-	if err := json.Unmarshal(data, &b); err != nil {
+	b, err := DecodeJSON(data)
+	if err != nil {
 		return Binding{}, fmt.Errorf("%w: %v", ErrInvalidBinding, err)
 	}
 	if err := b.Validate(); err != nil {

@@ -12,6 +12,13 @@ import (
 // does not handle plainly (escaped strings, unexpected types), and the
 // caller then decodes with UnmarshalBinding.
 func fastBinding(data []byte) (Binding, bool) {
+	b, ok := decodeBinding(data, false)
+	return b, ok && b.Validate() == nil
+}
+
+// decodeBinding decodes a binding value without reflection; with all set
+// it keeps every field, else only those the cache needs.
+func decodeBinding(data []byte, all bool) (Binding, bool) {
 	var b Binding
 	d := scanner{data: data}
 	if !d.byte('{') {
@@ -45,13 +52,24 @@ func fastBinding(data []byte) (Binding, bool) {
 		case "decided_at":
 			var at string
 			if at, ok = d.str(); ok {
-				_, err := time.Parse(time.RFC3339Nano, at)
+				t, err := time.Parse(time.RFC3339Nano, at)
 				ok = err == nil
+				if all {
+					b.DecidedAt = t
+				}
 			}
-		case "decided_by", "proposed_by", "reason":
-			_, ok = d.str()
+		case "decided_by":
+			b.DecidedBy, ok = d.str()
+		case "proposed_by":
+			b.ProposedBy, ok = d.str()
+		case "reason":
+			b.Reason, ok = d.str()
 		case "drain":
-			ok = d.skipStrings()
+			var drain []string
+			drain, ok = d.strings()
+			if all {
+				b.Drain = drain
+			}
 		default:
 			return b, false
 		}
@@ -65,7 +83,7 @@ func fastBinding(data []byte) (Binding, bool) {
 			if d.ws(); d.i != len(d.data) {
 				return b, false
 			}
-			return b, b.Validate() == nil
+			return b, true
 		default:
 			return b, false
 		}
@@ -155,24 +173,27 @@ func (d *scanner) bool() (bool, bool) {
 	return false, false
 }
 
-func (d *scanner) skipStrings() bool {
+func (d *scanner) strings() ([]string, bool) {
 	if !d.byte('[') {
-		return false
+		return nil, false
 	}
 	if d.peek() == ']' {
 		d.i++
-		return true
+		return []string{}, true
 	}
+	var out []string
 	for {
-		if _, ok := d.str(); !ok {
-			return false
+		s, ok := d.str()
+		if !ok {
+			return nil, false
 		}
+		out = append(out, s)
 		switch d.next() {
 		case ',':
 		case ']':
-			return true
+			return out, true
 		default:
-			return false
+			return nil, false
 		}
 	}
 }

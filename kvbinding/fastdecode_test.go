@@ -2,8 +2,10 @@ package kvbinding
 
 import (
 	"encoding/json"
+	"reflect"
 	"testing"
 	"time"
+	"unicode/utf8"
 )
 
 func TestFastBindingMatchesJSON(t *testing.T) {
@@ -60,6 +62,38 @@ func FuzzFastBinding(f *testing.F) {
 		if got.Group != slow.Group || got.State != slow.State || got.Node != slow.Node || got.FromSeq != slow.FromSeq ||
 			got.ThroughSeq != slow.ThroughSeq || got.PrevNode != slow.PrevNode || got.Handoff != slow.Handoff {
 			t.Fatalf("fast %+v != json %+v for %q", got, slow, data)
+		}
+	})
+}
+
+// FuzzBindingJSONRoundTrip: the reflection-free encoder writes valid JSON
+// that both decoders read back to the same binding.
+func FuzzBindingJSONRoundTrip(f *testing.F) {
+	f.Add("order-42", "n1", "reason \"q\" \n\t\x01 é ✓ <>&", uint64(7), true)
+	f.Add("Zürich ✓", "", "", uint64(1), false)
+	f.Fuzz(func(t *testing.T, group, prev, reason string, seq uint64, handoff bool) {
+		b := Binding{Group: group, State: StateBound, Node: "n1", FromSeq: seq, PrevNode: prev, Reason: reason,
+			Handoff: handoff, DecidedAt: time.Unix(1700000000, 123456789).UTC(), DecidedBy: "h/n0", Drain: []string{prev}}
+		data := b.AppendJSON(nil)
+		if !json.Valid(data) {
+			t.Fatalf("invalid JSON %q", data)
+		}
+		var viaJSON Binding
+		if err := json.Unmarshal(data, &viaJSON); err != nil {
+			t.Fatalf("encoding/json cannot read %q: %v", data, err)
+		}
+		viaFast, err := DecodeJSON(data)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !reflect.DeepEqual(viaJSON, viaFast) {
+			t.Fatalf("decoders disagree on %q:\n%+v\n%+v", data, viaJSON, viaFast)
+		}
+		if utf8.ValidString(group) && utf8.ValidString(prev) && utf8.ValidString(reason) {
+			viaJSON.DecidedAt = b.DecidedAt // same instant; location pointers differ
+			if !reflect.DeepEqual(viaJSON, b) {
+				t.Fatalf("round trip changed the binding:\n%+v\n%+v", b, viaJSON)
+			}
 		}
 	})
 }

@@ -25,6 +25,11 @@ type handlerEnv struct {
 
 func startHandler(t *testing.T, s *natstest.Server, node string, live []kvbinding.NodeInfo) *handlerEnv {
 	t.Helper()
+	return startHandlerTB(t, s, node, live)
+}
+
+func startHandlerTB(t testing.TB, s *natstest.Server, node string, live []kvbinding.NodeInfo) *handlerEnv {
+	t.Helper()
 	nc := s.Connect()
 	js, _ := jetstream.New(nc)
 	ctx, cancel := context.WithCancel(context.Background())

@@ -3,6 +3,7 @@ package proposals
 import (
 	"encoding/json"
 	"fmt"
+	"strconv"
 
 	"grouprouter/kvbinding"
 )
@@ -126,18 +127,82 @@ func (r Request) validate() error {
 	return nil
 }
 
-// EncodeReply encodes a reply.
+// EncodeReply encodes a reply. It writes the JSON by hand: a reply
+// carries a binding per proposal, up to MaxProposalsPerRequest of them.
 func EncodeReply(r Reply) ([]byte, error) {
-	r.Version = ProtocolVersion
-	return json.Marshal(r)
+	buf := make([]byte, 0, 64+len(r.Decisions)*300)
+	buf = append(buf, `{"v":`...)
+	buf = strconv.AppendInt(buf, ProtocolVersion, 10)
+	buf = append(buf, `,"handler":`...)
+	buf = kvbinding.AppendJSONString(buf, r.Handler)
+	if len(r.Decisions) > 0 {
+		buf = append(buf, `,"decisions":[`...)
+		for i, d := range r.Decisions {
+			if i > 0 {
+				buf = append(buf, ',')
+			}
+			buf = append(buf, `{"group":`...)
+			buf = kvbinding.AppendJSONString(buf, d.Group)
+			buf = append(buf, `,"outcome":`...)
+			buf = kvbinding.AppendJSONString(buf, string(d.Outcome))
+			if d.Binding != nil {
+				buf = append(buf, `,"binding":`...)
+				buf = d.Binding.AppendJSON(buf)
+			}
+			if d.Revision != 0 {
+				buf = append(buf, `,"revision":`...)
+				buf = strconv.AppendUint(buf, d.Revision, 10)
+			}
+			if d.Error != "" {
+				buf = append(buf, `,"error":`...)
+				buf = kvbinding.AppendJSONString(buf, d.Error)
+			}
+			buf = append(buf, '}')
+		}
+		buf = append(buf, ']')
+	}
+	if r.Error != "" {
+		buf = append(buf, `,"error":`...)
+		buf = kvbinding.AppendJSONString(buf, r.Error)
+	}
+	return append(buf, '}'), nil
+}
+
+// wireReply is Reply with its bindings left raw, decoded without
+// reflection by kvbinding.DecodeJSON.
+type wireReply struct {
+	Version   int    `json:"v"`
+	Handler   string `json:"handler"`
+	Decisions []struct {
+		Group    string          `json:"group"`
+		Outcome  Outcome         `json:"outcome"`
+		Binding  json.RawMessage `json:"binding,omitempty"`
+		Revision uint64          `json:"revision,omitempty"`
+		Error    string          `json:"error,omitempty"`
+	} `json:"decisions,omitempty"`
+	Error string `json:"error,omitempty"`
 }
 
 // DecodeReply decodes a reply to a request of n proposals and checks that
 // it answers each of them, in order, with well-formed bindings.
 func DecodeReply(data []byte, req Request) (Reply, error) {
-	var r Reply
-	if err := json.Unmarshal(data, &r); err != nil {
+	var w wireReply
+	if err := json.Unmarshal(data, &w); err != nil {
 		return Reply{}, fmt.Errorf("%w: %v", ErrBadMessage, err)
+	}
+	r := Reply{Version: w.Version, Handler: w.Handler, Error: w.Error}
+	if len(w.Decisions) > 0 {
+		r.Decisions = make([]Decision, len(w.Decisions))
+	}
+	for i, d := range w.Decisions {
+		r.Decisions[i] = Decision{Group: d.Group, Outcome: d.Outcome, Revision: d.Revision, Error: d.Error}
+		if len(d.Binding) > 0 && string(d.Binding) != "null" {
+			b, err := kvbinding.DecodeJSON(d.Binding)
+			if err != nil {
+				return Reply{}, fmt.Errorf("%w: decision %d: %v", ErrBadMessage, i, err)
+			}
+			r.Decisions[i].Binding = &b
+		}
 	}
 	if r.Version != ProtocolVersion {
 		return Reply{}, fmt.Errorf("%w: protocol version %d, want %d", ErrBadMessage, r.Version, ProtocolVersion)

@@ -151,3 +151,27 @@ func FuzzDecodeReply(f *testing.F) {
 		}
 	})
 }
+
+func TestEncodeReplyRoundTrip(t *testing.T) {
+	req := Request{Proposer: "n1", Proposals: []Proposal{{Group: "a\"b\\c ✓ <>&", Node: "n1", FromSeq: 1}, {Group: "g2", Node: "n2", FromSeq: 2}}}
+	b := kvbinding.Binding{Group: req.Proposals[0].Group, State: kvbinding.StateBound, Node: "n1", FromSeq: 1, Reason: "tab\there", DecidedBy: "h/n0"}
+	in := Reply{Handler: "h/\"n0\"", Decisions: []Decision{
+		{Group: b.Group, Outcome: Accepted, Binding: &b, Revision: 9},
+		{Group: "g2", Outcome: Failed, Error: "no eligible node\n"},
+	}}
+	data, err := EncodeReply(in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !json.Valid(data) {
+		t.Fatalf("invalid JSON: %s", data)
+	}
+	out, err := DecodeReply(data, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out.Handler != in.Handler || out.Decisions[1].Error != in.Decisions[1].Error || out.Decisions[0].Binding.Reason != b.Reason ||
+		out.Decisions[0].Binding.Group != b.Group || out.Decisions[0].Binding.Revision != 9 {
+		t.Fatalf("round trip: %+v", out)
+	}
+}

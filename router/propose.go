@@ -47,7 +47,7 @@ func (h *retryHeap) Pop() any {
 
 const (
 	maxBatch           = proposals.MaxProposalsPerRequest
-	maxBatchesInFlight = 4
+	maxBatchesInFlight = 8
 	backoffBase        = 100 * time.Millisecond
 	backoffMax         = 5 * time.Second
 )

@@ -1,0 +1,92 @@
+package proposals
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"grouprouter/internal/natstest"
+)
+
+// BenchmarkDecisionService measures the LOCAL handler's decision throughput
+// (batched proposals of new groups, each answered after its binding is
+// written) against raw pipelined KV creates on the same server, in the same
+// run, and reports the ratio.
+func BenchmarkDecisionService(b *testing.B) {
+	s := natstest.RunServer(b)
+	env := startHandlerB(b, s)
+	natstest.Eventually(b, 5*time.Second, func() error {
+		if !env.h.Active() {
+			return natstest.ErrNotYet
+		}
+		return nil
+	})
+	const batch, inFlight = maxBatchB, maxInFlightB
+	n := max(b.N, 20000)
+	b.ResetTimer()
+
+	// Raw pipelined KV creates into a bucket of the same kind.
+	js, _ := jetstream.New(s.Connect())
+	kv, err := js.CreateKeyValue(context.Background(), jetstream.KeyValueConfig{Bucket: "raw", History: 1})
+	if err != nil {
+		b.Fatal(err)
+	}
+	_ = kv
+	ajs, _ := jetstream.New(s.Connect(), jetstream.WithPublishAsyncMaxPending(4096))
+	start := time.Now()
+	for i := 0; i < n; i++ {
+		m := nats.NewMsg(fmt.Sprintf("$KV.raw.k%d", i))
+		m.Header.Set(jetstream.ExpectedLastSubjSeqHeader, "0")
+		m.Data = []byte(`{"group":"x","state":"bound","node":"n1","from_seq":1}`)
+		if _, err := ajs.PublishMsgAsync(m); err != nil {
+			b.Fatal(err)
+		}
+	}
+	<-ajs.PublishAsyncComplete()
+	raw := float64(n) / time.Since(start).Seconds()
+
+	// Decisions: batches of new groups, inFlight requests at a time.
+	c := NewClient(s.Connect(), "p", 30*time.Second)
+	sem := make(chan struct{}, inFlight)
+	var wg sync.WaitGroup
+	start = time.Now()
+	for off := 0; off < n; off += batch {
+		ps := make([]Proposal, 0, batch)
+		for i := off; i < min(off+batch, n); i++ {
+			ps = append(ps, Proposal{Group: fmt.Sprintf("g%d", i), Node: "n1", FromSeq: uint64(i + 1)})
+		}
+		sem <- struct{}{}
+		wg.Add(1)
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			ds, err := c.Propose(context.Background(), ps)
+			if err != nil {
+				b.Error(err)
+				return
+			}
+			for _, d := range ds {
+				if d.Outcome != Accepted {
+					b.Errorf("%s: %s %s", d.Group, d.Outcome, d.Error)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	dec := float64(n) / time.Since(start).Seconds()
+	b.ReportMetric(dec, "decisions/s")
+	b.ReportMetric(raw, "raw-kv-creates/s")
+	b.ReportMetric(dec/raw, "ratio")
+}
+
+func startHandlerB(b *testing.B, s *natstest.Server) *handlerEnv {
+	return startHandlerTB(b, s, "h1", liveNodes)
+}
+
+// The batching the router uses (router.maxBatch, router.maxBatchesInFlight).
+const maxBatchB, maxInFlightB = MaxProposalsPerRequest, 8
