@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"grouprouter/kvbinding"
+	"grouprouter/proposals"
 )
 
 // rawPublish is baseline (ii): the producer alone, PublishMsgAsync of the
@@ -282,4 +283,69 @@ func (b *bencher) warmPhase(ctx context.Context, e *env) (*warmResult, error) {
 	b.logf("%-28s %7d in %6.2fs, heap %+d B = %.0f B/binding, max RSS %.1f MiB%s", "warm start (child)", w.count,
 		w.load.Seconds(), w.heapDelta, float64(w.heapDelta)/float64(w.count), float64(w.rss)/(1<<20), figure{Foreign: w.foreign}.noise())
 	return w, nil
+}
+
+// decisionService measures the LOCAL handler's decision throughput on its
+// own: proposals of new groups sent straight to grouping.propose in the
+// router's batching (1024 per request, 8 requests in flight), each answered
+// once its binding is written — to compare with raw pipelined KV creates.
+// The handler runs in the router child; its CPU counts as ours, not foreign.
+func (b *bencher) decisionService(ctx context.Context, e *env, kids []*child, tag string, n int) (figure, error) {
+	nc, err := connect(e.ns.urlsFor(0), "bench-proposer")
+	if err != nil {
+		return figure{}, err
+	}
+	defer nc.Close()
+	c := proposals.NewClient(nc, "bench", 30*time.Second)
+	before, err := snapshots(ctx, kids)
+	if err != nil {
+		return figure{}, err
+	}
+	const batch, inFlight = proposals.MaxProposalsPerRequest, 8
+	sem := make(chan struct{}, inFlight)
+	var (
+		wg      sync.WaitGroup
+		failed  atomic.Int64
+		lastErr atomic.Value
+	)
+	w := startCPUWatch()
+	start := time.Now()
+	for off := 0; off < n; off += batch {
+		ps := make([]proposals.Proposal, 0, batch)
+		for i := off; i < min(off+batch, n); i++ {
+			ps = append(ps, proposals.Proposal{Group: "svc-" + tag + "-" + strconv.Itoa(i), Node: "n0", FromSeq: uint64(i + 1)})
+		}
+		sem <- struct{}{}
+		wg.Add(1)
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			ds, err := c.Propose(ctx, ps)
+			if err != nil {
+				failed.Add(int64(len(ps)))
+				lastErr.Store(err)
+				return
+			}
+			for _, d := range ds {
+				if d.Outcome == proposals.Failed {
+					failed.Add(1)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	el := time.Since(start)
+	if f := failed.Load(); f > 0 {
+		return figure{}, fmt.Errorf("bench: %d of %d proposals failed (last error: %v)", f, n, lastErr.Load())
+	}
+	after, err := snapshots(ctx, kids)
+	if err != nil {
+		return figure{}, err
+	}
+	var childCPU time.Duration
+	for i := range after {
+		childCPU += after[i].Usage.CPU() - before[i].Usage.CPU()
+	}
+	f := b.figure(w, childCPU, float64(n)/el.Seconds())
+	b.logf("%-28s %7d in %6.2fs = %8.0f decisions/s%s", "decision service", n, el.Seconds(), f.V, f.noise())
+	return f, nil
 }

@@ -261,6 +261,7 @@ func (e *env) close() {
 // wlResult is a workload's throughput run and paced latency run.
 type wlResult struct {
 	thr, lat measure
+	svc      figure // decision service alone (cardinality)
 }
 
 // serverResults holds everything measured on one NATS set-up.
@@ -562,6 +563,9 @@ func (b *bencher) routerPhase(ctx context.Context, e *env, n int, tag string, wo
 				pref := "new-" + tag + "-"
 				if res.thr, err = b.measureRun(ctx, e, kids, runSpec{label: label(wl, "throughput"), n: b.cfg.Decisions,
 					groupPrefix: pref, groups: fresh(pref), newGroups: b.cfg.Decisions}); err != nil {
+					return err
+				}
+				if res.svc, err = b.decisionService(ctx, e, kids, tag, b.cfg.Decisions); err != nil {
 					return err
 				}
 				rate := b.pace(res.thr.Rate)
