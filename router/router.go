@@ -310,7 +310,10 @@ func (r *Router) read(ctx context.Context) error {
 		case <-time.After(250 * time.Millisecond):
 		}
 	}
-	it, err := cons.Messages(jetstream.PullMaxMessages(1024))
+	// Short heartbeats: when the stream leader's server dies, the ordered
+	// consumer is recreated after two missed heartbeats (the default expiry
+	// of 30 s made that a ~30 s stall, measured).
+	it, err := cons.Messages(jetstream.PullMaxMessages(1024), jetstream.PullExpiry(5*time.Second), jetstream.PullHeartbeat(time.Second))
 	if err != nil {
 		return fmt.Errorf("grouping: ingress: %w", err)
 	}
