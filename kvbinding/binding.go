@@ -155,3 +155,14 @@ func ValidateNodeID(id string) error {
 	}
 	return nil
 }
+
+// WithDrain returns list with node appended unless it is there already:
+// the Drain list of a record handing a group over from node.
+func WithDrain(list []string, node string) []string {
+	for _, x := range list {
+		if x == node {
+			return list
+		}
+	}
+	return append(append([]string(nil), list...), node)
+}

@@ -93,11 +93,7 @@ func (s *Store) Bucket() string { return s.bucket }
 // returns it with its revision. If a binding exists it returns that binding
 // and an error wrapping ErrExists.
 func (s *Store) Create(ctx context.Context, b Binding) (Binding, error) {
-	key, err := KeyOf(b.Group)
-	if err != nil {
-		return Binding{}, err
-	}
-	val, err := b.Marshal()
+	key, val, err := encode(b)
 	if err != nil {
 		return Binding{}, err
 	}
@@ -141,12 +137,7 @@ func (s *Store) CreateMany(ctx context.Context, bs []Binding) []CreateResult {
 	}
 	var wg sync.WaitGroup
 	for i, b := range bs {
-		key, err := KeyOf(b.Group)
-		if err != nil {
-			out[i].Err = err
-			continue
-		}
-		val, err := b.Marshal()
+		key, val, err := encode(b)
 		if err != nil {
 			out[i].Err = err
 			continue
@@ -200,11 +191,7 @@ func (s *Store) Close() {
 // Replace writes b over the record at revision rev. If the record changed
 // since, it returns the current one and an error wrapping ErrConflict.
 func (s *Store) Replace(ctx context.Context, b Binding, rev uint64) (Binding, error) {
-	key, err := KeyOf(b.Group)
-	if err != nil {
-		return Binding{}, err
-	}
-	val, err := b.Marshal()
+	key, val, err := encode(b)
 	if err != nil {
 		return Binding{}, err
 	}
@@ -228,11 +215,7 @@ func (s *Store) Replace(ctx context.Context, b Binding, rev uint64) (Binding, er
 // ttl (ended records: released, dead-lettered). rev 0 means the group must
 // have no record. The TTL is rounded up to whole seconds.
 func (s *Store) ReplaceTTL(ctx context.Context, b Binding, rev uint64, ttl time.Duration) (Binding, error) {
-	key, err := KeyOf(b.Group)
-	if err != nil {
-		return Binding{}, err
-	}
-	val, err := b.Marshal()
+	key, val, err := encode(b)
 	if err != nil {
 		return Binding{}, err
 	}
@@ -263,6 +246,15 @@ func (s *Store) ReplaceTTL(ctx context.Context, b Binding, rev uint64, ttl time.
 		return cur, fmt.Errorf("%w: group %q", ErrConflict, b.Group)
 	}
 	return Binding{}, fmt.Errorf("kvbinding: replace %q: %w", b.Group, err)
+}
+
+// encode returns the key and value of a binding record.
+func encode(b Binding) (key string, val []byte, err error) {
+	if key, err = KeyOf(b.Group); err != nil {
+		return "", nil, err
+	}
+	val, err = b.Marshal()
+	return key, val, err
 }
 
 // lastRevision returns the stream sequence of the key's last message,

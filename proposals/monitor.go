@@ -224,7 +224,7 @@ func (h *Handler) moveGroup(ctx context.Context, group string, cur kvbinding.Rou
 		if full.State == kvbinding.StateMoving {
 			from = max(fence, full.FromSeq, 1)
 		}
-		drain := appendUnique(append([]string(nil), full.Drain...), node)
+		drain := kvbinding.WithDrain(full.Drain, node)
 		next = kvbinding.Binding{Group: group, State: kvbinding.StateBound, Node: target, FromSeq: from,
 			PrevNode: node, Handoff: true, Drain: drain, DecidedAt: now, DecidedBy: h.id, Reason: reason}
 	}
@@ -235,13 +235,4 @@ func (h *Handler) moveGroup(ctx context.Context, group string, cur kvbinding.Rou
 	h.cache.Apply(b)
 	Event{Kind: EventMove, Group: group, Node: b.Node, PrevNode: node, FromSeq: b.FromSeq, By: h.id, Reason: reason}.Publish(h.nc)
 	return nil
-}
-
-func appendUnique(list []string, s string) []string {
-	for _, x := range list {
-		if x == s {
-			return list
-		}
-	}
-	return append(list, s)
 }

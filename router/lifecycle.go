@@ -106,7 +106,7 @@ func (r *Router) writeFence(ctx context.Context, group string, fence uint64) err
 		}
 	} else {
 		next := kvbinding.Binding{Group: group, State: kvbinding.StateBound, Node: cur.Node, FromSeq: fence,
-			PrevNode: r.cfg.Node, Handoff: true, Drain: appendUnique(append([]string(nil), cur.Drain...), r.cfg.Node),
+			PrevNode: r.cfg.Node, Handoff: true, Drain: kvbinding.WithDrain(cur.Drain, r.cfg.Node),
 			DecidedAt: now, DecidedBy: r.cfg.Node, Reason: cur.Reason}
 		b, err = r.store.Replace(ctx, next, cur.Revision)
 	}
@@ -166,42 +166,37 @@ func (r *Router) touch(group string) {
 // activity is kept in memory by its bound node, the only node routing it,
 // so a busy group costs no KV write.
 func (r *Router) reaper(ctx context.Context) {
-	t := time.NewTicker(r.cfg.ReaperPeriod)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
+	every(ctx, r.cfg.ReaperPeriod, r.reap)
+}
+
+func (r *Router) reap() {
+	mine := r.cache.GroupsOf(r.cfg.Node)
+	now := time.Now().UnixNano()
+	timeout := r.cfg.GroupTimeout.Nanoseconds()
+	r.mu.Lock()
+	for _, g := range mine {
+		if g == "" {
+			continue
 		}
-		mine := r.cache.GroupsOf(r.cfg.Node)
-		now := time.Now().UnixNano()
-		timeout := r.cfg.GroupTimeout.Nanoseconds()
-		r.mu.Lock()
-		for _, g := range mine {
-			if g == "" {
-				continue
-			}
-			last, seen := r.lastActive[g]
-			if !seen {
-				r.lastActive[g] = now // bound before this node started: idle from now
-				continue
-			}
-			if now-last < timeout || r.lanes[g] != nil {
-				continue
-			}
-			route, ok := r.cache.Lookup(g)
-			if !ok || route.State != kvbinding.StateBound || route.Node != r.cfg.Node || route.Handoff {
-				continue
-			}
-			delete(r.lastActive, g)
-			ln := &lane{group: g}
-			r.lanes[g] = ln
-			r.startRelease(ln, r.position()-1, proposals.EventExpire,
-				fmt.Sprintf("no message for %v (group-timeout)", r.cfg.GroupTimeout))
+		last, seen := r.lastActive[g]
+		if !seen {
+			r.lastActive[g] = now // bound before this node started: idle from now
+			continue
 		}
-		r.mu.Unlock()
+		if now-last < timeout || r.lanes[g] != nil {
+			continue
+		}
+		route, ok := r.cache.Lookup(g)
+		if !ok || route.State != kvbinding.StateBound || route.Node != r.cfg.Node || route.Handoff {
+			continue
+		}
+		delete(r.lastActive, g)
+		ln := &lane{group: g}
+		r.lanes[g] = ln
+		r.startRelease(ln, r.position()-1, proposals.EventExpire,
+			fmt.Sprintf("no message for %v (group-timeout)", r.cfg.GroupTimeout))
 	}
+	r.mu.Unlock()
 }
 
 // queueHandoff schedules the takeover of a group handed to this node.
@@ -540,13 +535,4 @@ func (r *Router) publishSync(ctx context.Context, m *nats.Msg) error {
 		case <-time.After(backoffBase):
 		}
 	}
-}
-
-func appendUnique(list []string, s string) []string {
-	for _, x := range list {
-		if x == s {
-			return list
-		}
-	}
-	return append(list, s)
 }

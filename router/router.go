@@ -688,14 +688,19 @@ func mix64(x uint64) uint64 {
 // heartbeat announces the node every cfg.Heartbeat, with whether its queue
 // consumer has an active puller.
 func (r *Router) heartbeat(ctx context.Context, cons jetstream.Consumer) {
-	t := time.NewTicker(r.cfg.Heartbeat)
+	every(ctx, r.cfg.Heartbeat, func() { r.announce(ctx, cons) })
+}
+
+// every calls fn every d until ctx ends.
+func every(ctx context.Context, d time.Duration, fn func()) {
+	t := time.NewTicker(d)
 	defer t.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
-			r.announce(ctx, cons)
+			fn()
 		}
 	}
 }
