@@ -358,10 +358,19 @@ func (r *Router) drainQueues(ctx context.Context, jobs map[string]*takeover) (ma
 	if err != nil {
 		return nil, err
 	}
+	// The old queues' consumers must not take what is being moved: pause
+	// them (a live consumer would otherwise be handed originals whose
+	// copies this node also delivers), let them ack what they already
+	// hold, and resume them once the group's messages are gone.
+	for node := range byNode {
+		if r.pauseQueue(ctx, node) {
+			defer r.resumeQueue(node)
+		}
+		r.waitDelivered(ctx, node)
+	}
 	var found []queued
 	seen := map[string]map[uint64]bool{}
 	for node, groups := range byNode {
-		r.waitDelivered(ctx, node)
 		info, err := stream.Info(ctx)
 		if err != nil {
 			return nil, err
@@ -407,24 +416,51 @@ func (r *Router) drainQueues(ctx context.Context, jobs map[string]*takeover) (ma
 		if err := r.publishSync(ctx, out); err != nil {
 			return nil, err
 		}
-		if err := stream.DeleteMsg(ctx, q.msg.Sequence); err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
-			var apiErr *jetstream.APIError
-			if !errors.As(err, &apiErr) || apiErr.ErrorCode != jetstream.JSErrCodeMessageNotFound {
-				return nil, err
-			}
+		if err := stream.DeleteMsg(ctx, q.msg.Sequence); err != nil && !isGone(err) {
+			return nil, err
 		}
 		moved[q.group]++
 	}
 	return moved, nil
 }
 
-// waitDelivered waits (at most DrainWait) until a live node's queue
-// consumer has acked everything it was delivered, so that a move does not
-// take messages its consumer is processing.
-func (r *Router) waitDelivered(ctx context.Context, node string) {
-	if _, live := r.reg.Live()[node]; !live {
-		return
+// isGone reports whether a message delete failed only because the message
+// is gone already (acked by its consumer meanwhile).
+func isGone(err error) bool {
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return true
 	}
+	var apiErr *jetstream.APIError
+	// 10037: message not found; 10057: message deletion unsuccessful
+	// (no message found).
+	return errors.As(err, &apiErr) && (apiErr.ErrorCode == jetstream.JSErrCodeMessageNotFound || apiErr.ErrorCode == 10057)
+}
+
+// pauseQueue pauses node's queue consumer for the length of a drain (with
+// a deadline, so that a crash of this node cannot leave it paused). It
+// reports whether it paused it.
+func (r *Router) pauseQueue(ctx context.Context, node string) bool {
+	until := time.Now().Add(r.cfg.DrainWait + time.Minute)
+	if _, err := r.js.PauseConsumer(ctx, QueueStream, QueueConsumer(node), until); err != nil {
+		r.log.Warn("cannot pause the old queue's consumer during a move", "node", node, "err", err)
+		return false
+	}
+	return true
+}
+
+func (r *Router) resumeQueue(node string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := r.js.ResumeConsumer(ctx, QueueStream, QueueConsumer(node)); err != nil {
+		r.log.Warn("cannot resume the old queue's consumer (it resumes by itself within a minute)", "node", node, "err", err)
+	}
+}
+
+// waitDelivered waits (at most DrainWait) until a node's queue consumer has
+// acked everything it was delivered, so that a move does not take messages
+// its consumer is processing. A consumer with no puller waiting is gone:
+// what it was delivered comes back only after the ack wait, so it is moved.
+func (r *Router) waitDelivered(ctx context.Context, node string) {
 	deadline := time.Now().Add(r.cfg.DrainWait)
 	for time.Now().Before(deadline) {
 		cons, err := r.js.Consumer(ctx, QueueStream, QueueConsumer(node))
@@ -432,7 +468,7 @@ func (r *Router) waitDelivered(ctx context.Context, node string) {
 			return
 		}
 		info, err := cons.Info(ctx)
-		if err != nil || info.NumAckPending == 0 {
+		if err != nil || info.NumAckPending == 0 || info.NumWaiting == 0 {
 			return
 		}
 		select {
