@@ -458,17 +458,26 @@ func (r *Router) resumeQueue(node string) {
 
 // waitDelivered waits (at most DrainWait) until a node's queue consumer has
 // acked everything it was delivered, so that a move does not take messages
-// its consumer is processing. A consumer with no puller waiting is gone:
-// what it was delivered comes back only after the ack wait, so it is moved.
+// its consumer is processing. A consumer whose acks stopped coming (for 2 s)
+// is taken as gone: what it holds comes back only after the ack wait, so it
+// is moved now.
 func (r *Router) waitDelivered(ctx context.Context, node string) {
 	deadline := time.Now().Add(r.cfg.DrainWait)
+	stale := min(2*time.Second, r.cfg.DrainWait)
+	var lastFloor uint64
+	lastMove := time.Now()
 	for time.Now().Before(deadline) {
 		cons, err := r.js.Consumer(ctx, QueueStream, QueueConsumer(node))
 		if err != nil {
 			return
 		}
 		info, err := cons.Info(ctx)
-		if err != nil || info.NumAckPending == 0 || info.NumWaiting == 0 {
+		if err != nil || info.NumAckPending == 0 {
+			return
+		}
+		if info.AckFloor.Stream != lastFloor {
+			lastFloor, lastMove = info.AckFloor.Stream, time.Now()
+		} else if time.Since(lastMove) >= stale {
 			return
 		}
 		select {
