@@ -72,11 +72,14 @@ func (n *node) start() {
 		n.t.Fatalf("router.New(%s): %v", n.id, err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	n.r, n.cancel, n.done = r, cancel, make(chan error, 1)
-	go func() { n.done <- r.Run(ctx) }()
+	// done is this run's own channel: a crashed run still finishing (see
+	// crash in faults_test.go) must not report into its restart's.
+	done := make(chan error, 1)
+	n.r, n.cancel, n.done = r, cancel, done
+	go func() { done <- r.Run(ctx) }()
 	select {
 	case <-r.Ready():
-	case err := <-n.done:
+	case err := <-done:
 		n.t.Fatalf("node %s stopped during start: %v", n.id, err)
 	case <-time.After(30 * time.Second):
 		n.t.Fatalf("node %s not ready", n.id)
