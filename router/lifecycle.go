@@ -362,10 +362,12 @@ func (r *Router) drainQueues(ctx context.Context, jobs map[string]*takeover) (ma
 	// them (a live consumer would otherwise be handed originals whose
 	// copies this node also delivers), let them ack what they already
 	// hold, and resume them once the group's messages are gone.
+	stopPause := make(chan struct{})
+	defer close(stopPause)
 	for node := range byNode {
-		if r.pauseQueue(ctx, node) {
-			defer r.resumeQueue(node)
-		}
+		r.holdQueue(ctx, node, stopPause)
+	}
+	for node := range byNode {
 		r.waitDelivered(ctx, node)
 	}
 	var found []queued
@@ -436,24 +438,35 @@ func isGone(err error) bool {
 	return errors.As(err, &apiErr) && (apiErr.ErrorCode == jetstream.JSErrCodeMessageNotFound || apiErr.ErrorCode == 10057)
 }
 
-// pauseQueue pauses node's queue consumer for the length of a drain (with
-// a deadline, so that a crash of this node cannot leave it paused). It
-// reports whether it paused it.
-func (r *Router) pauseQueue(ctx context.Context, node string) bool {
-	until := time.Now().Add(r.cfg.DrainWait + time.Minute)
-	if _, err := r.js.PauseConsumer(ctx, QueueStream, QueueConsumer(node), until); err != nil {
+// holdQueue keeps node's queue consumer paused until stop is closed: it
+// pauses it for a few seconds and extends the pause while the drain runs,
+// so the consumer resumes by itself shortly after the last drain of it
+// ends — several nodes may drain the same old queue at once (a dead node's
+// groups are spread), and none of them may resume it under another.
+func (r *Router) holdQueue(ctx context.Context, node string, stop <-chan struct{}) {
+	const window = 2 * time.Second
+	pause := func() error {
+		_, err := r.js.PauseConsumer(ctx, QueueStream, QueueConsumer(node), time.Now().Add(window))
+		return err
+	}
+	if err := pause(); err != nil {
 		r.log.Warn("cannot pause the old queue's consumer during a move", "node", node, "err", err)
-		return false
+		return
 	}
-	return true
-}
-
-func (r *Router) resumeQueue(node string) {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if _, err := r.js.ResumeConsumer(ctx, QueueStream, QueueConsumer(node)); err != nil {
-		r.log.Warn("cannot resume the old queue's consumer (it resumes by itself within a minute)", "node", node, "err", err)
-	}
+	go func() {
+		t := time.NewTicker(window / 4)
+		defer t.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-ctx.Done():
+				return
+			case <-t.C:
+				_ = pause()
+			}
+		}
+	}()
 }
 
 // waitDelivered waits (at most DrainWait) until a node's queue consumer has
