@@ -933,7 +933,7 @@ func TestNodeRestartMidStream(t *testing.T) {
 // bucket's stream. Producers retry failed publishes with the same
 // Nats-Msg-Id. After each restart routing resumes: every node reads past
 // what was stored before the restart and new messages are processed; no
-// node's ingress reader stalls more than 5s. At the end every message
+// node's ingress reader stalls more than 20s. At the end every message
 // arrived exactly once, in order, at one node per group, nothing was
 // queued twice and nothing is left on the queues. (A message whose
 // delivery to its consumer died with the stopped server is redelivered by
