@@ -14,8 +14,6 @@ import (
 	"unicode"
 	"unicode/utf8"
 
-	"github.com/nats-io/nats.go/jetstream"
-
 	"grouprouter/kvbinding"
 )
 
@@ -57,15 +55,8 @@ func listBindings(ctx context.Context, args []string, stdout io.Writer) error {
 		return err
 	}
 	defer nc.Close()
-	// OpenStore would create a missing bucket; listing must not.
-	if _, err := js.KeyValue(ctx, kvbinding.DefaultBucket); err != nil {
-		switch {
-		case errors.Is(err, jetstream.ErrBucketNotFound):
-			return fmt.Errorf("no bindings yet: is a grouprouter node running? (no bucket %q at %s)", kvbinding.DefaultBucket, redactURLs(url))
-		case jetStreamDisabled(err):
-			return noJetStreamError(url)
-		}
-		return fmt.Errorf("open bucket %s: %w", kvbinding.DefaultBucket, err)
+	if err := requireBucket(ctx, js, url, kvbinding.DefaultBucket, "bindings"); err != nil {
+		return err
 	}
 	store, err := kvbinding.OpenStore(ctx, js, kvbinding.StoreConfig{})
 	if err != nil {

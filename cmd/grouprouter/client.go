@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"strings"
@@ -43,4 +44,20 @@ func jetStreamDisabled(err error) bool {
 // noJetStreamError is the message for jetStreamDisabled errors.
 func noJetStreamError(servers string) error {
 	return fmt.Errorf("JetStream is not enabled at %s; grouprouter needs it", redactURLs(servers))
+}
+
+// requireBucket checks that a bucket exists without creating it (opening
+// one through kvbinding would create it): listing must not. what names what
+// is missing for the message ("bindings", "nodes").
+func requireBucket(ctx context.Context, js jetstream.JetStream, url, bucket, what string) error {
+	_, err := js.KeyValue(ctx, bucket)
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, jetstream.ErrBucketNotFound):
+		return fmt.Errorf("no %s yet: is a grouprouter node running? (no bucket %q at %s)", what, bucket, redactURLs(url))
+	case jetStreamDisabled(err):
+		return noJetStreamError(url)
+	}
+	return fmt.Errorf("open bucket %s: %w", bucket, err)
 }

@@ -10,8 +10,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
-
 	"grouprouter/kvbinding"
 	"grouprouter/proposals"
 	"grouprouter/router"
@@ -183,14 +181,8 @@ func moveGroup(ctx context.Context, op string, args []string, stdout io.Writer) 
 	// OpenStore would create a missing bucket; waiting must not.
 	wctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	if _, err := js.KeyValue(wctx, kvbinding.DefaultBucket); err != nil {
-		switch {
-		case errors.Is(err, jetstream.ErrBucketNotFound):
-			return fmt.Errorf("%s: no bucket %q at %s to wait on", o.what(), kvbinding.DefaultBucket, redactURLs(o.natsURL))
-		case jetStreamDisabled(err):
-			return noJetStreamError(o.natsURL)
-		}
-		return fmt.Errorf("%s: open bucket %s: %w", o.what(), kvbinding.DefaultBucket, err)
+	if err := requireBucket(wctx, js, o.natsURL, kvbinding.DefaultBucket, "bindings"); err != nil {
+		return fmt.Errorf("%s: %w", o.what(), err)
 	}
 	store, err := kvbinding.OpenStore(wctx, js, kvbinding.StoreConfig{})
 	if err != nil {

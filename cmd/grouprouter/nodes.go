@@ -76,15 +76,8 @@ func listNodes(ctx context.Context, args []string, stdout io.Writer) error {
 
 	ctx, cancel := context.WithTimeout(ctx, nodesTimeout)
 	defer cancel()
-	// OpenRegistry would create a missing bucket; listing must not.
-	if _, err := js.KeyValue(ctx, kvbinding.DefaultNodesBucket); err != nil {
-		switch {
-		case errors.Is(err, jetstream.ErrBucketNotFound):
-			return fmt.Errorf("no nodes yet: is a grouprouter node running? (no bucket %q at %s)", kvbinding.DefaultNodesBucket, redactURLs(url))
-		case jetStreamDisabled(err):
-			return noJetStreamError(url)
-		}
-		return fmt.Errorf("open bucket %s: %w", kvbinding.DefaultNodesBucket, err)
+	if err := requireBucket(ctx, js, url, kvbinding.DefaultNodesBucket, "nodes"); err != nil {
+		return err
 	}
 	reg, err := kvbinding.OpenRegistry(ctx, js, kvbinding.RegistryConfig{}, nil)
 	if err != nil {
