@@ -22,10 +22,17 @@ import (
 // the test ends and waits until it routes.
 func startRouter(t *testing.T, srv *natstest.Server, mode router.QueueMode) *router.Router {
 	t.Helper()
-	r, err := router.New(srv.Connect(), router.Config{
+	return runTestRouter(t, srv, router.Config{
 		Name: "h", Type: router.Local, Address: "jms", Timeout: time.Second,
 		Node: "n1", Heartbeat: 100 * time.Millisecond, QueueMode: mode,
 	})
+}
+
+// runTestRouter runs a router node with cfg in-process until the test ends
+// and waits until it routes.
+func runTestRouter(t *testing.T, srv *natstest.Server, cfg router.Config) *router.Router {
+	t.Helper()
+	r, err := router.New(srv.Connect(), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -37,18 +44,18 @@ func startRouter(t *testing.T, srv *natstest.Server, mode router.QueueMode) *rou
 		select {
 		case err := <-done:
 			if err != nil {
-				t.Errorf("router: %v", err)
+				t.Errorf("router %s: %v", cfg.Node, err)
 			}
 		case <-time.After(30 * time.Second):
-			t.Error("router did not stop")
+			t.Errorf("router %s did not stop", cfg.Node)
 		}
 	})
 	select {
 	case <-r.Ready():
 	case err := <-done:
-		t.Fatalf("router stopped before it was ready: %v", err)
+		t.Fatalf("router %s stopped before it was ready: %v", cfg.Node, err)
 	case <-time.After(30 * time.Second):
-		t.Fatal("router not ready")
+		t.Fatalf("router %s not ready", cfg.Node)
 	}
 	return r
 }

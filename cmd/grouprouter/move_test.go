@@ -92,34 +92,10 @@ func TestMoveNoHandler(t *testing.T) {
 // waits until it routes. All nodes share handler name "h" and address jms.
 func startRouterNode(t *testing.T, srv *natstest.Server, node string, typ router.HandlerType) {
 	t.Helper()
-	r, err := router.New(srv.Connect(), router.Config{
+	runTestRouter(t, srv, router.Config{
 		Name: "h", Type: typ, Address: "jms", Timeout: time.Second, Node: node,
 		Heartbeat: 100 * time.Millisecond, LeaseTTL: time.Second,
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- r.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("router %s: %v", node, err)
-			}
-		case <-time.After(30 * time.Second):
-			t.Errorf("router %s did not stop", node)
-		}
-	})
-	select {
-	case <-r.Ready():
-	case err := <-done:
-		t.Fatalf("router %s stopped before it was ready: %v", node, err)
-	case <-time.After(30 * time.Second):
-		t.Fatalf("router %s not ready", node)
-	}
 }
 
 // startQueueConsumer pulls node's queue with the priority group and acks
