@@ -939,11 +939,15 @@ func TestNodeRestartMidStream(t *testing.T) {
 // delivery to its consumer died with the stopped server is redelivered by
 // JetStream after the ack wait, behind its group's later messages: see
 // checkDelivered.)
-func TestServerRestartUnderLoad(t *testing.T) {
-	c, nodes := clusterOf(t, "LRR")
-	var col timedCollector
+// loadedCluster starts a 3-server cluster with a node per server (layout as
+// in clusterOf), an application consumer on every node's queue, and waits
+// until every node is eligible.
+func loadedCluster(t *testing.T, layout string) (*natstest.Cluster, []*node, *timedCollector, *nats.Conn, jetstream.JetStream) {
+	t.Helper()
+	c, nodes := clusterOf(t, layout)
+	col := &timedCollector{}
 	for i, id := range all3 {
-		startAppConsumer(t, c.Servers[i].URL(), id, &col)
+		startAppConsumer(t, c.Servers[i].URL(), id, col)
 	}
 	admin := natstest.Connect(t, c.URLs(), nats.Name("test-admin"))
 	waitEligible(t, admin, all3, all3)
@@ -951,6 +955,11 @@ func TestServerRestartUnderLoad(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return c, nodes, col, admin, js
+}
+
+func TestServerRestartUnderLoad(t *testing.T) {
+	c, nodes, col, _, js := loadedCluster(t, "LRR")
 	stalls := watchReadStalls(t, nodes...)
 	var ps []*loadProducer
 	for i, s := range c.Servers {
@@ -1048,17 +1057,7 @@ func TestServerRestartUnderLoad(t *testing.T) {
 // and new groups keep being decided. The decision stall is measured from
 // the kill to the first consumption of a group first published after it.
 func TestActiveHandlerKilledUnderLoad(t *testing.T) {
-	c, nodes := clusterOf(t, "LLR")
-	var col timedCollector
-	for i, id := range all3 {
-		startAppConsumer(t, c.Servers[i].URL(), id, &col)
-	}
-	admin := natstest.Connect(t, c.URLs(), nats.Name("test-admin"))
-	waitEligible(t, admin, all3, all3)
-	js, err := jetstream.New(admin)
-	if err != nil {
-		t.Fatal(err)
-	}
+	c, nodes, col, admin, js := loadedCluster(t, "LLR")
 	st := openStore(t, admin)
 	ps := []*loadProducer{
 		startLoad(t, c.Servers[0].URL(), "pa", 8, 15, 5*time.Millisecond),
