@@ -303,6 +303,16 @@ func (c *Cache) applyEntry(key string, op entryOp, value []byte, rev uint64) {
 		}
 		return
 	}
+	// A revision the cache already holds (a handler's reply applied it, or
+	// the handler wrote it) needs no decoding: most of a router's and a
+	// handler's watch traffic is its own decisions coming back.
+	c.mu.Lock()
+	if e, had := c.m[group]; had && e.rev >= rev {
+		c.watchRev = max(c.watchRev, rev)
+		c.mu.Unlock()
+		return
+	}
+	c.mu.Unlock()
 	b, ok := fastBinding(value)
 	if !ok {
 		var err error

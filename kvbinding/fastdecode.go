@@ -1,8 +1,9 @@
 package kvbinding
 
 import (
-	"bytes"
 	"time"
+
+	"grouprouter/internal/jsonx"
 )
 
 // fastBinding decodes the fields of a binding value that the cache keeps
@@ -16,42 +17,44 @@ func fastBinding(data []byte) (Binding, bool) {
 	return b, ok && b.Validate() == nil
 }
 
-// decodeBinding decodes a binding value without reflection; with all set
-// it keeps every field, else only those the cache needs.
+// decodeBinding decodes a whole binding value without reflection; with all
+// set it keeps every field, else only those the cache needs.
 func decodeBinding(data []byte, all bool) (Binding, bool) {
+	d := jsonx.Scanner{Data: data}
+	b, ok := scanBinding(&d, all)
+	return b, ok && d.End()
+}
+
+// ScanJSON reads one binding object from d, as DecodeJSON does, for a
+// decoder of a message that embeds bindings. It returns false when the
+// object is not plain; the caller then decodes the whole message with
+// encoding/json.
+func ScanJSON(d *jsonx.Scanner) (Binding, bool) { return scanBinding(d, true) }
+
+func scanBinding(d *jsonx.Scanner, all bool) (Binding, bool) {
 	var b Binding
-	d := scanner{data: data}
-	if !d.byte('{') {
-		return b, false
-	}
-	if d.peek() == '}' {
-		return b, false
-	}
-	for {
-		key, ok := d.str()
-		if !ok || !d.byte(':') {
-			return b, false
-		}
-		switch key {
+	ok := d.Object(func(key []byte) bool {
+		var ok bool
+		switch string(key) {
 		case "group":
-			b.Group, ok = d.str()
+			b.Group, ok = d.Str()
 		case "state":
 			var s string
-			s, ok = d.str()
+			s, ok = d.Str()
 			b.State = State(s)
 		case "node":
-			b.Node, ok = d.str()
+			b.Node, ok = d.Str()
 		case "prev_node":
-			b.PrevNode, ok = d.str()
+			b.PrevNode, ok = d.Str()
 		case "from_seq":
-			b.FromSeq, ok = d.uint()
+			b.FromSeq, ok = d.Uint()
 		case "through_seq":
-			b.ThroughSeq, ok = d.uint()
+			b.ThroughSeq, ok = d.Uint()
 		case "handoff":
-			b.Handoff, ok = d.bool()
+			b.Handoff, ok = d.Bool()
 		case "decided_at":
 			var at string
-			if at, ok = d.str(); ok {
+			if at, ok = d.Str(); ok {
 				t, err := time.Parse(time.RFC3339Nano, at)
 				ok = err == nil
 				if all {
@@ -59,141 +62,19 @@ func decodeBinding(data []byte, all bool) (Binding, bool) {
 				}
 			}
 		case "decided_by":
-			b.DecidedBy, ok = d.str()
+			b.DecidedBy, ok = d.Str()
 		case "proposed_by":
-			b.ProposedBy, ok = d.str()
+			b.ProposedBy, ok = d.Str()
 		case "reason":
-			b.Reason, ok = d.str()
+			b.Reason, ok = d.Str()
 		case "drain":
 			var drain []string
-			drain, ok = d.strings()
+			drain, ok = d.Strings()
 			if all {
 				b.Drain = drain
 			}
-		default:
-			return b, false
 		}
-		if !ok {
-			return b, false
-		}
-		switch d.next() {
-		case ',':
-			continue
-		case '}':
-			if d.ws(); d.i != len(d.data) {
-				return b, false
-			}
-			return b, true
-		default:
-			return b, false
-		}
-	}
-}
-
-type scanner struct {
-	data []byte
-	i    int
-}
-
-func (d *scanner) ws() {
-	for d.i < len(d.data) {
-		switch d.data[d.i] {
-		case ' ', '\t', '\n', '\r':
-			d.i++
-		default:
-			return
-		}
-	}
-}
-
-func (d *scanner) peek() byte {
-	d.ws()
-	if d.i < len(d.data) {
-		return d.data[d.i]
-	}
-	return 0
-}
-
-func (d *scanner) next() byte {
-	c := d.peek()
-	if c != 0 {
-		d.i++
-	}
-	return c
-}
-
-func (d *scanner) byte(c byte) bool { return d.next() == c }
-
-// str reads a string without escapes or control characters.
-func (d *scanner) str() (string, bool) {
-	if !d.byte('"') {
-		return "", false
-	}
-	rest := d.data[d.i:]
-	j := bytes.IndexByte(rest, '"')
-	if j < 0 {
-		return "", false
-	}
-	for _, c := range rest[:j] {
-		if c == '\\' || c < 0x20 {
-			return "", false
-		}
-	}
-	d.i += j + 1
-	return string(rest[:j]), true
-}
-
-func (d *scanner) uint() (uint64, bool) {
-	d.ws()
-	var n uint64
-	start := d.i
-	for d.i < len(d.data) && d.data[d.i] >= '0' && d.data[d.i] <= '9' {
-		if d.i-start >= 19 {
-			return 0, false
-		}
-		n = n*10 + uint64(d.data[d.i]-'0')
-		d.i++
-	}
-	if d.i == start || (d.data[start] == '0' && d.i-start > 1) {
-		return 0, false
-	}
-	return n, true
-}
-
-func (d *scanner) bool() (bool, bool) {
-	d.ws()
-	switch {
-	case bytes.HasPrefix(d.data[d.i:], []byte("true")):
-		d.i += 4
-		return true, true
-	case bytes.HasPrefix(d.data[d.i:], []byte("false")):
-		d.i += 5
-		return false, true
-	}
-	return false, false
-}
-
-func (d *scanner) strings() ([]string, bool) {
-	if !d.byte('[') {
-		return nil, false
-	}
-	if d.peek() == ']' {
-		d.i++
-		return []string{}, true
-	}
-	var out []string
-	for {
-		s, ok := d.str()
-		if !ok {
-			return nil, false
-		}
-		out = append(out, s)
-		switch d.next() {
-		case ',':
-		case ']':
-			return out, true
-		default:
-			return nil, false
-		}
-	}
+		return ok
+	})
+	return b, ok
 }

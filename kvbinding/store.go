@@ -136,15 +136,16 @@ func (s *Store) CreateMany(ctx context.Context, bs []Binding) []CreateResult {
 		return out
 	}
 	var wg sync.WaitGroup
-	for i, b := range bs {
-		key, val, err := encode(b)
+	// One header for the batch: the publisher only reads it.
+	hdr := nats.Header{jetstream.ExpectedLastSubjSeqHeader: []string{"0"}}
+	prefix := "$KV." + s.bucket + "."
+	for i := range bs {
+		key, val, err := encode(bs[i])
 		if err != nil {
 			out[i].Err = err
 			continue
 		}
-		msg := nats.NewMsg("$KV." + s.bucket + "." + key)
-		msg.Header.Set(jetstream.ExpectedLastSubjSeqHeader, "0")
-		msg.Data = val
+		msg := &nats.Msg{Subject: prefix + key, Header: hdr, Data: val}
 		wg.Add(1)
 		err = pub.Publish(msg, func(ack jspub.Ack, err error) {
 			defer wg.Done()
@@ -152,8 +153,8 @@ func (s *Store) CreateMany(ctx context.Context, bs []Binding) []CreateResult {
 				out[i].Err = err
 				return
 			}
-			b.Revision = ack.Sequence
-			out[i].Binding = b
+			out[i].Binding = bs[i]
+			out[i].Binding.Revision = ack.Sequence
 		})
 		if err != nil {
 			out[i].Err = err

@@ -1,8 +1,10 @@
 package proposals
 
 import (
-	"encoding/json"
+	"strconv"
 	"time"
+
+	"grouprouter/internal/jsonx"
 
 	"github.com/nats-io/nats.go"
 )
@@ -44,9 +46,45 @@ func (e Event) Publish(nc *nats.Conn) {
 	if e.At.IsZero() {
 		e.At = time.Now().UTC()
 	}
-	data, err := json.Marshal(e)
-	if err != nil {
-		return
+	_ = nc.Publish(SubjectEventsPrefix+e.Kind, e.AppendJSON(make([]byte, 0, 160)))
+}
+
+// AppendJSON appends the event's JSON encoding, as encoding/json writes it
+// but without reflection (a bind event is published per new group) and
+// without HTML escaping.
+func (e Event) AppendJSON(buf []byte) []byte {
+	buf = append(buf, `{"kind":`...)
+	buf = jsonx.AppendString(buf, e.Kind)
+	buf = append(buf, `,"group":`...)
+	buf = jsonx.AppendString(buf, e.Group)
+	if e.Node != "" {
+		buf = append(buf, `,"node":`...)
+		buf = jsonx.AppendString(buf, e.Node)
 	}
-	_ = nc.Publish(SubjectEventsPrefix+e.Kind, data)
+	if e.PrevNode != "" {
+		buf = append(buf, `,"prev_node":`...)
+		buf = jsonx.AppendString(buf, e.PrevNode)
+	}
+	if e.FromSeq != 0 {
+		buf = append(buf, `,"from_seq":`...)
+		buf = strconv.AppendUint(buf, e.FromSeq, 10)
+	}
+	buf = append(buf, `,"by":`...)
+	buf = jsonx.AppendString(buf, e.By)
+	buf = append(buf, `,"at":"`...)
+	buf = e.At.AppendFormat(buf, time.RFC3339Nano)
+	buf = append(buf, '"')
+	if e.Reason != "" {
+		buf = append(buf, `,"reason":`...)
+		buf = jsonx.AppendString(buf, e.Reason)
+	}
+	if e.Attempt != 0 {
+		buf = append(buf, `,"attempt":`...)
+		buf = strconv.AppendInt(buf, int64(e.Attempt), 10)
+	}
+	if e.Count != 0 {
+		buf = append(buf, `,"count":`...)
+		buf = strconv.AppendInt(buf, int64(e.Count), 10)
+	}
+	return append(buf, '}')
 }

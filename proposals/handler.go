@@ -248,7 +248,7 @@ func (h *Handler) serve(m *nats.Msg) {
 		reply.Decisions = h.DecideAll(ctx, req)
 		cancel()
 	}
-	data, err := EncodeReply(reply)
+	data, err := EncodeReply(reply, req)
 	if err != nil {
 		return
 	}
@@ -263,13 +263,17 @@ func (h *Handler) DecideAll(ctx context.Context, req Request) []Decision {
 	out := make([]Decision, len(req.Proposals))
 	live := h.liveState()
 	now := time.Now()
+	// New groups (nearly all proposals) are written in one pipelined round
+	// of KV creates; the rest one at a time per group.
 	type planned struct {
 		i  int
-		p  Proposal
 		st State
 		v  Verdict
 	}
-	var creates, others []planned
+	var others []planned
+	creates := make([]int, 0, len(req.Proposals))
+	bs := make([]kvbinding.Binding, 0, len(req.Proposals))
+	verdicts := make([]Verdict, len(req.Proposals))
 	for i, p := range req.Proposals {
 		out[i] = Decision{Group: p.Group, Outcome: Failed}
 		if err := p.Validate(); err != nil {
@@ -278,7 +282,8 @@ func (h *Handler) DecideAll(ctx context.Context, req Request) []Decision {
 		}
 		st := State{Live: live}
 		if r, ok := h.cache.Lookup(p.Group); ok {
-			st.Existing = &r
+			existing := r
+			st.Existing = &existing
 		}
 		v := Decide(st, p, now)
 		if v.Action == Create || v.Action == Replace {
@@ -290,28 +295,24 @@ func (h *Handler) DecideAll(ctx context.Context, req Request) []Decision {
 			}
 		}
 		if v.Action == Create {
-			creates = append(creates, planned{i, p, st, v})
+			creates = append(creates, i)
+			bs = append(bs, v.Binding)
+			verdicts[i] = v
 		} else {
-			others = append(others, planned{i, p, st, v})
+			others = append(others, planned{i, st, v})
 		}
 	}
-	// New groups: one pipelined round of KV creates.
 	if len(creates) > 0 {
-		bs := make([]kvbinding.Binding, len(creates))
-		for k, c := range creates {
-			bs[k] = c.v.Binding
-		}
 		for k, res := range h.store.CreateMany(ctx, bs) {
-			c := creates[k]
-			out[c.i] = h.settle(req.Proposer, c.p, c.v, res.Binding, res.Err)
+			i := creates[k]
+			out[i] = h.settle(req.Proposer, req.Proposals[i], verdicts[i], res.Binding, res.Err)
 		}
 	}
-	// The rest (rare): one at a time per group, concurrently.
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(64)
 	for _, o := range others {
 		g.Go(func() error {
-			out[o.i] = h.carryOut(gctx, req.Proposer, o.p, o.st, o.v)
+			out[o.i] = h.carryOut(gctx, req.Proposer, req.Proposals[o.i], o.st, o.v)
 			return nil
 		})
 	}

@@ -184,7 +184,7 @@ func TestHandlerAnswersMalformedRequestsWithAnError(t *testing.T) {
 		return nil
 	})
 	nc := s.Connect()
-	for _, body := range []string{`garbage`, `{"v":1,"proposer":"p","proposals":[]}`} {
+	for _, body := range []string{`garbage`, `{"v":2,"proposer":"p","proposals":[]}`} {
 		m, err := nc.Request(SubjectPropose, []byte(body), 2*time.Second)
 		if err != nil {
 			t.Fatalf("%s: %v", body, err)
@@ -194,7 +194,7 @@ func TestHandlerAnswersMalformedRequestsWithAnError(t *testing.T) {
 		}
 	}
 	// One invalid proposal in a batch fails alone.
-	data := []byte(`{"v":1,"proposer":"p","proposals":[{"group":"ok","node":"n1","from_seq":1},{"group":"bad","node":"n1","from_seq":0}]}`)
+	data := []byte(`{"v":2,"proposer":"p","proposals":[{"group":"ok","node":"n1","from_seq":1},{"group":"bad","node":"n1","from_seq":0}]}`)
 	m, err := nc.Request(SubjectPropose, data, 2*time.Second)
 	if err != nil {
 		t.Fatal(err)

@@ -1,10 +1,13 @@
 package proposals
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
+	"reflect"
 	"strings"
 	"testing"
+	"time"
 
 	"grouprouter/kvbinding"
 )
@@ -31,11 +34,11 @@ func TestRequestRoundTrip(t *testing.T) {
 func TestDecodeRequestRejects(t *testing.T) {
 	tests := map[string]string{
 		"not json":      `{`,
-		"wrong version": `{"v":2,"proposer":"n1","proposals":[{"group":"g","node":"n1","from_seq":1}]}`,
-		"no proposer":   `{"v":1,"proposals":[{"group":"g","node":"n1","from_seq":1}]}`,
-		"bad proposer":  `{"v":1,"proposer":"n 1","proposals":[{"group":"g","node":"n1","from_seq":1}]}`,
-		"no proposals":  `{"v":1,"proposer":"n1","proposals":[]}`,
-		"too many":      `{"v":1,"proposer":"n1","proposals":[` + strings.Repeat(`{"group":"g","node":"n1","from_seq":1},`, MaxProposalsPerRequest) + `{"group":"g","node":"n1","from_seq":1}]}`,
+		"wrong version": `{"v":1,"proposer":"n1","proposals":[{"group":"g","node":"n1","from_seq":1}]}`,
+		"no proposer":   `{"v":2,"proposals":[{"group":"g","node":"n1","from_seq":1}]}`,
+		"bad proposer":  `{"v":2,"proposer":"n 1","proposals":[{"group":"g","node":"n1","from_seq":1}]}`,
+		"no proposals":  `{"v":2,"proposer":"n1","proposals":[]}`,
+		"too many":      `{"v":2,"proposer":"n1","proposals":[` + strings.Repeat(`{"group":"g","node":"n1","from_seq":1},`, MaxProposalsPerRequest) + `{"group":"g","node":"n1","from_seq":1}]}`,
 		"wrong types":   `{"v":"1","proposer":"n1"}`,
 	}
 	for name, in := range tests {
@@ -63,7 +66,7 @@ func TestEncodeRequestValidatesProposals(t *testing.T) {
 func TestDecodeReplyChecksEveryDecision(t *testing.T) {
 	req := Request{Proposer: "n1", Proposals: []Proposal{{Group: "g", Node: "n1", FromSeq: 1}}}
 	b := kvbinding.Binding{Group: "g", State: kvbinding.StateBound, Node: "n1", FromSeq: 1}
-	good := Reply{Version: 1, Decisions: []Decision{{Group: "g", Outcome: Accepted, Binding: &b, Revision: 3}}}
+	good := Reply{Version: ProtocolVersion, Decisions: []Decision{{Group: "g", Outcome: Accepted, Binding: &b, Revision: 3}}}
 	data, _ := json.Marshal(good)
 	r, err := DecodeReply(data, req)
 	if err != nil || r.Decisions[0].Binding.Revision != 3 {
@@ -72,12 +75,12 @@ func TestDecodeReplyChecksEveryDecision(t *testing.T) {
 	other := b
 	other.Group = "h"
 	bad := map[string]Reply{
-		"count":                    {Version: 1},
-		"wrong group":              {Version: 1, Decisions: []Decision{{Group: "h", Outcome: Accepted, Binding: &b, Revision: 3}}},
-		"binding missing":          {Version: 1, Decisions: []Decision{{Group: "g", Outcome: Accepted, Revision: 3}}},
-		"binding of another group": {Version: 1, Decisions: []Decision{{Group: "g", Outcome: Rejected, Binding: &other, Revision: 3}}},
-		"no revision":              {Version: 1, Decisions: []Decision{{Group: "g", Outcome: Accepted, Binding: &b}}},
-		"unknown outcome":          {Version: 1, Decisions: []Decision{{Group: "g", Outcome: "maybe"}}},
+		"count":                    {Version: ProtocolVersion},
+		"wrong group":              {Version: ProtocolVersion, Decisions: []Decision{{Group: "h", Outcome: Accepted, Binding: &b, Revision: 3}}},
+		"binding missing":          {Version: ProtocolVersion, Decisions: []Decision{{Group: "g", Outcome: Accepted, Revision: 3}}},
+		"binding of another group": {Version: ProtocolVersion, Decisions: []Decision{{Group: "g", Outcome: Rejected, Binding: &other, Revision: 3}}},
+		"no revision":              {Version: ProtocolVersion, Decisions: []Decision{{Group: "g", Outcome: Accepted, Binding: &b}}},
+		"unknown outcome":          {Version: ProtocolVersion, Decisions: []Decision{{Group: "g", Outcome: "maybe"}}},
 		"version":                  {Version: 9, Decisions: good.Decisions},
 	}
 	for name, rep := range bad {
@@ -86,7 +89,7 @@ func TestDecodeReplyChecksEveryDecision(t *testing.T) {
 			t.Errorf("%s: error = %v, want ErrBadMessage", name, err)
 		}
 	}
-	data, _ = json.Marshal(Reply{Version: 1, Error: "boom"})
+	data, _ = json.Marshal(Reply{Version: ProtocolVersion, Error: "boom"})
 	if _, err := DecodeReply(data, req); !errors.Is(err, ErrHandlerFailed) {
 		t.Errorf("handler error: %v, want ErrHandlerFailed", err)
 	}
@@ -96,11 +99,22 @@ func TestDecodeReplyChecksEveryDecision(t *testing.T) {
 // decodes re-encodes (after dropping invalid proposals) and decodes again
 // to the same request.
 func FuzzDecodeRequest(f *testing.F) {
-	f.Add([]byte(`{"v":1,"proposer":"n1","proposals":[{"group":"g","node":"n1","from_seq":1}]}`))
-	f.Add([]byte(`{"v":1,"proposer":"n1","proposals":[{"group":"\u00ff.*>","node":"n-_1","from_seq":18446744073709551615}]}`))
-	f.Add([]byte(`{"v":1,"proposer":"","proposals":null}`))
+	f.Add([]byte(`{"v":2,"proposer":"n1","proposals":[{"group":"g","node":"n1","from_seq":1}]}`))
+	f.Add([]byte(`{"v":2,"proposer":"n1","proposals":[{"group":"\u00ff.*>","node":"n-_1","from_seq":18446744073709551615}]}`))
+	f.Add([]byte(`{"v":2,"proposer":"","proposals":null}`))
 	f.Add([]byte(`[]`))
 	f.Fuzz(func(t *testing.T, data []byte) {
+		// The reflection-free path agrees with encoding/json on whatever
+		// it accepts.
+		if fast, ok := scanRequest(data); ok {
+			var slow Request
+			if err := json.Unmarshal(data, &slow); err != nil {
+				t.Fatalf("fast path accepted %q, encoding/json: %v", data, err)
+			}
+			if !reflect.DeepEqual(fast, slow) && !(len(fast.Proposals) == 0 && len(slow.Proposals) == 0) {
+				t.Fatalf("fast %+v != encoding/json %+v", fast, slow)
+			}
+		}
 		req, err := DecodeRequest(data)
 		if err != nil {
 			if !errors.Is(err, ErrBadMessage) {
@@ -137,10 +151,25 @@ func FuzzDecodeRequest(f *testing.F) {
 // FuzzDecodeReply: arbitrary replies never panic, and an accepted reply
 // always carries a valid binding for the proposed group.
 func FuzzDecodeReply(f *testing.F) {
-	f.Add([]byte(`{"v":1,"decisions":[{"group":"g","outcome":"accepted","binding":{"group":"g","state":"bound","node":"n1","from_seq":1},"revision":3}]}`))
-	f.Add([]byte(`{"v":1,"error":"x"}`))
+	f.Add([]byte(`{"v":2,"decisions":[{"group":"g","outcome":"accepted","binding":{"group":"g","state":"bound","node":"n1","from_seq":1},"revision":3}]}`))
+	f.Add([]byte(`{"v":2,"error":"x"}`))
+	f.Add([]byte(`{"v":2,"handler":"h","decided_at":"2026-11-30T07:00:00.5Z","decisions":[{"group":"g","outcome":"accepted","revision":3}]}`))
+	f.Add([]byte(`{"v":2,"handler":"h","decisions":[{"group":"g","outcome":"rejected","binding":{"group":"g","state":"bound","node":"n2","from_seq":1,"decided_at":"2026-11-30T07:00:00Z","decided_by":"h","drain":["n1"]},"revision":3}]}`))
 	req := Request{Proposer: "n1", Proposals: []Proposal{{Group: "g", Node: "n1", FromSeq: 1}}}
 	f.Fuzz(func(t *testing.T, data []byte) {
+		// The reflection-free path agrees with encoding/json on whatever
+		// it accepts.
+		if fast, ok := scanReply(data, 1); ok {
+			slow, err := decodeReplySlow(data)
+			if err != nil {
+				t.Fatalf("fast path accepted %q, encoding/json: %v", data, err)
+			}
+			fj, _ := json.Marshal(fast)
+			sj, _ := json.Marshal(slow)
+			if string(fj) != string(sj) {
+				t.Fatalf("fast %s != encoding/json %s", fj, sj)
+			}
+		}
 		r, err := DecodeReply(data, req)
 		if err != nil {
 			return
@@ -159,7 +188,7 @@ func TestEncodeReplyRoundTrip(t *testing.T) {
 		{Group: b.Group, Outcome: Accepted, Binding: &b, Revision: 9},
 		{Group: "g2", Outcome: Failed, Error: "no eligible node\n"},
 	}}
-	data, err := EncodeReply(in)
+	data, err := EncodeReply(in, req)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -174,4 +203,93 @@ func TestEncodeReplyRoundTrip(t *testing.T) {
 		out.Decisions[0].Binding.Group != b.Group || out.Decisions[0].Binding.Revision != 9 {
 		t.Fatalf("round trip: %+v", out)
 	}
+}
+
+// TestCompactReply: a binding accepted exactly as proposed travels as its
+// revision only and is rebuilt equal; any other binding travels whole.
+func TestCompactReply(t *testing.T) {
+	at := time.Date(2026, 11, 30, 7, 0, 0, 123456789, time.UTC)
+	req := Request{Proposer: "n1", Proposals: []Proposal{
+		{Group: "plain", Node: "n1", FromSeq: 5},
+		{Group: "redirected", Node: "n1", FromSeq: 6},
+		{Group: "reason", Node: "n2", FromSeq: 7},
+		{Group: "failed", Node: "n2", FromSeq: 8},
+	}}
+	plain := rebuild(req.Proposals[0], "n1", "h/n0", at)
+	redirected := rebuild(req.Proposals[1], "n1", "h/n0", at)
+	redirected.Node = "n2"
+	reason := rebuild(req.Proposals[2], "n1", "h/n0", at)
+	reason.Reason = "node n3 has no consumer"
+	in := Reply{Handler: "h/n0", Decisions: []Decision{
+		{Group: "plain", Outcome: Accepted, Binding: &plain, Revision: 11},
+		{Group: "redirected", Outcome: Rejected, Binding: &redirected, Revision: 12},
+		{Group: "reason", Outcome: Accepted, Binding: &reason, Revision: 13},
+		{Group: "failed", Outcome: Failed, Error: "timeout"},
+	}}
+	data, err := EncodeReply(in, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := strings.Count(string(data), `"binding":`); n != 2 {
+		t.Errorf("%d bindings on the wire, want 2 (all but the plain acceptance): %s", n, data)
+	}
+	for _, decode := range []func() (Reply, error){
+		func() (Reply, error) { return DecodeReply(data, req) },
+		func() (Reply, error) { // the encoding/json path gives the same
+			r, err := decodeReplySlow(data)
+			if err != nil {
+				return r, err
+			}
+			return checkReply(r, req)
+		},
+	} {
+		out, err := decode()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, want := range []*kvbinding.Binding{&plain, &redirected, &reason, nil} {
+			got := out.Decisions[i].Binding
+			if want == nil {
+				if got != nil {
+					t.Errorf("decision %d: binding %+v, want none", i, got)
+				}
+				continue
+			}
+			w := *want
+			w.Revision = in.Decisions[i].Revision
+			if got == nil || !got.DecidedAt.Equal(w.DecidedAt) {
+				t.Fatalf("decision %d: binding %+v, want %+v", i, got, w)
+			}
+			g := *got
+			g.DecidedAt = w.DecidedAt
+			if !reflect.DeepEqual(g, w) {
+				t.Errorf("decision %d: binding %+v, want %+v", i, g, w)
+			}
+		}
+	}
+	// A reply without decided_at cannot leave a binding out.
+	bare := strings.Replace(string(data), `"decided_at":"2026-11-30T07:00:00.123456789Z",`, "", 1)
+	if _, err := DecodeReply([]byte(bare), req); !errors.Is(err, ErrBadMessage) {
+		t.Errorf("reply without decided_at: %v, want ErrBadMessage", err)
+	}
+}
+
+// FuzzEventJSON: Event.AppendJSON writes what encoding/json writes (HTML
+// escaping aside).
+func FuzzEventJSON(f *testing.F) {
+	f.Add("bind", "g", "n1", "", uint64(3), "h/n0", "", 0, 0, int64(1_796_000_000_123_456_789))
+	f.Add("move", "a\"b<>", "n2", "n1", uint64(0), "h", "node n1 gone\n", 2, 7, int64(0))
+	f.Fuzz(func(t *testing.T, kind, group, node, prev string, seq uint64, by, reason string, attempt, count int, at int64) {
+		e := Event{Kind: kind, Group: group, Node: node, PrevNode: prev, FromSeq: seq, By: by,
+			At: time.Unix(0, at).UTC(), Reason: reason, Attempt: attempt, Count: count}
+		var want bytes.Buffer
+		enc := json.NewEncoder(&want)
+		enc.SetEscapeHTML(false)
+		if err := enc.Encode(e); err != nil {
+			return // a time encoding/json refuses (year outside 0-9999)
+		}
+		if got := e.AppendJSON(nil); string(got) != strings.TrimSuffix(want.String(), "\n") {
+			t.Fatalf("AppendJSON = %s\nencoding/json %s", got, want.String())
+		}
+	})
 }
