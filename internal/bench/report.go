@@ -43,6 +43,7 @@ type Sizes struct {
 	ZipfGroups      int     `json:"zipf_groups"`
 	ZipfS           float64 `json:"zipf_s"`
 	LatencyRunSec   float64 `json:"latency_run_s"`
+	Repeat          int     `json:"repeat"`
 	LatencyRate     float64 `json:"latency_rate,omitempty"` // --rate; 0 = half of each measured peak
 	WarmStart       int     `json:"warm_start"`
 	Workloads       string  `json:"workloads"`
@@ -56,15 +57,15 @@ func (s Sizes) String() string {
 		rate = fmt.Sprintf("%.0f msgs/s", s.LatencyRate)
 	}
 	return fmt.Sprintf("servers=%v nodes=%d (+3 for steady) messages=%d decisions(cardinality,zipf)=%d hot-groups=%d payload=%dB zipf=%d groups s=%.2f "+
-		"latency runs=%gs at %s warm-start=%d workloads=%s",
+		"latency runs=%gs at %s repeat=%d (median) warm-start=%d workloads=%s",
 		s.Servers, s.Nodes, s.Messages, s.Decisions, s.HotGroups, s.PayloadBytes, s.ZipfGroups, s.ZipfS,
-		s.LatencyRunSec, rate, s.WarmStart, s.Workloads)
+		s.LatencyRunSec, rate, s.Repeat, s.WarmStart, s.Workloads)
 }
 
 func (b *bencher) sizes() Sizes {
 	return Sizes{Servers: b.cfg.Servers, Nodes: b.cfg.Nodes, Messages: b.cfg.Messages, Decisions: b.cfg.Decisions,
 		HotGroups: b.cfg.Groups, PayloadBytes: b.cfg.Payload, ZipfGroups: b.cfg.ZipfGroups, ZipfS: b.cfg.ZipfS,
-		LatencyRunSec: b.cfg.LatencyFor.Seconds(), LatencyRate: b.cfg.Rate, WarmStart: b.cfg.WarmStart,
+		LatencyRunSec: b.cfg.LatencyFor.Seconds(), Repeat: b.cfg.Repeat, LatencyRate: b.cfg.Rate, WarmStart: b.cfg.WarmStart,
 		Workloads: strings.Join(b.cfg.Workloads, ","), QueueConsumers: "one per node, priority group, ack each",
 		ProducerPending: 4000}
 }
