@@ -93,10 +93,45 @@ func (b *bencher) kvBucket(ctx context.Context, e *env, name string) (jetstream.
 // asynchronously to $KV.<bucket>.<key> with Nats-Expected-Last-Subject-
 // Sequence: 0 (what KeyValue.Create sends), on their own connection,
 // timed from the first publish to the last PubAck.
-func (b *bencher) kvCreatePipelined(ctx context.Context, e *env, n int) (figure, error) {
-	const bucket = "bench-kv-pipelined"
-	_, drop, err := b.kvBucket(ctx, e, bucket)
-	if err != nil {
+//
+// With watched set, the bucket is a copy of the bindings bucket and a
+// binding cache watches it, as every router node does; the run ends when
+// the cache holds every record too. That is the limit of this design for
+// decisions: each binding is written once and delivered to a watcher.
+func (b *bencher) kvCreatePipelined(ctx context.Context, e *env, n int, watched bool) (figure, error) {
+	bucket := "bench-kv-pipelined"
+	var (
+		drop    func()
+		err     error
+		applied atomic.Int64
+		all     = make(chan struct{})
+	)
+	if watched {
+		bucket = "bench-kv-watched"
+		store, err := kvbinding.OpenStore(ctx, e.js, kvbinding.StoreConfig{Bucket: bucket, Replicas: e.replicas})
+		if err != nil {
+			return figure{}, err
+		}
+		drop = func() {
+			dctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			_ = e.js.DeleteKeyValue(dctx, bucket)
+		}
+		cache := kvbinding.NewCache(func(kvbinding.Binding, bool) {
+			if applied.Add(1) == int64(n) {
+				close(all)
+			}
+		})
+		wctx, stop := context.WithCancel(ctx)
+		defer stop()
+		go func() { _ = cache.Run(wctx, store) }()
+		select {
+		case <-cache.Ready():
+		case <-time.After(30 * time.Second):
+			drop()
+			return figure{}, fmt.Errorf("bench: watch of %s not ready", bucket)
+		}
+	} else if _, drop, err = b.kvBucket(ctx, e, bucket); err != nil {
 		return figure{}, err
 	}
 	defer drop()
@@ -138,12 +173,23 @@ func (b *bencher) kvCreatePipelined(ctx context.Context, e *env, n int) (figure,
 	case <-time.After(time.Minute):
 		return figure{}, fmt.Errorf("bench: KV creates still pending after a minute")
 	}
+	if watched {
+		select {
+		case <-all:
+		case <-time.After(time.Minute):
+			return figure{}, fmt.Errorf("bench: watcher has %d of %d records after a minute", applied.Load(), n)
+		}
+	}
 	el := time.Since(start)
 	if f := failed.Load(); f > 0 {
 		return figure{}, fmt.Errorf("bench: %d pipelined KV creates failed", f)
 	}
 	f := b.figure(w, 0, float64(n)/el.Seconds())
-	b.logf("%-28s %7d in %6.2fs = %8.0f creates/s%s", "KV create pipelined", n, el.Seconds(), f.V, f.noise())
+	name := "KV create pipelined"
+	if watched {
+		name += ", watched"
+	}
+	b.logf("%-28s %7d in %6.2fs = %8.0f creates/s%s", name, n, el.Seconds(), f.V, f.noise())
 	return f, nil
 }
 

@@ -34,6 +34,7 @@ type config struct {
 	Nodes      int
 	Messages   int
 	Decisions  int
+	Creates    int
 	Groups     int
 	Payload    int
 	Rate       float64
@@ -52,6 +53,7 @@ type config struct {
 const (
 	defaultMessages   = 40_000
 	defaultDecisions  = 20_000
+	defaultCreates    = 50_000
 	defaultGroups     = 1_000
 	defaultPayload    = 1024
 	defaultWarmStart  = 200_000
@@ -80,6 +82,7 @@ func parseFlags(args []string, stdout, stderr io.Writer) (config, error) {
 	fs.IntVar(&c.Nodes, "nodes", 1, "router nodes for every workload (the steady state also runs with 3)")
 	fs.IntVar(&c.Messages, "messages", defaultMessages, "messages per throughput run of the steady state, the relay and raw publish")
 	fs.IntVar(&c.Decisions, "decisions", defaultDecisions, "messages per throughput run of the decision-bound workloads (cardinality: each a new group; zipf) and KV creates of their baseline")
+	fs.IntVar(&c.Creates, "creates", defaultCreates, "proposals per run of the decision service alone, and KV creates per run of its baselines")
 	fs.IntVar(&c.Groups, "groups", defaultGroups, "hot groups of the steady state")
 	fs.IntVar(&c.Payload, "payload", defaultPayload, "message body size in bytes")
 	fs.Float64Var(&c.Rate, "rate", 0, "publish rate (msgs/s) of the latency runs; 0 = half the measured peak")
@@ -132,8 +135,8 @@ func parseFlags(args []string, stdout, stderr io.Writer) (config, error) {
 		return c, fmt.Errorf("%w: no workload", ErrUsage)
 	case c.Nodes < 1 || c.Nodes > 16:
 		return c, fmt.Errorf("%w: --nodes %d: want 1 to 16", ErrUsage, c.Nodes)
-	case c.Messages < 1, c.Decisions < 1, c.Groups < 1:
-		return c, fmt.Errorf("%w: --messages, --decisions and --groups must be >= 1", ErrUsage)
+	case c.Messages < 1, c.Decisions < 1, c.Creates < 1, c.Groups < 1:
+		return c, fmt.Errorf("%w: --messages, --decisions, --creates and --groups must be >= 1", ErrUsage)
 	case c.Payload < minBody || c.Payload > 1<<20:
 		return c, fmt.Errorf("%w: --payload %d: want %d to 1048576 bytes", ErrUsage, c.Payload, minBody)
 	case c.Rate < 0, c.WarmStart < 0:
@@ -279,6 +282,7 @@ type serverResults struct {
 	steadyRate     float64 // publish rate of the steady latency runs
 	raw            figure  // raw JetStream async publish, msgs/s
 	kvPipe, kvConc figure  // raw KV Create, pipelined / 32 goroutines, creates/s
+	kvWatched      figure  // pipelined KV Create into a watched copy of the bindings bucket
 	kvN            int
 	warm           *warmResult
 }
@@ -346,8 +350,11 @@ func (b *bencher) runServers(ctx context.Context, servers int, first bool) (*ser
 	if sr.raw, err = b.rawPublish(ctx, e); err != nil {
 		return nil, err
 	}
-	sr.kvN = b.cfg.Decisions
-	if sr.kvPipe, err = b.medianFigure(func() (figure, error) { return b.kvCreatePipelined(ctx, e, sr.kvN) }); err != nil {
+	sr.kvN = b.cfg.Creates
+	if sr.kvPipe, err = b.medianFigure(func() (figure, error) { return b.kvCreatePipelined(ctx, e, sr.kvN, false) }); err != nil {
+		return nil, err
+	}
+	if sr.kvWatched, err = b.medianFigure(func() (figure, error) { return b.kvCreatePipelined(ctx, e, sr.kvN, true) }); err != nil {
 		return nil, err
 	}
 	if sr.kvConc, err = b.kvCreateConcurrent(ctx, e, sr.kvN, 32); err != nil {
@@ -606,7 +613,7 @@ func (b *bencher) routerPhase(ctx context.Context, e *env, n int, tag string, wo
 				rep := 0
 				if res.svc, err = b.medianFigure(func() (figure, error) {
 					rep++
-					return b.decisionService(ctx, e, kids, tag+strconv.Itoa(rep), b.cfg.Decisions)
+					return b.decisionService(ctx, e, kids, tag+strconv.Itoa(rep), b.cfg.Creates)
 				}); err != nil {
 					return err
 				}

@@ -58,7 +58,7 @@ func TestMainRuns(t *testing.T) {
 	var out, errOut bytes.Buffer
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	args := []string{"--json", "--servers", "1", "--messages", "2000", "--decisions", "1000", "--groups", "100",
+	args := []string{"--json", "--servers", "1", "--messages", "2000", "--decisions", "1000", "--creates", "1000", "--groups", "100",
 		"--warm-start", "2000", "--latency-duration", "500ms", "--zipf-groups", "10000"}
 	if err := Main(ctx, args, &out, &errOut); err != nil {
 		t.Fatalf("Main: %v\nstderr:\n%s", err, errOut.String())
@@ -76,7 +76,8 @@ func TestMainRuns(t *testing.T) {
 		"cardinality/1/end-to-end", "cardinality/1/decisions/s end to end", "cardinality/1/decisions/s, decision service alone", "cardinality/1/decision latency p99",
 		"zipf/1/end-to-end", "zipf/1/decisions/s", "zipf/1/latency p99.9",
 		"baseline/0/relay end-to-end", "baseline/0/raw JetStream async publish",
-		"baseline/0/KV create pipelined (1000)", "baseline/0/KV create 32 goroutines (1000)",
+		"baseline/0/KV create pipelined (1000)", "baseline/0/KV create 32 goroutines (1000)", "baseline/0/KV create pipelined, watched (1000)",
+		"cardinality/1/decision service vs watched KV creates",
 		"warm-start/1/heap per cached binding (at 2,000)",
 	} {
 		r, ok := seen[key]

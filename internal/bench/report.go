@@ -37,7 +37,8 @@ type Sizes struct {
 	Servers         []int   `json:"servers"`
 	Nodes           int     `json:"nodes"`
 	Messages        int     `json:"messages"`
-	Decisions       int     `json:"decisions"` // cardinality and zipf runs, KV creates
+	Decisions       int     `json:"decisions"` // cardinality and zipf runs
+	Creates         int     `json:"creates"`   // decision service runs, KV creates
 	HotGroups       int     `json:"hot_groups"`
 	PayloadBytes    int     `json:"payload_bytes"`
 	ZipfGroups      int     `json:"zipf_groups"`
@@ -56,14 +57,14 @@ func (s Sizes) String() string {
 	if s.LatencyRate > 0 {
 		rate = fmt.Sprintf("%.0f msgs/s", s.LatencyRate)
 	}
-	return fmt.Sprintf("servers=%v nodes=%d (+3 for steady) messages=%d decisions(cardinality,zipf)=%d hot-groups=%d payload=%dB zipf=%d groups s=%.2f "+
+	return fmt.Sprintf("servers=%v nodes=%d (+3 for steady) messages=%d decisions(cardinality,zipf)=%d creates(decision service, KV)=%d hot-groups=%d payload=%dB zipf=%d groups s=%.2f "+
 		"latency runs=%gs at %s repeat=%d (median) warm-start=%d workloads=%s",
-		s.Servers, s.Nodes, s.Messages, s.Decisions, s.HotGroups, s.PayloadBytes, s.ZipfGroups, s.ZipfS,
+		s.Servers, s.Nodes, s.Messages, s.Decisions, s.Creates, s.HotGroups, s.PayloadBytes, s.ZipfGroups, s.ZipfS,
 		s.LatencyRunSec, rate, s.Repeat, s.WarmStart, s.Workloads)
 }
 
 func (b *bencher) sizes() Sizes {
-	return Sizes{Servers: b.cfg.Servers, Nodes: b.cfg.Nodes, Messages: b.cfg.Messages, Decisions: b.cfg.Decisions,
+	return Sizes{Servers: b.cfg.Servers, Nodes: b.cfg.Nodes, Messages: b.cfg.Messages, Decisions: b.cfg.Decisions, Creates: b.cfg.Creates,
 		HotGroups: b.cfg.Groups, PayloadBytes: b.cfg.Payload, ZipfGroups: b.cfg.ZipfGroups, ZipfS: b.cfg.ZipfS,
 		LatencyRunSec: b.cfg.LatencyFor.Seconds(), Repeat: b.cfg.Repeat, LatencyRate: b.cfg.Rate, WarmStart: b.cfg.WarmStart,
 		Workloads: strings.Join(b.cfg.Workloads, ","), QueueConsumers: "one per node, priority group, ack each",
@@ -327,6 +328,7 @@ func (sr *serverResults) rows(cfg config) []Row {
 		case wlCardinality:
 			rb.add(wl, n, "decisions/s end to end", res.thr.BindRate, unitDecisions).noise(res.thr.Foreign).vs(kvName, kvBest.V).noise(kvBest.Foreign)
 			rb.add(wl, n, "decisions/s, decision service alone", res.svc.V, unitDecisions).noise(res.svc.Foreign).vs(kvName, kvBest.V).noise(kvBest.Foreign).atLeast(0.7)
+			rb.add(wl, n, "decision service vs watched KV creates", res.svc.V, unitDecisions).noise(res.svc.Foreign).vs("kv-watched", sr.kvWatched.V).noise(sr.kvWatched.Foreign)
 			latRows(wl, n, "decision latency", res.lat, true, nil, false)
 		case wlZipf:
 			rb.add(wl, n, "new groups in run", float64(res.thr.NewGroup), unitCount)
@@ -348,6 +350,7 @@ func (sr *serverResults) rows(cfg config) []Row {
 	rb.add("baseline", 0, "raw JetStream async publish", sr.raw.V, unitMsgs).noise(sr.raw.Foreign)
 	rb.add("baseline", 0, fmt.Sprintf("KV create pipelined (%d)", sr.kvN), sr.kvPipe.V, unitCreates).noise(sr.kvPipe.Foreign)
 	rb.add("baseline", 0, fmt.Sprintf("KV create 32 goroutines (%d)", sr.kvN), sr.kvConc.V, unitCreates).noise(sr.kvConc.Foreign)
+	rb.add("baseline", 0, fmt.Sprintf("KV create pipelined, watched (%d)", sr.kvN), sr.kvWatched.V, unitCreates).noise(sr.kvWatched.Foreign)
 	if w := sr.warm; w != nil {
 		rb.add("warm-start", 1, "bindings written (async KV publish)", w.fillRate, unitWrites)
 		rb.add("warm-start", 1, fmt.Sprintf("cache warm start, %s bindings", thousands(int64(w.count))), w.load.Seconds(), unitSec).noise(w.foreign)
