@@ -94,10 +94,10 @@ func (b *bencher) kvBucket(ctx context.Context, e *env, name string) (jetstream.
 // Sequence: 0 (what KeyValue.Create sends), on their own connection,
 // timed from the first publish to the last PubAck.
 //
-// With watched set, the bucket is a copy of the bindings bucket and a
-// binding cache watches it, as every router node does; the run ends when
-// the cache holds every record too. That is the limit of this design for
-// decisions: each binding is written once and delivered to a watcher.
+// With watched set, the bucket is a copy of the bindings bucket and an
+// ordered consumer watches it, as every router node does; the run ends
+// when it has received every record too. That is the limit of this design
+// for decisions: each binding is written once and delivered to a watcher.
 func (b *bencher) kvCreatePipelined(ctx context.Context, e *env, n int, watched bool) (figure, error) {
 	bucket := "bench-kv-pipelined"
 	var (
@@ -108,8 +108,7 @@ func (b *bencher) kvCreatePipelined(ctx context.Context, e *env, n int, watched 
 	)
 	if watched {
 		bucket = "bench-kv-watched"
-		store, err := kvbinding.OpenStore(ctx, e.js, kvbinding.StoreConfig{Bucket: bucket, Replicas: e.replicas})
-		if err != nil {
+		if _, err := kvbinding.OpenStore(ctx, e.js, kvbinding.StoreConfig{Bucket: bucket, Replicas: e.replicas}); err != nil {
 			return figure{}, err
 		}
 		drop = func() {
@@ -117,20 +116,34 @@ func (b *bencher) kvCreatePipelined(ctx context.Context, e *env, n int, watched 
 			defer cancel()
 			_ = e.js.DeleteKeyValue(dctx, bucket)
 		}
-		cache := kvbinding.NewCache(func(kvbinding.Binding, bool) {
+		// The watcher only counts deliveries: decoding is the watching
+		// node's business, and a node skips the records it wrote itself.
+		wnc, err := connect(e.ns.urlsFor(0), "bench-kv-watcher")
+		if err != nil {
+			drop()
+			return figure{}, err
+		}
+		defer wnc.Close()
+		wjs, err := jetstream.New(wnc)
+		if err != nil {
+			drop()
+			return figure{}, err
+		}
+		cons, err := wjs.OrderedConsumer(ctx, "KV_"+bucket, jetstream.OrderedConsumerConfig{})
+		if err != nil {
+			drop()
+			return figure{}, err
+		}
+		cc, err := cons.Consume(func(jetstream.Msg) {
 			if applied.Add(1) == int64(n) {
 				close(all)
 			}
-		})
-		wctx, stop := context.WithCancel(ctx)
-		defer stop()
-		go func() { _ = cache.Run(wctx, store) }()
-		select {
-		case <-cache.Ready():
-		case <-time.After(30 * time.Second):
+		}, jetstream.PullMaxMessages(4096))
+		if err != nil {
 			drop()
-			return figure{}, fmt.Errorf("bench: watch of %s not ready", bucket)
+			return figure{}, err
 		}
+		defer cc.Stop()
 	} else if _, drop, err = b.kvBucket(ctx, e, bucket); err != nil {
 		return figure{}, err
 	}

@@ -349,7 +349,7 @@ func (sr *serverResults) rows(cfg config) []Row {
 	}
 	rb.add("baseline", 0, "raw JetStream async publish", sr.raw.V, unitMsgs).noise(sr.raw.Foreign)
 	rb.add("baseline", 0, fmt.Sprintf("KV create pipelined (%d)", sr.kvN), sr.kvPipe.V, unitCreates).noise(sr.kvPipe.Foreign)
-	rb.add("baseline", 0, fmt.Sprintf("KV create 32 goroutines (%d)", sr.kvN), sr.kvConc.V, unitCreates).noise(sr.kvConc.Foreign)
+	rb.add("baseline", 0, fmt.Sprintf("KV create 32 goroutines (%d)", sr.kvConcN), sr.kvConc.V, unitCreates).noise(sr.kvConc.Foreign)
 	rb.add("baseline", 0, fmt.Sprintf("KV create pipelined, watched (%d)", sr.kvN), sr.kvWatched.V, unitCreates).noise(sr.kvWatched.Foreign)
 	if w := sr.warm; w != nil {
 		rb.add("warm-start", 1, "bindings written (async KV publish)", w.fillRate, unitWrites)
