@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -20,14 +21,15 @@ const (
 // watchBucket follows a KV bucket's stream with an ordered consumer: first
 // the latest record of every key matching filter, then every change, calling
 // onEntry for each in stream order and onReady once the initial records are
-// done. It returns when ctx ends.
+// done. onStart, if not nil, first learns how many initial records there
+// are. It returns when ctx ends.
 //
 // It exists instead of KeyValue.Watch because it resumes right after the
 // last record it delivered when its consumer is lost (a server restart):
 // measured here, the library watcher stalled ~20 s after a restart and can
 // replay the whole bucket, while an ordered pull consumer resets as soon as
 // the client reconnects.
-func watchBucket(ctx context.Context, js jetstream.JetStream, bucket, filter string, onEntry func(key string, op entryOp, value []byte, rev uint64), onReady func()) error {
+func watchBucket(ctx context.Context, js jetstream.JetStream, bucket, filter string, onStart func(records uint64), onEntry func(key string, op entryOp, value []byte, rev uint64), onReady func()) error {
 	stream := "KV_" + bucket
 	prefix := "$KV." + bucket + "."
 	cfg := jetstream.OrderedConsumerConfig{
@@ -54,41 +56,89 @@ func watchBucket(ctx context.Context, js jetstream.JetStream, bucket, filter str
 		}
 	}
 	readyDone := false
-	if info := cons.CachedInfo(); info != nil && info.NumPending == 0 {
-		onReady()
-		readyDone = true
-	}
-	it, err := cons.Messages(jetstream.PullMaxMessages(4096), jetstream.PullHeartbeat(time.Second), jetstream.PullExpiry(5*time.Second))
-	if err != nil {
-		return fmt.Errorf("kvbinding: watch %s: %w", bucket, err)
-	}
-	stop := context.AfterFunc(ctx, it.Stop)
-	defer stop()
-	defer it.Stop()
-	for {
-		msg, err := it.Next()
-		if err != nil {
-			if ctx.Err() != nil || errors.Is(err, jetstream.ErrMsgIteratorClosed) {
-				return ctx.Err()
-			}
-			continue
+	if info := cons.CachedInfo(); info != nil {
+		if onStart != nil {
+			onStart(info.NumPending)
 		}
-		meta, err := msg.Metadata()
-		if err != nil {
-			continue
-		}
-		subj := msg.Subject()
-		if len(subj) > len(prefix) {
-			op := opPut
-			h := msg.Headers()
-			if h != nil && (h.Get("KV-Operation") != "" || h.Get(jetstream.MarkerReasonHeader) != "") {
-				op = opDelete
-			}
-			onEntry(subj[len(prefix):], op, msg.Data(), meta.Sequence.Stream)
-		}
-		if !readyDone && meta.NumPending == 0 {
+		if info.NumPending == 0 {
 			onReady()
 			readyDone = true
 		}
 	}
+	// Consume, not Messages: the iterator arms a new heartbeat timer for
+	// every message, a tenth of a warm start's time. The handler runs on
+	// one goroutine, in stream order.
+	cc, err := cons.Consume(func(msg jetstream.Msg) {
+		seq, pending, ok := ackSeqs(msg.Reply())
+		if !ok {
+			meta, err := msg.Metadata()
+			if err != nil {
+				return
+			}
+			seq, pending = meta.Sequence.Stream, meta.NumPending
+		}
+		subj := msg.Subject()
+		if len(subj) > len(prefix) {
+			op := opPut
+			if h := msg.Headers(); h != nil && (h.Get("KV-Operation") != "" || h.Get(jetstream.MarkerReasonHeader) != "") {
+				op = opDelete
+			}
+			onEntry(subj[len(prefix):], op, msg.Data(), seq)
+		}
+		if !readyDone && pending == 0 {
+			onReady()
+			readyDone = true
+		}
+	}, jetstream.PullMaxMessages(4096), jetstream.PullHeartbeat(time.Second), jetstream.PullExpiry(5*time.Second))
+	if err != nil {
+		return fmt.Errorf("kvbinding: watch %s: %w", bucket, err)
+	}
+	defer cc.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-cc.Closed():
+		return ctx.Err() // the connection closed
+	}
+}
+
+// ackSeqs reads the stream sequence and the pending count from a
+// JetStream delivery's reply subject, in either of its forms:
+// $JS.ACK.<stream>.<consumer>.<delivered>.<sseq>.<dseq>.<ts>.<pending> or
+// $JS.ACK.<domain>.<account>.<stream>.<consumer>.<delivered>.<sseq>.<dseq>.<ts>.<pending>[.<token>...],
+// without allocating (jetstream's Msg.Metadata splits and copies it). It
+// returns false for anything else; the caller then asks Metadata.
+func ackSeqs(reply string) (seq, pending uint64, ok bool) {
+	const maxTokens = 13
+	var starts [maxTokens + 1]int
+	n := 1
+	for i := 0; i < len(reply); i++ {
+		if reply[i] == '.' {
+			if n == maxTokens {
+				return 0, 0, false
+			}
+			starts[n] = i + 1
+			n++
+		}
+	}
+	starts[n] = len(reply) + 1
+	tok := func(i int) string { return reply[starts[i] : starts[i+1]-1] }
+	if n < 2 || tok(0) != "$JS" || tok(1) != "ACK" {
+		return 0, 0, false
+	}
+	var seqAt, pendingAt int
+	switch {
+	case n == 9:
+		seqAt, pendingAt = 5, 8
+	case n >= 11:
+		seqAt, pendingAt = 7, 10
+	default:
+		return 0, 0, false
+	}
+	seq, err1 := strconv.ParseUint(tok(seqAt), 10, 64)
+	pending, err2 := strconv.ParseUint(tok(pendingAt), 10, 64)
+	if err1 != nil || err2 != nil {
+		return 0, 0, false
+	}
+	return seq, pending, true
 }
