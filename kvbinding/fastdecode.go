@@ -53,13 +53,9 @@ func scanBinding(d *jsonx.Scanner, all bool) (Binding, bool) {
 		case "handoff":
 			b.Handoff, ok = d.Bool()
 		case "decided_at":
-			var at string
-			if at, ok = d.Str(); ok {
-				t, err := time.Parse(time.RFC3339Nano, at)
-				ok = err == nil
-				if all {
-					b.DecidedAt = t
-				}
+			var at time.Time
+			if at, ok = d.Time(); ok && all {
+				b.DecidedAt = at
 			}
 		case "decided_by":
 			b.DecidedBy, ok = d.Str()

@@ -317,12 +317,7 @@ func scanReply(data []byte, n int) (Reply, bool) {
 		case "handler":
 			r.Handler, ok = d.Str()
 		case "decided_at":
-			var at string
-			if at, ok = d.Str(); ok {
-				var err error
-				r.DecidedAt, err = time.Parse(time.RFC3339Nano, at)
-				ok = err == nil
-			}
+			r.DecidedAt, ok = d.Time()
 		case "error":
 			r.Error, ok = d.Str()
 		case "decisions":

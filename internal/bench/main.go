@@ -518,34 +518,31 @@ func (b *bencher) stopAll(kids []*child) error {
 	return errors.Join(errs...)
 }
 
-// medianRun runs a measurement runs times and returns the run with
-// the median rate: on a shared 2-core machine one run can be off by 10%,
+// median runs a measurement runs times and returns the run with the
+// median value: on a shared 2-core machine one run can be off by 10%,
 // enough to flip a target either way.
-func (b *bencher) medianRun(runs int, run func() (measure, error)) (measure, error) {
-	ms := make([]measure, 0, runs)
+func median[T any](runs int, run func() (T, error), value func(T) float64) (T, error) {
+	out := make([]T, 0, runs)
 	for range runs {
 		m, err := run()
 		if err != nil {
-			return measure{}, err
+			var zero T
+			return zero, err
 		}
-		ms = append(ms, m)
+		out = append(out, m)
 	}
-	slices.SortFunc(ms, func(a, c measure) int { return cmp.Compare(a.Rate, c.Rate) })
-	return ms[len(ms)/2], nil
+	slices.SortFunc(out, func(a, c T) int { return cmp.Compare(value(a), value(c)) })
+	return out[len(out)/2], nil
 }
 
-// medianFigure is medianRun for a figure.
+// medianRun is median for throughput runs, by rate.
+func (b *bencher) medianRun(runs int, run func() (measure, error)) (measure, error) {
+	return median(runs, run, func(m measure) float64 { return m.Rate })
+}
+
+// medianFigure is median for figures, cfg.Repeat runs.
 func (b *bencher) medianFigure(run func() (figure, error)) (figure, error) {
-	fs := make([]figure, 0, b.cfg.Repeat)
-	for range b.cfg.Repeat {
-		f, err := run()
-		if err != nil {
-			return figure{}, err
-		}
-		fs = append(fs, f)
-	}
-	slices.SortFunc(fs, func(a, c figure) int { return cmp.Compare(a.V, c.V) })
-	return fs[len(fs)/2], nil
+	return median(b.cfg.Repeat, run, func(f figure) float64 { return f.V })
 }
 
 // latencyCount is the size of a paced run at rate: LatencyFor worth of

@@ -11,6 +11,7 @@ package jsonx
 import (
 	"bytes"
 	"strconv"
+	"time"
 	"unicode/utf8"
 )
 
@@ -205,6 +206,17 @@ func (d *Scanner) Bool() (bool, bool) {
 		return false, true
 	}
 	return false, false
+}
+
+// Time reads a time written in RFC 3339 with optional fractional seconds,
+// as encoding/json writes a time.Time.
+func (d *Scanner) Time() (time.Time, bool) {
+	s, ok := d.Str()
+	if !ok {
+		return time.Time{}, false
+	}
+	t, err := time.Parse(time.RFC3339Nano, s)
+	return t, err == nil
 }
 
 // Strings reads an array of strings.
