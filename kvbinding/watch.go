@@ -65,15 +65,30 @@ func watchBucket(ctx context.Context, js jetstream.JetStream, bucket, filter str
 			readyDone = true
 		}
 	}
-	// Consume, not Messages: the iterator arms a new heartbeat timer for
-	// every message, a tenth of a warm start's time. The handler runs on
-	// one goroutine, in stream order.
-	cc, err := cons.Consume(func(msg jetstream.Msg) {
+	// The iterator, not Consume: after a server restart the ordered
+	// consumer's Consume could stop for good (a failed re-create is only
+	// reported), and the soak test caught nodes whose cache stopped; Next
+	// retries the reset itself.
+	it, err := cons.Messages(jetstream.PullMaxMessages(4096), jetstream.PullHeartbeat(time.Second), jetstream.PullExpiry(5*time.Second))
+	if err != nil {
+		return fmt.Errorf("kvbinding: watch %s: %w", bucket, err)
+	}
+	stop := context.AfterFunc(ctx, it.Stop)
+	defer stop()
+	defer it.Stop()
+	for {
+		msg, err := it.Next()
+		if err != nil {
+			if ctx.Err() != nil || errors.Is(err, jetstream.ErrMsgIteratorClosed) {
+				return ctx.Err()
+			}
+			continue
+		}
 		seq, pending, ok := ackSeqs(msg.Reply())
 		if !ok {
 			meta, err := msg.Metadata()
 			if err != nil {
-				return
+				continue
 			}
 			seq, pending = meta.Sequence.Stream, meta.NumPending
 		}
@@ -89,16 +104,6 @@ func watchBucket(ctx context.Context, js jetstream.JetStream, bucket, filter str
 			onReady()
 			readyDone = true
 		}
-	}, jetstream.PullMaxMessages(4096), jetstream.PullHeartbeat(time.Second), jetstream.PullExpiry(5*time.Second))
-	if err != nil {
-		return fmt.Errorf("kvbinding: watch %s: %w", bucket, err)
-	}
-	defer cc.Stop()
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-cc.Closed():
-		return ctx.Err() // the connection closed
 	}
 }
 
