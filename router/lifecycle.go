@@ -7,6 +7,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -367,9 +368,17 @@ func (r *Router) drainQueues(ctx context.Context, jobs map[string]*takeover) (ma
 	for node := range byNode {
 		r.holdQueue(ctx, node, stopPause)
 	}
+	// Each old queue at once: one move may drain several (a group moved
+	// twice), and waiting for them in turn added their DrainWaits up.
+	var wg sync.WaitGroup
 	for node := range byNode {
-		r.waitDelivered(ctx, node)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r.waitDelivered(ctx, node)
+		}()
 	}
+	wg.Wait()
 	var found []queued
 	seen := map[string]map[uint64]bool{}
 	for node, groups := range byNode {
@@ -415,19 +424,29 @@ func (r *Router) drainQueues(ctx context.Context, jobs map[string]*takeover) (ma
 		out.Header.Set(jetstream.MsgIDHeader, "move:"+strconv.FormatUint(rev, 10)+":"+strconv.FormatUint(q.ingressSeq, 10))
 		out.Header.Set(HeaderMovedFrom, q.from)
 		out.Header.Set(jetstream.ExpectedStreamHeader, QueueStream)
-		if err := r.publishSync(ctx, out); err != nil {
+		copySeq, err := r.publishSync(ctx, out)
+		if err != nil {
 			return nil, err
 		}
-		if err := stream.DeleteMsg(ctx, q.msg.Sequence); err != nil && !isGone(err) {
-			return nil, err
+		if err := stream.DeleteMsg(ctx, q.msg.Sequence); err != nil {
+			if !isGone(err) {
+				return nil, err
+			}
+			// The old consumer acked the original after all (its ack came
+			// after waitDelivered gave up on it): the copy would deliver the
+			// message twice. Take the copy back.
+			if err := stream.DeleteMsg(ctx, copySeq); err != nil && !isGone(err) {
+				return nil, err
+			}
+			continue
 		}
 		moved[q.group]++
 	}
 	return moved, nil
 }
 
-// isGone reports whether a message delete failed only because the message
-// is gone already (acked by its consumer meanwhile).
+// isGone reports whether a message get or delete failed only because the
+// message is gone already (acked by its consumer meanwhile).
 func isGone(err error) bool {
 	if errors.Is(err, jetstream.ErrMsgNotFound) {
 		return true
@@ -435,7 +454,13 @@ func isGone(err error) bool {
 	var apiErr *jetstream.APIError
 	// 10037: message not found; 10057: message deletion unsuccessful
 	// (no message found).
-	return errors.As(err, &apiErr) && (apiErr.ErrorCode == jetstream.JSErrCodeMessageNotFound || apiErr.ErrorCode == 10057)
+	if errors.As(err, &apiErr) && (apiErr.ErrorCode == jetstream.JSErrCodeMessageNotFound || apiErr.ErrorCode == 10057) {
+		return true
+	}
+	// Stream.DeleteMsg flattens the server's error into text ("message
+	// deletion unsuccessful: nats: API error: code=500 err_code=10057
+	// description=no message found"): the API error is not wrapped.
+	return errors.Is(err, jetstream.ErrMsgDeleteUnsuccessful) && strings.Contains(err.Error(), "no message found")
 }
 
 // holdQueue keeps node's queue consumer paused until stop is closed: it
@@ -560,7 +585,7 @@ func (r *Router) catchUp(ctx context.Context, jobs map[string]*takeover) (map[st
 			}
 			out.Subject = QueueSubject(dest, msg.Subject())
 			out.Header.Set(jetstream.ExpectedStreamHeader, QueueStream)
-			if err := r.publishSync(ctx, out); err != nil {
+			if _, err := r.publishSync(ctx, out); err != nil {
 				return nil, err
 			}
 			caught[g]++
@@ -576,20 +601,20 @@ func (r *Router) catchUp(ctx context.Context, jobs map[string]*takeover) (map[st
 
 // publishSync publishes one message and waits for its ack, retrying until
 // ctx ends (same Nats-Msg-Id, so a retry never duplicates).
-func (r *Router) publishSync(ctx context.Context, m *nats.Msg) error {
+func (r *Router) publishSync(ctx context.Context, m *nats.Msg) (seq uint64, err error) {
 	for {
 		pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		_, err := r.js.PublishMsg(pctx, m)
+		ack, err := r.js.PublishMsg(pctx, m)
 		cancel()
 		if err == nil {
-			return nil
+			return ack.Sequence, nil // a duplicate's ack names the first copy
 		}
 		if ctx.Err() != nil {
-			return err
+			return 0, err
 		}
 		select {
 		case <-ctx.Done():
-			return ctx.Err()
+			return 0, ctx.Err()
 		case <-time.After(backoffBase):
 		}
 	}
