@@ -438,6 +438,8 @@ func (r *Router) drainQueues(ctx context.Context, jobs map[string]*takeover) (ma
 			if err := stream.DeleteMsg(ctx, copySeq); err != nil && !isGone(err) {
 				return nil, err
 			}
+			r.log.Info("a moved message was acked on its old queue meanwhile; its copy was withdrawn",
+				"group", q.group, "ingress_seq", q.ingressSeq, "from", q.from)
 			continue
 		}
 		moved[q.group]++
