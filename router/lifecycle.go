@@ -12,6 +12,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"golang.org/x/sync/errgroup"
 
 	"grouprouter/kvbinding"
 	"grouprouter/proposals"
@@ -412,6 +413,12 @@ func (r *Router) drainQueues(ctx context.Context, jobs map[string]*takeover) (ma
 		}
 	}
 	sort.SliceStable(found, func(i, j int) bool { return found[i].ingressSeq < found[j].ingressSeq })
+	// Copies are published one after another, in ingress order; each
+	// original is deleted once its copy is stored, concurrently with the
+	// next copies (deletes do not change any queue's order).
+	var mu sync.Mutex
+	deletes, dctx := errgroup.WithContext(ctx)
+	deletes.SetLimit(16)
 	for _, q := range found {
 		out := &nats.Msg{
 			Subject: QueueSubject(r.cfg.Node, strings.TrimPrefix(q.msg.Subject, QueueSubjectPrefix+q.from+".")),
@@ -424,25 +431,36 @@ func (r *Router) drainQueues(ctx context.Context, jobs map[string]*takeover) (ma
 		out.Header.Set(jetstream.MsgIDHeader, "move:"+strconv.FormatUint(rev, 10)+":"+strconv.FormatUint(q.ingressSeq, 10))
 		out.Header.Set(HeaderMovedFrom, q.from)
 		out.Header.Set(jetstream.ExpectedStreamHeader, QueueStream)
-		copySeq, err := r.publishSync(ctx, out)
+		copySeq, err := r.publishSync(dctx, out)
 		if err != nil {
+			if werr := deletes.Wait(); werr != nil {
+				return nil, werr
+			}
 			return nil, err
 		}
-		if err := stream.DeleteMsg(ctx, q.msg.Sequence); err != nil {
-			if !isGone(err) {
-				return nil, err
+		deletes.Go(func() error {
+			if err := stream.DeleteMsg(dctx, q.msg.Sequence); err != nil {
+				if !isGone(err) {
+					return err
+				}
+				// The old consumer acked the original after all (its ack
+				// came after waitDelivered gave up on it): the copy would
+				// deliver the message twice. Take the copy back.
+				if err := stream.DeleteMsg(dctx, copySeq); err != nil && !isGone(err) {
+					return err
+				}
+				r.log.Info("a moved message was acked on its old queue meanwhile; its copy was withdrawn",
+					"group", q.group, "ingress_seq", q.ingressSeq, "from", q.from)
+				return nil
 			}
-			// The old consumer acked the original after all (its ack came
-			// after waitDelivered gave up on it): the copy would deliver the
-			// message twice. Take the copy back.
-			if err := stream.DeleteMsg(ctx, copySeq); err != nil && !isGone(err) {
-				return nil, err
-			}
-			r.log.Info("a moved message was acked on its old queue meanwhile; its copy was withdrawn",
-				"group", q.group, "ingress_seq", q.ingressSeq, "from", q.from)
-			continue
-		}
-		moved[q.group]++
+			mu.Lock()
+			moved[q.group]++
+			mu.Unlock()
+			return nil
+		})
+	}
+	if err := deletes.Wait(); err != nil {
+		return nil, err
 	}
 	return moved, nil
 }
