@@ -289,8 +289,8 @@ func soakMove(t *testing.T, rng *rand.Rand, ps []*loadProducer, st *kvbinding.St
 	}
 	// The move is complete once the new owner cleared the handoff. The
 	// bound is generous: the new owner may first finish a takeover of a
-	// dead node's groups, which moves their waiting messages one at a time
-	// (222 messages took 35 s while a restarted server rejoined).
+	// dead node's groups, which copies their waiting messages one at a
+	// time (222 messages took 35 s while a restarted server rejoined).
 	natstest.Eventually(t, 60*time.Second, func() error {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()
