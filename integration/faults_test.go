@@ -1183,8 +1183,8 @@ func TestConsumerReturnsDuringRebind(t *testing.T) {
 		if err != nil {
 			return err
 		}
-		if b.State != kvbinding.StateBound || b.Node != "n1" || b.Handoff {
-			return fmt.Errorf("%s is %s on %s handoff=%v", g, b.State, b.Node, b.Handoff)
+		if !b.Settled() || b.Node != "n1" {
+			return fmt.Errorf("%s is %s on %s step=%q", g, b.State, b.Node, b.Step)
 		}
 		return nil
 	})

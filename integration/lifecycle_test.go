@@ -96,7 +96,7 @@ func TestConsumerLeavesGroupsAndBacklogMove(t *testing.T) {
 	got := col.waitCount(t, 60, 30*time.Second)
 	where := checkOrderedOnce(t, got, want)
 	for _, g := range onN1 {
-		if b := waitBound(t, st, g, 5*time.Second); b.Node != "n0" || b.Handoff {
+		if b := waitBound(t, st, g, 5*time.Second); b.Node != "n0" || !b.Settled() {
 			t.Errorf("group %q after the move: %+v, want bound to n0", g, b)
 		}
 		if w := where[g]; w[len(w)-1] != "n0" {
@@ -230,7 +230,7 @@ func TestOperatorMoveAndUnbind(t *testing.T) {
 		if err != nil {
 			return err
 		}
-		if b.State != kvbinding.StateBound || b.Node != to || b.Handoff {
+		if !b.Settled() || b.Node != to {
 			return fmt.Errorf("g is %+v", b)
 		}
 		return nil

@@ -298,8 +298,8 @@ func soakMove(t *testing.T, rng *rand.Rand, ps []*loadProducer, st *kvbinding.St
 		if err != nil {
 			return err
 		}
-		if cur.State != kvbinding.StateBound || cur.Handoff {
-			return fmt.Errorf("%s is %s handoff=%v", g, cur.State, cur.Handoff)
+		if !cur.Settled() {
+			return fmt.Errorf("%s is %s step=%q", g, cur.State, cur.Step)
 		}
 		return nil
 	})

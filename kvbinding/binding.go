@@ -18,8 +18,9 @@ const (
 	StateDeadLettered State = "dead-lettered"
 	// StateMoving asks PrevNode, the node the group is bound to, to stop
 	// routing it and hand it over to Node ("" for an unbind). PrevNode
-	// answers by writing the fence: StateBound for Node from the group's
-	// first message it has not routed (or StateReleased for an unbind).
+	// answers with the fence (the group's first message it has not
+	// routed); the handler then writes StateBound for Node from there, in
+	// step StepDrain (or StateReleased for an unbind).
 	StateMoving State = "moving"
 	// StateReleased records that the group's binding ended (idle expiry, a
 	// close marker, an unbind): PrevNode routed its messages up to
@@ -27,11 +28,29 @@ const (
 	StateReleased State = "released"
 )
 
+// Step is how far a bound group's new node has taken it over from the
+// nodes that had it before. A move and a rebinding after a release go
+// through the steps in order; each step is a new revision of the record,
+// so whichever process is alive can take the next one.
+type Step string
+
+const (
+	// StepNone: Node routes the group; nothing is left to take over.
+	StepNone Step = ""
+	// StepDrain: Node moves the group's messages still waiting on the
+	// queues of the nodes in Drain to its own queue, in ingress order.
+	// Those queues' consumers are paused meanwhile.
+	StepDrain Step = "drain"
+	// StepCatchUp: Node routes, from the ingress, the group's messages
+	// from FromSeq on that it skipped while another node owned the group.
+	StepCatchUp Step = "catchup"
+)
+
 // Binding is one group's route, as stored in the bindings bucket.
 type Binding struct {
 	// Group is the original group id (or "" for the ungrouped routing binding).
 	Group string `json:"group"`
-	// State is StateBound or StateDeadLettered.
+	// State says what the record means.
 	State State `json:"state"`
 	// Node is the node whose queue receives the group (empty when dead-lettered).
 	Node string `json:"node,omitempty"`
@@ -50,14 +69,11 @@ type Binding struct {
 	ProposedBy string `json:"proposed_by,omitempty"`
 	// Reason explains a dead-letter record or a rejection that rebound.
 	Reason string `json:"reason,omitempty"`
-	// Handoff is true on a binding that took the group over from PrevNode
-	// (a move, or a new binding after a release) until Node has moved the
-	// group's waiting messages off PrevNode's queue and routed the ones
-	// from FromSeq that it had skipped; Node clears it when done.
-	Handoff bool `json:"handoff,omitempty"`
+	// Step is how far Node has taken the group over (StateBound only).
+	Step Step `json:"step,omitempty"`
 	// Drain lists the nodes whose queues may still hold the group's
-	// waiting messages; the new owner moves them to its own queue, in
-	// ingress order, before routing anything else of the group.
+	// waiting messages (StepDrain only); the new owner moves them to its
+	// own queue, in ingress order, before routing anything else of it.
 	Drain []string `json:"drain,omitempty"`
 
 	// Revision is the KV revision of the record; not part of the value.
@@ -71,6 +87,14 @@ func (b Binding) Validate() error {
 			return fmt.Errorf("%w: %v", ErrInvalidBinding, err)
 		}
 	}
+	if b.PrevNode != "" {
+		if err := ValidateNodeID(b.PrevNode); err != nil {
+			return fmt.Errorf("%w: prev_node: %v", ErrInvalidBinding, err)
+		}
+	}
+	if b.State != StateBound && (b.Step != StepNone || len(b.Drain) > 0) {
+		return fmt.Errorf("%w: %s record with a hand-over step", ErrInvalidBinding, b.State)
+	}
 	switch b.State {
 	case StateBound:
 		if err := ValidateNodeID(b.Node); err != nil {
@@ -79,13 +103,31 @@ func (b Binding) Validate() error {
 		if b.FromSeq == 0 {
 			return fmt.Errorf("%w: from_seq must be >= 1", ErrInvalidBinding)
 		}
+		switch b.Step {
+		case StepNone, StepCatchUp:
+			if len(b.Drain) > 0 {
+				return fmt.Errorf("%w: drain list outside step %s", ErrInvalidBinding, StepDrain)
+			}
+		case StepDrain:
+			if len(b.Drain) == 0 || len(b.Drain) > MaxDrain {
+				return fmt.Errorf("%w: step %s needs 1 to %d drain nodes, has %d", ErrInvalidBinding, StepDrain, MaxDrain, len(b.Drain))
+			}
+			for _, n := range b.Drain {
+				if err := ValidateNodeID(n); err != nil {
+					return fmt.Errorf("%w: drain: %v", ErrInvalidBinding, err)
+				}
+			}
+		default:
+			return fmt.Errorf("%w: unknown step %q", ErrInvalidBinding, b.Step)
+		}
 	case StateDeadLettered:
 		if b.Node != "" || b.ThroughSeq == 0 {
 			return fmt.Errorf("%w: dead-lettered record needs through_seq and no node", ErrInvalidBinding)
 		}
 	case StateReleased:
-		if b.Node != "" || b.ThroughSeq == 0 {
-			return fmt.Errorf("%w: released record needs through_seq and no node", ErrInvalidBinding)
+		// through_seq 0: the binding ended before any message.
+		if b.Node != "" {
+			return fmt.Errorf("%w: released record has a node", ErrInvalidBinding)
 		}
 		if err := ValidateNodeID(b.PrevNode); err != nil {
 			return fmt.Errorf("%w: released record: prev_node: %v", ErrInvalidBinding, err)
@@ -104,6 +146,14 @@ func (b Binding) Validate() error {
 	}
 	return nil
 }
+
+// MaxDrain bounds a record's Drain list: a group moved again and again
+// before any move finished names each node it passed through once.
+const MaxDrain = 16
+
+// Settled reports whether b binds its group to a node that has nothing
+// left to take over: the steady state a move ends in.
+func (b Binding) Settled() bool { return b.State == StateBound && b.Step == StepNone }
 
 // Marshal encodes b as the bucket value (JSON, without HTML escaping so
 // that group ids read as they are).

@@ -2,6 +2,7 @@ package kvbinding
 
 import (
 	"context"
+	"log/slog"
 	"sync"
 	"sync/atomic"
 )
@@ -10,70 +11,37 @@ import (
 type Route struct {
 	State      State
 	Node       string // bound node, or the target of a move ("" otherwise)
-	FromSeq    uint64 // first ingress sequence routed to Node (StateBound)
+	FromSeq    uint64 // first ingress sequence routed to Node (StateBound, StateMoving)
 	ThroughSeq uint64 // last sequence of the ended binding (released, dead-lettered)
 	PrevNode   string // node routing the messages before FromSeq / through ThroughSeq
-	Handoff    bool   // Node is still taking the group over from PrevNode
+	Step       Step   // how far Node has taken the group over (StateBound)
+	Drain      []string
 	Revision   uint64
+	// Invalid is set on the entry of a key whose latest value is not a
+	// usable record (malformed, or its group is not the key's): the group
+	// counts as unbound, and Revision is the bad value's, so that the
+	// handler can write over it with compare-and-set.
+	Invalid bool
 }
 
-// Action says what a node does with a message, given a group's record.
-type Action uint8
+// Settled reports whether the route binds the group to a node that has
+// nothing left to take over.
+func (r Route) Settled() bool { return r.State == StateBound && r.Step == StepNone && !r.Invalid }
 
-const (
-	// ActRoute: the message belongs to the owner returned with it ("" for
-	// a dead-lettered message); if that is not this node, skip it.
-	ActRoute Action = iota + 1
-	// ActWait: hold the message; a change that concerns this node is in
-	// progress and a later record will decide.
-	ActWait
-	// ActPropose: no binding covers the message; propose one.
-	ActPropose
-)
-
-// Owner says, for node me, what to do with the group's message at ingress
-// sequence seq according to this record.
-func (r Route) Owner(seq uint64, me string) (owner string, act Action) {
-	switch r.State {
-	case StateBound:
-		if seq < r.FromSeq {
-			if r.PrevNode != "" {
-				return r.PrevNode, ActRoute
-			}
-			// History before FromSeq is unknown: the current binding stands
-			// (the queue stream's duplicate window absorbs a double route).
-			return r.Node, ActRoute
-		}
-		if r.Handoff && r.Node == me {
-			return "", ActWait
-		}
-		return r.Node, ActRoute
-	case StateMoving:
-		if me == r.Node || me == r.PrevNode {
-			return "", ActWait
-		}
-		// Neither the old nor the new owner: never this node's to route.
-		return r.PrevNode, ActRoute
-	case StateReleased:
-		if seq <= r.ThroughSeq {
-			return r.PrevNode, ActRoute
-		}
-	case StateDeadLettered:
-		if seq <= r.ThroughSeq {
-			return "", ActRoute
-		}
-	}
-	return "", ActPropose
+// RouteOf returns the cache's view of a stored record.
+func RouteOf(b Binding) Route {
+	return Route{State: b.State, Node: b.Node, FromSeq: b.FromSeq, ThroughSeq: b.ThroughSeq,
+		PrevNode: b.PrevNode, Step: b.Step, Drain: b.Drain, Revision: b.Revision}
 }
 
 // entry is the compact cached form of a record: node names are interned.
 type entry struct {
-	rev     uint64
-	seq     uint64 // FromSeq, or ThroughSeq when released or dead-lettered
-	node    uint32 // index into Cache.names; 0 = none
-	prev    uint32
-	state   uint8
-	handoff bool
+	rev   uint64
+	seq   uint64 // FromSeq, or ThroughSeq when released or dead-lettered
+	node  uint32 // index into Cache.names; 0 = none
+	prev  uint32
+	state uint8
+	step  uint8
 }
 
 const (
@@ -81,45 +49,84 @@ const (
 	stateDead
 	stateMoving
 	stateReleased
+	stateInvalid
 )
+
+const (
+	stepNone uint8 = iota
+	stepDrain
+	stepCatchUp
+)
+
+// CacheConfig configures a Cache.
+type CacheConfig struct {
+	// Notify, if not nil, receives the group of every change the cache
+	// applies once it is ready ("" is the ungrouped routing binding), in
+	// revision order, from the goroutine that applied it (the watch, or a
+	// caller of Apply), outside the cache's lock. The send blocks: the
+	// receiver must keep reading until the cache's Run returns.
+	Notify chan<- string
+	// Logger receives the keys of values the cache ignores. Default: discard.
+	Logger *slog.Logger
+}
 
 // Cache is an in-memory copy of the bindings bucket kept current by a KV
 // watch. It is complete once Ready is closed. Revisions it has applied are
 // never applied again, so a watcher that replays the bucket (as one does
 // after its server dies) changes nothing. It is safe for concurrent use.
+//
+// A value that does not decode, fails Binding.Validate or names another
+// group than its key's is logged and not applied: the group counts as
+// unbound (Route.Invalid) until a valid revision replaces it.
 type Cache struct {
-	mu       sync.RWMutex
-	m        map[string]entry
-	names    []string // interned node names; names[0] = ""
-	index    map[string]uint32
-	counts   []int // bound groups per interned node
-	leaving  []int // groups being moved away from each interned node
-	watchRev uint64
+	mu     sync.RWMutex
+	m      map[string]entry
+	drains map[string][]string // Drain lists of records in StepDrain
+	// unsettled holds the groups whose record is moving or in a
+	// hand-over step: what the handler's monitor looks after.
+	unsettled map[string]struct{}
+	names     []string // interned node names; names[0] = ""
+	index     map[string]uint32
+	counts    []int // bound groups per interned node
+	leaving   []int // groups being moved away from each interned node
+	watchRev  uint64
+	ignored   atomic.Uint64
 
-	onChange func(Binding, bool)
-	warm     atomic.Bool // the initial records are in
-	ready    chan struct{}
-	once     sync.Once
+	notify chan<- string
+	done   chan struct{} // closed when Run returns: no more notifications
+	log    *slog.Logger
+	warm   atomic.Bool // the initial records are in
+	ready  chan struct{}
+	once   sync.Once
 }
 
-// NewCache returns an empty cache. onChange, if not nil, is called from the
-// watching goroutine after each applied change (deleted=true for removals),
-// outside the cache's lock and in revision order.
-func NewCache(onChange func(b Binding, deleted bool)) *Cache {
+// NewCache returns an empty cache.
+func NewCache(cfg CacheConfig) *Cache {
+	log := cfg.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
 	return &Cache{
-		m:        make(map[string]entry),
-		names:    []string{""},
-		index:    map[string]uint32{"": 0},
-		counts:   []int{0},
-		leaving:  []int{0},
-		onChange: onChange,
-		ready:    make(chan struct{}),
+		m:         make(map[string]entry),
+		drains:    make(map[string][]string),
+		unsettled: make(map[string]struct{}),
+		done:      make(chan struct{}),
+		names:     []string{""},
+		index:     map[string]uint32{"": 0},
+		counts:    []int{0},
+		leaving:   []int{0},
+		notify:    cfg.Notify,
+		log:       log,
+		ready:     make(chan struct{}),
 	}
 }
 
 // Ready is closed once the cache holds every binding that existed when the
 // watch started.
 func (c *Cache) Ready() <-chan struct{} { return c.ready }
+
+// Ignored returns how many bucket values the cache refused as invalid.
+func (c *Cache) Ignored() uint64 { return c.ignored.Load() }
 
 // Lookup returns the cached record for a group ("" for the ungrouped
 // routing binding).
@@ -130,13 +137,13 @@ func (c *Cache) Lookup(group string) (Route, bool) {
 		c.mu.RUnlock()
 		return Route{}, false
 	}
-	r := c.routeLocked(e)
+	r := c.routeLocked(group, e)
 	c.mu.RUnlock()
 	return r, true
 }
 
-func (c *Cache) routeLocked(e entry) Route {
-	r := Route{Revision: e.rev, PrevNode: c.names[e.prev], Node: c.names[e.node], Handoff: e.handoff}
+func (c *Cache) routeLocked(group string, e entry) Route {
+	r := Route{Revision: e.rev, PrevNode: c.names[e.prev], Node: c.names[e.node]}
 	switch e.state {
 	case stateDead:
 		r.State, r.ThroughSeq = StateDeadLettered, e.seq
@@ -144,8 +151,16 @@ func (c *Cache) routeLocked(e entry) Route {
 		r.State, r.ThroughSeq = StateReleased, e.seq
 	case stateMoving:
 		r.State, r.FromSeq = StateMoving, e.seq
+	case stateInvalid:
+		r.Invalid = true
 	default:
 		r.State, r.FromSeq = StateBound, e.seq
+		switch e.step {
+		case stepDrain:
+			r.Step, r.Drain = StepDrain, c.drains[group]
+		case stepCatchUp:
+			r.Step = StepCatchUp
+		}
 	}
 	return r
 }
@@ -182,17 +197,34 @@ func (c *Cache) Count(node string) int {
 }
 
 // Apply records b unless the cache already holds the same or a later
-// revision of the group. It reports whether it changed the cache. Use it
-// for bindings learnt outside the watch (a handler's reply); the watch
-// delivers the same revision later and it is then ignored.
+// revision of the group, and reports whether it changed the cache. It is
+// for records the caller wrote itself (the handler applies its own
+// compare-and-set writes at once); the watch delivers the same revision
+// later and it is then ignored. Records learnt from other processes must
+// come through the watch only.
 func (c *Cache) Apply(b Binding) bool {
+	if err := b.Validate(); err != nil {
+		return false
+	}
 	c.mu.Lock()
 	changed := c.applyLocked(b, false)
 	c.mu.Unlock()
-	if changed && c.onChange != nil {
-		c.onChange(b, false)
+	if changed {
+		c.changed(b.Group)
 	}
 	return changed
+}
+
+// changed notifies a change, once the initial records are in (the
+// receiver looks at every record once the cache is ready).
+func (c *Cache) changed(group string) {
+	if c.notify == nil || !c.warm.Load() {
+		return
+	}
+	select {
+	case c.notify <- group:
+	case <-c.done:
+	}
 }
 
 func (c *Cache) applyLocked(b Binding, fromWatch bool) bool {
@@ -209,7 +241,7 @@ func (c *Cache) applyLocked(b Binding, fromWatch bool) bool {
 	if had {
 		c.uncount(b.Group, old)
 	}
-	e := entry{rev: b.Revision, prev: c.intern(b.PrevNode), node: c.intern(b.Node), handoff: b.Handoff}
+	e := entry{rev: b.Revision, prev: c.intern(b.PrevNode), node: c.intern(b.Node)}
 	switch b.State {
 	case StateDeadLettered:
 		e.state, e.seq = stateDead, b.ThroughSeq
@@ -218,13 +250,40 @@ func (c *Cache) applyLocked(b Binding, fromWatch bool) bool {
 	case StateMoving:
 		e.state, e.seq = stateMoving, b.FromSeq
 		c.leaving[e.prev]++
+		c.unsettled[b.Group] = struct{}{}
 	default:
 		e.state, e.seq = stateBound, b.FromSeq
+		switch b.Step {
+		case StepDrain:
+			e.step = stepDrain
+			c.drains[b.Group] = append([]string(nil), b.Drain...)
+			c.unsettled[b.Group] = struct{}{}
+		case StepCatchUp:
+			e.step = stepCatchUp
+			c.unsettled[b.Group] = struct{}{}
+		}
 		if b.Group != "" {
 			c.counts[e.node]++
 		}
 	}
 	c.m[b.Group] = e
+	return true
+}
+
+// invalidLocked records that group's latest value, at rev, is unusable.
+func (c *Cache) invalidLocked(group string, rev uint64) bool {
+	if rev <= c.watchRev {
+		return false
+	}
+	c.watchRev = rev
+	old, had := c.m[group]
+	if had && old.rev >= rev {
+		return false
+	}
+	if had {
+		c.uncount(group, old)
+	}
+	c.m[group] = entry{rev: rev, state: stateInvalid}
 	return true
 }
 
@@ -248,6 +307,12 @@ func (c *Cache) uncount(group string, e entry) {
 		c.counts[e.node]--
 	case e.state == stateMoving:
 		c.leaving[e.prev]--
+	}
+	if e.step == stepDrain {
+		delete(c.drains, group)
+	}
+	if e.state == stateMoving || e.step != stepNone {
+		delete(c.unsettled, group)
 	}
 }
 
@@ -273,6 +338,32 @@ func (c *Cache) Owners() map[string]bool {
 	return out
 }
 
+// Draining returns, for every node named in the Drain list of a record in
+// StepDrain, how many groups are still to be moved off its queue.
+func (c *Cache) Draining() map[string]int {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	out := map[string]int{}
+	for _, list := range c.drains {
+		for _, n := range list {
+			out[n]++
+		}
+	}
+	return out
+}
+
+// Unsettled returns the groups whose record is moving or in a hand-over
+// step, with their records.
+func (c *Cache) Unsettled() map[string]Route {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	out := make(map[string]Route, len(c.unsettled))
+	for g := range c.unsettled {
+		out[g] = c.routeLocked(g, c.m[g])
+	}
+	return out
+}
+
 func (c *Cache) intern(node string) uint32 {
 	if node == "" {
 		return 0
@@ -291,6 +382,7 @@ func (c *Cache) intern(node string) uint32 {
 // Run watches the store's bucket and keeps the cache current until ctx
 // ends. It returns ctx's error, or an error if the watch cannot start.
 func (c *Cache) Run(ctx context.Context, s *Store) error {
+	defer close(c.done)
 	return watchBucket(ctx, s.js, s.bucket, ">", c.presize, c.applyEntry, func() {
 		c.once.Do(func() {
 			c.warm.Store(true)
@@ -319,15 +411,14 @@ func (c *Cache) applyEntry(key string, op entryOp, value []byte, rev uint64) {
 		c.mu.Lock()
 		changed := c.deleteLocked(group, rev)
 		c.mu.Unlock()
-		if changed && c.onChange != nil {
-			c.onChange(Binding{Group: group, Revision: rev}, true)
+		if changed {
+			c.changed(group)
 		}
 		return
 	}
-	// A revision the cache already holds (a handler's reply applied it, or
-	// the handler wrote it) needs no decoding: most of a router's and a
-	// handler's watch traffic is its own decisions coming back. (Not while
-	// warming up: then every record is new, and the check costs a lookup.)
+	// A revision the cache already holds (the handler wrote it and applied
+	// it) needs no decoding. (Not while warming up: then every record is
+	// new, and the check costs a lookup.)
 	if c.warm.Load() {
 		c.mu.Lock()
 		if e, had := c.m[group]; had && e.rev >= rev {
@@ -341,19 +432,41 @@ func (c *Cache) applyEntry(key string, op entryOp, value []byte, rev uint64) {
 	if !ok {
 		var err error
 		if b, err = UnmarshalBinding(value); err != nil {
-			return // a value we do not understand: leave it to the operator
+			c.refuse(key, group, rev, err.Error())
+			return
 		}
 	}
 	if b.Group != group {
+		c.refuse(key, group, rev, "the value is the record of group "+quote(b.Group))
 		return
 	}
 	b.Revision = rev
 	c.mu.Lock()
 	changed := c.applyLocked(b, true)
 	c.mu.Unlock()
-	if changed && c.onChange != nil {
-		c.onChange(b, false)
+	if changed {
+		c.changed(group)
 	}
+}
+
+// refuse records that the value of key at rev is unusable and logs why.
+func (c *Cache) refuse(key, group string, rev uint64, why string) {
+	c.ignored.Add(1)
+	c.log.Warn("ignoring an invalid binding record", "key", key, "revision", rev, "reason", why)
+	c.mu.Lock()
+	changed := c.invalidLocked(group, rev)
+	c.mu.Unlock()
+	if changed {
+		c.changed(group)
+	}
+}
+
+func quote(s string) string {
+	const max = 64
+	if len(s) > max {
+		s = s[:max] + "..."
+	}
+	return "\"" + s + "\""
 }
 
 func groupOfKey(key string) (string, error) {
@@ -363,8 +476,8 @@ func groupOfKey(key string) (string, error) {
 	return GroupFromKey(key)
 }
 
-// GroupsOf returns the groups whose record names node as the bound node
-// (StateBound) or, for a move in progress, as the node moved from.
+// GroupsOf returns the groups whose record involves node: bound to it
+// (whatever the step), or, for a move in progress, moved away from it.
 func (c *Cache) GroupsOf(node string) []string {
 	c.mu.RLock()
 	defer c.mu.RUnlock()
@@ -387,7 +500,7 @@ func (c *Cache) Each(fn func(group string, r Route) bool) {
 	c.mu.RLock()
 	defer c.mu.RUnlock()
 	for g, e := range c.m {
-		if !fn(g, c.routeLocked(e)) {
+		if !fn(g, c.routeLocked(g, e)) {
 			return
 		}
 	}

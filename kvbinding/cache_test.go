@@ -20,10 +20,7 @@ func bound(group, node string, from, rev uint64) Binding {
 }
 
 func TestCacheIgnoresRevisionsAlreadyApplied(t *testing.T) {
-	var changes []string
-	c := NewCache(func(b Binding, deleted bool) {
-		changes = append(changes, fmt.Sprintf("%s@%d/%v", b.Group, b.Revision, deleted))
-	})
+	c := NewCache(CacheConfig{})
 	watch := func(b Binding) { c.mu.Lock(); c.applyLocked(b, true); c.mu.Unlock() }
 	watch(bound("g", "n1", 1, 1))
 	watch(bound("h", "n2", 2, 2))
@@ -62,42 +59,6 @@ func TestCacheIgnoresRevisionsAlreadyApplied(t *testing.T) {
 	}
 	if c.Count("n1") != 2 {
 		t.Fatalf("Count(n1) = %d, want 2", c.Count("n1"))
-	}
-}
-
-func TestRouteOwner(t *testing.T) {
-	moving := Route{State: StateMoving, Node: "n2", PrevNode: "n1"}
-	handoff := Route{State: StateBound, Node: "n2", FromSeq: 10, PrevNode: "n1", Handoff: true}
-	released := Route{State: StateReleased, ThroughSeq: 7, PrevNode: "n1"}
-	tests := []struct {
-		name  string
-		r     Route
-		seq   uint64
-		me    string
-		owner string
-		act   Action
-	}{
-		{"bound after fence", Route{State: StateBound, Node: "n1", FromSeq: 10}, 10, "n0", "n1", ActRoute},
-		{"before fence with prev", Route{State: StateBound, Node: "n1", FromSeq: 10, PrevNode: "n0"}, 9, "n0", "n0", ActRoute},
-		{"before fence no history", Route{State: StateBound, Node: "n1", FromSeq: 10}, 3, "n0", "n1", ActRoute},
-		{"dead-lettered", Route{State: StateDeadLettered, ThroughSeq: 5}, 5, "n0", "", ActRoute},
-		{"after dead-letter", Route{State: StateDeadLettered, ThroughSeq: 5}, 6, "n0", "", ActPropose},
-		{"moving: old owner waits", moving, 50, "n1", "", ActWait},
-		{"moving: new owner waits", moving, 50, "n2", "", ActWait},
-		{"moving: others skip", moving, 50, "n3", "n1", ActRoute},
-		{"handoff: new owner waits", handoff, 10, "n2", "", ActWait},
-		{"handoff: others skip", handoff, 10, "n3", "n2", ActRoute},
-		{"handoff: before fence is prev's", handoff, 9, "n2", "n1", ActRoute},
-		{"released: before fence is prev's", released, 7, "n3", "n1", ActRoute},
-		{"released: after fence proposes", released, 8, "n1", "", ActPropose},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			owner, act := tt.r.Owner(tt.seq, tt.me)
-			if owner != tt.owner || act != tt.act {
-				t.Errorf("Owner(%d, %s) = %q, %v; want %q, %v", tt.seq, tt.me, owner, act, tt.owner, tt.act)
-			}
-		})
 	}
 }
 
@@ -178,7 +139,7 @@ func TestCacheFollowsBucketAcrossServerRestart(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	c := NewCache(nil)
+	c := NewCache(CacheConfig{})
 	runCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	go func() { _ = c.Run(runCtx, st) }()
@@ -217,7 +178,7 @@ func TestCacheFollowsBucketAcrossServerRestart(t *testing.T) {
 }
 
 func TestCacheOwnersCountsMovesInProgress(t *testing.T) {
-	c := NewCache(nil)
+	c := NewCache(CacheConfig{})
 	c.Apply(bound("a", "n1", 1, 1))
 	c.Apply(bound("b", "n2", 1, 2))
 	c.Apply(Binding{Group: "b", State: StateMoving, Node: "n3", PrevNode: "n2", FromSeq: 1, Revision: 3})
@@ -226,13 +187,23 @@ func TestCacheOwnersCountsMovesInProgress(t *testing.T) {
 	if len(got) != 3 || !got["n1"] || !got["n2"] || !got["n4"] {
 		t.Fatalf("Owners = %v, want n1 n2 n4", got)
 	}
-	c.Apply(Binding{Group: "b", State: StateBound, Node: "n3", PrevNode: "n2", FromSeq: 9, Handoff: true, Revision: 5})
+	c.Apply(Binding{Group: "b", State: StateBound, Node: "n3", PrevNode: "n2", FromSeq: 9, Step: StepDrain, Drain: []string{"n2"}, Revision: 5})
 	got = c.Owners()
 	if got["n2"] || !got["n3"] {
 		t.Fatalf("after the fence Owners = %v, want n3 and not n2", got)
 	}
 	if gs := c.GroupsOf("n3"); len(gs) != 1 || gs[0] != "b" {
 		t.Fatalf("GroupsOf(n3) = %v", gs)
+	}
+	if d := c.Draining(); len(d) != 1 || d["n2"] != 1 {
+		t.Fatalf("Draining = %v, want n2: 1", d)
+	}
+	if u := c.Unsettled(); len(u) != 1 || u["b"].Step != StepDrain {
+		t.Fatalf("Unsettled = %v, want b in step drain", u)
+	}
+	c.Apply(Binding{Group: "b", State: StateBound, Node: "n3", PrevNode: "n2", FromSeq: 9, Revision: 6})
+	if d, u := c.Draining(), c.Unsettled(); len(d) != 0 || len(u) != 0 {
+		t.Fatalf("after the hand-over Draining = %v, Unsettled = %v", d, u)
 	}
 }
 
@@ -248,9 +219,9 @@ func TestAckSeqs(t *testing.T) {
 		"":                                    {0, 0, 0},
 		"$JS.ACK.a.b.c.d.e.f.g.h.i.j.k.l.m.n": {0, 0, 0},
 	} {
-		seq, pending, ok := ackSeqs(reply)
+		seq, pending, ok := AckSeqs(reply)
 		if got := [3]uint64{seq, pending, map[bool]uint64{true: 1}[ok]}; got != want {
-			t.Errorf("ackSeqs(%q) = %v, want %v", reply, got, want)
+			t.Errorf("AckSeqs(%q) = %v, want %v", reply, got, want)
 		}
 	}
 }
@@ -261,7 +232,7 @@ func FuzzAckSeqs(f *testing.F) {
 	f.Add("$JS.ACK.KV_b.c1.1.42.7.1700000000000000000.3")
 	f.Add("$JS.ACK._.H.KV_b.c1.1.42.7.17.0.t")
 	f.Fuzz(func(t *testing.T, reply string) {
-		seq, pending, ok := ackSeqs(reply)
+		seq, pending, ok := AckSeqs(reply)
 		if !ok {
 			return
 		}
@@ -273,7 +244,47 @@ func FuzzAckSeqs(f *testing.F) {
 		ws, _ := strconv.ParseUint(tok[at], 10, 64)
 		wp, _ := strconv.ParseUint(tok[at+3], 10, 64)
 		if tok[0] != "$JS" || tok[1] != "ACK" || (len(tok) != 9 && len(tok) < 11) || seq != ws || pending != wp {
-			t.Fatalf("ackSeqs(%q) = %d, %d", reply, seq, pending)
+			t.Fatalf("AckSeqs(%q) = %d, %d", reply, seq, pending)
 		}
 	})
+}
+
+// TestCacheRefusesInvalidValues: a value that does not decode, does not
+// validate or names another group than its key is not applied; the group
+// counts as unbound at that revision (so the handler can write over it),
+// and a later valid revision replaces it.
+func TestCacheRefusesInvalidValues(t *testing.T) {
+	notify := make(chan string, 16)
+	c := NewCache(CacheConfig{Notify: notify})
+	c.warm.Store(true)
+	good, _ := Binding{Group: "g", State: StateBound, Node: "n1", FromSeq: 3, DecidedBy: "h"}.Marshal()
+	c.applyEntry("r.g", opPut, good, 1)
+	for i, bad := range []string{
+		`{"group":"g","state":"bound","node":"n 1","from_seq":3}`,               // not a node id
+		`{"group":"g","state":"bound","node":"n1","from_seq":3,"step":"drain"}`, // drain without nodes
+		`{"group":"g","state":"bound","node":"n1","from_seq":3,"step":"drain","drain":["x y"]}`,
+		`{"group":"other","state":"bound","node":"n1","from_seq":3}`, // another group's record
+		`{"group":"g","state":"exploded"}`,
+		`not json`,
+	} {
+		rev := uint64(2 + i)
+		c.applyEntry("r.g", opPut, []byte(bad), rev)
+		r, ok := c.Lookup("g")
+		if !ok || !r.Invalid || r.Revision != rev {
+			t.Fatalf("%s: Lookup = %+v, %v; want invalid at revision %d", bad, r, ok, rev)
+		}
+		if c.Count("n1") != 0 {
+			t.Fatalf("%s: an invalid record still counts as bound", bad)
+		}
+	}
+	if c.Ignored() != 6 {
+		t.Fatalf("Ignored = %d, want 6", c.Ignored())
+	}
+	c.applyEntry("r.g", opPut, good, 20)
+	if r, _ := c.Lookup("g"); r.Invalid || r.Node != "n1" || r.Revision != 20 {
+		t.Fatalf("a valid revision did not replace the invalid one: %+v", r)
+	}
+	if len(notify) != 8 {
+		t.Fatalf("%d notifications, want 8 (one per applied change)", len(notify))
+	}
 }

@@ -21,6 +21,11 @@ var (
 	ErrNotFound = errors.New("kvbinding: group not bound")
 	// ErrLeaseHeld is returned when another holder owns a lease.
 	ErrLeaseHeld = errors.New("kvbinding: lease held by another")
+	// ErrInvalidLease is returned for a lease record without a holder.
+	ErrInvalidLease = errors.New("kvbinding: invalid lease record")
+	// ErrInvalidCheckpoint is returned for a checkpoint record that does
+	// not decode or whose pending ranges do not fit.
+	ErrInvalidCheckpoint = errors.New("kvbinding: invalid checkpoint")
 	// ErrLeaseLost is returned when a lease could not be renewed because
 	// it expired or was taken over.
 	ErrLeaseLost = errors.New("kvbinding: lease lost")

@@ -7,7 +7,7 @@ import (
 )
 
 // fastBinding decodes the fields of a binding value that the cache keeps
-// (group, state, node, from_seq, through_seq, prev_node, handoff), without
+// (group, state, node, from_seq, through_seq, prev_node, step, drain), without
 // reflection: a warm start decodes every record of the bucket, and
 // encoding/json was most of its time. It returns false for anything it
 // does not handle plainly (escaped strings, unexpected types), and the
@@ -50,8 +50,10 @@ func scanBinding(d *jsonx.Scanner, all bool) (Binding, bool) {
 			b.FromSeq, ok = d.Uint()
 		case "through_seq":
 			b.ThroughSeq, ok = d.Uint()
-		case "handoff":
-			b.Handoff, ok = d.Bool()
+		case "step":
+			var s string
+			s, ok = d.Str()
+			b.Step = Step(s)
 		case "decided_at":
 			var at time.Time
 			if at, ok = d.Time(); ok && all {
@@ -64,11 +66,7 @@ func scanBinding(d *jsonx.Scanner, all bool) (Binding, bool) {
 		case "reason":
 			b.Reason, ok = d.Str()
 		case "drain":
-			var drain []string
-			drain, ok = d.Strings()
-			if all {
-				b.Drain = drain
-			}
+			b.Drain, ok = d.Strings()
 		}
 		return ok
 	})

@@ -11,7 +11,7 @@ import (
 func TestFastBindingMatchesJSON(t *testing.T) {
 	records := []Binding{
 		{Group: "order-42", State: StateBound, Node: "n1", FromSeq: 17, DecidedAt: time.Now(), DecidedBy: "h/n0", ProposedBy: "n2"},
-		{Group: "Zürich ✓ a.b > *", State: StateBound, Node: "n1", FromSeq: 1, PrevNode: "n0", Handoff: true, Drain: []string{"n0", "n3"}, Reason: "node n0 gone"},
+		{Group: "Zürich ✓ a.b > *", State: StateBound, Node: "n1", FromSeq: 1, PrevNode: "n0", Step: StepDrain, Drain: []string{"n0", "n3"}, Reason: "node n0 gone"},
 		{Group: "g", State: StateReleased, ThroughSeq: 99, PrevNode: "n1"},
 		{Group: "g", State: StateMoving, Node: "n2", PrevNode: "n1", FromSeq: 4},
 		{Group: "", State: StateBound, Node: "n1", FromSeq: 3},
@@ -38,7 +38,7 @@ func TestFastBindingMatchesJSON(t *testing.T) {
 			continue
 		}
 		if got.Group != slow.Group || got.State != slow.State || got.Node != slow.Node || got.FromSeq != slow.FromSeq ||
-			got.ThroughSeq != slow.ThroughSeq || got.PrevNode != slow.PrevNode || got.Handoff != slow.Handoff {
+			got.ThroughSeq != slow.ThroughSeq || got.PrevNode != slow.PrevNode || got.Step != slow.Step || !reflect.DeepEqual(got.Drain, slow.Drain) {
 			t.Errorf("fast %+v != json %+v", got, slow)
 		}
 	}
@@ -48,7 +48,7 @@ func TestFastBindingMatchesJSON(t *testing.T) {
 // accepts it too and agrees on every cached field.
 func FuzzFastBinding(f *testing.F) {
 	f.Add([]byte(`{"group":"g","state":"bound","node":"n1","from_seq":1,"decided_at":"2026-01-01T00:00:00Z","decided_by":"h"}`))
-	f.Add([]byte(`{"group":"g","state":"released","through_seq":3,"prev_node":"n1","drain":["a","b"],"handoff":true}`))
+	f.Add([]byte(`{"group":"g","state":"released","through_seq":3,"prev_node":"n1","drain":["a","b"],"step":"drain"}`))
 	f.Add([]byte(`{"group":"g","state":"bound","node":"n1","from_seq":01}`))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		got, ok := fastBinding(data)
@@ -60,7 +60,7 @@ func FuzzFastBinding(f *testing.F) {
 			t.Fatalf("fast path accepted %q, encoding/json: %v", data, err)
 		}
 		if got.Group != slow.Group || got.State != slow.State || got.Node != slow.Node || got.FromSeq != slow.FromSeq ||
-			got.ThroughSeq != slow.ThroughSeq || got.PrevNode != slow.PrevNode || got.Handoff != slow.Handoff {
+			got.ThroughSeq != slow.ThroughSeq || got.PrevNode != slow.PrevNode || got.Step != slow.Step || !reflect.DeepEqual(got.Drain, slow.Drain) {
 			t.Fatalf("fast %+v != json %+v for %q", got, slow, data)
 		}
 	})
@@ -72,8 +72,12 @@ func FuzzBindingJSONRoundTrip(f *testing.F) {
 	f.Add("order-42", "n1", "reason \"q\" \n\t\x01 é ✓ <>&", uint64(7), true)
 	f.Add("Zürich ✓", "", "", uint64(1), false)
 	f.Fuzz(func(t *testing.T, group, prev, reason string, seq uint64, handoff bool) {
+		step := StepNone
+		if handoff {
+			step = StepDrain
+		}
 		b := Binding{Group: group, State: StateBound, Node: "n1", FromSeq: seq, PrevNode: prev, Reason: reason,
-			Handoff: handoff, DecidedAt: time.Unix(1700000000, 123456789).UTC(), DecidedBy: "h/n0", Drain: []string{prev}}
+			Step: step, DecidedAt: time.Unix(1700000000, 123456789).UTC(), DecidedBy: "h/n0", Drain: []string{prev}}
 		data := b.AppendJSON(nil)
 		if !json.Valid(data) {
 			t.Fatalf("invalid JSON %q", data)

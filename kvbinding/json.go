@@ -43,8 +43,9 @@ func (b Binding) AppendJSON(buf []byte) []byte {
 		buf = append(buf, `,"reason":`...)
 		buf = jsonx.AppendString(buf, b.Reason)
 	}
-	if b.Handoff {
-		buf = append(buf, `,"handoff":true`...)
+	if b.Step != StepNone {
+		buf = append(buf, `,"step":`...)
+		buf = jsonx.AppendString(buf, string(b.Step))
 	}
 	if len(b.Drain) > 0 {
 		buf = append(buf, `,"drain":[`...)

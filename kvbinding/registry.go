@@ -181,7 +181,7 @@ func (r *Registry) apply(key string, op entryOp, value []byte, _ uint64) {
 	r.mu.Lock()
 	if op == opPut {
 		var info NodeInfo
-		if err := json.Unmarshal(value, &info); err == nil && info.Node == node {
+		if err := json.Unmarshal(value, &info); err == nil && info.Node == node && ValidateNodeID(node) == nil {
 			old, had := r.live[node]
 			changed = !had || old.HasConsumer != info.HasConsumer
 			r.live[node] = info
@@ -234,6 +234,19 @@ func (r *Registry) AcquireLease(ctx context.Context, name, holder string, ttl ti
 	}
 	if errors.Is(err, jetstream.ErrKeyExists) {
 		cur, gerr := r.GetLease(ctx, name)
+		if errors.Is(gerr, ErrInvalidLease) {
+			// Nobody can hold a record without a holder (and one written
+			// without a TTL would never expire): clear it and try again.
+			if derr := r.kv.Delete(ctx, leasePrefix+name, jetstream.LastRevision(cur.Revision)); derr != nil {
+				return Lease{}, fmt.Errorf("kvbinding: acquire lease %s: clear invalid record: %w", name, derr)
+			}
+			rev, err := r.kv.Create(ctx, leasePrefix+name, data, jetstream.KeyTTL(roundTTL(ttl)))
+			if err != nil {
+				return Lease{}, fmt.Errorf("kvbinding: acquire lease %s: %w", name, err)
+			}
+			l.Revision = rev
+			return l, nil
+		}
 		if gerr == nil && cur.Holder == holder {
 			// Ours from an earlier incarnation: renew it.
 			return r.RenewLease(ctx, name, cur, ttl)
@@ -283,23 +296,39 @@ func (r *Registry) GetLease(ctx context.Context, name string) (Lease, error) {
 	if err != nil {
 		return Lease{}, err
 	}
-	var l Lease
-	if err := json.Unmarshal(e.Value(), &l); err != nil {
-		return Lease{}, fmt.Errorf("kvbinding: lease %s: %w", name, err)
+	l, err := decodeLease(e.Value())
+	if err != nil {
+		// A record nobody can hold: report it with its revision, so that
+		// it can be deleted over (a lease without a holder is free).
+		return Lease{Revision: e.Revision()}, fmt.Errorf("kvbinding: lease %s: %w", name, err)
 	}
 	l.Revision = e.Revision()
 	return l, nil
 }
 
-// WatchLease calls fn (from its own goroutine) whenever the lease record
-// changes, with the new holder ("" when the lease was released or
-// expired), until ctx ends.
-func (r *Registry) WatchLease(ctx context.Context, name string, fn func(holder string)) error {
+// decodeLease decodes and checks a lease record: it must name a holder.
+func decodeLease(data []byte) (Lease, error) {
+	var l Lease
+	if err := json.Unmarshal(data, &l); err != nil {
+		return Lease{}, fmt.Errorf("%w: %v", ErrInvalidLease, err)
+	}
+	if l.Holder == "" || len(l.Holder) > 2*MaxNodeIDLen+1 {
+		return Lease{}, fmt.Errorf("%w: no holder", ErrInvalidLease)
+	}
+	return l, nil
+}
+
+// WatchLease calls fn (from its own goroutine, which wg tracks) whenever
+// the lease record changes, with the new holder ("" when the lease was
+// released or expired, or holds no holder), until ctx ends.
+func (r *Registry) WatchLease(ctx context.Context, name string, fn func(holder string), wg *sync.WaitGroup) error {
 	w, err := r.kv.Watch(ctx, leasePrefix+name, jetstream.UpdatesOnly())
 	if err != nil {
 		return err
 	}
+	wg.Add(1)
 	go func() {
+		defer wg.Done()
 		defer w.Stop()
 		for {
 			select {
@@ -311,8 +340,7 @@ func (r *Registry) WatchLease(ctx context.Context, name string, fn func(holder s
 				}
 				holder := ""
 				if e != nil && e.Operation() == jetstream.KeyValuePut {
-					var l Lease
-					if json.Unmarshal(e.Value(), &l) == nil {
+					if l, err := decodeLease(e.Value()); err == nil {
 						holder = l.Holder
 					}
 				}
@@ -347,7 +375,32 @@ func (r *Registry) LoadCheckpoint(ctx context.Context, node string) (Checkpoint,
 	}
 	var c Checkpoint
 	if err := json.Unmarshal(e.Value(), &c); err != nil {
-		return Checkpoint{}, false, fmt.Errorf("kvbinding: checkpoint %s: %w", node, err)
+		return Checkpoint{}, false, fmt.Errorf("%w: %s: %v", ErrInvalidCheckpoint, node, err)
+	}
+	if err := c.Validate(); err != nil {
+		return Checkpoint{}, false, fmt.Errorf("%w: %s: %v", ErrInvalidCheckpoint, node, err)
 	}
 	return c, true, nil
+}
+
+// Validate checks that the pending ranges are ordered, disjoint and below
+// Next.
+func (c Checkpoint) Validate() error {
+	var prev uint64
+	for i, p := range c.Pending {
+		if p[0] == 0 || p[0] > p[1] || p[1] >= c.Next || (i > 0 && p[0] <= prev) {
+			return fmt.Errorf("pending range %d %v does not fit below next %d", i, p, c.Next)
+		}
+		prev = p[1]
+	}
+	return nil
+}
+
+// Start returns the first ingress sequence not known to be done: where a
+// node resumes, and where its groups are taken from when it is gone.
+func (c Checkpoint) Start() uint64 {
+	if len(c.Pending) > 0 {
+		return c.Pending[0][0]
+	}
+	return c.Next
 }

@@ -83,7 +83,7 @@ func watchBucket(ctx context.Context, js jetstream.JetStream, bucket, filter str
 			}
 			continue
 		}
-		seq, pending, ok := ackSeqs(msg.Reply())
+		seq, pending, ok := AckSeqs(msg.Reply())
 		if !ok {
 			meta, err := msg.Metadata()
 			if err != nil {
@@ -106,13 +106,13 @@ func watchBucket(ctx context.Context, js jetstream.JetStream, bucket, filter str
 	}
 }
 
-// ackSeqs reads the stream sequence and the pending count from a
+// AckSeqs reads the stream sequence and the pending count from a
 // JetStream delivery's reply subject, in either of its forms:
 // $JS.ACK.<stream>.<consumer>.<delivered>.<sseq>.<dseq>.<ts>.<pending> or
 // $JS.ACK.<domain>.<account>.<stream>.<consumer>.<delivered>.<sseq>.<dseq>.<ts>.<pending>[.<token>...],
 // without allocating (jetstream's Msg.Metadata splits and copies it). It
 // returns false for anything else; the caller then asks Metadata.
-func ackSeqs(reply string) (seq, pending uint64, ok bool) {
+func AckSeqs(reply string) (seq, pending uint64, ok bool) {
 	const maxTokens = 13
 	var starts [maxTokens + 1]int
 	n := 1

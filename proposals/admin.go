@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/micro"
 
 	"grouprouter/kvbinding"
 )
@@ -15,12 +16,6 @@ import (
 // SubjectAdmin is the request/reply subject of operator commands (move,
 // unbind), answered by the active LOCAL handler.
 const SubjectAdmin = "grouping.admin"
-
-// Admin operations.
-const (
-	OpMove   = "move"
-	OpUnbind = "unbind"
-)
 
 // AdminRequest asks the handler to move a group to Node, or to unbind it.
 type AdminRequest struct {
@@ -62,11 +57,11 @@ func DecodeAdminRequest(data []byte) (AdminRequest, error) {
 		return AdminRequest{}, fmt.Errorf("%w: %v", ErrBadMessage, err)
 	}
 	switch r.Op {
-	case OpMove:
+	case string(OpMove):
 		if err := kvbinding.ValidateNodeID(r.Node); err != nil {
 			return AdminRequest{}, fmt.Errorf("%w: %v", ErrBadMessage, err)
 		}
-	case OpUnbind:
+	case string(OpUnbind):
 		if r.Node != "" {
 			return AdminRequest{}, fmt.Errorf("%w: unbind takes no node", ErrBadMessage)
 		}
@@ -82,9 +77,9 @@ func DecodeAdminRequest(data []byte) (AdminRequest, error) {
 // ErrIneligibleNode, ErrMoveInProgress, ErrNoHandler, ErrDecisionTimeout or
 // ErrBadMessage.
 func Move(ctx context.Context, nc *nats.Conn, group, node string, timeout time.Duration) (kvbinding.Binding, error) {
-	req := AdminRequest{Version: ProtocolVersion, Op: OpMove, Group: group, Node: node}
+	req := AdminRequest{Version: ProtocolVersion, Op: string(OpMove), Group: group, Node: node}
 	if node == "" {
-		req.Op = OpUnbind
+		req.Op = string(OpUnbind)
 	}
 	data, err := json.Marshal(req)
 	if err != nil {
@@ -131,65 +126,49 @@ func Move(ctx context.Context, nc *nats.Conn, group, node string, timeout time.D
 	return b, nil
 }
 
-func (h *Handler) onAdmin(m *nats.Msg) {
-	h.wg.Add(1)
-	go func() {
-		defer h.wg.Done()
-		reply := h.admin(m.Data)
-		reply.Version = ProtocolVersion
-		data, _ := json.Marshal(reply)
-		_ = m.Respond(data)
-	}()
+// serveAdmin answers one operator request.
+func (h *Handler) serveAdmin(ctx context.Context, r micro.Request) {
+	reply := h.admin(ctx, r.Data())
+	reply.Version = ProtocolVersion
+	data, _ := json.Marshal(reply)
+	_ = r.Respond(data)
 }
 
-func (h *Handler) admin(data []byte) AdminReply {
+func (h *Handler) admin(ctx context.Context, data []byte) AdminReply {
 	req, err := DecodeAdminRequest(data)
 	if err != nil {
 		return AdminReply{Error: err.Error(), Code: codeBadRequest}
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	cur, err := h.store.Get(ctx, req.Group)
-	st := State{Live: h.liveState()}
-	if err == nil {
-		r := routeOf(cur)
-		st.Existing = &r
-	} else if !errors.Is(err, kvbinding.ErrNotFound) {
-		return AdminReply{Error: err.Error(), Code: codeFailed}
+	op := OpMove
+	if req.Op == string(OpUnbind) {
+		op = OpUnbind
 	}
 	reason := "operator " + req.Op
-	v, err := DecideMove(st, MoveRequest{Group: req.Group, Target: req.Node, Reason: reason}, time.Now())
-	if err != nil {
+	res, b, err := h.apply(ctx, req.Group, Input{Op: op, By: "operator", Node: req.Node, Reason: reason}, h.liveState())
+	switch {
+	case err != nil:
+		return AdminReply{Error: err.Error(), Code: codeFailed}
+	case res.Outcome == Refused || res.Outcome == Failed:
 		code := codeFailed
 		switch {
-		case errors.Is(err, ErrUnknownGroup):
+		case errors.Is(res.Err, ErrUnknownGroup):
 			code = codeUnknownGroup
-		case errors.Is(err, ErrIneligibleNode):
+		case errors.Is(res.Err, ErrIneligibleNode):
 			code = codeIneligible
-		case errors.Is(err, ErrMoveInProgress):
+		case errors.Is(res.Err, ErrMoveInProgress):
 			code = codeInProgress
 		}
-		return AdminReply{Error: fmt.Sprintf("%s %q: %s", req.Op, req.Group, v.Reason), Code: code}
-	}
-	if v.Action == Keep {
+		return AdminReply{Error: fmt.Sprintf("%s %q: %s", req.Op, req.Group, res.Reason), Code: code}
+	case res.Write == nil:
+		// Already where it was asked to go: the record as stored.
+		cur, err := h.store.Get(ctx, req.Group)
+		if err != nil {
+			return AdminReply{Error: err.Error(), Code: codeFailed}
+		}
 		return AdminReply{Binding: &cur, Revision: cur.Revision}
 	}
-	v.Binding.DecidedBy = h.id
-	b, err := h.store.Replace(ctx, v.Binding, cur.Revision)
-	if err != nil {
-		if errors.Is(err, kvbinding.ErrConflict) {
-			return AdminReply{Error: "group changed concurrently; try again", Code: codeInProgress}
-		}
-		return AdminReply{Error: err.Error(), Code: codeFailed}
-	}
-	h.cache.Apply(b)
-	Event{Kind: EventMove, Group: b.Group, Node: b.Node, PrevNode: b.PrevNode, By: h.id, Reason: reason}.Publish(h.nc)
-	h.log.Info("group move requested", "group", b.Group, "from", b.PrevNode, "to", b.Node)
+	h.log.Info("group move requested", "group", b.Group, "from", b.PrevNode, "to", b.Node, "revision", b.Revision)
 	return AdminReply{Binding: &b, Revision: b.Revision}
-}
-
-// routeOf converts a stored record to the cache's view of it.
-func routeOf(b kvbinding.Binding) kvbinding.Route {
-	return kvbinding.Route{State: b.State, Node: b.Node, FromSeq: b.FromSeq, ThroughSeq: b.ThroughSeq,
-		PrevNode: b.PrevNode, Handoff: b.Handoff, Revision: b.Revision}
 }

@@ -71,7 +71,7 @@ func BenchmarkDecisionService(b *testing.B) {
 	for off := 0; off < n; off += batch {
 		ps := make([]Proposal, 0, batch)
 		for i := off; i < min(off+batch, n); i++ {
-			ps = append(ps, Proposal{Group: fmt.Sprintf("g%d", i), Node: "n1", FromSeq: uint64(i + 1)})
+			ps = append(ps, Proposal{Group: fmt.Sprintf("g%d", i), Node: "n1", Seq: uint64(i + 1)})
 		}
 		sem <- struct{}{}
 		wg.Add(1)

@@ -9,7 +9,8 @@ import (
 	"github.com/nats-io/nats.go"
 )
 
-// Client sends proposals to whichever LOCAL handler is active.
+// Client sends a node's proposals, on the node's own subject, to whichever
+// LOCAL handler is active.
 type Client struct {
 	nc       *nats.Conn
 	proposer string
@@ -35,7 +36,7 @@ func (c *Client) Propose(ctx context.Context, ps []Proposal) ([]Decision, error)
 	}
 	ctx, cancel := context.WithTimeout(ctx, c.timeout)
 	defer cancel()
-	msg, err := c.nc.RequestWithContext(ctx, SubjectPropose, data)
+	msg, err := c.nc.RequestWithContext(ctx, ProposeSubject(c.proposer), data)
 	switch {
 	case err == nil:
 	case errors.Is(err, nats.ErrNoResponders):

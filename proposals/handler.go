@@ -11,10 +11,23 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
-	"golang.org/x/sync/errgroup"
+	"github.com/nats-io/nats.go/micro"
 
 	"grouprouter/kvbinding"
 )
+
+// Queues is what the handler needs of the node queues: pausing and
+// resuming a node's queue consumer while its queue is drained, and the
+// ingress stream's last sequence to check the sequences nodes report.
+// The router supplies it.
+type Queues interface {
+	// Pause pauses node's queue consumer until until.
+	Pause(ctx context.Context, node string, until time.Time) error
+	// Resume resumes node's queue consumer.
+	Resume(ctx context.Context, node string) error
+	// IngressLast returns the ingress stream's last sequence.
+	IngressLast(ctx context.Context) (uint64, error)
+}
 
 // HandlerConfig configures a LOCAL handler.
 type HandlerConfig struct {
@@ -23,8 +36,9 @@ type HandlerConfig struct {
 	// Node is the id of the node the handler runs on.
 	Node string
 	// LeaseTTL is how long the active handler's lease lives without
-	// renewal; a standby takes over at most about this long after the
-	// active one dies. Default 2s; the registry rounds it to whole seconds.
+	// renewal. A standby also probes the active handler and takes over at
+	// once when it has stopped answering (a crashed process). Default 2s;
+	// the registry rounds it to whole seconds.
 	LeaseTTL time.Duration
 	// NodeGrace is how long a node may be gone (its liveness record
 	// expired) before its groups move to other nodes. Default 15s.
@@ -33,17 +47,75 @@ type HandlerConfig struct {
 	// while another node's has one, before its groups move. Default 30s;
 	// negative disables.
 	RebindAfter time.Duration
-	// RecordTTL is how long an ended record (released) is kept. Default 10m.
+	// FenceDeadline is how long a node may take to fence a group moving
+	// away from it before the handler fences it from the node's
+	// checkpoint, as for a node that is gone. Default 10s.
+	FenceDeadline time.Duration
+	// RecordTTL is how long an ended record (released, dead-lettered) is
+	// kept. Default 10m.
 	RecordTTL time.Duration
+	// InboxPrefix: requests are answered only when their reply subject is
+	// under it (its first token starts with it). Default "_INBOX".
+	InboxPrefix string
+	// Queues pauses and resumes queue consumers during moves; nil disables
+	// pausing and the ingress sequence check (tests of the protocol alone).
+	Queues Queues
+	// Workers bounds how many requests are decided at once. Default 16.
+	Workers int
+	// Version is reported by the NATS micro service. Default "dev".
+	Version string
 	// Logger defaults to a discarding logger.
 	Logger *slog.Logger
 }
 
-// Handler is a LOCAL grouping handler. Run competes for the handler lease
-// named after the handler; only the holder answers proposals, so among a
-// handler and its hot backups exactly one answers at a time. Bindings are
-// written with KV create or compare-and-set before the reply, so even two
-// overlapping handlers converge on one binding per group.
+func (c HandlerConfig) withDefaults() HandlerConfig {
+	if c.LeaseTTL <= 0 {
+		c.LeaseTTL = 2 * time.Second
+	}
+	if c.NodeGrace <= 0 {
+		c.NodeGrace = 15 * time.Second
+	}
+	if c.RebindAfter == 0 {
+		c.RebindAfter = 30 * time.Second
+	}
+	if c.FenceDeadline <= 0 {
+		c.FenceDeadline = 10 * time.Second
+	}
+	if c.RecordTTL <= 0 {
+		c.RecordTTL = 10 * time.Minute
+	}
+	if c.InboxPrefix == "" {
+		c.InboxPrefix = nats.InboxPrefix[:len(nats.InboxPrefix)-1]
+	}
+	if c.Workers <= 0 {
+		c.Workers = 16
+	}
+	if c.Version == "" {
+		c.Version = "0.0.0-dev"
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	return c
+}
+
+// ServiceName is the NATS micro service name of the handler: `nats micro
+// ls` lists the active handler (metadata role=active) and its standbys
+// (role=standby).
+const ServiceName = "grouprouter"
+
+// SubjectHandlerPrefix + <name> + ".ping" is the active handler's ping
+// subject: standbys probe it to learn at once that the active one is gone.
+const SubjectHandlerPrefix = "grouping.handler."
+
+func pingSubject(name string) string { return SubjectHandlerPrefix + name + ".ping" }
+
+// Handler is a LOCAL grouping handler, the only writer of binding records.
+// Run competes for the handler lease named after the handler; only the
+// holder answers, so among a handler and its hot backups exactly one
+// answers at a time. Records are written with KV create or compare-and-set
+// before the reply, so even two overlapping handlers converge on one
+// record per group.
 type Handler struct {
 	nc    *nats.Conn
 	store *kvbinding.Store
@@ -55,13 +127,18 @@ type Handler struct {
 
 	active    atomic.Bool
 	decisions atomic.Uint64
-	wg        sync.WaitGroup
-	sem       chan struct{}
+	dropped   atomic.Uint64 // requests dropped: reply subject not an inbox
+	busy      atomic.Uint64 // requests refused: too many in progress
 	mon       monitor
+	ingress   ingressLast
+
+	// work carries admitted requests to the workers of the current term.
+	work chan func()
 
 	// lastHolder is the last other holder of the lease seen; suspect is
-	// the node of a holder whose lease expired (it did not release it:
-	// presumably crashed), ineligible until it announces itself again.
+	// the node of a holder whose lease expired or that stopped answering
+	// (it did not release it: presumably crashed), ineligible until it
+	// announces itself again.
 	lastHolder   atomic.Value // string
 	suspectMu    sync.Mutex
 	suspect      string
@@ -71,29 +148,16 @@ type Handler struct {
 // NewHandler returns a handler deciding with the given shared state. cache
 // and reg must be kept current by their Run methods.
 func NewHandler(nc *nats.Conn, store *kvbinding.Store, cache *kvbinding.Cache, reg *kvbinding.Registry, cfg HandlerConfig) *Handler {
-	if cfg.LeaseTTL <= 0 {
-		cfg.LeaseTTL = 2 * time.Second
-	}
-	if cfg.NodeGrace <= 0 {
-		cfg.NodeGrace = 15 * time.Second
-	}
-	if cfg.RebindAfter == 0 {
-		cfg.RebindAfter = 30 * time.Second
-	}
-	if cfg.RecordTTL <= 0 {
-		cfg.RecordTTL = 10 * time.Minute
-	}
-	log := cfg.Logger
-	if log == nil {
-		log = slog.New(slog.DiscardHandler)
-	}
+	cfg = cfg.withDefaults()
 	return &Handler{
 		nc: nc, store: store, cache: cache, reg: reg, cfg: cfg,
-		log: log.With("component", "handler"),
+		log: cfg.Logger.With("component", "handler"),
 		id:  cfg.Name + "/" + cfg.Node,
-		sem: make(chan struct{}, 16),
 	}
 }
+
+// ID returns the handler's id, name/node.
+func (h *Handler) ID() string { return h.id }
 
 // Active reports whether this handler currently holds the lease and answers.
 func (h *Handler) Active() bool { return h.active.Load() }
@@ -101,9 +165,14 @@ func (h *Handler) Active() bool { return h.active.Load() }
 // Decisions returns how many proposals this handler has answered.
 func (h *Handler) Decisions() uint64 { return h.decisions.Load() }
 
+// Dropped returns how many requests were dropped unanswered because their
+// reply subject was not under the inbox prefix.
+func (h *Handler) Dropped() uint64 { return h.dropped.Load() }
+
 // Run competes for the lease and answers proposals while holding it, until
 // ctx ends; then it stops answering and releases the lease so that a
-// backup takes over at once.
+// backup takes over at once. Every goroutine it starts has ended when it
+// returns.
 func (h *Handler) Run(ctx context.Context) error {
 	wake := make(chan struct{}, 1)
 	notify := func(holder string) {
@@ -118,66 +187,74 @@ func (h *Handler) Run(ctx context.Context) error {
 		default:
 		}
 	}
-	if err := h.reg.WatchLease(ctx, h.cfg.Name, notify); err != nil {
+	var bg sync.WaitGroup
+	defer bg.Wait()
+	watchCtx, stopWatch := context.WithCancel(ctx)
+	defer stopWatch()
+	if err := h.reg.WatchLease(watchCtx, h.cfg.Name, notify, &bg); err != nil {
 		return fmt.Errorf("proposals: watch lease: %w", err)
 	}
-	renew := h.cfg.LeaseTTL / 4
-	if renew < 100*time.Millisecond {
-		renew = 100 * time.Millisecond
-	}
-	ticker := time.NewTicker(renew)
+	tick := max(h.cfg.LeaseTTL/4, 100*time.Millisecond)
+	ticker := time.NewTicker(tick)
 	defer ticker.Stop()
+	// Standbys probe the active handler more often than they look at the
+	// lease: a crashed handler's subscriptions vanish at once, its lease
+	// only after its TTL.
+	probe := time.NewTicker(max(tick/2, 100*time.Millisecond))
+	defer probe.Stop()
 
 	var (
-		lease    kvbinding.Lease
-		sub      *nats.Subscription
-		adminSub *nats.Subscription
+		lease kvbinding.Lease
+		term  *term
+		svc   micro.Service
+		gone  int // consecutive probes without an active handler
 	)
+	standby := func() {
+		if svc != nil {
+			_ = svc.Stop()
+		}
+		svc = h.addService(nil)
+	}
 	stop := func() {
-		if sub != nil {
-			_ = sub.Drain()
-			sub = nil
+		if term != nil {
+			term.end()
+			term = nil
+			h.active.Store(false)
+			h.mon.reset()
 		}
-		if adminSub != nil {
-			_ = adminSub.Drain()
-			adminSub = nil
-		}
-		h.wg.Wait()
-		h.active.Store(false)
-		h.mon.reset()
 	}
 	defer func() {
-		held := sub != nil
+		held := term != nil
 		stop()
+		if svc != nil {
+			_ = svc.Stop()
+		}
 		if held {
 			h.release()
 		}
 	}()
+	standby()
 	for {
-		opCtx, cancel := context.WithTimeout(ctx, h.cfg.LeaseTTL/2)
-		if sub == nil {
+		opCtx, cancel := context.WithTimeout(ctx, max(h.cfg.LeaseTTL/2, time.Second))
+		if term == nil {
 			l, err := h.reg.AcquireLease(opCtx, h.cfg.Name, h.id, h.cfg.LeaseTTL)
 			if err == nil {
 				lease = l
 				h.suspectPrevious()
-				s, serr := h.nc.QueueSubscribe(SubjectPropose, handlerQueue, h.onRequest)
-				if serr != nil {
+				t, s, err := h.begin(ctx)
+				if err != nil {
 					cancel()
-					return fmt.Errorf("proposals: subscribe: %w", serr)
+					return err
 				}
-				as, serr := h.nc.QueueSubscribe(SubjectAdmin, handlerQueue, h.onAdmin)
-				if serr != nil {
-					_ = s.Unsubscribe()
-					cancel()
-					return fmt.Errorf("proposals: subscribe: %w", serr)
+				if svc != nil {
+					_ = svc.Stop()
 				}
-				_ = h.nc.Flush()
-				sub, adminSub = s, as
+				term, svc = t, s
 				h.active.Store(true)
 				h.log.Info("handler active", "lease_rev", lease.Revision)
-				Event{Kind: EventHandlerTakeover, By: h.id, Reason: "lease acquired"}.Publish(h.nc)
+				h.publish(Event{Kind: EventHandlerTakeover, By: h.id, Reason: "lease acquired"})
 			} else if !errors.Is(err, kvbinding.ErrLeaseHeld) && ctx.Err() == nil {
-				h.log.Warn("lease acquire failed", "err", err)
+				h.log.Warn("lease acquire failed; retrying", "err", err)
 			}
 		} else {
 			l, err := h.reg.RenewLease(opCtx, h.cfg.Name, lease, h.cfg.LeaseTTL)
@@ -187,6 +264,7 @@ func (h *Handler) Run(ctx context.Context) error {
 			case errors.Is(err, kvbinding.ErrLeaseLost):
 				h.log.Warn("lease lost: standing down")
 				stop()
+				standby()
 			default:
 				// Transient (e.g. a leader election): keep answering; the
 				// KV writes stay compare-and-set, so an overlap is safe.
@@ -196,15 +274,186 @@ func (h *Handler) Run(ctx context.Context) error {
 			}
 		}
 		cancel()
-		if sub != nil {
-			h.watchNodes(ctx)
+		if term != nil {
+			h.watchNodes(ctx, term)
 		}
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
 		case <-ticker.C:
 		case <-wake:
+		case <-probe.C:
+			if term != nil {
+				continue
+			}
+			if h.activeGone(ctx) {
+				gone++
+			} else {
+				gone = 0
+			}
+			if gone >= 2 {
+				gone = 0
+				h.breakLease(ctx)
+			}
 		}
+	}
+}
+
+// term is one stretch of time this handler is active: its workers.
+type term struct {
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+}
+
+func (t *term) end() {
+	t.cancel()
+	t.wg.Wait()
+}
+
+// go runs fn in a goroutine the term waits for.
+func (t *term) goFn(fn func()) {
+	t.wg.Add(1)
+	go func() {
+		defer t.wg.Done()
+		fn()
+	}()
+}
+
+// begin starts a term: the workers, then the service with its endpoints.
+func (h *Handler) begin(ctx context.Context) (*term, micro.Service, error) {
+	tctx, cancel := context.WithCancel(ctx)
+	t := &term{ctx: tctx, cancel: cancel}
+	work := make(chan func(), 4*h.cfg.Workers)
+	h.work = work
+	for i := 0; i < h.cfg.Workers; i++ {
+		t.goFn(func() {
+			for {
+				select {
+				case <-tctx.Done():
+					return
+				case fn := <-work:
+					fn()
+				}
+			}
+		})
+	}
+	svc := h.addService(t)
+	if svc == nil {
+		t.end()
+		return nil, nil, fmt.Errorf("proposals: cannot start the %s service", ServiceName)
+	}
+	_ = h.nc.Flush()
+	return t, svc, nil
+}
+
+// addService registers the handler as a NATS micro service: with its
+// endpoints while active (t != nil), as a visible standby otherwise.
+func (h *Handler) addService(t *term) micro.Service {
+	role := "standby"
+	if t != nil {
+		role = "active"
+	}
+	svc, err := micro.AddService(h.nc, micro.Config{
+		Name:        ServiceName,
+		Version:     h.cfg.Version,
+		Description: "grouprouter LOCAL grouping handler " + h.cfg.Name,
+		Metadata:    map[string]string{"handler": h.cfg.Name, "node": h.cfg.Node, "role": role},
+		QueueGroup:  handlerQueue,
+	})
+	if err != nil {
+		h.log.Error("NATS service not registered", "err", err)
+		return nil
+	}
+	if t == nil {
+		return svc
+	}
+	add := func(name, subject string, fn micro.HandlerFunc) bool {
+		if err := svc.AddEndpoint(name, fn, micro.WithEndpointSubject(subject)); err != nil {
+			h.log.Error("NATS service endpoint not registered", "endpoint", name, "err", err)
+			return false
+		}
+		return true
+	}
+	if !add("propose", SubjectPropose, func(r micro.Request) { h.admit(t, r, h.serve) }) ||
+		!add("admin", SubjectAdmin, func(r micro.Request) { h.admit(t, r, h.serveAdmin) }) ||
+		!add("ping", pingSubject(h.cfg.Name), func(r micro.Request) {
+			if h.inbox(r.Reply()) {
+				_ = r.Respond([]byte(h.id))
+			}
+		}) {
+		_ = svc.Stop()
+		return nil
+	}
+	return svc
+}
+
+// admit checks a request's reply subject and hands it to a worker without
+// blocking the subscription's callback: a request whose reply subject is
+// not an inbox is dropped (and counted); one that finds every worker busy
+// is answered with an error at once (the asker retries).
+func (h *Handler) admit(t *term, r micro.Request, serve func(context.Context, micro.Request)) {
+	if !h.inbox(r.Reply()) {
+		n := h.dropped.Add(1)
+		if n&(n-1) == 0 {
+			h.log.Warn("dropped a request whose reply subject is not an inbox", "subject", r.Subject(), "reply", truncate(r.Reply(), 128), "dropped", n)
+		}
+		return
+	}
+	select {
+	case h.work <- func() { serve(t.ctx, r) }:
+	default:
+		h.busy.Add(1)
+		_ = r.Error("503", "handler busy; try again", nil)
+	}
+}
+
+// inbox reports whether a reply subject is under the inbox prefix: its
+// first token starts with it, and it is a plain subject (no wildcards).
+func (h *Handler) inbox(reply string) bool {
+	first, _, _ := strings.Cut(reply, ".")
+	if reply == "" || !strings.HasPrefix(first, h.cfg.InboxPrefix) || strings.ContainsAny(reply, "*> \t\r\n") ||
+		strings.Contains(reply, "..") || strings.HasSuffix(reply, ".") {
+		return false
+	}
+	return true
+}
+
+func truncate(s string, n int) string {
+	if len(s) > n {
+		return s[:n] + "..."
+	}
+	return s
+}
+
+// activeGone probes the active handler; it reports true when nobody
+// answers on its ping subject while the lease still names another holder.
+func (h *Handler) activeGone(ctx context.Context) bool {
+	pctx, cancel := context.WithTimeout(ctx, max(h.cfg.LeaseTTL/4, 250*time.Millisecond))
+	defer cancel()
+	_, err := h.nc.RequestWithContext(pctx, pingSubject(h.cfg.Name), nil)
+	return errors.Is(err, nats.ErrNoResponders)
+}
+
+// breakLease takes over the lease of an active handler that stopped
+// answering: it deletes the lease at the revision it has (so a handler
+// that renewed it meanwhile keeps it) and lets the next tick acquire it.
+func (h *Handler) breakLease(ctx context.Context) {
+	ctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	cur, err := h.reg.GetLease(ctx, h.cfg.Name)
+	if err != nil || cur.Holder == h.id {
+		return
+	}
+	if err := h.reg.ReleaseLease(ctx, h.cfg.Name, cur); err != nil {
+		return
+	}
+	h.lastHolder.Store(cur.Holder)
+	h.log.Warn("the active handler stopped answering; taking its lease over", "holder", cur.Holder)
+	l, err := h.reg.AcquireLease(ctx, h.cfg.Name, h.id, h.cfg.LeaseTTL)
+	if err == nil {
+		// Let the run loop's next acquire find it ours.
+		_ = l
 	}
 }
 
@@ -228,99 +477,28 @@ func (h *Handler) release() {
 	}
 }
 
-func (h *Handler) onRequest(m *nats.Msg) {
-	h.wg.Add(1)
-	h.sem <- struct{}{}
-	go func() {
-		defer func() { <-h.sem; h.wg.Done() }()
-		h.serve(m)
-	}()
-}
-
-func (h *Handler) serve(m *nats.Msg) {
-	reply := Reply{Handler: h.id}
-	req, err := DecodeRequest(m.Data)
-	if err != nil {
-		reply.Error = err.Error()
-		h.log.Warn("bad proposal request", "err", err)
-	} else {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		reply.Decisions = h.DecideAll(ctx, req)
-		cancel()
-	}
-	data, err := EncodeReply(reply, req)
-	if err != nil {
+// suspectPrevious marks the node of the previous lease holder as crashed
+// when this handler took over a lease that was not released.
+func (h *Handler) suspectPrevious() {
+	prev, _ := h.lastHolder.Load().(string)
+	if prev == "" || prev == h.id {
 		return
 	}
-	if m.Reply != "" {
-		_ = m.Respond(data)
+	node := prev
+	if i := strings.LastIndexByte(prev, '/'); i >= 0 {
+		node = prev[i+1:]
 	}
+	if node == h.cfg.Node {
+		return
+	}
+	h.suspectMu.Lock()
+	h.suspect, h.suspectSince = node, time.Now()
+	h.suspectMu.Unlock()
+	h.log.Warn("took over the lease of a handler that did not release it; its node is ineligible until it announces again", "node", node)
 }
 
-// DecideAll decides every proposal of req, writing accepted bindings before
-// it returns. Independent groups are written concurrently.
-func (h *Handler) DecideAll(ctx context.Context, req Request) []Decision {
-	out := make([]Decision, len(req.Proposals))
-	live := h.liveState()
-	now := time.Now()
-	// New groups (nearly all proposals) are written in one pipelined round
-	// of KV creates; the rest one at a time per group.
-	type planned struct {
-		i  int
-		st State
-		v  Verdict
-	}
-	var others []planned
-	creates := make([]int, 0, len(req.Proposals))
-	bs := make([]kvbinding.Binding, 0, len(req.Proposals))
-	verdicts := make([]Verdict, len(req.Proposals))
-	for i, p := range req.Proposals {
-		out[i] = Decision{Group: p.Group, Outcome: Failed}
-		if err := p.Validate(); err != nil {
-			out[i].Error = fmt.Sprintf("invalid proposal: %v", err)
-			continue
-		}
-		st := State{Live: live}
-		if r, ok := h.cache.Lookup(p.Group); ok {
-			existing := r
-			st.Existing = &existing
-		}
-		v := Decide(st, p, now)
-		if v.Action == Create || v.Action == Replace {
-			v.Binding.DecidedBy, v.Binding.ProposedBy = h.id, req.Proposer
-			// Count the choice now so the rest of the batch spreads.
-			if n, ok := live[v.Binding.Node]; ok && p.Group != "" {
-				n.Groups++
-				live[v.Binding.Node] = n
-			}
-		}
-		if v.Action == Create {
-			creates = append(creates, i)
-			bs = append(bs, v.Binding)
-			verdicts[i] = v
-		} else {
-			others = append(others, planned{i, st, v})
-		}
-	}
-	if len(creates) > 0 {
-		for k, res := range h.store.CreateMany(ctx, bs) {
-			i := creates[k]
-			out[i] = h.settle(req.Proposer, req.Proposals[i], verdicts[i], res.Binding, res.Err)
-		}
-	}
-	g, gctx := errgroup.WithContext(ctx)
-	g.SetLimit(64)
-	for _, o := range others {
-		g.Go(func() error {
-			out[o.i] = h.carryOut(gctx, req.Proposer, req.Proposals[o.i], o.st, o.v)
-			return nil
-		})
-	}
-	_ = g.Wait()
-	h.decisions.Add(uint64(len(req.Proposals)))
-	return out
-}
-
+// liveState returns the live nodes the rules may choose from, with their
+// bound group counts.
 func (h *Handler) liveState() map[string]NodeState {
 	live := h.reg.Live()
 	counts := h.cache.Counts()
@@ -342,84 +520,35 @@ func (h *Handler) liveState() map[string]NodeState {
 	return out
 }
 
-// suspectPrevious marks the node of the previous lease holder as crashed
-// when this handler took over an expired lease.
-func (h *Handler) suspectPrevious() {
-	prev, _ := h.lastHolder.Load().(string)
-	if prev == "" || prev == h.id {
-		return
-	}
-	node := prev
-	if i := strings.LastIndexByte(prev, '/'); i >= 0 {
-		node = prev[i+1:]
-	}
-	if node == h.cfg.Node {
-		return
-	}
-	h.suspectMu.Lock()
-	h.suspect, h.suspectSince = node, time.Now()
-	h.suspectMu.Unlock()
-	h.log.Warn("took over the lease of a handler that did not release it; its node is ineligible until it announces again", "node", node)
+// publish sends an event (fire and forget).
+func (h *Handler) publish(e Event) { e.Publish(h.nc) }
+
+// ingressLast caches the ingress stream's last sequence for checking the
+// sequences nodes report: refreshed when a report is past it.
+type ingressLast struct {
+	mu   sync.Mutex
+	last uint64
+	at   time.Time
 }
 
-func (h *Handler) carryOut(ctx context.Context, proposer string, p Proposal, st State, v Verdict) Decision {
-	d := Decision{Group: p.Group, Outcome: Failed}
-	var (
-		b   kvbinding.Binding
-		err error
-	)
-	switch v.Action {
-	case Fail:
-		d.Error = v.Reason
-		return d
-	case Keep:
-		// Return the full record as stored.
-		b, err = h.store.Get(ctx, p.Group)
-		if err != nil {
-			d.Error = err.Error()
-			return d
-		}
-		return h.rejected(d, proposer, p, b, v.Reason)
-	case Create:
-		b, err = h.store.Create(ctx, v.Binding)
-	case Replace:
-		b, err = h.store.Replace(ctx, v.Binding, st.Existing.Revision)
+// get returns a last sequence at least seq if the stream has one, asking
+// the stream when the cached one is lower (at most every 50 ms); 0 when
+// unknown.
+func (h *Handler) ingressLastFor(ctx context.Context, seq uint64) uint64 {
+	q := h.cfg.Queues
+	if q == nil {
+		return 0
 	}
-	return h.settle(proposer, p, v, b, err)
-}
-
-// settle turns the outcome of a binding write into the decision to reply.
-func (h *Handler) settle(proposer string, p Proposal, v Verdict, b kvbinding.Binding, err error) Decision {
-	d := Decision{Group: p.Group, Outcome: Failed}
-	switch {
-	case err == nil:
-	case errors.Is(err, kvbinding.ErrExists), errors.Is(err, kvbinding.ErrConflict):
-		if b.Revision == 0 {
-			d.Error = err.Error()
-			return d
-		}
-		// Someone else decided first (another proposal, an overlapping
-		// handler): their record stands.
-		h.cache.Apply(b)
-		return h.rejected(d, proposer, p, b, "decided concurrently")
-	default:
-		d.Error = err.Error()
-		h.log.Warn("binding write failed", "group", p.Group, "err", err)
-		return d
+	il := &h.ingress
+	il.mu.Lock()
+	defer il.mu.Unlock()
+	if seq <= il.last+1 || time.Since(il.at) < 50*time.Millisecond {
+		return il.last
 	}
-	h.cache.Apply(b)
-	d.Binding, d.Revision = &b, b.Revision
-	d.Outcome = Accepted
-	if v.Redirected {
-		d.Outcome = Rejected
+	last, err := q.IngressLast(ctx)
+	if err != nil {
+		return 0 // unknown: not checked
 	}
-	Event{Kind: EventBind, Group: p.Group, Node: b.Node, FromSeq: b.FromSeq, By: h.id, Reason: v.Reason}.Publish(h.nc)
-	return d
-}
-
-func (h *Handler) rejected(d Decision, proposer string, p Proposal, b kvbinding.Binding, reason string) Decision {
-	d.Outcome = Rejected
-	d.Binding, d.Revision = &b, b.Revision
-	Event{Kind: EventReject, Group: p.Group, Node: b.Node, By: h.id, Reason: reason + " (proposed " + p.Node + " by " + proposer + ")"}.Publish(h.nc)
-	return d
+	il.last, il.at = max(il.last, last), time.Now()
+	return il.last
 }

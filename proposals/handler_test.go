@@ -2,6 +2,7 @@ package proposals
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"sync"
@@ -46,7 +47,7 @@ func startHandlerTB(t testing.TB, s *natstest.Server, node string, live []kvbind
 			t.Fatal(err)
 		}
 	}
-	cache := kvbinding.NewCache(nil)
+	cache := kvbinding.NewCache(kvbinding.CacheConfig{})
 	go func() { _ = cache.Run(ctx, store) }()
 	go func() { _ = reg.Run(ctx) }()
 	<-cache.Ready()
@@ -86,7 +87,7 @@ func TestHandlerExactlyOneAnswersAndConcurrentProposalsConverge(t *testing.T) {
 			c := NewClient(s.Connect(), fmt.Sprintf("p%d", i), 5*time.Second)
 			ps := make([]Proposal, 50)
 			for g := range ps {
-				ps[g] = Proposal{Group: fmt.Sprintf("g%d", g), Node: []string{"n1", "n2"}[(i+g)%2], FromSeq: 1}
+				ps[g] = Proposal{Group: fmt.Sprintf("g%d", g), Node: []string{"n1", "n2"}[(i+g)%2], Seq: 1}
 			}
 			d, err := c.Propose(context.Background(), ps)
 			if err != nil {
@@ -103,9 +104,9 @@ func TestHandlerExactlyOneAnswersAndConcurrentProposalsConverge(t *testing.T) {
 			if d.Outcome == Accepted {
 				accepted++
 			}
-			first := results[0][g].Binding
-			if d.Binding == nil || d.Binding.Node != first.Node || d.Binding.Revision != first.Revision {
-				t.Fatalf("group g%d: proposer %d saw %+v, proposer 0 saw %+v", g, i, d.Binding, first)
+			first := results[0][g]
+			if (d.Outcome != Accepted && d.Outcome != Rejected) || d.Revision != first.Revision {
+				t.Fatalf("group g%d: proposer %d saw %+v, proposer 0 saw %+v", g, i, d, first)
 			}
 		}
 		if accepted > 1 {
@@ -128,7 +129,7 @@ func TestHandlerBackupTakesOverWithBindingsIntact(t *testing.T) {
 	})
 	b := startHandler(t, s, "h2", liveNodes)
 	c := NewClient(s.Connect(), "p", 2*time.Second)
-	before, err := c.Propose(context.Background(), []Proposal{{Group: "kept", Node: "n1", FromSeq: 1}})
+	before, err := c.Propose(context.Background(), []Proposal{{Group: "kept", Node: "n1", Seq: 1}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -142,15 +143,20 @@ func TestHandlerBackupTakesOverWithBindingsIntact(t *testing.T) {
 		return nil
 	})
 	t.Logf("backup active %v after the active handler's connection died (lease TTL 1s)", time.Since(start))
-	after, err := c.Propose(context.Background(), []Proposal{{Group: "kept", Node: "n2", FromSeq: 9}, {Group: "new", Node: "n2", FromSeq: 9}})
+	after, err := c.Propose(context.Background(), []Proposal{{Group: "kept", Node: "n2", Seq: 9}, {Group: "new", Node: "n2", Seq: 9}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if after[0].Outcome != Rejected || after[0].Binding.Node != "n1" || after[0].Revision != before[0].Revision {
-		t.Fatalf("existing binding changed after takeover: before %+v after %+v", before[0].Binding, after[0].Binding)
+	if after[0].Outcome != Rejected || after[0].Revision != before[0].Revision {
+		t.Fatalf("existing binding changed after takeover: before %+v after %+v", before[0], after[0])
 	}
-	if after[1].Outcome != Accepted || after[1].Binding.Node != "n2" {
+	if after[1].Outcome != Accepted {
 		t.Fatalf("new group not decided by the backup: %+v", after[1])
+	}
+	for g, node := range map[string]string{"kept": "n1", "new": "n2"} {
+		if rec, err := b.h.store.Get(context.Background(), g); err != nil || rec.Node != node {
+			t.Fatalf("%s: %+v, %v; want bound to %s", g, rec, err, node)
+		}
 	}
 }
 
@@ -158,18 +164,18 @@ func TestClientErrors(t *testing.T) {
 	s := natstest.RunServer(t)
 	nc := s.Connect()
 	c := NewClient(nc, "p", 200*time.Millisecond)
-	_, err := c.Propose(context.Background(), []Proposal{{Group: "g", Node: "n1", FromSeq: 1}})
+	_, err := c.Propose(context.Background(), []Proposal{{Group: "g", Node: "n1", Seq: 1}})
 	if !errors.Is(err, ErrNoHandler) {
 		t.Fatalf("no handler: %v, want ErrNoHandler", err)
 	}
 	// A responder that never answers.
-	sub, _ := nc.Subscribe(SubjectPropose, func(*nats.Msg) {})
+	sub, _ := nc.Subscribe(ProposeSubject("p"), func(*nats.Msg) {})
 	defer sub.Unsubscribe()
 	_ = nc.Flush()
-	if _, err := c.Propose(context.Background(), []Proposal{{Group: "g", Node: "n1", FromSeq: 1}}); !errors.Is(err, ErrDecisionTimeout) {
+	if _, err := c.Propose(context.Background(), []Proposal{{Group: "g", Node: "n1", Seq: 1}}); !errors.Is(err, ErrDecisionTimeout) {
 		t.Fatalf("silent handler: %v, want ErrDecisionTimeout", err)
 	}
-	if _, err := c.Propose(context.Background(), []Proposal{{Group: "g", Node: "bad node", FromSeq: 1}}); !errors.Is(err, ErrBadMessage) {
+	if _, err := c.Propose(context.Background(), []Proposal{{Group: "g", Node: "bad node", Seq: 1}}); !errors.Is(err, ErrBadMessage) {
 		t.Fatalf("invalid proposal: %v, want ErrBadMessage", err)
 	}
 }
@@ -184,8 +190,10 @@ func TestHandlerAnswersMalformedRequestsWithAnError(t *testing.T) {
 		return nil
 	})
 	nc := s.Connect()
-	for _, body := range []string{`garbage`, `{"v":2,"proposer":"p","proposals":[]}`} {
-		m, err := nc.Request(SubjectPropose, []byte(body), 2*time.Second)
+	for _, body := range []string{`garbage`, `{"v":3,"proposer":"p","proposals":[]}`,
+		// A proposer speaking on another node's subject.
+		`{"v":3,"proposer":"n9","proposals":[{"group":"g","node":"n1","seq":1}]}`} {
+		m, err := nc.Request(ProposeSubject("p"), []byte(body), 2*time.Second)
 		if err != nil {
 			t.Fatalf("%s: %v", body, err)
 		}
@@ -194,8 +202,8 @@ func TestHandlerAnswersMalformedRequestsWithAnError(t *testing.T) {
 		}
 	}
 	// One invalid proposal in a batch fails alone.
-	data := []byte(`{"v":2,"proposer":"p","proposals":[{"group":"ok","node":"n1","from_seq":1},{"group":"bad","node":"n1","from_seq":0}]}`)
-	m, err := nc.Request(SubjectPropose, data, 2*time.Second)
+	data := []byte(`{"v":3,"proposer":"p","proposals":[{"group":"ok","node":"n1","seq":1},{"group":"bad","node":"n1","seq":0}]}`)
+	m, err := nc.Request(ProposeSubject("p"), data, 2*time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -207,4 +215,64 @@ func TestHandlerAnswersMalformedRequestsWithAnError(t *testing.T) {
 	if reply.Decisions[0].Outcome != Accepted || reply.Decisions[1].Outcome != Failed {
 		t.Fatalf("decisions = %+v", reply.Decisions)
 	}
+}
+
+// TestHandlerAnswersOnlyInboxes: a request whose reply subject is not an
+// inbox (here: the handler's own lease key, a binding key) is dropped and
+// counted; nothing is written there.
+func TestHandlerAnswersOnlyInboxes(t *testing.T) {
+	s := natstest.RunServer(t)
+	a := startHandler(t, s, "h1", liveNodes)
+	natstest.Eventually(t, 5*time.Second, func() error {
+		if !a.h.Active() {
+			return natstest.ErrNotYet
+		}
+		return nil
+	})
+	nc := s.Connect()
+	js, _ := jetstream.New(nc)
+	kv, err := js.KeyValue(context.Background(), kvbinding.DefaultNodesBucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lease, err := kv.Get(context.Background(), "lease.h")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body := []byte(`{"v":3,"proposer":"p","proposals":[{"group":"g","node":"n1","seq":1}]}`)
+	for _, reply := range []string{"$KV.grouping-nodes.lease.h", "$KV.grouping-bindings.r.g", "grouping.propose.p", "jms.orders", "_INBOX.*", "_INBOX.a..b"} {
+		if err := nc.PublishMsg(&nats.Msg{Subject: ProposeSubject("p"), Reply: reply, Data: body}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := nc.PublishMsg(&nats.Msg{Subject: SubjectAdmin, Reply: "$KV.grouping-nodes.lease.h", Data: []byte(`{"v":3,"op":"unbind","group":"g"}`)}); err != nil {
+		t.Fatal(err)
+	}
+	natstest.Eventually(t, 5*time.Second, func() error {
+		if n := a.h.Dropped(); n != 7 {
+			return fmt.Errorf("dropped %d, want 7", n)
+		}
+		return nil
+	})
+	// A proper request still works, and the lease is the handler's own.
+	c := NewClient(nc, "p", 2*time.Second)
+	if ds, err := c.Propose(context.Background(), []Proposal{{Group: "g2", Node: "n1", Seq: 1}}); err != nil || ds[0].Outcome != Accepted {
+		t.Fatalf("proper request: %+v, %v", ds, err)
+	}
+	now, err := kv.Get(context.Background(), "lease.h")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l, err := decodeLeaseForTest(now.Value()); err != nil || l != "h/h1" {
+		t.Fatalf("lease after forged requests = %s (was %s), %v", now.Value(), lease.Value(), err)
+	}
+	if _, err := a.h.store.Get(context.Background(), "g"); !errors.Is(err, kvbinding.ErrNotFound) {
+		t.Fatalf("a dropped request decided group g: %v", err)
+	}
+}
+
+func decodeLeaseForTest(data []byte) (string, error) {
+	var l kvbinding.Lease
+	err := json.Unmarshal(data, &l)
+	return l.Holder, err
 }

@@ -3,7 +3,7 @@ package proposals
 import (
 	"context"
 	"errors"
-	"sort"
+	"maps"
 	"sync"
 	"time"
 
@@ -12,28 +12,55 @@ import (
 	"grouprouter/kvbinding"
 )
 
-// monitor is the active handler's view of node health over time: since
-// when a node with groups has been gone, or without a queue consumer.
+// pauseWindow is how long one pause of a queue consumer lasts; the active
+// handler renews it while a record says the queue is being drained, so a
+// pause outlives a handler crash by this much and no more.
+const pauseWindow = 10 * time.Second
+
+// monitor is the active handler's view over time: since when a node with
+// groups has been gone or without a queue consumer, since when a move has
+// waited for its fence, and which queue consumers it keeps paused.
 type monitor struct {
 	mu         sync.Mutex
 	goneSince  map[string]time.Time
 	noConsumer map[string]time.Time
 	evacuating map[string]bool
+	// moving: when this handler first saw each moving record (by group
+	// and revision) that waits for its old node's fence.
+	moving map[string]seenRev
+	// paused: until when each queue consumer was last paused by us.
+	paused map[string]time.Time
+}
+
+type seenRev struct {
+	rev  uint64
+	seen time.Time
 }
 
 func (m *monitor) reset() {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	m.goneSince, m.noConsumer, m.evacuating = nil, nil, nil
+	m.goneSince, m.noConsumer, m.evacuating, m.moving, m.paused = nil, nil, nil, nil, nil
+}
+
+func (m *monitor) init() {
+	if m.goneSince == nil {
+		m.goneSince, m.noConsumer, m.evacuating = map[string]time.Time{}, map[string]time.Time{}, map[string]bool{}
+		m.moving, m.paused = map[string]seenRev{}, map[string]time.Time{}
+	}
 }
 
 // watchNodes runs on every lease tick of the active handler: it moves the
 // groups of nodes gone longer than NodeGrace, and of live nodes whose queue
-// has had no consumer for RebindAfter while another node's queue has one.
-func (h *Handler) watchNodes(ctx context.Context) {
+// has had no consumer for RebindAfter while another node's queue has one;
+// it fences from the checkpoint moves whose old node did not fence within
+// FenceDeadline; and it keeps paused the queues that records say are being
+// drained.
+func (h *Handler) watchNodes(ctx context.Context, t *term) {
 	now := time.Now()
 	live := h.reg.Live()
 	owners := h.cache.Owners()
+	unsettled := h.cache.Unsettled()
 	someConsumer := false
 	for _, info := range live {
 		if info.HasConsumer {
@@ -42,9 +69,7 @@ func (h *Handler) watchNodes(ctx context.Context) {
 	}
 	m := &h.mon
 	m.mu.Lock()
-	if m.goneSince == nil {
-		m.goneSince, m.noConsumer, m.evacuating = map[string]time.Time{}, map[string]time.Time{}, map[string]bool{}
-	}
+	m.init()
 	var dead, idle []string
 	for node := range owners {
 		info, alive := live[node]
@@ -76,84 +101,121 @@ func (h *Handler) watchNodes(ctx context.Context) {
 			m.evacuating[node] = true
 		}
 	}
+	// Moves waiting for a fence.
+	overdue := map[string][]string{} // old node -> groups
+	for g, r := range unsettled {
+		if r.State != kvbinding.StateMoving {
+			continue
+		}
+		s, ok := m.moving[g]
+		if !ok || s.rev != r.Revision {
+			m.moving[g] = seenRev{rev: r.Revision, seen: now}
+			continue
+		}
+		if now.Sub(s.seen) >= h.cfg.FenceDeadline && !m.evacuating[r.PrevNode] {
+			overdue[r.PrevNode] = append(overdue[r.PrevNode], g)
+		}
+	}
+	for g := range m.moving {
+		if r, ok := unsettled[g]; !ok || r.State != kvbinding.StateMoving {
+			delete(m.moving, g)
+		}
+	}
+	for node := range overdue {
+		m.evacuating[node] = true
+	}
 	m.mu.Unlock()
+
 	for _, node := range dead {
-		h.wg.Add(1)
-		go func() {
-			defer h.wg.Done()
-			h.evacuate(ctx, node, true)
-		}()
+		t.goFn(func() { h.evacuate(t.ctx, node, nil, "node "+node+" gone for "+h.cfg.NodeGrace.String()) })
 	}
 	for _, node := range idle {
-		h.wg.Add(1)
-		go func() {
-			defer h.wg.Done()
-			h.evacuate(ctx, node, false)
-		}()
+		t.goFn(func() { h.rebind(t.ctx, node) })
+	}
+	for node, groups := range overdue {
+		t.goFn(func() {
+			h.evacuate(t.ctx, node, groups, "node "+node+" did not fence within "+h.cfg.FenceDeadline.String())
+		})
+	}
+	h.keepPaused(ctx)
+}
+
+// done clears a node's evacuation in progress.
+func (m *monitor) done(node string, clear map[string]time.Time) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	delete(m.evacuating, node)
+	if clear != nil {
+		delete(clear, node)
 	}
 }
 
-// evacuate moves every group of node elsewhere. A dead node cannot hand its
-// groups over: the new owners take them from its checkpoint on (whatever it
-// routed after that is absorbed by the queue stream's duplicate window) and
-// drain its queue. A live node without consumer is asked to hand them over
-// (StateMoving); it writes the exact fence itself.
-func (h *Handler) evacuate(ctx context.Context, node string, dead bool) {
+// evacuate takes groups off node (all of the node's groups when groups is
+// nil), from the node's checkpoint: the node is gone, or did not fence in
+// time. Whatever it routed after its checkpoint is routed again by the new
+// owners, and the queue stream's duplicate window absorbs it.
+func (h *Handler) evacuate(ctx context.Context, node string, groups []string, reason string) {
+	all := groups == nil
 	defer func() {
-		h.mon.mu.Lock()
-		delete(h.mon.evacuating, node)
-		if dead {
-			delete(h.mon.goneSince, node)
+		if all {
+			h.mon.mu.Lock()
+			clear := h.mon.goneSince
+			h.mon.mu.Unlock()
+			h.mon.done(node, clear)
 		} else {
-			delete(h.mon.noConsumer, node)
+			h.mon.done(node, nil)
 		}
-		h.mon.mu.Unlock()
 	}()
-	reason := "node " + node + " has had no queue consumer for " + h.cfg.RebindAfter.String()
 	var fence uint64
-	if dead {
-		reason = "node " + node + " gone for " + h.cfg.NodeGrace.String()
-		if c, ok, err := h.reg.LoadCheckpoint(ctx, node); err == nil && ok {
-			fence = c.Next
-			if len(c.Pending) > 0 {
-				fence = c.Pending[0][0]
-			}
-		} else if err != nil {
-			h.log.Warn("cannot read checkpoint of gone node; will retry", "node", node, "err", err)
-			return
-		}
+	c, ok, err := h.reg.LoadCheckpoint(ctx, node)
+	switch {
+	case err != nil && !errors.Is(err, kvbinding.ErrInvalidCheckpoint):
+		h.log.Warn("cannot read the checkpoint of a node to evacuate; will retry", "node", node, "err", err)
+		return
+	case err != nil:
+		// A corrupt checkpoint: fence nowhere after the records' own
+		// starts (the safe side: re-route, deduplicated).
+		h.log.Error("checkpoint of a node to evacuate is invalid; its groups are taken over from their binding's start", "node", node, "err", err)
+	case ok:
+		fence = c.Start()
 	}
-	groups := h.cache.GroupsOf(node)
+	if all {
+		groups = h.cache.GroupsOf(node)
+	}
 	if len(groups) == 0 {
 		return
 	}
 	live := h.liveState()
 	delete(live, node)
-	h.log.Warn("moving groups off node", "node", node, "groups", len(groups), "reason", reason)
+	h.log.Warn("moving groups off node", "node", node, "groups", len(groups), "reason", reason, "fence", fence)
 	var mu sync.Mutex
 	moved, failed := 0, 0
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(64)
 	for _, group := range groups {
-		if !dead && group == "" {
-			continue // the ungrouped router needs no consumer of its own
-		}
 		cur, ok := h.cache.Lookup(group)
 		if !ok {
 			continue
 		}
+		current := ""
+		if cur.State == kvbinding.StateMoving {
+			current = cur.Node
+		}
 		mu.Lock()
-		target := h.pickTarget(live, group, cur)
+		target := PickTarget(live, group, current)
+		snapshot := maps.Clone(live)
 		mu.Unlock()
+		in := Input{Op: OpEvacuate, By: h.id, From: node, Node: target, Seq: fence, Reason: reason}
 		g.Go(func() error {
-			err := h.moveGroup(gctx, group, cur, node, target, dead, fence, reason)
+			res, _, err := h.apply(gctx, group, in, snapshot)
 			mu.Lock()
-			if err != nil {
+			defer mu.Unlock()
+			if err != nil || res.Outcome == Failed {
 				failed++
-			} else {
+				h.log.Debug("group not moved", "group", group, "from", node, "reason", res.Reason, "err", err)
+			} else if res.Write != nil {
 				moved++
 			}
-			mu.Unlock()
 			return nil
 		})
 	}
@@ -161,78 +223,112 @@ func (h *Handler) evacuate(ctx context.Context, node string, dead bool) {
 	h.log.Info("groups moved off node", "node", node, "moved", moved, "failed", failed)
 }
 
-// pickTarget chooses the node a group goes to: the target of a move in
-// progress if still eligible, else the eligible node with the fewest groups
-// (counting the ones just assigned). live's counts are updated.
-func (h *Handler) pickTarget(live map[string]NodeState, group string, cur kvbinding.Route) string {
-	eligible := Eligible(live, group == "")
-	if len(eligible) == 0 {
-		return ""
-	}
-	if cur.State == kvbinding.StateMoving && cur.Node != "" {
-		for _, n := range eligible {
-			if n == cur.Node {
-				return n
-			}
+// rebind asks a live node whose queue has no consumer to hand its groups
+// over to nodes that have one (it fences them itself).
+func (h *Handler) rebind(ctx context.Context, node string) {
+	defer func() {
+		h.mon.mu.Lock()
+		clear := h.mon.noConsumer
+		h.mon.mu.Unlock()
+		h.mon.done(node, clear)
+	}()
+	groups := h.cache.GroupsOf(node)
+	live := h.liveState()
+	delete(live, node)
+	reason := "node " + node + " has had no queue consumer for " + h.cfg.RebindAfter.String()
+	h.log.Warn("moving groups off node", "node", node, "groups", len(groups), "reason", reason)
+	var mu sync.Mutex
+	moved, failed := 0, 0
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(64)
+	for _, group := range groups {
+		if group == "" {
+			continue // the ungrouped router needs no consumer of its own
 		}
+		cur, ok := h.cache.Lookup(group)
+		if !ok || !cur.Settled() || cur.Node != node {
+			continue
+		}
+		mu.Lock()
+		target := PickTarget(live, group, "")
+		snapshot := maps.Clone(live)
+		mu.Unlock()
+		if target == "" {
+			continue
+		}
+		g.Go(func() error {
+			res, _, err := h.apply(gctx, group, Input{Op: OpMove, By: h.id, Node: target, Reason: reason}, snapshot)
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil || res.Write == nil {
+				failed++
+			} else {
+				moved++
+			}
+			return nil
+		})
 	}
-	sort.SliceStable(eligible, func(i, j int) bool { return live[eligible[i]].Groups < live[eligible[j]].Groups })
-	best := eligible[0]
-	if group != "" {
-		s := live[best]
-		s.Groups++
-		live[best] = s
-	}
-	return best
+	_ = g.Wait()
+	h.log.Info("groups asked to move off node", "node", node, "moved", moved, "failed", failed)
 }
 
-func (h *Handler) moveGroup(ctx context.Context, group string, cur kvbinding.Route, node, target string, dead bool, fence uint64, reason string) error {
-	if target == "" && !(cur.State == kvbinding.StateMoving && cur.Node == "") {
-		return errors.New("no eligible node")
+// pause pauses node's queue consumer for pauseWindow, unless this handler
+// did so recently enough.
+func (h *Handler) pause(ctx context.Context, node string) error {
+	q := h.cfg.Queues
+	if q == nil {
+		return nil
 	}
-	full, err := h.store.Get(ctx, group)
-	if err != nil {
+	m := &h.mon
+	now := time.Now()
+	m.mu.Lock()
+	m.init()
+	until, ok := m.paused[node]
+	m.mu.Unlock()
+	if ok && until.Sub(now) > 2*pauseWindow/3 {
+		return nil
+	}
+	until = now.Add(pauseWindow)
+	if err := q.Pause(ctx, node, until); err != nil {
 		return err
 	}
-	if full.Revision != cur.Revision {
-		return kvbinding.ErrConflict // changed meanwhile: the next pass sees the new state
-	}
-	now := time.Now().UTC()
-	var next kvbinding.Binding
-	switch {
-	case !dead:
-		if full.State != kvbinding.StateBound || full.Handoff {
-			return nil // already changing hands
-		}
-		next = kvbinding.Binding{Group: group, State: kvbinding.StateMoving, Node: target, PrevNode: node,
-			FromSeq: full.FromSeq, DecidedAt: now, DecidedBy: h.id, Reason: reason}
-	case full.State == kvbinding.StateMoving && full.Node == "":
-		// An unbind the gone node never completed.
-		next = kvbinding.Binding{Group: group, State: kvbinding.StateReleased, ThroughSeq: max(fence, full.FromSeq, 2) - 1,
-			PrevNode: node, DecidedAt: now, DecidedBy: h.id, Reason: full.Reason + "; completed: " + reason}
-		b, err := h.store.ReplaceTTL(ctx, next, full.Revision, h.cfg.RecordTTL)
-		if err == nil {
-			h.cache.Apply(b)
-			Event{Kind: EventUnbind, Group: group, PrevNode: node, By: h.id, Reason: next.Reason}.Publish(h.nc)
-		}
-		return err
-	default:
-		from := full.FromSeq
-		if full.State == kvbinding.StateBound && !full.Handoff && fence > from {
-			from = fence
-		}
-		if full.State == kvbinding.StateMoving {
-			from = max(fence, full.FromSeq, 1)
-		}
-		drain := kvbinding.WithDrain(full.Drain, node)
-		next = kvbinding.Binding{Group: group, State: kvbinding.StateBound, Node: target, FromSeq: from,
-			PrevNode: node, Handoff: true, Drain: drain, DecidedAt: now, DecidedBy: h.id, Reason: reason}
-	}
-	b, err := h.store.Replace(ctx, next, full.Revision)
-	if err != nil {
-		return err
-	}
-	h.cache.Apply(b)
-	Event{Kind: EventMove, Group: group, Node: b.Node, PrevNode: node, FromSeq: b.FromSeq, By: h.id, Reason: reason}.Publish(h.nc)
+	m.mu.Lock()
+	m.init()
+	m.paused[node] = until
+	m.mu.Unlock()
+	h.log.Debug("queue consumer paused for a drain", "node", node, "until", until)
 	return nil
+}
+
+// keepPaused renews the pause of every queue a record says is being
+// drained, and resumes the queues it paused that no record needs paused
+// any more.
+func (h *Handler) keepPaused(ctx context.Context) {
+	q := h.cfg.Queues
+	if q == nil {
+		return
+	}
+	draining := h.cache.Draining()
+	for node := range draining {
+		if err := h.pause(ctx, node); err != nil && ctx.Err() == nil {
+			h.log.Warn("cannot renew the pause of a queue being drained", "node", node, "err", err)
+		}
+	}
+	m := &h.mon
+	m.mu.Lock()
+	var resume []string
+	for node := range m.paused {
+		if draining[node] == 0 {
+			resume = append(resume, node)
+			delete(m.paused, node)
+		}
+	}
+	m.mu.Unlock()
+	for _, node := range resume {
+		if err := q.Resume(ctx, node); err != nil && ctx.Err() == nil {
+			h.log.Warn("cannot resume a drained queue; its pause lapses by itself", "node", node, "err", err)
+			continue
+		}
+		h.log.Debug("queue consumer resumed: no drain of it left", "node", node)
+	}
 }

@@ -5,49 +5,113 @@ import (
 	"encoding/json"
 	"fmt"
 	"strconv"
-	"time"
+	"strings"
 
 	"grouprouter/internal/jsonx"
 	"grouprouter/kvbinding"
 )
 
-// SubjectPropose is the request/reply subject the active LOCAL handler answers.
-const SubjectPropose = "grouping.propose"
+// Subjects of the protocol.
+const (
+	// SubjectProposePrefix + <node> is the subject node <node> sends its
+	// proposals on; the active LOCAL handler answers (SubjectPropose is its
+	// subscription). The handler refuses a request whose proposer is not
+	// the subject's node, so that NATS permissions on the subject decide
+	// who may speak as whom.
+	SubjectProposePrefix = "grouping.propose."
+	// SubjectPropose is the wildcard the handler subscribes to.
+	SubjectPropose = SubjectProposePrefix + "*"
+)
+
+// ProposeSubject returns the subject node proposes on.
+func ProposeSubject(node string) string { return SubjectProposePrefix + node }
 
 // handlerQueue is the queue group handlers subscribe in: should two ever
 // overlap, each proposal is still answered once.
 const handlerQueue = "grouping-handlers"
 
-// ProtocolVersion is the version of the wire format. Version 2 leaves out
-// of a reply the binding of a proposal accepted exactly as proposed (see
-// Reply.DecidedAt).
-const ProtocolVersion = 2
+// ProtocolVersion is the version of the wire format. Version 3 put every
+// record change a node asks for (not only bindings) on the node's own
+// subject, and replies name revisions instead of carrying records.
+const ProtocolVersion = 3
 
 // MaxProposalsPerRequest bounds one request.
 const MaxProposalsPerRequest = 1024
 
-// Proposal asks the handler to bind Group to Node from ingress sequence FromSeq.
+// MaxRequestBytes bounds a request (and a reply) on the wire.
+const MaxRequestBytes = 1 << 20
+
+// maxReasonLen bounds the reason a node gives.
+const maxReasonLen = 512
+
+// Proposal asks the handler for one change of a group's record: a binding
+// (Op "" or OpBind) or a step of the group's life (see Op).
 type Proposal struct {
+	// Op is what is asked; "" means OpBind.
+	Op Op `json:"op,omitempty"`
 	// Group is the group id; "" is the routing binding of ungrouped messages.
 	Group string `json:"group"`
-	// Node is the proposed node.
-	Node string `json:"node"`
-	// FromSeq is the ingress sequence of the group's first unrouted message.
-	FromSeq uint64 `json:"from_seq"`
+	// Node is the proposed node (bind).
+	Node string `json:"node,omitempty"`
+	// Seq is the ingress sequence the change applies at (see Input.Seq).
+	Seq uint64 `json:"seq,omitempty"`
+	// Rev is the record revision a step acted on (see Input.Rev).
+	Rev uint64 `json:"rev,omitempty"`
+	// Kind is EventExpire or EventClose (release).
+	Kind string `json:"kind,omitempty"`
+	// Reason says why (release, deadletter).
+	Reason string `json:"reason,omitempty"`
+	// Count is how many messages a step concerned (drained, caught_up, deadletter).
+	Count int `json:"count,omitempty"`
 }
 
-// Validate checks one proposal.
+// op returns the proposal's op, OpBind for "".
+func (p Proposal) op() Op {
+	if p.Op == "" {
+		return OpBind
+	}
+	return p.Op
+}
+
+// Input returns the state machine input of a proposal by node proposer.
+func (p Proposal) Input(proposer string) Input {
+	return Input{Op: p.op(), By: proposer, Node: p.Node, Seq: p.Seq, Rev: p.Rev, Kind: p.Kind, Reason: p.Reason, Count: p.Count}
+}
+
+// Validate checks one proposal's fields (not whether the handler will
+// accept it: that is Transition's).
 func (p Proposal) Validate() error {
 	if p.Group != "" {
 		if err := kvbinding.ValidateGroupID(p.Group); err != nil {
 			return err
 		}
 	}
-	if err := kvbinding.ValidateNodeID(p.Node); err != nil {
-		return err
+	op := p.op()
+	if !IsNodeOp(op) {
+		return fmt.Errorf("op %q is not one a node asks for", p.Op)
 	}
-	if p.FromSeq == 0 {
-		return fmt.Errorf("from_seq must be >= 1")
+	switch op {
+	case OpBind:
+		if err := kvbinding.ValidateNodeID(p.Node); err != nil {
+			return err
+		}
+		if p.Seq == 0 {
+			return fmt.Errorf("seq must be >= 1")
+		}
+	case OpFence, OpDrained, OpCaughtUp, OpRelease:
+		if p.Rev == 0 {
+			return fmt.Errorf("%s needs the revision it acts on", op)
+		}
+	case OpDeadLetter:
+		if p.Seq == 0 {
+			return fmt.Errorf("seq must be >= 1")
+		}
+	}
+	if p.Node != "" && op != OpBind {
+		return fmt.Errorf("%s takes no node", op)
+	}
+	if len(p.Reason) > maxReasonLen || len(p.Kind) > 16 || p.Count < 0 {
+		return fmt.Errorf("reason, kind or count out of bounds")
 	}
 	return nil
 }
@@ -63,51 +127,30 @@ type Request struct {
 type Outcome string
 
 const (
-	// Accepted: the proposed node is bound.
+	// Accepted: the change was written; Revision is the new record's.
 	Accepted Outcome = "accepted"
-	// Rejected: another route stands; Binding names it.
+	// Rejected: another record stands; Revision is its.
 	Rejected Outcome = "rejected"
 	// Failed: nothing was decided; Error says why. Propose again later.
 	Failed Outcome = "failed"
 )
 
-// Decision answers one proposal.
+// Decision answers one proposal. A node's cache learns records from the
+// bindings bucket's watch only: Revision tells it which revision of the
+// group's record to wait for.
 type Decision struct {
-	Group    string             `json:"group"`
-	Outcome  Outcome            `json:"outcome"`
-	Binding  *kvbinding.Binding `json:"binding,omitempty"`
-	Revision uint64             `json:"revision,omitempty"`
-	Error    string             `json:"error,omitempty"`
+	Group    string  `json:"group"`
+	Outcome  Outcome `json:"outcome"`
+	Revision uint64  `json:"revision,omitempty"`
+	Error    string  `json:"error,omitempty"`
 }
 
 // Reply answers a Request, decision i for proposal i.
-//
-// On the wire, an accepted decision whose binding is exactly what was
-// proposed (state bound, the proposed node and from_seq, decided by
-// Handler at DecidedAt for the request's proposer, nothing else set)
-// carries only its revision: the binding is rebuilt from the proposal.
-// Nearly every decision of a busy handler is such a binding, and encoding
-// and decoding it was a visible share of a decision's CPU.
 type Reply struct {
 	Version   int        `json:"v"`
 	Handler   string     `json:"handler"`
-	DecidedAt time.Time  `json:"decided_at,omitzero"`
 	Decisions []Decision `json:"decisions,omitempty"`
 	Error     string     `json:"error,omitempty"`
-}
-
-// asProposed reports whether b is the binding that proposal p rebuilds to
-// in a reply by handler at time at for proposer.
-func asProposed(b *kvbinding.Binding, p Proposal, proposer, handler string, at time.Time) bool {
-	return b.Group == p.Group && b.State == kvbinding.StateBound && b.Node == p.Node && b.FromSeq == p.FromSeq &&
-		b.DecidedBy == handler && b.ProposedBy == proposer && b.DecidedAt.Equal(at) && !at.IsZero() &&
-		b.ThroughSeq == 0 && b.PrevNode == "" && b.Reason == "" && !b.Handoff && len(b.Drain) == 0
-}
-
-// rebuild returns the binding asProposed describes.
-func rebuild(p Proposal, proposer, handler string, at time.Time) kvbinding.Binding {
-	return kvbinding.Binding{Group: p.Group, State: kvbinding.StateBound, Node: p.Node, FromSeq: p.FromSeq,
-		DecidedAt: at, DecidedBy: handler, ProposedBy: proposer}
 }
 
 // EncodeRequest validates and encodes a request.
@@ -128,24 +171,63 @@ func EncodeRequest(r Request) ([]byte, error) {
 		if i > 0 {
 			buf = append(buf, ',')
 		}
-		buf = append(buf, `{"group":`...)
-		buf = jsonx.AppendString(buf, p.Group)
+		buf = p.appendJSON(buf)
+	}
+	buf = append(buf, ']', '}')
+	if len(buf) > MaxRequestBytes {
+		return nil, fmt.Errorf("%w: request of %d bytes, at most %d", ErrBadMessage, len(buf), MaxRequestBytes)
+	}
+	return buf, nil
+}
+
+// appendJSON appends p as encoding/json writes it.
+func (p Proposal) appendJSON(buf []byte) []byte {
+	buf = append(buf, '{')
+	if p.Op != "" {
+		buf = append(buf, `"op":`...)
+		buf = jsonx.AppendString(buf, string(p.Op))
+		buf = append(buf, ',')
+	}
+	buf = append(buf, `"group":`...)
+	buf = jsonx.AppendString(buf, p.Group)
+	if p.Node != "" {
 		buf = append(buf, `,"node":`...)
 		buf = jsonx.AppendString(buf, p.Node)
-		buf = append(buf, `,"from_seq":`...)
-		buf = strconv.AppendUint(buf, p.FromSeq, 10)
-		buf = append(buf, '}')
 	}
-	return append(buf, ']', '}'), nil
+	if p.Seq != 0 {
+		buf = append(buf, `,"seq":`...)
+		buf = strconv.AppendUint(buf, p.Seq, 10)
+	}
+	if p.Rev != 0 {
+		buf = append(buf, `,"rev":`...)
+		buf = strconv.AppendUint(buf, p.Rev, 10)
+	}
+	if p.Kind != "" {
+		buf = append(buf, `,"kind":`...)
+		buf = jsonx.AppendString(buf, p.Kind)
+	}
+	if p.Reason != "" {
+		buf = append(buf, `,"reason":`...)
+		buf = jsonx.AppendString(buf, p.Reason)
+	}
+	if p.Count != 0 {
+		buf = append(buf, `,"count":`...)
+		buf = strconv.AppendInt(buf, int64(p.Count), 10)
+	}
+	return append(buf, '}')
 }
 
 // avgGroupLen sizes encoding buffers.
 const avgGroupLen = 24
 
-// DecodeRequest decodes and validates a request. A request whose envelope
-// is malformed is an error wrapping ErrBadMessage; individual invalid
-// proposals are reported by ProposalErrors so that the rest can proceed.
+// DecodeRequest decodes a request and checks its envelope. A malformed
+// envelope is an error wrapping ErrBadMessage; individual invalid
+// proposals are left for the handler to answer with a failed decision, so
+// that the rest can proceed.
 func DecodeRequest(data []byte) (Request, error) {
+	if len(data) > MaxRequestBytes {
+		return Request{}, fmt.Errorf("%w: request of %d bytes, at most %d", ErrBadMessage, len(data), MaxRequestBytes)
+	}
 	r, ok := scanRequest(data)
 	if !ok {
 		r = Request{}
@@ -179,18 +261,30 @@ func scanRequest(data []byte) (Request, bool) {
 		case "proposer":
 			r.Proposer, ok = d.Str()
 		case "proposals":
-			r.Proposals = make([]Proposal, 0, bytes.Count(data, []byte(`"from_seq"`)))
+			r.Proposals = make([]Proposal, 0, min(bytes.Count(data, []byte(`"group"`)), MaxProposalsPerRequest+1))
 			ok = d.Array(func() bool {
 				var p Proposal
 				ok := d.Object(func(key []byte) bool {
 					var ok bool
 					switch string(key) {
+					case "op":
+						var s string
+						s, ok = d.Str()
+						p.Op = Op(s)
 					case "group":
 						p.Group, ok = d.Str()
 					case "node":
 						p.Node, ok = d.Str()
-					case "from_seq":
-						p.FromSeq, ok = d.Uint()
+					case "seq":
+						p.Seq, ok = d.Uint()
+					case "rev":
+						p.Rev, ok = d.Uint()
+					case "kind":
+						p.Kind, ok = d.Str()
+					case "reason":
+						p.Reason, ok = d.Str()
+					case "count":
+						p.Count, ok = d.Int()
 					}
 					return ok
 				})
@@ -224,24 +318,11 @@ func EncodeReply(r Reply, req Request) ([]byte, error) {
 	if len(r.Decisions) > 0 && len(r.Decisions) != len(req.Proposals) {
 		return nil, fmt.Errorf("proposals: %d decisions for %d proposals", len(r.Decisions), len(req.Proposals))
 	}
-	if r.DecidedAt.IsZero() {
-		for _, d := range r.Decisions {
-			if d.Outcome == Accepted && d.Binding != nil {
-				r.DecidedAt = d.Binding.DecidedAt
-				break
-			}
-		}
-	}
-	buf := make([]byte, 0, 96+len(r.Decisions)*(48+avgGroupLen))
+	buf := make([]byte, 0, 64+len(r.Decisions)*(48+avgGroupLen))
 	buf = append(buf, `{"v":`...)
 	buf = strconv.AppendInt(buf, ProtocolVersion, 10)
 	buf = append(buf, `,"handler":`...)
 	buf = jsonx.AppendString(buf, r.Handler)
-	if !r.DecidedAt.IsZero() {
-		buf = append(buf, `,"decided_at":"`...)
-		buf = r.DecidedAt.AppendFormat(buf, time.RFC3339Nano)
-		buf = append(buf, '"')
-	}
 	if len(r.Decisions) > 0 {
 		buf = append(buf, `,"decisions":[`...)
 		for i, d := range r.Decisions {
@@ -252,10 +333,6 @@ func EncodeReply(r Reply, req Request) ([]byte, error) {
 			buf = jsonx.AppendString(buf, d.Group)
 			buf = append(buf, `,"outcome":`...)
 			buf = jsonx.AppendString(buf, string(d.Outcome))
-			if d.Binding != nil && !(d.Outcome == Accepted && asProposed(d.Binding, req.Proposals[i], req.Proposer, r.Handler, r.DecidedAt)) {
-				buf = append(buf, `,"binding":`...)
-				buf = d.Binding.AppendJSON(buf)
-			}
 			if d.Revision != 0 {
 				buf = append(buf, `,"revision":`...)
 				buf = strconv.AppendUint(buf, d.Revision, 10)
@@ -275,30 +352,17 @@ func EncodeReply(r Reply, req Request) ([]byte, error) {
 	return append(buf, '}'), nil
 }
 
-// wireReply is Reply with its bindings left raw, decoded without
-// reflection by kvbinding.DecodeJSON.
-type wireReply struct {
-	Version   int       `json:"v"`
-	Handler   string    `json:"handler"`
-	DecidedAt time.Time `json:"decided_at"`
-	Decisions []struct {
-		Group    string          `json:"group"`
-		Outcome  Outcome         `json:"outcome"`
-		Binding  json.RawMessage `json:"binding,omitempty"`
-		Revision uint64          `json:"revision,omitempty"`
-		Error    string          `json:"error,omitempty"`
-	} `json:"decisions,omitempty"`
-	Error string `json:"error,omitempty"`
-}
-
-// DecodeReply decodes a reply to a request of n proposals and checks that
-// it answers each of them, in order, with well-formed bindings.
+// DecodeReply decodes a reply to req and checks that it answers each of
+// its proposals, in order, for the same groups.
 func DecodeReply(data []byte, req Request) (Reply, error) {
+	if len(data) > MaxRequestBytes {
+		return Reply{}, fmt.Errorf("%w: reply of %d bytes", ErrBadMessage, len(data))
+	}
 	r, ok := scanReply(data, len(req.Proposals))
 	if !ok {
-		var err error
-		if r, err = decodeReplySlow(data); err != nil {
-			return Reply{}, err
+		r = Reply{}
+		if err := json.Unmarshal(data, &r); err != nil {
+			return Reply{}, fmt.Errorf("%w: %v", ErrBadMessage, err)
 		}
 	}
 	return checkReply(r, req)
@@ -316,13 +380,10 @@ func scanReply(data []byte, n int) (Reply, bool) {
 			r.Version, ok = d.Int()
 		case "handler":
 			r.Handler, ok = d.Str()
-		case "decided_at":
-			r.DecidedAt, ok = d.Time()
 		case "error":
 			r.Error, ok = d.Str()
 		case "decisions":
-			r.Decisions = make([]Decision, 0, n)
-			var bs []kvbinding.Binding
+			r.Decisions = make([]Decision, 0, min(n, MaxProposalsPerRequest))
 			ok = d.Array(func() bool {
 				var dec Decision
 				ok := d.Object(func(key []byte) bool {
@@ -338,16 +399,6 @@ func scanReply(data []byte, n int) (Reply, bool) {
 						dec.Revision, ok = d.Uint()
 					case "error":
 						dec.Error, ok = d.Str()
-					case "binding":
-						var b kvbinding.Binding
-						if b, ok = kvbinding.ScanJSON(&d); ok {
-							if bs == nil {
-								bs = make([]kvbinding.Binding, 0, n)
-							}
-							bs = append(bs, b)
-							dec.Binding = &bs[len(bs)-1]
-							ok = cap(bs) == n // no reallocation moved earlier bindings
-						}
 					}
 					return ok
 				})
@@ -360,31 +411,7 @@ func scanReply(data []byte, n int) (Reply, bool) {
 	return r, ok && d.End()
 }
 
-// decodeReplySlow decodes a reply with encoding/json.
-func decodeReplySlow(data []byte) (Reply, error) {
-	var w wireReply
-	if err := json.Unmarshal(data, &w); err != nil {
-		return Reply{}, fmt.Errorf("%w: %v", ErrBadMessage, err)
-	}
-	r := Reply{Version: w.Version, Handler: w.Handler, DecidedAt: w.DecidedAt, Error: w.Error}
-	if len(w.Decisions) > 0 {
-		r.Decisions = make([]Decision, len(w.Decisions))
-	}
-	for i, d := range w.Decisions {
-		r.Decisions[i] = Decision{Group: d.Group, Outcome: d.Outcome, Revision: d.Revision, Error: d.Error}
-		if len(d.Binding) > 0 && string(d.Binding) != "null" {
-			b, err := kvbinding.DecodeJSON(d.Binding)
-			if err != nil {
-				return Reply{}, fmt.Errorf("%w: decision %d: %v", ErrBadMessage, i, err)
-			}
-			r.Decisions[i].Binding = &b
-		}
-	}
-	return r, nil
-}
-
-// checkReply checks that r answers each proposal of req, in order, with
-// well-formed bindings, and sets each binding's revision.
+// checkReply checks that r answers each proposal of req, in order.
 func checkReply(r Reply, req Request) (Reply, error) {
 	if r.Version != ProtocolVersion {
 		return Reply{}, fmt.Errorf("%w: protocol version %d, want %d", ErrBadMessage, r.Version, ProtocolVersion)
@@ -395,34 +422,29 @@ func checkReply(r Reply, req Request) (Reply, error) {
 	if len(r.Decisions) != len(req.Proposals) {
 		return Reply{}, fmt.Errorf("%w: %d decisions for %d proposals", ErrBadMessage, len(r.Decisions), len(req.Proposals))
 	}
-	var rebuilt []kvbinding.Binding // one allocation for the bindings rebuilt from proposals
 	for i, d := range r.Decisions {
 		if d.Group != req.Proposals[i].Group {
 			return Reply{}, fmt.Errorf("%w: decision %d is for group %q, not %q", ErrBadMessage, i, d.Group, req.Proposals[i].Group)
 		}
 		switch d.Outcome {
 		case Accepted, Rejected:
-			if d.Binding == nil && d.Outcome == Accepted && !r.DecidedAt.IsZero() && d.Revision != 0 {
-				if rebuilt == nil {
-					rebuilt = make([]kvbinding.Binding, 0, len(r.Decisions)-i)
-				}
-				rebuilt = append(rebuilt, rebuild(req.Proposals[i], req.Proposer, r.Handler, r.DecidedAt))
-				b := &rebuilt[len(rebuilt)-1]
-				b.Revision = d.Revision
-				r.Decisions[i].Binding = b
-				continue
+			if d.Revision == 0 {
+				return Reply{}, fmt.Errorf("%w: decision %d names no revision", ErrBadMessage, i)
 			}
-			if d.Binding == nil || d.Binding.Group != d.Group || d.Revision == 0 {
-				return Reply{}, fmt.Errorf("%w: decision %d has no binding for its group", ErrBadMessage, i)
-			}
-			if err := d.Binding.Validate(); err != nil {
-				return Reply{}, fmt.Errorf("%w: decision %d: %v", ErrBadMessage, i, err)
-			}
-			r.Decisions[i].Binding.Revision = d.Revision
-		case Failed:
+		case Refused, Failed:
 		default:
 			return Reply{}, fmt.Errorf("%w: decision %d has outcome %q", ErrBadMessage, i, d.Outcome)
 		}
 	}
 	return r, nil
+}
+
+// ProposerOf returns the node a proposal subject names, and whether the
+// subject is one (SubjectProposePrefix + a single node id token).
+func ProposerOf(subject string) (string, bool) {
+	node, ok := strings.CutPrefix(subject, SubjectProposePrefix)
+	if !ok || kvbinding.ValidateNodeID(node) != nil {
+		return "", false
+	}
+	return node, true
 }

@@ -103,6 +103,13 @@ type Config struct {
 	// another node's has one) before the active LOCAL handler moves its
 	// groups, waiting messages included. Default 30s; negative: never.
 	RebindAfter time.Duration
+	// FenceDeadline is how long a node may take to fence a group moving
+	// away from it before the active LOCAL handler fences it from the
+	// node's checkpoint, as for a gone node. Default 10s.
+	FenceDeadline time.Duration
+	// InboxPrefix is the inbox prefix of the connection's requests; the
+	// LOCAL handler answers only reply subjects under it. Default _INBOX.
+	InboxPrefix string
 	// DrainWait bounds how long a move waits for the old node's consumer
 	// to ack what it was delivered before moving the rest. Default 10s.
 	DrainWait time.Duration

@@ -4,10 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"hash/fnv"
 	"log/slog"
-	"sort"
-	"strconv"
+	"math/rand/v2"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -21,6 +19,13 @@ import (
 	"grouprouter/proposals"
 )
 
+// Lock order (see also doc.go): Router.mu, then the binding cache's lock
+// (the engine looks records up while Router.mu is held). The cache never
+// calls out while it holds its lock, and its change notifications reach
+// the router over a channel read by the router's own goroutine. No other
+// lock is taken while Router.mu is held: publishes, asks and KV calls are
+// made after it is released, with the actions the engine returned.
+
 // Stats are a node's counters since it started.
 type Stats struct {
 	Routed         uint64 // messages republished onto queues by this node
@@ -28,8 +33,9 @@ type Stats struct {
 	DeadLettered   uint64 // messages this node put on the dead-letter stream
 	DecisionErrors uint64 // failed proposal attempts (timeouts, no handler, failures)
 	PublishErrors  uint64 // failed queue publishes (retried)
-	Proposals      uint64 // proposals sent
+	Proposals      uint64 // proposals and steps asked of the handler
 	Held           int    // messages in memory now (undecided or queued behind their group)
+	HeldBytes      int64  // their size, headers included
 	Position       uint64 // next ingress sequence to read
 }
 
@@ -50,64 +56,18 @@ type Router struct {
 	ready   chan struct{}
 	started time.Time
 
-	mu        sync.Mutex
-	cond      *sync.Cond // signalled when held or in-flight work shrinks
-	lanes     map[string]*lane
-	heldMsgs  int
-	heldBytes int64
-	inflight  int
-	track     tracker
-	resume    resumePoint
-	propQ     []*lane
-	retryQ    retryHeap
-	assigned  map[string]int // proposals in flight per proposed node
-	rr        int
-	live      []string                       // live node ids, sorted
-	liveState map[string]proposals.NodeState // without group counts
-	closing   bool
-	// lastActive: when each group bound here last had a message routed
-	// (only with GroupTimeout > 0).
-	lastActive map[string]int64
-	// handoffs: groups handed to this node, waiting for handoffLoop.
-	handoffs map[string]bool
+	mu      sync.Mutex
+	cond    *sync.Cond // signalled when held or in-flight work shrinks
+	eng     *engine
+	reading bool // the reader waits on cond
 
-	propWake    chan struct{}
-	handoffWake chan struct{}
+	changes   chan string // groups whose record changed, from the cache
+	askWake   chan struct{}
+	timerWake chan struct{}
+	duties    *dutyQueue
 
 	hasConsumer atomic.Bool
 	routed      atomic.Uint64
-	skipped     atomic.Uint64
-	deadLetters atomic.Uint64
-	decErrs     atomic.Uint64
-	pubErrs     atomic.Uint64
-	proposed    atomic.Uint64
-}
-
-// msgRec is an ingress message held by the router.
-type msgRec struct {
-	seq     uint64
-	hdr     nats.Header // as read from the ingress, until out is prepared
-	data    []byte
-	out     *nats.Msg // the message to republish, prepared when first needed
-	subject string    // ingress subject
-	size    int
-	invalid string // why its group id is unusable ("" if fine)
-	close   bool   // Group-Seq: -1: the group ends after this message
-}
-
-// lane holds one group's messages that are not done yet, in ingress order.
-// For a group, at most one message (the head) is being published at a time.
-// The lane of ungrouped messages (group "") publishes without that limit.
-type lane struct {
-	group         string
-	msgs          []*msgRec
-	inflight      int
-	waiting       bool // the head needs a decision
-	prop          *propState
-	deadLettering bool
-	// changing is true while this node writes a change of the group's
-	// record (handing it over, releasing it): nothing moves meanwhile.
-	changing bool
 }
 
 // New returns a router node for cfg on connection nc (which the caller
@@ -127,15 +87,10 @@ func New(nc *nats.Conn, cfg Config) (*Router, error) {
 		cfg:       cfg,
 		log:       cfg.Logger.With("node", cfg.Node),
 		ready:     make(chan struct{}),
-		lanes:     make(map[string]*lane),
-		assigned:  make(map[string]int),
-		liveState: map[string]proposals.NodeState{},
-		propWake:  make(chan struct{}, 1),
-
-		handoffWake: make(chan struct{}, 1),
-	}
-	if cfg.GroupTimeout > 0 {
-		r.lastActive = make(map[string]int64)
+		changes:   make(chan string, 4096),
+		askWake:   make(chan struct{}, 1),
+		timerWake: make(chan struct{}, 1),
+		duties:    newDutyQueue(),
 	}
 	r.cond = sync.NewCond(&r.mu)
 	return r, nil
@@ -152,25 +107,78 @@ func (r *Router) Node() string { return r.cfg.Node }
 // answering proposals.
 func (r *Router) HandlerActive() bool { return r.handler != nil && r.handler.Active() }
 
+// Handler returns the node's LOCAL handler (nil on a REMOTE node or before
+// Run).
+func (r *Router) Handler() *proposals.Handler { return r.handler }
+
 // Cache returns the node's binding cache (nil before Run).
 func (r *Router) Cache() *kvbinding.Cache { return r.cache }
 
 // Stats returns the node's counters.
 func (r *Router) Stats() Stats {
 	r.mu.Lock()
-	held, pos := r.heldMsgs, r.track.next()
-	r.mu.Unlock()
+	defer r.mu.Unlock()
+	if r.eng == nil {
+		return Stats{}
+	}
+	e := r.eng
 	return Stats{
-		Routed: r.routed.Load(), Skipped: r.skipped.Load(), DeadLettered: r.deadLetters.Load(),
-		DecisionErrors: r.decErrs.Load(), PublishErrors: r.pubErrs.Load(), Proposals: r.proposed.Load(),
-		Held: held, Position: pos,
+		Routed: r.routed.Load(), Skipped: e.stats.skipped, DeadLettered: e.stats.deadLettered,
+		DecisionErrors: e.stats.decisionErrors, PublishErrors: e.stats.publishErrors, Proposals: e.stats.asked,
+		Held: e.heldMsgs, HeldBytes: e.heldBytes, Position: e.track.next(),
+	}
+}
+
+// do runs fn on the engine with r.mu held, then carries out the actions
+// it produced, with r.mu released.
+func (r *Router) do(fn func(e *engine, now time.Time)) {
+	r.mu.Lock()
+	fn(r.eng, time.Now())
+	acts := r.eng.take()
+	if r.reading && !r.eng.full() {
+		r.cond.Broadcast()
+	}
+	r.mu.Unlock()
+	r.perform(acts)
+}
+
+// perform carries out the engine's actions.
+func (r *Router) perform(acts []action) {
+	for _, a := range acts {
+		switch a.kind {
+		case actPublish:
+			r.publish(a)
+		case actAsk:
+			wake(r.askWake)
+		case actRetry:
+			wake(r.timerWake)
+		case actDuty:
+			r.duties.add(a.group, a.duty, a.rev)
+		case actDeadLettered:
+			r.log.Warn("group dead-lettered", "group", a.group, "messages", a.count, "through_seq", a.rev, "reason", a.reason)
+			proposals.Event{Kind: proposals.EventDeadLetter, Group: a.group, By: r.cfg.Node, Reason: a.reason,
+				Count: a.count, FromSeq: a.rev}.Publish(r.nc)
+		case actFailure:
+			f := a.fail
+			r.log.Warn("no routing decision; the group waits and is retried", "group", f.group, "attempt", f.attempt, "held", f.count, "err", f.err)
+			proposals.Event{Kind: proposals.EventTimeout, Group: f.group, Node: r.cfg.Node, Attempt: f.attempt, Reason: f.err.Error(),
+				By: r.cfg.Node, Count: f.count}.Publish(r.nc)
+		}
+	}
+}
+
+func wake(ch chan struct{}) {
+	select {
+	case ch <- struct{}{}:
+	default:
 	}
 }
 
 // Run sets up the streams and buckets, then routes until ctx ends; then it
 // drains (finishes in-flight publishes, saves its checkpoint, withdraws its
 // liveness record, releases a handler lease) and returns nil. It returns an
-// error if setup fails.
+// error if setup fails. Every goroutine it starts has ended when it
+// returns.
 func (r *Router) Run(ctx context.Context) error {
 	replicas := Replicas(r.nc, r.cfg.Replicas)
 	setupCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
@@ -189,18 +197,26 @@ func (r *Router) Run(ctx context.Context) error {
 	if r.reg, err = kvbinding.OpenRegistry(setupCtx, r.js, kvbinding.RegistryConfig{Replicas: replicas}, r.onLiveChange); err != nil {
 		return err
 	}
-	r.cache = kvbinding.NewCache(r.onBinding)
+	r.cache = kvbinding.NewCache(kvbinding.CacheConfig{Notify: r.changes, Logger: r.log})
+	r.eng = newEngine(engineConfig{
+		node: r.cfg.Node, maxHeldMessages: r.cfg.MaxHeldMessages, maxHeldBytes: r.cfg.MaxHeldBytes,
+		maxInFlight: r.cfg.MaxInFlight, maxAttempts: r.cfg.MaxAttempts, timeout: r.cfg.Timeout,
+		localFirst: r.cfg.LocalFirst, groupTimeout: r.cfg.GroupTimeout,
+	}, r.cache, rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64())))
 	if r.pub, err = jspub.New(r.nc, 5*time.Second); err != nil {
 		return err
 	}
 	defer r.pub.Close()
 	r.client = proposals.NewClient(r.nc, r.cfg.Node, r.cfg.Timeout)
 
-	// Background state: the binding cache and the node registry.
+	// Background state: the binding cache, its change feed and the node
+	// registry. They outlive routing (the drain at the end still reads
+	// them) and stop when Run returns.
 	bgCtx, stopBg := context.WithCancel(context.WithoutCancel(ctx))
 	bg, bgCtx := errgroup.WithContext(bgCtx)
 	bg.Go(func() error { return ignoreCanceled(r.cache.Run(bgCtx, r.store)) })
 	bg.Go(func() error { return ignoreCanceled(r.reg.Run(bgCtx)) })
+	bg.Go(func() error { r.changeLoop(bgCtx); return nil })
 	defer func() { stopBg(); _ = bg.Wait() }()
 	for _, ch := range []<-chan struct{}{r.cache.Ready(), r.reg.Ready()} {
 		select {
@@ -211,21 +227,24 @@ func (r *Router) Run(ctx context.Context) error {
 			return fmt.Errorf("grouping: loading state: %w", bg.Wait())
 		}
 	}
-	ckpt, _, err := r.reg.LoadCheckpoint(setupCtx, r.cfg.Node)
+	resume, err := r.loadResume(setupCtx)
 	if err != nil {
 		return err
 	}
-	r.resume = resumePoint{ckpt: ckpt}
+	r.mu.Lock()
+	r.eng.resume = resume
+	r.mu.Unlock()
 	if r.cfg.Type == Local {
 		r.handler = proposals.NewHandler(r.nc, r.store, r.cache, r.reg, proposals.HandlerConfig{
 			Name: r.cfg.Name, Node: r.cfg.Node, LeaseTTL: r.cfg.LeaseTTL, Logger: r.cfg.Logger,
-			NodeGrace: r.cfg.NodeGrace, RebindAfter: r.cfg.RebindAfter, RecordTTL: r.cfg.RecordTTL,
+			NodeGrace: r.cfg.NodeGrace, RebindAfter: r.cfg.RebindAfter, FenceDeadline: r.cfg.FenceDeadline,
+			RecordTTL: r.cfg.RecordTTL, Queues: queues{r}, InboxPrefix: r.cfg.InboxPrefix,
 		})
 	}
 	r.started = time.Now().UTC()
 	r.announce(setupCtx, queueCons)
 	r.log.Info("node ready", "type", r.cfg.Type, "address", r.cfg.Address, "bindings", r.cache.Len(),
-		"resume_at", r.resume.start(), "replicas", replicas)
+		"resume_at", resume.start(), "replicas", replicas)
 	close(r.ready)
 
 	// Routing.
@@ -238,11 +257,12 @@ func (r *Router) Run(ctx context.Context) error {
 	if r.cfg.GroupTimeout > 0 {
 		g.Go(func() error { r.reaper(gctx); return nil })
 	}
-	g.Go(func() error { r.handoffLoop(gctx); return nil })
-	r.resumeChanges()
+	g.Go(func() error { r.handOverLoop(gctx); return nil })
+	r.resumeDuties()
 	g.Go(func() error { r.heartbeat(gctx, queueCons); return nil })
 	g.Go(func() error { r.checkpointLoop(gctx); return nil })
-	g.Go(func() error { r.proposer(gctx); return nil })
+	g.Go(func() error { r.asker(gctx); return nil })
+	g.Go(func() error { r.timers(gctx); return nil })
 	g.Go(func() error { return r.read(gctx) })
 	err = g.Wait()
 	r.drain()
@@ -259,19 +279,100 @@ func ignoreCanceled(err error) error {
 	return err
 }
 
+// loadResume reads this node's checkpoint. A checkpoint that does not
+// decode is not trusted: the node starts from the safe side, re-reading
+// what the queue stream's duplicate window still deduplicates.
+func (r *Router) loadResume(ctx context.Context) (resumePoint, error) {
+	ckpt, _, err := r.reg.LoadCheckpoint(ctx, r.cfg.Node)
+	if errors.Is(err, kvbinding.ErrInvalidCheckpoint) {
+		start, serr := r.safeStart(ctx)
+		if serr != nil {
+			return resumePoint{}, serr
+		}
+		r.log.Error("checkpoint is invalid; re-routing from the oldest message the queue's duplicate window still covers",
+			"err", err, "start", start)
+		return resumePoint{ckpt: kvbinding.Checkpoint{Next: start}}, nil
+	}
+	if err != nil {
+		return resumePoint{}, err
+	}
+	if last, err := r.ingressLast(ctx); err == nil && ckpt.Next > last+1 {
+		start, serr := r.safeStart(ctx)
+		if serr != nil {
+			return resumePoint{}, serr
+		}
+		r.log.Error("checkpoint is ahead of the ingress stream; re-routing from the oldest message the queue's duplicate window still covers",
+			"checkpoint_next", ckpt.Next, "ingress_last", last, "start", start)
+		return resumePoint{ckpt: kvbinding.Checkpoint{Next: start}}, nil
+	}
+	return resumePoint{ckpt: ckpt}, nil
+}
+
+// safeStart returns the first ingress sequence stored within the queue
+// stream's duplicate window (less a margin): routing again from there
+// cannot duplicate anything on a queue.
+func (r *Router) safeStart(ctx context.Context) (uint64, error) {
+	since := time.Now().Add(-queueDuplicates + 30*time.Second)
+	cons, err := r.js.OrderedConsumer(ctx, IngressStream, jetstream.OrderedConsumerConfig{
+		DeliverPolicy: jetstream.DeliverByStartTimePolicy, OptStartTime: &since,
+	})
+	if err != nil {
+		return 0, fmt.Errorf("grouping: finding where to resume: %w", err)
+	}
+	info := cons.CachedInfo()
+	if info == nil {
+		return 1, nil
+	}
+	return info.Delivered.Stream + 1, nil
+}
+
+// ingressLast returns the ingress stream's last sequence.
+func (r *Router) ingressLast(ctx context.Context) (uint64, error) {
+	s, err := r.js.Stream(ctx, IngressStream)
+	if err != nil {
+		return 0, err
+	}
+	info, err := s.Info(ctx)
+	if err != nil {
+		return 0, err
+	}
+	return info.State.LastSeq, nil
+}
+
+// queues is the handler's access to the node queues.
+type queues struct{ r *Router }
+
+func (q queues) Pause(ctx context.Context, node string, until time.Time) error {
+	_, err := q.r.js.PauseConsumer(ctx, QueueStream, QueueConsumer(node), until)
+	if errors.Is(err, jetstream.ErrConsumerNotFound) {
+		return nil // no queue, nothing to pause
+	}
+	return err
+}
+
+func (q queues) Resume(ctx context.Context, node string) error {
+	_, err := q.r.js.ResumeConsumer(ctx, QueueStream, QueueConsumer(node))
+	if errors.Is(err, jetstream.ErrConsumerNotFound) {
+		return nil
+	}
+	return err
+}
+
+func (q queues) IngressLast(ctx context.Context) (uint64, error) { return q.r.ingressLast(ctx) }
+
 // drain waits (bounded) for in-flight publishes, then saves the checkpoint
 // and withdraws the node's liveness record.
 func (r *Router) drain() {
 	deadline := time.Now().Add(5 * time.Second)
 	r.mu.Lock()
-	r.closing = true
+	r.eng.closing = true
 	r.cond.Broadcast()
-	for r.inflight > 0 && time.Now().Before(deadline) {
+	for r.eng.inflight > 0 && time.Now().Before(deadline) {
 		r.mu.Unlock()
 		time.Sleep(10 * time.Millisecond)
 		r.mu.Lock()
 	}
-	ckpt := r.track.checkpoint()
+	ckpt := r.eng.track.checkpoint()
 	r.mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
@@ -286,403 +387,79 @@ func (r *Router) drain() {
 	r.log.Info("node stopped", "position", ckpt.Next, "routed", r.routed.Load())
 }
 
-// read consumes the ingress stream in order from the checkpoint.
-func (r *Router) read(ctx context.Context) error {
-	cfg := jetstream.OrderedConsumerConfig{DeliverPolicy: jetstream.DeliverAllPolicy}
-	if start := r.resume.start(); start > 1 {
-		cfg.DeliverPolicy = jetstream.DeliverByStartSequencePolicy
-		cfg.OptStartSeq = start
-	}
-	var cons jetstream.Consumer
+// changeLoop feeds the engine the groups whose record changed.
+func (r *Router) changeLoop(ctx context.Context) {
 	for {
-		var err error
-		cons, err = r.js.OrderedConsumer(ctx, IngressStream, cfg)
-		if err == nil {
-			break
-		}
-		if ctx.Err() != nil {
-			return nil
-		}
-		r.log.Warn("ingress consumer not created, retrying", "err", err)
 		select {
 		case <-ctx.Done():
-			return nil
-		case <-time.After(250 * time.Millisecond):
-		}
-	}
-	// Short heartbeats: when the stream leader's server dies, the ordered
-	// consumer is recreated after two missed heartbeats (the default expiry
-	// of 30 s made that a ~30 s stall, measured).
-	it, err := cons.Messages(jetstream.PullMaxMessages(1024), jetstream.PullExpiry(5*time.Second), jetstream.PullHeartbeat(time.Second))
-	if err != nil {
-		return fmt.Errorf("grouping: ingress: %w", err)
-	}
-	stop := context.AfterFunc(ctx, it.Stop)
-	defer stop()
-	for {
-		msg, err := it.Next()
-		if err != nil {
-			if ctx.Err() != nil || errors.Is(err, jetstream.ErrMsgIteratorClosed) {
-				return nil
+			return
+		case g := <-r.changes:
+			if r.eng == nil {
+				continue
 			}
-			r.log.Warn("ingress read error", "err", err)
-			continue
-		}
-		r.ingest(msg)
-	}
-}
-
-// ingest takes one ingress message, in stream order.
-func (r *Router) ingest(msg jetstream.Msg) {
-	meta, err := msg.Metadata()
-	if err != nil {
-		r.log.Warn("ingress message without metadata", "err", err)
-		return
-	}
-	seq := meta.Sequence.Stream
-	hdr := msg.Headers()
-	group, present := groupID(hdr, r.cfg.GroupHeader)
-	rec := &msgRec{seq: seq, subject: msg.Subject(), size: len(msg.Data()) + len(msg.Subject())}
-	if v, ok := hdr[HeaderGroupSeq]; ok && len(v) > 0 && v[0] == "-1" {
-		rec.close = true
-	}
-	if present {
-		if err := kvbinding.ValidateGroupID(group); err != nil {
-			rec.invalid = fmt.Sprintf("invalid %s header: %v", r.cfg.GroupHeader, err)
-			group = ""
-		}
-	}
-	rec.hdr, rec.data = hdr, msg.Data()
-
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	for !r.closing && (r.heldMsgs >= r.cfg.MaxHeldMessages || r.heldBytes >= r.cfg.MaxHeldBytes || r.inflight >= r.cfg.MaxInFlight) {
-		r.cond.Wait()
-	}
-	if r.closing {
-		return
-	}
-	r.track.add(seq)
-	if r.resume.done(seq) {
-		r.track.resolve(seq)
-		return
-	}
-	ln := r.lanes[group]
-	if ln == nil {
-		if route, ok := r.cache.Lookup(group); ok {
-			if owner, act := route.Owner(seq, r.cfg.Node); act == kvbinding.ActRoute && owner != r.cfg.Node {
-				// Routed by another node (or dead-lettered by one).
-				r.track.resolve(seq)
-				r.skipped.Add(1)
-				return
-			}
-		}
-		ln = &lane{group: group}
-		r.lanes[group] = ln
-	}
-	ln.msgs = append(ln.msgs, rec)
-	r.heldMsgs++
-	r.heldBytes += int64(rec.size)
-	r.pump(ln)
-}
-
-// groupID returns the group header's value and whether it is present. NATS
-// headers are case-sensitive; a differently cased name is accepted too.
-func groupID(h nats.Header, name string) (string, bool) {
-	if v, ok := h[name]; ok && len(v) > 0 {
-		return v[0], true
-	}
-	for k, v := range h {
-		if len(v) > 0 && len(k) == len(name) && equalFold(k, name) {
-			return v[0], true
-		}
-	}
-	return "", false
-}
-
-func equalFold(a, b string) bool {
-	for i := 0; i < len(a); i++ {
-		x, y := a[i], b[i]
-		if 'A' <= x && x <= 'Z' {
-			x += 'a' - 'A'
-		}
-		if 'A' <= y && y <= 'Z' {
-			y += 'a' - 'A'
-		}
-		if x != y {
-			return false
-		}
-	}
-	return true
-}
-
-// prepare builds the message to republish: body and headers kept, the
-// producer's JetStream control headers renamed, dedup id from the ingress
-// sequence. The subject is filled in when the destination is known.
-func (r *Router) prepare(rec *msgRec, hdr nats.Header, data []byte) *nats.Msg {
-	out := &nats.Msg{Header: nats.Header{}, Data: data}
-	for k, v := range hdr {
-		if len(k) > 5 && equalFold(k[:5], "Nats-") {
-			out.Header[HeaderOrigPrefix+k] = v
-			continue
-		}
-		out.Header[k] = v
-	}
-	seq := strconv.FormatUint(rec.seq, 10)
-	out.Header.Set(jetstream.MsgIDHeader, IngressStream+":"+seq)
-	out.Header.Set(HeaderIngressSeq, seq)
-	return out
-}
-
-// pump moves a lane forward as far as it can. r.mu is held.
-func (r *Router) pump(ln *lane) {
-	if ln.deadLettering || ln.changing {
-		return
-	}
-	for len(ln.msgs) > 0 && (ln.inflight == 0 || ln.group == "") {
-		m := ln.msgs[0]
-		route, known := r.cache.Lookup(ln.group)
-		owner, act := "", kvbinding.ActPropose
-		if known {
-			owner, act = route.Owner(m.seq, r.cfg.Node)
-		}
-		switch act {
-		case kvbinding.ActPropose:
-			ln.waiting = true
-			r.needProposal(ln)
-			return
-		case kvbinding.ActWait:
-			ln.waiting = false
-			r.dropProposal(ln)
-			r.concerns(ln.group, route, ln)
-			return
-		}
-		ln.waiting = false
-		r.dropProposal(ln)
-		if owner != r.cfg.Node {
-			r.popDone(ln)
-			r.skipped.Add(1)
-			continue
-		}
-		if ln.group == "" {
-			// Ungrouped: no order to keep, publish them all at once.
-			ln.msgs = ln.msgs[1:]
-			ln.inflight++
-			r.inflight++
-			r.publishUngrouped(ln, m)
-			continue
-		}
-		ln.inflight = 1
-		r.inflight++
-		r.publishQueue(ln, m, QueueSubject(r.cfg.Node, m.subject))
-		return
-	}
-	if len(ln.msgs) == 0 && ln.inflight == 0 {
-		r.dropProposal(ln)
-		delete(r.lanes, ln.group)
-	}
-}
-
-// popDone removes a lane's head as done. r.mu is held.
-func (r *Router) popDone(ln *lane) {
-	m := ln.msgs[0]
-	ln.msgs[0] = nil
-	ln.msgs = ln.msgs[1:]
-	r.release(m)
-}
-
-// release accounts a message as done. r.mu is held.
-func (r *Router) release(m *msgRec) {
-	r.heldMsgs--
-	r.heldBytes -= int64(m.size)
-	r.track.resolve(m.seq)
-	r.cond.Broadcast()
-}
-
-func (r *Router) publishUngrouped(ln *lane, m *msgRec) {
-	if m.invalid != "" {
-		r.publishDeadLetter(ln, m, m.invalid)
-		return
-	}
-	r.publishQueue(ln, m, QueueSubject(r.ungroupedDestination(), m.subject))
-}
-
-// ungroupedDestination picks the node for an ungrouped message: this node
-// if LocalFirst and it has a consumer, else round-robin over the nodes with
-// a consumer (over all live nodes when none has one). r.mu is held.
-func (r *Router) ungroupedDestination() string {
-	if r.cfg.LocalFirst && r.hasConsumer.Load() {
-		return r.cfg.Node
-	}
-	eligible := proposals.Eligible(r.liveState, false)
-	if len(eligible) == 0 {
-		return r.cfg.Node
-	}
-	r.rr++
-	return eligible[r.rr%len(eligible)]
-}
-
-// outMsg returns m's message to republish, preparing it on first use (a
-// node skips most messages: it copies only those it routes). r.mu is held.
-func (r *Router) outMsg(m *msgRec) *nats.Msg {
-	if m.out == nil {
-		m.out = r.prepare(m, m.hdr, m.data)
-		m.hdr, m.data = nil, nil
-	}
-	return m.out
-}
-
-func (r *Router) publishQueue(ln *lane, m *msgRec, subject string) {
-	r.outMsg(m)
-	m.out.Subject = subject
-	m.out.Header.Set(jetstream.ExpectedStreamHeader, QueueStream)
-	r.send(ln, m, func() { r.routed.Add(1) })
-}
-
-func (r *Router) publishDeadLetter(ln *lane, m *msgRec, reason string) {
-	r.outMsg(m)
-	m.out.Subject = DeadLetterSubjectPrefix + m.subject
-	m.out.Header.Set(HeaderDeadReason, reason)
-	m.out.Header.Set(jetstream.ExpectedStreamHeader, DeadLetterStream)
-	m.out.Header.Set(jetstream.MsgIDHeader, "dlq:"+IngressStream+":"+strconv.FormatUint(m.seq, 10))
-	r.send(ln, m, func() { r.deadLetters.Add(1) })
-}
-
-// send publishes m.out and, once stored, releases it and moves the lane on.
-// A failure is retried with the same message (same Nats-Msg-Id) after a
-// pause; the lane stays blocked meanwhile, so the group keeps its order.
-// r.mu is held.
-func (r *Router) send(ln *lane, m *msgRec, onStored func()) {
-	err := r.pub.Publish(m.out, func(_ jspub.Ack, err error) {
-		r.mu.Lock()
-		defer r.mu.Unlock()
-		if err != nil {
-			r.retrySend(ln, m, onStored, err)
-			return
-		}
-		onStored()
-		ln.inflight--
-		r.inflight--
-		if ln.group != "" {
-			ln.msgs[0] = nil
-			ln.msgs = ln.msgs[1:]
-			r.touch(ln.group)
-		}
-		r.release(m)
-		if m.close && ln.group != "" {
-			// The group's last message is on its queue: release the binding
-			// (later messages of the group wait for it, then bind afresh).
-			r.startRelease(ln, m.seq, proposals.EventClose, "closed by a "+HeaderGroupSeq+": -1 message")
-			return
-		}
-		r.pump(ln)
-	})
-	if err != nil {
-		r.retrySend(ln, m, onStored, err)
-	}
-}
-
-// retrySend schedules a publish retry. r.mu is held.
-func (r *Router) retrySend(ln *lane, m *msgRec, onStored func(), err error) {
-	n := r.pubErrs.Add(1)
-	if n&(n-1) == 0 { // log at powers of two: visible without flooding
-		r.log.Warn("queue publish failed, retrying", "seq", m.seq, "subject", m.out.Subject, "err", err, "failures", n)
-	}
-	time.AfterFunc(100*time.Millisecond, func() {
-		r.mu.Lock()
-		defer r.mu.Unlock()
-		if r.closing {
-			ln.inflight--
-			r.inflight--
-			return
-		}
-		r.send(ln, m, onStored)
-	})
-}
-
-// onBinding is called by the cache after a binding changed.
-func (r *Router) onBinding(b kvbinding.Binding, deleted bool) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if ln := r.lanes[b.Group]; ln != nil {
-		r.pump(ln)
-		return
-	}
-	if !deleted {
-		if route, ok := r.cache.Lookup(b.Group); ok {
-			r.concerns(b.Group, route, nil)
+			r.do(func(e *engine, now time.Time) { e.changed(g, now) })
 		}
 	}
 }
 
-// resumeChanges picks up, after a start, the changes in progress that
+// resumeDuties picks up, after a start, the changes in progress that
 // concern this node (hand-overs it owes, takeovers handed to it).
-func (r *Router) resumeChanges() {
-	type pending struct {
-		group string
-		route kvbinding.Route
-	}
-	var todo []pending
+func (r *Router) resumeDuties() {
+	var todo []string
 	r.cache.Each(func(g string, route kvbinding.Route) bool {
-		if (route.State == kvbinding.StateMoving && route.PrevNode == r.cfg.Node) ||
-			(route.State == kvbinding.StateBound && route.Handoff && route.Node == r.cfg.Node) {
-			todo = append(todo, pending{g, route})
+		if proposals.DutyOf(route, r.cfg.Node) != proposals.DutyNone {
+			todo = append(todo, g)
 		}
 		return true
 	})
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	for _, p := range todo {
-		r.concerns(p.group, p.route, r.lanes[p.group])
+	if len(todo) > 0 {
+		r.log.Info("resuming changes in progress", "groups", len(todo))
 	}
+	r.do(func(e *engine, now time.Time) {
+		for _, g := range todo {
+			e.changed(g, now)
+		}
+	})
 }
 
 // onLiveChange is called by the registry when the set of live nodes (or
 // their consumer presence) changed.
 func (r *Router) onLiveChange() {
 	live := r.reg.Live()
-	ids := make([]string, 0, len(live))
 	state := make(map[string]proposals.NodeState, len(live))
 	for id, info := range live {
-		ids = append(ids, id)
 		state[id] = proposals.NodeState{HasConsumer: info.HasConsumer}
 	}
-	sort.Strings(ids)
 	r.mu.Lock()
-	r.live, r.liveState = ids, state
-	r.mu.Unlock()
+	defer r.mu.Unlock()
+	if r.eng != nil {
+		r.eng.setLive(state)
+	}
 }
 
-// isProposer reports whether this node is the one that proposes for group:
-// the highest rendezvous hash over the live nodes (and itself). r.mu is held.
-func (r *Router) isProposer(group string) bool {
-	best, bestNode := uint64(0), ""
-	consider := func(node string) {
-		h := fnv.New64a()
-		_, _ = h.Write([]byte(node))
-		_, _ = h.Write([]byte{0})
-		_, _ = h.Write([]byte(group))
-		// FNV-1a alone leaves ids that share a prefix clustered in the
-		// high bits; a 64-bit finalizer spreads them.
-		if v := mix64(h.Sum64()); bestNode == "" || v > best || (v == best && node < bestNode) {
-			best, bestNode = v, node
+// timers runs what the engine has due: publish retries, ask retries,
+// replies whose record did not come.
+func (r *Router) timers(ctx context.Context) {
+	t := time.NewTimer(time.Hour)
+	defer t.Stop()
+	for {
+		r.mu.Lock()
+		next := r.eng.nextDue()
+		r.mu.Unlock()
+		d := time.Hour
+		if !next.IsZero() {
+			d = max(time.Until(next), time.Millisecond)
 		}
+		t.Reset(d)
+		select {
+		case <-ctx.Done():
+			return
+		case <-r.timerWake:
+			continue
+		case <-t.C:
+		}
+		r.do(func(e *engine, now time.Time) { e.due(now) })
 	}
-	consider(r.cfg.Node)
-	for _, n := range r.live {
-		consider(n)
-	}
-	return bestNode == r.cfg.Node
-}
-
-// mix64 is the MurmurHash3 64-bit finalizer.
-func mix64(x uint64) uint64 {
-	x ^= x >> 33
-	x *= 0xff51afd7ed558ccd
-	x ^= x >> 33
-	x *= 0xc4ceb93e53ca34d5
-	x ^= x >> 33
-	return x
 }
 
 // heartbeat announces the node every cfg.Heartbeat, with whether its queue
@@ -717,7 +494,12 @@ func (r *Router) announce(ctx context.Context, cons jetstream.Consumer) {
 	ctx, cancel := context.WithTimeout(ctx, r.cfg.Heartbeat)
 	defer cancel()
 	if info, err := cons.Info(ctx); err == nil {
-		r.hasConsumer.Store(info.NumWaiting > 0)
+		has := info.NumWaiting > 0
+		if r.hasConsumer.Swap(has) != has {
+			r.mu.Lock()
+			r.eng.hasConsumer = has
+			r.mu.Unlock()
+		}
 	}
 	st := r.Stats()
 	info := kvbinding.NodeInfo{
@@ -743,7 +525,7 @@ func (r *Router) checkpointLoop(ctx context.Context) {
 		case <-t.C:
 		}
 		r.mu.Lock()
-		c := r.track.checkpoint()
+		c := r.eng.track.checkpoint()
 		r.mu.Unlock()
 		if c.Next == 0 || (c.Next == last.Next && len(c.Pending) == 0 && len(last.Pending) == 0) {
 			continue
@@ -756,4 +538,14 @@ func (r *Router) checkpointLoop(ctx context.Context) {
 		}
 		cancel()
 	}
+}
+
+// reaper releases this node's groups idle for GroupTimeout. A group's
+// activity is kept in memory by its bound node, the only node routing it,
+// so a busy group costs no KV write.
+func (r *Router) reaper(ctx context.Context) {
+	every(ctx, r.cfg.ReaperPeriod, func() {
+		mine := r.cache.GroupsOf(r.cfg.Node)
+		r.do(func(e *engine, now time.Time) { e.reap(mine, now) })
+	})
 }

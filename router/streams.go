@@ -42,11 +42,18 @@ const (
 	HeaderMovedFrom = "Grouping-Moved-From"
 	// HeaderDeadReason says why a message was dead-lettered.
 	HeaderDeadReason = "Grouping-Dead-Reason"
+	// HeaderOrigSubject carries the ingress subject of a message
+	// dead-lettered because that subject is too long to republish.
+	HeaderOrigSubject = "Grouping-Orig-Subject"
 	// HeaderOrigPrefix prefixes JetStream control headers ("Nats-...") the
 	// producer set on the ingress publish; they applied there and are kept
 	// under this prefix so they do not act again on the queue stream.
 	HeaderOrigPrefix = "Grouping-Orig-"
 )
+
+// queueDuplicates is the queue stream's duplicate window: a message routed
+// twice within it (same Nats-Msg-Id) is stored once.
+const queueDuplicates = 2 * time.Minute
 
 // QueueSubject returns the queue subject of a message for node.
 func QueueSubject(node, ingressSubject string) string {
@@ -95,7 +102,7 @@ func ensureStreams(ctx context.Context, js jetstream.JetStream, cfg Config, repl
 			Retention:   jetstream.WorkQueuePolicy,
 			Storage:     jetstream.FileStorage,
 			Replicas:    replicas,
-			Duplicates:  2 * time.Minute,
+			Duplicates:  queueDuplicates,
 		},
 		{
 			Name:        DeadLetterStream,

@@ -1,50 +1,77 @@
 package router
 
-import "grouprouter/kvbinding"
+import (
+	"sort"
+
+	"grouprouter/kvbinding"
+)
 
 // tracker records which ingress sequences are done (routed, skipped or
-// dead-lettered) so that a checkpoint can say exactly what is left. Sequences
-// are added in increasing order; gaps (deleted or expired messages) count as done.
+// dead-lettered) so that a checkpoint can say exactly what is left.
+// Sequences are added in increasing order; gaps (deleted, expired or purged
+// messages) count as done and cost no memory: the sequences since the
+// oldest one not done are kept in segments that start after each gap.
 type tracker struct {
-	base uint64 // sequence of done[0]
+	segs []segment
+	// nextSeq is the next sequence expected (0: nothing added yet).
+	nextSeq uint64
+}
+
+// segment is a run of consecutive sequences from base.
+type segment struct {
+	base uint64
 	done []bool
 }
 
 // next returns the next sequence expected.
-func (t *tracker) next() uint64 { return t.base + uint64(len(t.done)) }
+func (t *tracker) next() uint64 { return t.nextSeq }
 
 // add records that seq was read and is not done yet.
 func (t *tracker) add(seq uint64) {
-	if t.base == 0 {
-		t.base = seq
-	}
-	for t.next() < seq {
-		t.done = append(t.done, true)
-	}
-	if seq < t.next() {
+	if seq < t.nextSeq {
 		return // redelivered: already tracked
 	}
-	t.done = append(t.done, false)
-	t.compact()
+	if n := len(t.segs); n > 0 && seq == t.nextSeq {
+		t.segs[n-1].done = append(t.segs[n-1].done, false)
+	} else {
+		t.segs = append(t.segs, segment{base: seq, done: []bool{false}})
+	}
+	t.nextSeq = seq + 1
 }
 
 // resolve marks seq done.
 func (t *tracker) resolve(seq uint64) {
-	if seq < t.base || seq >= t.next() {
+	i := sort.Search(len(t.segs), func(i int) bool { return t.segs[i].base > seq }) - 1
+	if i < 0 {
 		return
 	}
-	t.done[seq-t.base] = true
-	t.compact()
+	s := &t.segs[i]
+	if seq >= s.base+uint64(len(s.done)) {
+		return
+	}
+	s.done[seq-s.base] = true
+	if i == 0 {
+		t.compact()
+	}
 }
 
+// compact drops the done sequences at the front.
 func (t *tracker) compact() {
-	i := 0
-	for i < len(t.done) && t.done[i] {
-		i++
-	}
-	if i > 0 {
-		t.done = t.done[i:]
-		t.base += uint64(i)
+	for len(t.segs) > 0 {
+		s := &t.segs[0]
+		j := 0
+		for j < len(s.done) && s.done[j] {
+			j++
+		}
+		if j < len(s.done) {
+			if j > 0 {
+				s.done = s.done[j:]
+				s.base += uint64(j)
+			}
+			return
+		}
+		t.segs[0] = segment{}
+		t.segs = t.segs[1:]
 	}
 }
 
@@ -56,23 +83,25 @@ const maxPendingRanges = 4096
 // checkpoint returns what is left to do: every sequence below Next is done
 // except the Pending ranges.
 func (t *tracker) checkpoint() kvbinding.Checkpoint {
-	c := kvbinding.Checkpoint{Next: t.next()}
+	c := kvbinding.Checkpoint{Next: t.nextSeq}
 	if c.Next == 0 {
 		return c
 	}
-	for i := 0; i < len(t.done); i++ {
-		if t.done[i] {
-			continue
+	for _, s := range t.segs {
+		for i := 0; i < len(s.done); i++ {
+			if s.done[i] {
+				continue
+			}
+			j := i
+			for j+1 < len(s.done) && !s.done[j+1] {
+				j++
+			}
+			c.Pending = append(c.Pending, [2]uint64{s.base + uint64(i), s.base + uint64(j)})
+			if len(c.Pending) > maxPendingRanges {
+				return kvbinding.Checkpoint{Next: t.segs[0].base}
+			}
+			i = j
 		}
-		j := i
-		for j+1 < len(t.done) && !t.done[j+1] {
-			j++
-		}
-		c.Pending = append(c.Pending, [2]uint64{t.base + uint64(i), t.base + uint64(j)})
-		if len(c.Pending) > maxPendingRanges {
-			return kvbinding.Checkpoint{Next: t.base}
-		}
-		i = j
 	}
 	return c
 }
@@ -84,12 +113,7 @@ type resumePoint struct {
 }
 
 // start returns the first sequence to read.
-func (r resumePoint) start() uint64 {
-	if len(r.ckpt.Pending) > 0 {
-		return r.ckpt.Pending[0][0]
-	}
-	return r.ckpt.Next
-}
+func (r resumePoint) start() uint64 { return r.ckpt.Start() }
 
 // done reports whether seq was finished before the checkpoint was taken.
 func (r resumePoint) done(seq uint64) bool {

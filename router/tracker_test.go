@@ -24,8 +24,8 @@ func TestTrackerCheckpoint(t *testing.T) {
 	tr.resolve(6)
 	tr.resolve(9)
 	tr.resolve(11)
-	if got := tr.checkpoint(); got.Next != 13 || len(got.Pending) != 0 || tr.base != 13 {
-		t.Fatalf("after resolving all: %+v base %d", got, tr.base)
+	if got := tr.checkpoint(); got.Next != 13 || len(got.Pending) != 0 || len(tr.segs) != 0 {
+		t.Fatalf("after resolving all: %+v, %d segments kept", got, len(tr.segs))
 	}
 	tr.resolve(3)  // below the window: ignored
 	tr.resolve(40) // beyond: ignored
@@ -61,5 +61,33 @@ func TestResumePoint(t *testing.T) {
 	}
 	if (resumePoint{}).start() != 0 {
 		t.Error("empty checkpoint must start from the beginning")
+	}
+}
+
+// TestTrackerJumpCostsNoMemory: a purge of the ingress stream makes
+// sequences jump; the tracker must not keep anything per skipped sequence.
+func TestTrackerJumpCostsNoMemory(t *testing.T) {
+	var tr tracker
+	tr.add(1)
+	tr.add(2)
+	tr.resolve(2)
+	tr.add(1 << 40) // a jump of a trillion sequences, with 1 still pending
+	tr.add(1<<40 + 1)
+	kept := 0
+	for _, s := range tr.segs {
+		kept += len(s.done)
+	}
+	if kept > 4 {
+		t.Fatalf("tracker keeps %d entries across a jump", kept)
+	}
+	want := kvbinding.Checkpoint{Next: 1<<40 + 2, Pending: [][2]uint64{{1, 1}, {1 << 40, 1<<40 + 1}}}
+	if got := tr.checkpoint(); !reflect.DeepEqual(got, want) {
+		t.Fatalf("checkpoint = %+v, want %+v", got, want)
+	}
+	tr.resolve(1)
+	tr.resolve(1 << 40)
+	tr.resolve(1<<40 + 1)
+	if got := tr.checkpoint(); got.Next != 1<<40+2 || len(got.Pending) != 0 || len(tr.segs) != 0 {
+		t.Fatalf("after resolving all: %+v, %d segments", got, len(tr.segs))
 	}
 }

@@ -269,19 +269,20 @@ func (o moveOptions) waitDone(ctx, wctx context.Context, store *kvbinding.Store,
 // when it has none), shows the operation done, or an error when it shows
 // that something else overtook it.
 func (o moveOptions) doneBy(cur, written kvbinding.Binding) (bool, error) {
-	notFound := cur.State == ""
-	if o.op == opUnbind {
-		// Anything but the moving record means the node released the group
-		// (a new message may have bound it again since).
-		return notFound || cur.State != kvbinding.StateMoving, nil
+	var rec *kvbinding.Binding
+	if cur.State != "" {
+		rec = &cur
+	}
+	if proposals.MoveDone(rec, o.node) {
+		return true, nil
 	}
 	switch {
-	case notFound:
-		return false, fmt.Errorf("%s: the group's record is gone (expired or deleted)", o.what())
-	case cur.State == kvbinding.StateBound && cur.Node == o.node:
-		return !cur.Handoff, nil
-	case cur.State == kvbinding.StateMoving && cur.Node == o.node:
+	case o.op == opUnbind:
 		return false, nil
+	case rec == nil:
+		return false, fmt.Errorf("%s: the group's record is gone (expired or deleted)", o.what())
+	case cur.Node == o.node && (cur.State == kvbinding.StateBound || cur.State == kvbinding.StateMoving):
+		return false, nil // on its way
 	}
 	return false, fmt.Errorf("%s: overtaken: %s", o.what(), describeRecord(cur))
 }
@@ -297,8 +298,8 @@ func describeRecord(b kvbinding.Binding) string {
 		}
 		return fmt.Sprintf("the group is still moving (%s hands it over to %s)", b.PrevNode, b.Node)
 	case kvbinding.StateBound:
-		if b.Handoff {
-			return fmt.Sprintf("the group is bound to %s, which is still taking it over from %s", b.Node, orDash(b.PrevNode))
+		if b.Step != kvbinding.StepNone {
+			return fmt.Sprintf("the group is bound to %s, which is still taking it over from %s (step %s)", b.Node, orDash(b.PrevNode), b.Step)
 		}
 		return fmt.Sprintf("the group is bound to %s", b.Node)
 	case kvbinding.StateReleased:

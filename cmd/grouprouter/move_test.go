@@ -134,8 +134,8 @@ func bindingOf(t *testing.T, url, group string) (kvbinding.Binding, error) {
 	}
 	for _, b := range list {
 		if b.Group == group {
-			if b.State != kvbinding.StateBound || b.Handoff {
-				return b, fmt.Errorf("%q is %s (handoff %v)", group, b.State, b.Handoff)
+			if !b.Settled() {
+				return b, fmt.Errorf("%q is %s (step %q)", group, b.State, b.Step)
 			}
 			return b, nil
 		}
@@ -214,7 +214,7 @@ func TestMove(t *testing.T) {
 	if err := json.Unmarshal([]byte(stdout), &moved); err != nil {
 		t.Fatalf("move --json: %v in %s", err, stdout)
 	}
-	if moved.Group != "g" || moved.State != kvbinding.StateBound || moved.Node != other || moved.Handoff || moved.Revision <= bound.Revision {
+	if moved.Group != "g" || !moved.Settled() || moved.Node != other || moved.Revision <= bound.Revision {
 		t.Errorf("final record %+v", moved)
 	}
 	if b, err := bindingOf(t, url, "g"); err != nil || b.Node != other {

@@ -372,7 +372,7 @@ func (b *bencher) decisionService(ctx context.Context, e *env, kids []*child, ta
 	for off := 0; off < n; off += batch {
 		ps := make([]proposals.Proposal, 0, batch)
 		for i := off; i < min(off+batch, n); i++ {
-			ps = append(ps, proposals.Proposal{Group: "svc-" + tag + "-" + strconv.Itoa(i), Node: "n0", FromSeq: uint64(i + 1)})
+			ps = append(ps, proposals.Proposal{Group: "svc-" + tag + "-" + strconv.Itoa(i), Node: "n0", Seq: uint64(i + 1)})
 		}
 		sem <- struct{}{}
 		wg.Add(1)

@@ -44,7 +44,7 @@ func fillCache(c *kvbinding.Cache, n int) []string {
 }
 
 func BenchmarkCacheLookup(b *testing.B) {
-	c := kvbinding.NewCache(nil)
+	c := kvbinding.NewCache(kvbinding.CacheConfig{})
 	groups := fillCache(c, 100_000)
 	b.ReportAllocs()
 	i := 0
@@ -57,7 +57,7 @@ func BenchmarkCacheLookup(b *testing.B) {
 }
 
 func BenchmarkCacheLookupParallel(b *testing.B) {
-	c := kvbinding.NewCache(nil)
+	c := kvbinding.NewCache(kvbinding.CacheConfig{})
 	groups := fillCache(c, 100_000)
 	b.ReportAllocs()
 	b.RunParallel(func(pb *testing.PB) {
@@ -76,7 +76,7 @@ func BenchmarkCacheMemory(b *testing.B) {
 	var perBinding float64
 	for b.Loop() {
 		before := settledHeap()
-		c := kvbinding.NewCache(nil)
+		c := kvbinding.NewCache(kvbinding.CacheConfig{})
 		fillCache(c, n)
 		after := settledHeap()
 		perBinding = float64(int64(after)-int64(before)) / n
@@ -99,7 +99,7 @@ func BenchmarkUnmarshalBinding(b *testing.B) {
 	}
 }
 
-func BenchmarkDecide(b *testing.B) {
+func BenchmarkTransition(b *testing.B) {
 	live := map[string]proposals.NodeState{
 		"n0": {HasConsumer: true, Groups: 1000}, "n1": {HasConsumer: true, Groups: 990}, "n2": {HasConsumer: false, Groups: 5},
 	}
@@ -107,14 +107,14 @@ func BenchmarkDecide(b *testing.B) {
 	b.Run("new group", func(b *testing.B) {
 		b.ReportAllocs()
 		for b.Loop() {
-			proposals.Decide(proposals.State{Live: live}, proposals.Proposal{Group: "order-1", Node: "n1", FromSeq: 7}, now)
+			proposals.Transition("order-1", nil, proposals.Input{Op: proposals.OpBind, By: "n2", Node: "n1", Seq: 7}, proposals.Env{Now: now, Handler: "h/n0", Live: live})
 		}
 	})
 	b.Run("bound group", func(b *testing.B) {
 		existing := &kvbinding.Route{State: kvbinding.StateBound, Node: "n0", FromSeq: 3, Revision: 9}
 		b.ReportAllocs()
 		for b.Loop() {
-			proposals.Decide(proposals.State{Live: live, Existing: existing}, proposals.Proposal{Group: "order-1", Node: "n1", FromSeq: 7}, now)
+			proposals.Transition("order-1", existing, proposals.Input{Op: proposals.OpBind, By: "n2", Node: "n1", Seq: 7}, proposals.Env{Now: now, Handler: "h/n0", Live: live})
 		}
 	})
 }

@@ -365,7 +365,7 @@ func warmStart(ctx context.Context, nc *nats.Conn) (report, error) {
 		return report{}, err
 	}
 	before := settledHeap()
-	cache := kvbinding.NewCache(nil)
+	cache := kvbinding.NewCache(kvbinding.CacheConfig{})
 	runCtx, stopRun := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	start := time.Now()

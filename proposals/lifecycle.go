@@ -1,0 +1,456 @@
+package proposals
+
+import (
+	"fmt"
+	"time"
+
+	"grouprouter/kvbinding"
+)
+
+// A group's record goes through these states (kvbinding.State and Step):
+//
+//	(none) ──bind──▶ bound ──move/unbind──▶ moving ──fence──▶ bound·drain ──drained──▶ bound·catchup ──caught_up──▶ bound
+//	  ▲                │ ▲                     │                  ▲                                         │
+//	  │                │ └─────────────────────┼──evacuate (node gone, fence overdue)──────────────────────┘
+//	  │                └─release (expire, close)──▶ released ──bind──▶ bound·drain or bound (same node)
+//	  └──(TTL)── released, dead-lettered ◀──deadletter── (none)
+//
+// Transition is the only place that decides a record's next revision. The
+// LOCAL handler is the only writer of records: nodes ask it (bind, fence,
+// drained, caught_up, release, deadletter), operators ask it (move,
+// unbind), and it asks itself (evacuate). Every write is a create or a
+// compare-and-set on the revision Transition looked at, so a decision
+// taken on a record that changed meanwhile is simply not written.
+
+// Op names a change asked of a group's record.
+type Op string
+
+const (
+	// OpBind: bind an unbound group to Node from Seq (the group's first
+	// message waiting at the proposer). Asked by the group's proposer.
+	OpBind Op = "bind"
+	// OpFence: the node a group is moving away from has stopped routing
+	// it; Seq is the group's first message it did not route.
+	OpFence Op = "fence"
+	// OpDrained: the new node moved the group's messages off the queues
+	// in the record's Drain list.
+	OpDrained Op = "drained"
+	// OpCaughtUp: the new node routed from the ingress what it had
+	// skipped; the move is done.
+	OpCaughtUp Op = "caught_up"
+	// OpRelease: the bound node ends the binding after Seq (idle expiry,
+	// a close marker); Kind says which.
+	OpRelease Op = "release"
+	// OpDeadLetter: the proposer put the group's held messages through
+	// Seq on the dead-letter stream.
+	OpDeadLetter Op = "deadletter"
+	// OpMove: move a bound group to Node (an operator, or the handler for
+	// a node whose queue has no consumer). The bound node fences it.
+	OpMove Op = "move"
+	// OpUnbind: end a bound group's binding (an operator). The bound node
+	// fences it and the record ends.
+	OpUnbind Op = "unbind"
+	// OpEvacuate: take a group from node From, which is gone or has not
+	// fenced in time, to Node, from Seq (From's checkpoint; 0 if unknown).
+	// Asked by the handler only.
+	OpEvacuate Op = "evacuate"
+)
+
+// nodeOps are the ops a router node may ask for itself.
+var nodeOps = map[Op]bool{OpBind: true, OpFence: true, OpDrained: true, OpCaughtUp: true, OpRelease: true, OpDeadLetter: true}
+
+// IsNodeOp reports whether op is one a router node asks for (on its own
+// proposal subject), as opposed to an operator's or the handler's.
+func IsNodeOp(op Op) bool { return nodeOps[op] }
+
+// Input is one thing asked of a group's record.
+type Input struct {
+	Op Op
+	// By is the node asking (node ops), or who asked for a move (an
+	// operator, the handler).
+	By string
+	// Node is the proposed node (bind) or the target (move, evacuate;
+	// "" for unbind).
+	Node string
+	// From is the node the group is taken from (evacuate).
+	From string
+	// Seq is, by op: bind, the group's first waiting message; fence and
+	// evacuate, the first message the node giving the group up did not
+	// route; release and deadletter, the last message covered.
+	Seq uint64
+	// Rev is the revision the node acted on (fence, drained, caught_up,
+	// release): a report on an older revision is stale.
+	Rev uint64
+	// Kind is EventExpire or EventClose (release).
+	Kind string
+	// Reason says why (move, unbind, evacuate, release, deadletter).
+	Reason string
+	// Count is how many messages the step concerned, for its event.
+	Count int
+}
+
+// Env is what Transition knows besides the record and the input.
+type Env struct {
+	Now time.Time
+	// Handler is the deciding handler's id (name/node), for decided_by.
+	Handler string
+	// Live holds the nodes alive now, with their consumer presence and
+	// bound group counts.
+	Live map[string]NodeState
+	// IngressLast is the ingress stream's last sequence as the handler
+	// knows it, for dead-letter asks (0: unknown, not checked).
+	IngressLast uint64
+}
+
+// Result is what Transition decides.
+type Result struct {
+	// Outcome: Accepted (Write is the new record), Rejected (another
+	// record stands: the current one), Refused (the asker may not ask
+	// this now: the record does not name it, or it is stale; the current
+	// record stands) or Failed (nothing can be decided now; ask again).
+	Outcome Outcome
+	// Write is the record to write, or nil.
+	Write *kvbinding.Binding
+	// Create: write with KV create (the key has no record); otherwise
+	// compare-and-set on the revision of the record Transition was given.
+	Create bool
+	// Ended: Write ends a binding (released, dead-lettered): it is
+	// written with the ended-record TTL.
+	Ended bool
+	// Pause lists the nodes whose queue consumers must be paused before
+	// Write is written (their queues are about to be drained).
+	Pause []string
+	// Event is published once Write is stored (or, for a Rejected bind,
+	// at once), or nil.
+	Event *Event
+	// Err is a sentinel for Refused and Failed outcomes of operator ops
+	// (ErrUnknownGroup, ErrIneligibleNode, ErrMoveInProgress), or nil.
+	Err error
+	// Reason explains the outcome.
+	Reason string
+}
+
+// Refused is the outcome of an ask that is not the asker's to make (the
+// record does not name it in that role) or is stale.
+const Refused Outcome = "refused"
+
+// Transition decides what in does to the group's record cur (nil when the
+// group has no record). It is a pure function: no I/O, no clock (env.Now),
+// and it does not modify its arguments.
+func Transition(group string, cur *kvbinding.Route, in Input, env Env) Result {
+	if cur != nil && cur.Invalid {
+		// An unusable value: the group is unbound, but a write must
+		// replace that value (compare-and-set on its revision).
+		return transition(group, nil, cur.Revision, in, env)
+	}
+	return transition(group, cur, 0, in, env)
+}
+
+func transition(group string, cur *kvbinding.Route, badRev uint64, in Input, env Env) Result {
+	if err := checkSeq(in, env); err != nil {
+		return Result{Outcome: Refused, Reason: err.Error()}
+	}
+	m := machine{group: group, cur: cur, in: in, env: env, badRev: badRev}
+	switch in.Op {
+	case OpBind:
+		return m.bind()
+	case OpFence:
+		return m.fence()
+	case OpDrained:
+		return m.drained()
+	case OpCaughtUp:
+		return m.caughtUp()
+	case OpRelease:
+		return m.release()
+	case OpDeadLetter:
+		return m.deadLetter()
+	case OpMove, OpUnbind:
+		return m.move()
+	case OpEvacuate:
+		return m.evacuate()
+	}
+	return Result{Outcome: Refused, Reason: fmt.Sprintf("unknown op %q", in.Op)}
+}
+
+// checkSeq refuses sequences an ask cannot carry. Only a dead-letter
+// record is checked against the ingress: it makes every node skip the
+// messages it covers, so it must not cover messages that were never
+// stored (and so never dead-lettered). A bind, fence or release past the
+// ingress's end only moves where later messages go.
+func checkSeq(in Input, env Env) error {
+	switch in.Op {
+	case OpBind, OpFence, OpDeadLetter:
+		if in.Seq == 0 {
+			return fmt.Errorf("%s: seq must be >= 1", in.Op)
+		}
+	}
+	if in.Op == OpDeadLetter && env.IngressLast > 0 && in.Seq > env.IngressLast {
+		return fmt.Errorf("%s: seq %d is past the ingress stream's last message %d", in.Op, in.Seq, env.IngressLast)
+	}
+	return nil
+}
+
+// machine holds one Transition's arguments.
+type machine struct {
+	group  string
+	cur    *kvbinding.Route
+	in     Input
+	env    Env
+	badRev uint64 // revision of an invalid value to write over
+}
+
+// record returns a new record of the group stamped by the handler.
+func (m *machine) record(state kvbinding.State) *kvbinding.Binding {
+	return &kvbinding.Binding{Group: m.group, State: state, DecidedAt: m.env.Now.UTC(), DecidedBy: m.env.Handler}
+}
+
+// write returns an Accepted result writing b over the current record.
+func (m *machine) write(b *kvbinding.Binding, ev *Event) Result {
+	r := Result{Outcome: Accepted, Write: b, Create: m.cur == nil && m.badRev == 0, Event: ev}
+	r.Ended = b.State == kvbinding.StateReleased || b.State == kvbinding.StateDeadLettered
+	if b.Step == kvbinding.StepDrain {
+		r.Pause = b.Drain
+	}
+	if ev != nil {
+		ev.By = m.env.Handler
+		if ev.Group == "" {
+			ev.Group = m.group
+		}
+	}
+	return r
+}
+
+// stands returns the outcome for an ask that leaves the current record.
+func (m *machine) stands(outcome Outcome, reason string) Result {
+	return Result{Outcome: outcome, Reason: reason}
+}
+
+// takeover returns the step a new owner of the group starts in when the
+// queues in drain may hold its waiting messages: drain them first, except
+// for the ungrouped routing binding, whose messages were spread over
+// queues anyway and have no order to keep.
+func (m *machine) takeover(b *kvbinding.Binding, drain []string) {
+	if m.group == "" || len(drain) == 0 {
+		b.Step = kvbinding.StepCatchUp
+		return
+	}
+	b.Step, b.Drain = kvbinding.StepDrain, drain
+}
+
+func (m *machine) bind() Result {
+	cur, in := m.cur, m.in
+	if err := kvbinding.ValidateNodeID(in.Node); err != nil {
+		return Result{Outcome: Refused, Reason: "bind: " + err.Error()}
+	}
+	from, prev := in.Seq, ""
+	if cur != nil {
+		switch cur.State {
+		case kvbinding.StateBound:
+			return m.stands(Rejected, "group is bound")
+		case kvbinding.StateMoving:
+			return m.stands(Rejected, "group is being moved")
+		case kvbinding.StateDeadLettered, kvbinding.StateReleased:
+			if in.Seq <= cur.ThroughSeq {
+				return m.stands(Rejected, "the proposal comes before the end of the previous binding")
+			}
+			if cur.State == kvbinding.StateReleased {
+				// Everything after the end is the new binding's: nodes
+				// may have skipped some of it while their view still
+				// named the previous node.
+				prev, from = cur.PrevNode, cur.ThroughSeq+1
+			}
+		}
+	}
+	node, redirected := Choose(m.env.Live, in.Node, m.group == "")
+	if prev != "" && node != prev && isEligible(m.env.Live, prev, m.group == "") {
+		// After an expiry or close, the node that had the group keeps it
+		// when it can: its queue may still hold the group's last messages.
+		node, redirected = prev, false
+	}
+	if node == "" {
+		return Result{Outcome: Failed, Reason: "no eligible node is alive"}
+	}
+	b := m.record(kvbinding.StateBound)
+	b.Node, b.FromSeq, b.ProposedBy = node, from, in.By
+	if redirected {
+		b.Reason = "proposed node " + in.Node + " is not eligible"
+	}
+	if prev != "" {
+		b.PrevNode = prev
+		if node != prev {
+			m.takeover(b, []string{prev})
+		} else {
+			// The same node: it held the group's later messages itself,
+			// but other nodes may have skipped some: it catches up.
+			b.Step = kvbinding.StepCatchUp
+		}
+	}
+	res := m.write(b, &Event{Kind: EventBind, Node: node, FromSeq: from, Reason: b.Reason})
+	return res
+}
+
+// reporter checks that a node's report concerns the record as it stands.
+func (m *machine) reporter(role string, ok bool) (Result, bool) {
+	if m.cur == nil {
+		return Result{Outcome: Refused, Reason: "group has no record"}, false
+	}
+	if !ok {
+		return Result{Outcome: Refused, Reason: fmt.Sprintf("%s: the record does not name %s as %s", m.in.Op, m.in.By, role)}, false
+	}
+	if m.in.Rev != m.cur.Revision {
+		return Result{Outcome: Refused, Reason: fmt.Sprintf("%s: stale: the record is at revision %d, not %d", m.in.Op, m.cur.Revision, m.in.Rev)}, false
+	}
+	return Result{}, true
+}
+
+func (m *machine) fence() Result {
+	cur, in := m.cur, m.in
+	if r, ok := m.reporter("the node it moves away from", cur != nil && cur.State == kvbinding.StateMoving && cur.PrevNode == in.By); !ok {
+		return r
+	}
+	return m.handOver(in.By, max(in.Seq, cur.FromSeq), cur.Node, nil, "")
+}
+
+// handOver ends node from's binding at fence (its first message not
+// routed): bound to target from there, to be taken over, or released
+// (target ""). drained lists queues to drain besides from's.
+func (m *machine) handOver(from string, fence uint64, target string, drained []string, reason string) Result {
+	if target == "" {
+		b := m.record(kvbinding.StateReleased)
+		b.PrevNode, b.ThroughSeq, b.Reason = from, fence-1, "unbound"
+		if reason != "" {
+			b.Reason = reason
+		}
+		return m.write(b, &Event{Kind: EventUnbind, PrevNode: from, FromSeq: fence, Reason: b.Reason})
+	}
+	b := m.record(kvbinding.StateBound)
+	b.Node, b.FromSeq, b.PrevNode, b.Reason = target, fence, from, reason
+	m.takeover(b, withDrain(drained, from))
+	var ev *Event
+	if reason != "" {
+		ev = &Event{Kind: EventMove, Node: target, PrevNode: from, FromSeq: fence, Reason: reason}
+	}
+	return m.write(b, ev)
+}
+
+func withDrain(list []string, node string) []string {
+	return kvbinding.WithDrain(list, node)
+}
+
+func (m *machine) drained() Result {
+	cur, in := m.cur, m.in
+	if r, ok := m.reporter("the node draining it", cur != nil && cur.State == kvbinding.StateBound && cur.Node == in.By && cur.Step == kvbinding.StepDrain); !ok {
+		return r
+	}
+	b := m.record(kvbinding.StateBound)
+	b.Node, b.FromSeq, b.PrevNode, b.Step = cur.Node, cur.FromSeq, cur.PrevNode, kvbinding.StepCatchUp
+	return m.write(b, nil)
+}
+
+func (m *machine) caughtUp() Result {
+	cur, in := m.cur, m.in
+	if r, ok := m.reporter("the node catching it up", cur != nil && cur.State == kvbinding.StateBound && cur.Node == in.By && cur.Step == kvbinding.StepCatchUp); !ok {
+		return r
+	}
+	b := m.record(kvbinding.StateBound)
+	b.Node, b.FromSeq, b.PrevNode = cur.Node, cur.FromSeq, cur.PrevNode
+	return m.write(b, &Event{Kind: EventHandoff, Node: cur.Node, PrevNode: cur.PrevNode, FromSeq: cur.FromSeq, Count: in.Count})
+}
+
+func (m *machine) release() Result {
+	cur, in := m.cur, m.in
+	if r, ok := m.reporter("its settled node", cur != nil && cur.State == kvbinding.StateBound && cur.Node == in.By && cur.Step == kvbinding.StepNone); !ok {
+		return r
+	}
+	if in.Kind != EventExpire && in.Kind != EventClose {
+		return Result{Outcome: Refused, Reason: fmt.Sprintf("release: kind %q, want %s or %s", in.Kind, EventExpire, EventClose)}
+	}
+	b := m.record(kvbinding.StateReleased)
+	b.PrevNode, b.ThroughSeq, b.Reason = in.By, max(in.Seq, cur.FromSeq-1), in.Reason
+	return m.write(b, &Event{Kind: in.Kind, PrevNode: in.By, FromSeq: b.ThroughSeq, Reason: in.Reason})
+}
+
+func (m *machine) deadLetter() Result {
+	cur, in := m.cur, m.in
+	if cur != nil {
+		switch cur.State {
+		case kvbinding.StateBound, kvbinding.StateMoving:
+			return m.stands(Rejected, "group is bound: its messages are routed, not dead-lettered")
+		case kvbinding.StateDeadLettered, kvbinding.StateReleased:
+			if in.Seq <= cur.ThroughSeq {
+				return m.stands(Rejected, "the record covers these messages already")
+			}
+		}
+	}
+	b := m.record(kvbinding.StateDeadLettered)
+	b.ThroughSeq, b.ProposedBy, b.Reason = in.Seq, in.By, in.Reason
+	// The node that dead-lettered the messages announced it (EventDeadLetter).
+	return m.write(b, nil)
+}
+
+func (m *machine) move() Result {
+	cur, in := m.cur, m.in
+	if cur == nil || (cur.State != kvbinding.StateBound && cur.State != kvbinding.StateMoving) {
+		return Result{Outcome: Refused, Err: ErrUnknownGroup, Reason: "group is not bound"}
+	}
+	if cur.State == kvbinding.StateMoving || cur.Step != kvbinding.StepNone {
+		return Result{Outcome: Refused, Err: ErrMoveInProgress, Reason: "group is being moved already"}
+	}
+	target := in.Node
+	if in.Op == OpUnbind {
+		target = ""
+	} else {
+		if target == cur.Node {
+			return m.stands(Rejected, "already bound there")
+		}
+		if _, live := m.env.Live[target]; !live {
+			return Result{Outcome: Refused, Err: ErrIneligibleNode, Reason: "node " + target + " is not alive"}
+		}
+		if !isEligible(m.env.Live, target, m.group == "") {
+			return Result{Outcome: Refused, Err: ErrIneligibleNode, Reason: "node " + target + " has no queue consumer while others have one"}
+		}
+	}
+	b := m.record(kvbinding.StateMoving)
+	b.Node, b.PrevNode, b.FromSeq, b.Reason = target, cur.Node, cur.FromSeq, in.Reason
+	return m.write(b, &Event{Kind: EventMove, Node: target, PrevNode: cur.Node, Reason: in.Reason})
+}
+
+func (m *machine) evacuate() Result {
+	cur, in := m.cur, m.in
+	if cur == nil {
+		return Result{Outcome: Refused, Reason: "group has no record"}
+	}
+	switch {
+	case cur.State == kvbinding.StateMoving && cur.PrevNode == in.From:
+		// The node never fenced: fence from its checkpoint.
+		target := cur.Node
+		if target != "" && !isEligible(m.env.Live, target, m.group == "") {
+			target = in.Node
+		}
+		if cur.Node != "" && target == "" {
+			return Result{Outcome: Failed, Reason: "no eligible node is alive"}
+		}
+		return m.handOver(in.From, max(in.Seq, cur.FromSeq), target, nil, in.Reason)
+	case cur.State == kvbinding.StateBound && cur.Node == in.From && cur.Step == kvbinding.StepNone:
+		if in.Node == "" {
+			return Result{Outcome: Failed, Reason: "no eligible node is alive"}
+		}
+		return m.handOver(in.From, max(in.Seq, cur.FromSeq), in.Node, nil, in.Reason)
+	case cur.State == kvbinding.StateBound && cur.Node == in.From:
+		// The node was taking the group over: its successor starts the
+		// take-over again from the same fence. The node's own queue may
+		// hold messages it moved or caught up: drain it too.
+		if in.Node == "" {
+			return Result{Outcome: Failed, Reason: "no eligible node is alive"}
+		}
+		drain := withDrain(cur.Drain, in.From)
+		if len(drain) > kvbinding.MaxDrain {
+			return Result{Outcome: Failed, Reason: fmt.Sprintf("the group passed through more than %d nodes without settling", kvbinding.MaxDrain)}
+		}
+		b := m.record(kvbinding.StateBound)
+		b.Node, b.FromSeq, b.PrevNode, b.Reason = in.Node, cur.FromSeq, cur.PrevNode, in.Reason
+		m.takeover(b, drain)
+		return m.write(b, &Event{Kind: EventMove, Node: in.Node, PrevNode: in.From, FromSeq: cur.FromSeq, Reason: in.Reason})
+	}
+	return Result{Outcome: Refused, Reason: "the record no longer involves node " + in.From}
+}

@@ -1,0 +1,867 @@
+package router
+
+import (
+	"container/heap"
+	"fmt"
+	"math/rand/v2"
+	"sort"
+	"time"
+
+	"grouprouter/kvbinding"
+	"grouprouter/proposals"
+)
+
+// The lane engine is a node's routing logic without I/O and without a
+// clock: it takes ingress messages, publish outcomes, record changes,
+// replies to its asks and the time, and says what to publish and what to
+// ask the handler. The shells around it (reader, publisher, asker,
+// hand-over, liveness) do the I/O. It is not safe for concurrent use: the
+// Router calls it with Router.mu held.
+
+// records is what the engine reads of the binding records.
+type records interface {
+	Lookup(group string) (kvbinding.Route, bool)
+}
+
+// engineConfig is what the engine needs of the node's configuration.
+type engineConfig struct {
+	node            string
+	maxHeldMessages int
+	maxHeldBytes    int64
+	maxInFlight     int
+	maxAttempts     int
+	timeout         time.Duration // proposal timeout: a non-proposer's fallback delay
+	localFirst      bool
+	groupTimeout    time.Duration
+}
+
+// msgRec is an ingress message held by the router.
+type msgRec struct {
+	seq     uint64
+	subject string // ingress subject
+	size    int    // body, subject and headers
+	invalid string // why its group id is unusable ("" if fine)
+	close   bool   // Group-Seq: -1: the group ends after this message
+	// payload is the shell's (the message to republish, prepared when
+	// first needed).
+	payload any
+}
+
+// lane holds one group's messages that are not done yet, in ingress order.
+// For a group, at most one message (the head) is being published at a
+// time. The lane of ungrouped messages (group "") publishes without that
+// limit.
+type lane struct {
+	group    string
+	msgs     []*msgRec
+	inflight int
+	waiting  bool // the head needs a binding
+	ask      *ask // the lane's ask of the handler, if any
+	// changing: this node asked for a change of the group's record
+	// (fence, release) or is dead-lettering it: nothing moves until the
+	// record changes or the ask fails.
+	changing      bool
+	deadLettering bool
+	dlqPending    int // dead-letter publishes in flight
+}
+
+// ask is one request of the handler for a lane's group.
+type ask struct {
+	p        proposals.Proposal
+	lane     *lane
+	attempt  int
+	due      time.Time
+	inFlight bool
+	index    int // in askHeap, -1 when not there
+	// after is the record revision the ask was made on (steps): a later
+	// revision answers it.
+	after uint64
+	// waitRev/waitUntil: the reply named a revision not seen yet; the ask
+	// fails if it is still not seen by waitUntil.
+	waitRev   uint64
+	waitUntil time.Time
+}
+
+// askHeap orders asks waiting for their next attempt by due time.
+type askHeap []*ask
+
+func (h askHeap) Len() int           { return len(h) }
+func (h askHeap) Less(i, j int) bool { return h[i].due.Before(h[j].due) }
+func (h askHeap) Swap(i, j int) {
+	h[i], h[j] = h[j], h[i]
+	h[i].index, h[j].index = i, j
+}
+func (h *askHeap) Push(x any) { a := x.(*ask); a.index = len(*h); *h = append(*h, a) }
+func (h *askHeap) Pop() any {
+	old := *h
+	a := old[len(old)-1]
+	old[len(old)-1] = nil
+	*h = old[:len(old)-1]
+	a.index = -1
+	return a
+}
+
+// retry is a failed publish waiting for its next attempt.
+type retry struct {
+	ln     *lane
+	m      *msgRec
+	dlq    bool
+	reason string
+	due    time.Time
+}
+
+// waitHeap orders asks waiting for a revision by deadline.
+type waitHeap []waitEntry
+
+type waitEntry struct {
+	until time.Time
+	a     *ask
+}
+
+func (h waitHeap) Len() int           { return len(h) }
+func (h waitHeap) Less(i, j int) bool { return h[i].until.Before(h[j].until) }
+func (h waitHeap) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
+func (h *waitHeap) Push(x any)        { *h = append(*h, x.(waitEntry)) }
+func (h *waitHeap) Pop() any {
+	old := *h
+	w := old[len(old)-1]
+	old[len(old)-1] = waitEntry{}
+	*h = old[:len(old)-1]
+	return w
+}
+
+// actKind is what an action asks the shells to do.
+type actKind uint8
+
+const (
+	// actPublish: publish m onto node's queue (or the dead-letter stream
+	// when dlq) and report the outcome with acked.
+	actPublish actKind = iota + 1
+	// actAsk: asks are waiting (wake the asker).
+	actAsk
+	// actDuty: a record asks this node to take group over (drain or
+	// catch up); the hand-over shell does it.
+	actDuty
+	// actRetry: something is due at the time given (wake the timer).
+	actRetry
+	// actFailure: a bind attempt failed (announce it).
+	actFailure
+	// actDeadLettered: a group's held messages are on the dead-letter
+	// stream (announce it).
+	actDeadLettered
+)
+
+// action is one thing the engine asks its shells to do.
+type action struct {
+	kind  actKind
+	ln    *lane
+	m     *msgRec
+	node  string // actPublish: destination queue's node
+	dlq   bool   // actPublish: to the dead-letter stream, reason in reason
+	group string // actDuty
+	duty  proposals.Duty
+	rev   uint64    // actDuty: the record revision
+	at    time.Time // actRetry
+	// reason: why a message is dead-lettered.
+	reason string
+	fail   *failure // actFailure
+	count  int      // actDeadLettered
+}
+
+// Engine counters (read by Stats under the lock).
+type engineStats struct {
+	skipped, deadLettered, decisionErrors, publishErrors, asked uint64
+}
+
+// engine is the lane engine.
+type engine struct {
+	cfg  engineConfig
+	recs records
+	out  []action
+
+	lanes     map[string]*lane
+	heldMsgs  int
+	heldBytes int64
+	inflight  int
+	track     tracker
+	resume    resumePoint
+	closing   bool
+
+	askQ     []*lane  // lanes whose ask is due now
+	retryQ   askHeap  // asks due later
+	waitQ    waitHeap // asks waiting for the revision their reply named
+	assigned map[string]int
+	pubRetry []retry
+	rnd      *rand.Rand
+
+	live        []string // live node ids, sorted (without counts)
+	liveState   map[string]proposals.NodeState
+	hasConsumer bool
+	rr          int
+
+	// lastActive: when each group bound here last had a message routed
+	// (only with a group timeout).
+	lastActive map[string]int64
+	// duties: the record revisions of takeovers handed to the shell, so
+	// that each is handed once.
+	duties map[string]uint64
+
+	stats engineStats
+}
+
+func newEngine(cfg engineConfig, recs records, rnd *rand.Rand) *engine {
+	e := &engine{
+		cfg:       cfg,
+		recs:      recs,
+		rnd:       rnd,
+		lanes:     make(map[string]*lane),
+		assigned:  make(map[string]int),
+		liveState: map[string]proposals.NodeState{},
+		duties:    make(map[string]uint64),
+	}
+	if cfg.groupTimeout > 0 {
+		e.lastActive = make(map[string]int64)
+	}
+	return e
+}
+
+// take returns the actions produced so far and resets the list.
+func (e *engine) take() []action {
+	out := e.out
+	e.out = nil
+	return out
+}
+
+func (e *engine) emit(a action) { e.out = append(e.out, a) }
+
+// full reports whether the node must stop reading the ingress until work
+// is done: too many messages held or publishes in flight.
+func (e *engine) full() bool {
+	return e.heldMsgs >= e.cfg.maxHeldMessages || e.heldBytes >= e.cfg.maxHeldBytes || e.inflight >= e.cfg.maxInFlight
+}
+
+// position is the next ingress sequence this node will read.
+func (e *engine) position() uint64 {
+	if n := e.track.next(); n > 0 {
+		return n
+	}
+	if s := e.resume.start(); s > 0 {
+		return s
+	}
+	return 1
+}
+
+// ingest takes one ingress message of group, in stream order.
+func (e *engine) ingest(group string, m *msgRec, now time.Time) {
+	e.track.add(m.seq)
+	if e.resume.done(m.seq) {
+		e.track.resolve(m.seq)
+		return
+	}
+	ln := e.lanes[group]
+	if ln == nil {
+		if route, ok := e.recs.Lookup(group); ok {
+			if owner, act := proposals.Owner(route, m.seq, e.cfg.node); act == proposals.RouteTo && owner != e.cfg.node {
+				// Routed by another node (or dead-lettered by one).
+				e.track.resolve(m.seq)
+				e.stats.skipped++
+				return
+			}
+		}
+		ln = &lane{group: group}
+		e.lanes[group] = ln
+	}
+	ln.msgs = append(ln.msgs, m)
+	e.heldMsgs++
+	e.heldBytes += int64(m.size)
+	e.pump(ln, now)
+}
+
+// pump moves a lane forward as far as it can.
+func (e *engine) pump(ln *lane, now time.Time) {
+	if ln.deadLettering || ln.changing {
+		return
+	}
+	route, known := e.recs.Lookup(ln.group)
+	if known && ln.inflight == 0 {
+		if duty := proposals.DutyOf(route, e.cfg.node); duty == proposals.DutyFence {
+			e.fence(ln, route, now)
+			return
+		}
+	}
+	for len(ln.msgs) > 0 && (ln.inflight == 0 || ln.group == "") {
+		m := ln.msgs[0]
+		owner, act := "", proposals.RoutePropose
+		if known {
+			owner, act = proposals.Owner(route, m.seq, e.cfg.node)
+		}
+		switch act {
+		case proposals.RoutePropose:
+			ln.waiting = true
+			e.needBinding(ln, now)
+			return
+		case proposals.RouteWait:
+			ln.waiting = false
+			e.dropAsk(ln)
+			e.duty(ln.group, route)
+			return
+		}
+		ln.waiting = false
+		e.dropAsk(ln)
+		if owner != e.cfg.node {
+			e.popDone(ln)
+			e.stats.skipped++
+			continue
+		}
+		if ln.group == "" {
+			// Ungrouped: no order to keep, publish them all at once.
+			ln.msgs[0] = nil
+			ln.msgs = ln.msgs[1:]
+			ln.inflight++
+			e.inflight++
+			if m.invalid != "" {
+				e.emit(action{kind: actPublish, ln: ln, m: m, dlq: true, reason: m.invalid})
+				continue
+			}
+			e.emit(action{kind: actPublish, ln: ln, m: m, node: e.ungroupedDestination()})
+			continue
+		}
+		ln.inflight = 1
+		e.inflight++
+		e.emit(action{kind: actPublish, ln: ln, m: m, node: e.cfg.node})
+		return
+	}
+	if len(ln.msgs) == 0 && ln.inflight == 0 && ln.ask == nil {
+		delete(e.lanes, ln.group)
+	}
+}
+
+// popDone removes a lane's head as done.
+func (e *engine) popDone(ln *lane) {
+	m := ln.msgs[0]
+	ln.msgs[0] = nil
+	ln.msgs = ln.msgs[1:]
+	e.release(m)
+}
+
+// release accounts a message as done.
+func (e *engine) release(m *msgRec) {
+	e.heldMsgs--
+	e.heldBytes -= int64(m.size)
+	e.track.resolve(m.seq)
+}
+
+// ungroupedDestination picks the node for an ungrouped message.
+func (e *engine) ungroupedDestination() string {
+	e.rr++
+	return proposals.UngroupedDestination(e.liveState, e.cfg.node, e.cfg.localFirst && e.hasConsumer, e.rr)
+}
+
+// acked takes the outcome of a publish the engine asked for.
+func (e *engine) acked(ln *lane, m *msgRec, dlq bool, reason string, err error, now time.Time) {
+	if err != nil {
+		e.stats.publishErrors++
+		if e.closing {
+			ln.inflight--
+			e.inflight--
+			return
+		}
+		// Retried with the same message (same Nats-Msg-Id) after a pause;
+		// the lane stays blocked meanwhile, so the group keeps its order.
+		due := now.Add(backoffBase)
+		e.pubRetry = append(e.pubRetry, retry{ln: ln, m: m, dlq: dlq, reason: reason, due: due})
+		e.emit(action{kind: actRetry, at: due})
+		return
+	}
+	ln.inflight--
+	e.inflight--
+	if ln.deadLettering {
+		e.stats.deadLettered++
+		ln.dlqPending--
+		if ln.dlqPending == 0 {
+			e.deadLettered(ln, now)
+		}
+		return
+	}
+	if dlq {
+		e.stats.deadLettered++
+	}
+	if ln.group != "" {
+		ln.msgs[0] = nil
+		ln.msgs = ln.msgs[1:]
+		e.touch(ln.group, now)
+	}
+	e.release(m)
+	if m.close && ln.group != "" {
+		// The group's last message is on its queue: end the binding
+		// (later messages of the group wait for it, then bind afresh).
+		e.askRelease(ln, m.seq, proposals.EventClose, "closed by a "+HeaderGroupSeq+": -1 message", now)
+		return
+	}
+	e.pump(ln, now)
+}
+
+// retryPublish re-sends a failed publish, unless the group was taken from
+// this node meanwhile (the handler fenced it from the checkpoint): its
+// next owner routes the message (it was not stored, or it is on this
+// node's queue and the move drains it).
+func (e *engine) retryPublish(r retry, now time.Time) {
+	if !r.dlq && r.ln.group != "" && !r.ln.deadLettering {
+		if route, ok := e.recs.Lookup(r.ln.group); ok {
+			if owner, act := proposals.Owner(route, r.m.seq, e.cfg.node); act == proposals.RouteTo && owner != e.cfg.node {
+				r.ln.inflight--
+				e.inflight--
+				e.popDone(r.ln)
+				e.stats.skipped++
+				e.pump(r.ln, now)
+				return
+			}
+		}
+	}
+	node := e.cfg.node
+	if r.ln.group == "" && !r.dlq {
+		node = e.ungroupedDestination()
+	}
+	e.emit(action{kind: actPublish, ln: r.ln, m: r.m, node: node, dlq: r.dlq, reason: r.reason})
+}
+
+// changed takes a change of group's record.
+func (e *engine) changed(group string, now time.Time) {
+	route, ok := e.recs.Lookup(group)
+	if ln := e.lanes[group]; ln != nil {
+		if ln.changing && ln.ask != nil && ok && route.Revision > ln.ask.after {
+			// The record moved past the one we asked a change of.
+			e.dropAsk(ln)
+			ln.changing = false
+		}
+		if a := ln.ask; a != nil && a.waitRev != 0 && ok && route.Revision >= a.waitRev {
+			a.waitRev = 0
+		}
+		e.pump(ln, now)
+		return
+	}
+	if !ok {
+		delete(e.duties, group)
+		return
+	}
+	switch proposals.DutyOf(route, e.cfg.node) {
+	case proposals.DutyFence:
+		ln := &lane{group: group}
+		e.lanes[group] = ln
+		e.fence(ln, route, now)
+	default:
+		e.duty(group, route)
+	}
+}
+
+// duty hands a takeover the record asks of this node to the shell, once
+// per revision.
+func (e *engine) duty(group string, route kvbinding.Route) {
+	d := proposals.DutyOf(route, e.cfg.node)
+	if d != proposals.DutyDrain && d != proposals.DutyCatchUp {
+		delete(e.duties, group)
+		return
+	}
+	if e.duties[group] >= route.Revision {
+		return
+	}
+	e.duties[group] = route.Revision
+	e.emit(action{kind: actDuty, group: group, duty: d, rev: route.Revision})
+}
+
+// dutyDone forgets a takeover the shell gave up on, so that the record
+// hands it again (the shell retries).
+func (e *engine) dutyDone(group string, rev uint64) {
+	if e.duties[group] == rev {
+		delete(e.duties, group)
+	}
+}
+
+// takeoverFrom returns the first sequence of group that this node holds in
+// its lane, or its position: a takeover's catch-up covers the group's
+// messages from the fence up to there.
+func (e *engine) takeoverFrom(group string) uint64 {
+	if ln := e.lanes[group]; ln != nil && len(ln.msgs) > 0 {
+		return ln.msgs[0].seq
+	}
+	return e.position()
+}
+
+// fence asks the handler to take the group from this node, once nothing of
+// it is in flight: the fence is the first message not routed.
+func (e *engine) fence(ln *lane, route kvbinding.Route, now time.Time) {
+	if ln.inflight > 0 || ln.changing {
+		return
+	}
+	seq := e.position()
+	if len(ln.msgs) > 0 {
+		seq = ln.msgs[0].seq
+	}
+	e.stepAsk(ln, proposals.Proposal{Op: proposals.OpFence, Group: ln.group, Seq: max(seq, route.FromSeq), Rev: route.Revision}, route.Revision)
+}
+
+// askRelease asks the handler to end this node's binding of ln's group
+// after through.
+func (e *engine) askRelease(ln *lane, through uint64, kind, reason string, now time.Time) {
+	route, ok := e.recs.Lookup(ln.group)
+	if !ok || !route.Settled() || route.Node != e.cfg.node {
+		e.pump(ln, now)
+		return
+	}
+	e.stepAsk(ln, proposals.Proposal{Op: proposals.OpRelease, Group: ln.group, Seq: through, Rev: route.Revision, Kind: kind, Reason: reason}, route.Revision)
+}
+
+// stepAsk queues a step ask for ln: the lane holds still until the record
+// changes past rev or the ask fails.
+func (e *engine) stepAsk(ln *lane, p proposals.Proposal, rev uint64) {
+	e.dropAsk(ln)
+	ln.changing = true
+	a := &ask{p: p, lane: ln, index: -1, after: rev}
+	ln.ask = a
+	e.askQ = append(e.askQ, ln)
+	e.emit(action{kind: actAsk})
+}
+
+// needBinding schedules a bind proposal for a waiting lane: at once if
+// this node is the group's proposer, else after the timeout as a fallback
+// in case the proposer is gone.
+func (e *engine) needBinding(ln *lane, now time.Time) {
+	if ln.ask != nil || ln.deadLettering {
+		return
+	}
+	a := &ask{lane: ln, index: -1}
+	ln.ask = a
+	if e.isProposer(ln.group) {
+		e.askQ = append(e.askQ, ln)
+		e.emit(action{kind: actAsk})
+		return
+	}
+	a.due = now.Add(e.cfg.timeout)
+	heap.Push(&e.retryQ, a)
+	e.emit(action{kind: actRetry, at: a.due})
+}
+
+// dropAsk forgets a lane's pending ask once answered. An ask in flight is
+// left to its reply, which then finds the lane moved on.
+func (e *engine) dropAsk(ln *lane) {
+	a := ln.ask
+	if a == nil {
+		return
+	}
+	if a.index >= 0 {
+		heap.Remove(&e.retryQ, a.index)
+	}
+	ln.ask = nil
+}
+
+// isProposer reports whether this node proposes for group.
+func (e *engine) isProposer(group string) bool {
+	return proposals.IsProposer(group, e.cfg.node, e.live)
+}
+
+// askBatch collects up to max due asks and marks them in flight.
+func (e *engine) askBatch(max int, now time.Time) []*ask {
+	for e.retryQ.Len() > 0 && !e.retryQ[0].due.After(now) {
+		a := heap.Pop(&e.retryQ).(*ask)
+		e.askQ = append(e.askQ, a.lane)
+	}
+	var batch []*ask
+	for len(e.askQ) > 0 && len(batch) < max {
+		ln := e.askQ[0]
+		e.askQ[0] = nil
+		e.askQ = e.askQ[1:]
+		a := ln.ask
+		if a == nil || a.inFlight || e.lanes[ln.group] != ln {
+			continue
+		}
+		if a.p.Op == "" {
+			// A binding: still needed, for the lane's current head.
+			if !ln.waiting || ln.deadLettering || len(ln.msgs) == 0 {
+				e.dropAsk(ln)
+				continue
+			}
+			node := e.chooseNode(ln.group)
+			a.p = proposals.Proposal{Group: ln.group, Node: node, Seq: ln.msgs[0].seq}
+			e.assigned[node]++
+		}
+		a.inFlight = true
+		batch = append(batch, a)
+	}
+	e.stats.asked += uint64(len(batch))
+	return batch
+}
+
+// nextDue returns when the next ask or publish retry is due (zero: none).
+func (e *engine) nextDue() time.Time {
+	var next time.Time
+	if e.retryQ.Len() > 0 {
+		next = e.retryQ[0].due
+	}
+	for _, r := range e.pubRetry {
+		if next.IsZero() || r.due.Before(next) {
+			next = r.due
+		}
+	}
+	if e.waitQ.Len() > 0 && (next.IsZero() || e.waitQ[0].until.Before(next)) {
+		next = e.waitQ[0].until
+	}
+	return next
+}
+
+// due runs what is due at now: publish retries, asks whose reply named a
+// revision that never came.
+func (e *engine) due(now time.Time) {
+	if len(e.pubRetry) > 0 {
+		rest := e.pubRetry[:0]
+		for _, r := range e.pubRetry {
+			if r.due.After(now) {
+				rest = append(rest, r)
+				continue
+			}
+			e.retryPublish(r, now)
+		}
+		clear(e.pubRetry[len(rest):])
+		e.pubRetry = rest
+	}
+	for e.waitQ.Len() > 0 && !e.waitQ[0].until.After(now) {
+		w := heap.Pop(&e.waitQ).(waitEntry)
+		if a := w.a; a.waitRev != 0 && a.waitUntil.Equal(w.until) && a.lane.ask == a {
+			a.waitRev = 0
+			e.failed(a, fmt.Errorf("the record revision the handler named did not arrive within %v", e.cfg.timeout), now)
+		}
+	}
+	if e.retryQ.Len() > 0 && !e.retryQ[0].due.After(now) {
+		e.emit(action{kind: actAsk})
+	}
+}
+
+// chooseNode picks the node to propose for a new group: only nodes whose
+// queue has a consumer (all live nodes if none has one); this node first
+// with LocalFirst; else the fewest bound groups, counting proposals in
+// flight, ties round-robin.
+func (e *engine) chooseNode(group string) string {
+	eligible := proposals.Eligible(e.liveState, group == "")
+	if len(eligible) == 0 {
+		return e.cfg.node
+	}
+	if e.cfg.localFirst {
+		for _, n := range eligible {
+			if n == e.cfg.node {
+				return n
+			}
+		}
+	}
+	e.rr++
+	best, bestLoad := "", 0
+	for i := range eligible {
+		n := eligible[(e.rr+i)%len(eligible)]
+		load := e.groupCount(n) + e.assigned[n]
+		if best == "" || load < bestLoad {
+			best, bestLoad = n, load
+		}
+	}
+	return best
+}
+
+// groupCount is the engine's view of how many groups node has (the
+// shell's cache counts, when it gives them).
+func (e *engine) groupCount(node string) int {
+	if c, ok := e.recs.(interface{ Count(string) int }); ok {
+		return c.Count(node)
+	}
+	return 0
+}
+
+// abandon returns asks that could not be sent (the node is stopping).
+func (e *engine) abandon(batch []*ask) {
+	for _, a := range batch {
+		a.inFlight = false
+		if a.p.Op == "" || a.p.Op == proposals.OpBind {
+			e.assigned[a.p.Node]--
+		}
+	}
+}
+
+// replied takes the answer to a batch of asks: err for the whole request,
+// or a decision per ask.
+func (e *engine) replied(batch []*ask, ds []proposals.Decision, err error, now time.Time) {
+	for i, a := range batch {
+		if a.p.Op == "" || a.p.Op == proposals.OpBind {
+			e.assigned[a.p.Node]--
+		}
+		a.inFlight = false
+		if err != nil {
+			e.failed(a, err, now)
+			continue
+		}
+		d := ds[i]
+		switch d.Outcome {
+		case proposals.Failed:
+			e.failed(a, fmt.Errorf("%w: %s", proposals.ErrHandlerFailed, d.Error), now)
+			continue
+		case proposals.Refused:
+			// Not ours to ask (any more): the record stands. Look again
+			// once the record changes, or after a pause.
+			e.failed(a, fmt.Errorf("refused: %s", d.Error), now)
+			continue
+		}
+		ln := a.lane
+		if ln.ask != a {
+			continue
+		}
+		// Accepted or rejected: the record that stands is at d.Revision;
+		// the watch brings it. Until then the lane waits (at most the
+		// timeout: then the ask counts as failed).
+		if route, ok := e.recs.Lookup(ln.group); ok && route.Revision >= d.Revision {
+			e.answered(ln, now)
+			continue
+		}
+		a.waitRev, a.waitUntil = d.Revision, now.Add(e.cfg.timeout)
+		heap.Push(&e.waitQ, waitEntry{until: a.waitUntil, a: a})
+		e.emit(action{kind: actRetry, at: a.waitUntil})
+	}
+}
+
+// answered re-evaluates a lane whose ask's record arrived.
+func (e *engine) answered(ln *lane, now time.Time) {
+	a := ln.ask
+	if a == nil {
+		return
+	}
+	a.waitRev = 0
+	if ln.changing {
+		e.dropAsk(ln)
+		ln.changing = false
+	}
+	e.pump(ln, now)
+}
+
+// failed records a failed attempt: retry after a backoff, or dead-letter
+// the group's held messages after maxAttempts.
+func (e *engine) failed(a *ask, err error, now time.Time) {
+	ln := a.lane
+	if ln.ask != a || e.lanes[ln.group] != ln {
+		return // answered meanwhile
+	}
+	a.attempt++
+	if a.p.Op == "" || a.p.Op == proposals.OpBind {
+		if !ln.waiting {
+			e.dropAsk(ln)
+			return
+		}
+		e.stats.decisionErrors++
+		e.emit(action{kind: actFailure, fail: &failure{group: ln.group, attempt: a.attempt, count: len(ln.msgs), err: err}})
+		if e.cfg.maxAttempts > 0 && a.attempt >= e.cfg.maxAttempts && e.isProposer(ln.group) {
+			e.startDeadLetter(ln, fmt.Sprintf("no routing decision after %d attempts: %v", a.attempt, err), now)
+			return
+		}
+	}
+	a.due = now.Add(e.backoff(a.attempt))
+	heap.Push(&e.retryQ, a)
+	e.emit(action{kind: actRetry, at: a.due})
+}
+
+// startDeadLetter puts a waiting group's held messages on the dead-letter
+// stream, then asks the handler to record that, so that every node drops
+// them; later messages of the group get a new binding. The messages are
+// written before the record: a crash in between leaves a duplicate in the
+// dead-letter stream, never a loss.
+func (e *engine) startDeadLetter(ln *lane, reason string, now time.Time) {
+	e.dropAsk(ln)
+	ln.deadLettering = true
+	ln.waiting = false
+	ln.dlqPending = len(ln.msgs)
+	reasonFull := reason
+	for _, m := range ln.msgs {
+		ln.inflight++
+		e.inflight++
+		e.emit(action{kind: actPublish, ln: ln, m: m, dlq: true, reason: reasonFull})
+	}
+	ln.ask = &ask{lane: ln, index: -1, p: proposals.Proposal{Op: proposals.OpDeadLetter, Group: ln.group,
+		Seq: ln.msgs[len(ln.msgs)-1].seq, Reason: reason, Count: len(ln.msgs)}}
+}
+
+// deadLettered asks for the dead-letter record once every held message is
+// on the dead-letter stream.
+func (e *engine) deadLettered(ln *lane, now time.Time) {
+	ln.deadLettering = false
+	ln.changing = true
+	a := ln.ask
+	if a == nil {
+		return
+	}
+	e.emit(action{kind: actDeadLettered, group: ln.group, count: a.p.Count, rev: a.p.Seq, reason: a.p.Reason})
+	rev := uint64(0)
+	if route, ok := e.recs.Lookup(ln.group); ok {
+		rev = route.Revision
+	}
+	a.after = rev
+	e.askQ = append(e.askQ, ln)
+	e.emit(action{kind: actAsk})
+}
+
+// failure is a failed bind attempt, for the shell to announce.
+type failure struct {
+	group   string
+	attempt int
+	count   int
+	err     error
+}
+
+// touch records that a message of group was routed now (idle expiry).
+func (e *engine) touch(group string, now time.Time) {
+	if e.lastActive != nil {
+		e.lastActive[group] = now.UnixNano()
+	}
+}
+
+// reap asks to release this node's groups idle for the group timeout.
+// mine lists the groups bound here.
+func (e *engine) reap(mine []string, now time.Time) {
+	timeout := e.cfg.groupTimeout.Nanoseconds()
+	for _, g := range mine {
+		if g == "" {
+			continue
+		}
+		last, seen := e.lastActive[g]
+		if !seen {
+			e.lastActive[g] = now.UnixNano() // bound before this node started: idle from now
+			continue
+		}
+		if now.UnixNano()-last < timeout || e.lanes[g] != nil {
+			continue
+		}
+		route, ok := e.recs.Lookup(g)
+		if !ok || !route.Settled() || route.Node != e.cfg.node {
+			continue
+		}
+		delete(e.lastActive, g)
+		ln := &lane{group: g}
+		e.lanes[g] = ln
+		e.askRelease(ln, e.position()-1, proposals.EventExpire, fmt.Sprintf("no message for %v (group-timeout)", e.cfg.groupTimeout), now)
+	}
+}
+
+// setLive takes the set of live nodes and their consumer presence.
+func (e *engine) setLive(state map[string]proposals.NodeState) {
+	ids := make([]string, 0, len(state))
+	for id := range state {
+		ids = append(ids, id)
+	}
+	sort.Strings(ids)
+	e.live, e.liveState = ids, state
+}
+
+const (
+	backoffBase = 100 * time.Millisecond
+	backoffMax  = 5 * time.Second
+)
+
+// backoff is the pause before attempt+1: exponential, capped, jittered.
+func (e *engine) backoff(attempt int) time.Duration {
+	d := backoffBase << min(attempt-1, 10)
+	if d > backoffMax || d <= 0 {
+		d = backoffMax
+	}
+	return d/2 + time.Duration(e.rnd.Int64N(int64(d/2)+1))
+}

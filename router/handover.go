@@ -1,0 +1,579 @@
+package router
+
+import (
+	"context"
+	"errors"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"golang.org/x/sync/errgroup"
+
+	"grouprouter/kvbinding"
+	"grouprouter/proposals"
+)
+
+// The hand-over shell takes over the groups whose record names this node
+// as their new owner, one step at a time (see proposals.Transition):
+//
+//   - StepDrain: move the group's messages still waiting on the queues in
+//     the record's Drain list to this node's queue, in ingress order (the
+//     handler paused those queues' consumers before it wrote the record),
+//     then report OpDrained;
+//   - StepCatchUp: route from the ingress the group's messages from the
+//     record's FromSeq that this node skipped while another node owned the
+//     group, then report OpCaughtUp; the record is then settled and the
+//     lane routes what it held.
+//
+// Each step is idempotent: a copy carries a message id derived from the
+// record revision and the ingress sequence, a catch-up publish the
+// ingress sequence's, so a step done twice (a restart, a retry) stores
+// nothing twice within the queue stream's duplicate window. Whoever owns
+// the record next (this node after a restart, another node after an
+// evacuation) starts the step again from what the queues hold.
+
+// dutyQueue holds the takeover steps handed to this node.
+type dutyQueue struct {
+	mu   sync.Mutex
+	jobs map[string]dutyJob
+	wake chan struct{}
+	// movedThrough: per group, the highest ingress sequence its drain
+	// found on another queue: its catch-up starts after it.
+	movedThrough map[string]uint64
+}
+
+type dutyJob struct {
+	duty proposals.Duty
+	rev  uint64
+}
+
+func newDutyQueue() *dutyQueue {
+	return &dutyQueue{jobs: map[string]dutyJob{}, wake: make(chan struct{}, 1), movedThrough: map[string]uint64{}}
+}
+
+func (q *dutyQueue) add(group string, duty proposals.Duty, rev uint64) {
+	q.mu.Lock()
+	if j, ok := q.jobs[group]; !ok || j.rev < rev {
+		q.jobs[group] = dutyJob{duty: duty, rev: rev}
+	}
+	q.mu.Unlock()
+	wake(q.wake)
+}
+
+func (q *dutyQueue) takeAll() map[string]dutyJob {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	jobs := q.jobs
+	q.jobs = map[string]dutyJob{}
+	return jobs
+}
+
+// handOverLoop runs the takeover steps handed to this node, in batches:
+// a whole node's groups arrive at once when it is evacuated.
+func (r *Router) handOverLoop(ctx context.Context) {
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	sem := make(chan struct{}, 4)
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-r.duties.wake:
+		}
+		// Let a burst of records (a whole node's groups) arrive first.
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(20 * time.Millisecond):
+		}
+		jobs := r.duties.takeAll()
+		drains, catchUps := map[string]dutyJob{}, map[string]dutyJob{}
+		for g, j := range jobs {
+			route, ok := r.cache.Lookup(g)
+			if !ok || route.Revision != j.rev || proposals.DutyOf(route, r.cfg.Node) != j.duty {
+				r.forgetDuty(g, j.rev) // the record moved on; its change hands the next step
+				continue
+			}
+			if j.duty == proposals.DutyDrain {
+				drains[g] = j
+			} else {
+				catchUps[g] = j
+			}
+		}
+		for _, batch := range []map[string]dutyJob{drains, catchUps} {
+			if len(batch) == 0 {
+				continue
+			}
+			select {
+			case sem <- struct{}{}:
+			case <-ctx.Done():
+				return
+			}
+			wg.Add(1)
+			go func() {
+				defer func() { <-sem; wg.Done() }()
+				r.runSteps(ctx, batch)
+			}()
+		}
+	}
+}
+
+// forgetDuty lets the engine hand a step again.
+func (r *Router) forgetDuty(group string, rev uint64) {
+	r.mu.Lock()
+	r.eng.dutyDone(group, rev)
+	r.mu.Unlock()
+}
+
+// runSteps runs one batch of drain or catch-up steps and reports them.
+func (r *Router) runSteps(ctx context.Context, jobs map[string]dutyJob) {
+	start := time.Now()
+	routes := map[string]kvbinding.Route{}
+	var duty proposals.Duty
+	for g, j := range jobs {
+		route, _ := r.cache.Lookup(g)
+		routes[g] = route
+		duty = j.duty
+		r.log.Debug("hand-over step starts", "group", g, "step", route.Step, "node", route.Node, "prev_node", route.PrevNode,
+			"drain", route.Drain, "from_seq", route.FromSeq, "revision", route.Revision)
+	}
+	var (
+		counts map[string]int
+		err    error
+		op     proposals.Op
+	)
+	if duty == proposals.DutyDrain {
+		op = proposals.OpDrained
+		counts, err = r.drainQueues(ctx, routes)
+	} else {
+		op = proposals.OpCaughtUp
+		counts, err = r.catchUp(ctx, routes)
+	}
+	if err != nil {
+		if ctx.Err() == nil {
+			r.log.Warn("hand-over step failed; retrying", "step", op, "groups", len(jobs), "err", err)
+			r.retrySteps(ctx, jobs)
+		}
+		return
+	}
+	ps := make([]proposals.Proposal, 0, len(jobs))
+	for g, j := range jobs {
+		ps = append(ps, proposals.Proposal{Op: op, Group: g, Rev: j.rev, Count: counts[g]})
+	}
+	refused := r.report(ctx, ps)
+	for g, j := range jobs {
+		if refused[g] {
+			r.forgetDuty(g, j.rev)
+		}
+	}
+	r.log.Info("hand-over step done", "step", op, "groups", len(jobs), "messages", sum(counts), "took", time.Since(start))
+}
+
+// retrySteps hands failed steps back after a pause.
+func (r *Router) retrySteps(ctx context.Context, jobs map[string]dutyJob) {
+	select {
+	case <-ctx.Done():
+		return
+	case <-time.After(time.Second):
+	}
+	for g, j := range jobs {
+		r.duties.add(g, j.duty, j.rev)
+	}
+}
+
+// report sends step reports in batches and returns the groups whose
+// report the handler did not take (the record moved on meanwhile).
+func (r *Router) report(ctx context.Context, ps []proposals.Proposal) map[string]bool {
+	refused := map[string]bool{}
+	for off := 0; off < len(ps); off += maxBatch {
+		chunk := ps[off:min(off+maxBatch, len(ps))]
+		for attempt := 1; ; attempt++ {
+			ds, err := r.client.Propose(ctx, chunk)
+			if err == nil {
+				for i, d := range ds {
+					switch d.Outcome {
+					case proposals.Accepted:
+						r.log.Debug("hand-over step reported", "group", d.Group, "op", chunk[i].Op, "revision", d.Revision)
+					default:
+						r.log.Debug("hand-over step report not taken", "group", d.Group, "op", chunk[i].Op, "outcome", d.Outcome, "err", d.Error)
+						refused[d.Group] = true
+					}
+				}
+				break
+			}
+			if ctx.Err() != nil {
+				return refused
+			}
+			if attempt&(attempt-1) == 0 {
+				r.log.Warn("hand-over report failed; retrying", "reports", len(chunk), "err", err)
+			}
+			select {
+			case <-ctx.Done():
+				return refused
+			case <-time.After(backoffBase * time.Duration(min(attempt, 20))):
+			}
+		}
+	}
+	return refused
+}
+
+func sum(m map[string]int) int {
+	n := 0
+	for _, v := range m {
+		n += v
+	}
+	return n
+}
+
+// queued is a message found on another node's queue.
+type queued struct {
+	msg        *jetstream.RawStreamMsg
+	from       string
+	ingressSeq uint64
+	group      string
+}
+
+// drainQueues moves the groups' messages waiting on the queues named in
+// their records' Drain lists to this node's queue, in ingress order, each
+// deleted from the old queue once its copy is stored. It waits (at most
+// DrainWait) for an old consumer to ack what it was already delivered.
+func (r *Router) drainQueues(ctx context.Context, routes map[string]kvbinding.Route) (map[string]int, error) {
+	byNode := map[string]map[string]bool{}
+	for g, route := range routes {
+		for _, n := range route.Drain {
+			if n == r.cfg.Node {
+				continue
+			}
+			if byNode[n] == nil {
+				byNode[n] = map[string]bool{}
+			}
+			byNode[n][g] = true
+		}
+	}
+	moved := map[string]int{}
+	if len(byNode) == 0 {
+		return moved, nil
+	}
+	stream, err := r.js.Stream(ctx, QueueStream)
+	if err != nil {
+		return nil, err
+	}
+	// Each old queue at once: one move may drain several (a group moved
+	// twice), and waiting for them in turn added their DrainWaits up.
+	var wg sync.WaitGroup
+	for node := range byNode {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r.waitDelivered(ctx, node)
+		}()
+	}
+	wg.Wait()
+	info, err := stream.Info(ctx)
+	if err != nil {
+		return nil, err
+	}
+	byGroup := map[string][]queued{}
+	seen := map[string]map[uint64]bool{}
+	for node, groups := range byNode {
+		prefix := QueueSubjectPrefix + node + "."
+		for seq := info.State.FirstSeq; seq <= info.State.LastSeq; {
+			m, err := stream.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(prefix+">"))
+			if isGone(err) {
+				break
+			}
+			if err != nil {
+				return nil, err
+			}
+			seq = m.Sequence + 1
+			g, invalid := GroupOf(m.Header, r.cfg.GroupHeader)
+			if invalid != "" || !groups[g] {
+				continue
+			}
+			is, err := strconv.ParseUint(m.Header.Get(HeaderIngressSeq), 10, 64)
+			if err != nil {
+				continue
+			}
+			if seen[g] == nil {
+				seen[g] = map[uint64]bool{}
+			}
+			if seen[g][is] {
+				continue
+			}
+			seen[g][is] = true
+			byGroup[g] = append(byGroup[g], queued{msg: m, from: node, ingressSeq: is, group: g})
+		}
+	}
+	// Groups in parallel; within a group, copies one after another in
+	// ingress order, each original deleted once its copy is stored.
+	var mu sync.Mutex
+	work, wctx := errgroup.WithContext(ctx)
+	work.SetLimit(32)
+	for g, found := range byGroup {
+		sort.Slice(found, func(i, j int) bool { return found[i].ingressSeq < found[j].ingressSeq })
+		rev := routes[g].Revision
+		work.Go(func() error {
+			n, err := r.moveGroup(wctx, stream, found, rev)
+			mu.Lock()
+			moved[g] = n
+			mu.Unlock()
+			if err == nil && len(found) > 0 {
+				r.duties.mu.Lock()
+				r.duties.movedThrough[g] = found[len(found)-1].ingressSeq
+				r.duties.mu.Unlock()
+			}
+			return err
+		})
+	}
+	if err := work.Wait(); err != nil {
+		return nil, err
+	}
+	return moved, nil
+}
+
+// moveGroup copies one group's found messages to this node's queue in
+// order and deletes the originals.
+func (r *Router) moveGroup(ctx context.Context, stream jetstream.Stream, found []queued, rev uint64) (int, error) {
+	moved := 0
+	for _, q := range found {
+		out := &nats.Msg{
+			Subject: QueueSubject(r.cfg.Node, strings.TrimPrefix(q.msg.Subject, QueueSubjectPrefix+q.from+".")),
+			Header:  make(nats.Header, len(q.msg.Header)+2), Data: q.msg.Data,
+		}
+		for k, v := range q.msg.Header {
+			out.Header[k] = v
+		}
+		out.Header.Set(jetstream.MsgIDHeader, "move:"+strconv.FormatUint(rev, 10)+":"+strconv.FormatUint(q.ingressSeq, 10))
+		out.Header.Set(HeaderMovedFrom, q.from)
+		out.Header.Set(jetstream.ExpectedStreamHeader, QueueStream)
+		copySeq, err := r.publishSync(ctx, out)
+		if err != nil {
+			return moved, err
+		}
+		if err := stream.DeleteMsg(ctx, q.msg.Sequence); err != nil {
+			if !isGone(err) {
+				return moved, err
+			}
+			// The old consumer acked the original after all (its ack came
+			// after waitDelivered gave up on it): the copy would deliver
+			// the message twice. Take the copy back.
+			if err := stream.DeleteMsg(ctx, copySeq); err != nil && !isGone(err) {
+				return moved, err
+			}
+			r.log.Info("a moved message was acked on its old queue meanwhile; its copy was withdrawn",
+				"group", q.group, "ingress_seq", q.ingressSeq, "from", q.from)
+			continue
+		}
+		moved++
+	}
+	return moved, nil
+}
+
+// isGone reports whether a message get or delete failed only because the
+// message is gone already (acked by its consumer meanwhile).
+func isGone(err error) bool {
+	if err == nil {
+		return false
+	}
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return true
+	}
+	var apiErr *jetstream.APIError
+	// 10037: message not found; 10057: message deletion unsuccessful
+	// (no message found).
+	if errors.As(err, &apiErr) && (apiErr.ErrorCode == jetstream.JSErrCodeMessageNotFound || apiErr.ErrorCode == 10057) {
+		return true
+	}
+	// Stream.DeleteMsg flattens the server's error into text ("message
+	// deletion unsuccessful: nats: API error: code=500 err_code=10057
+	// description=no message found"): the API error is not wrapped.
+	return errors.Is(err, jetstream.ErrMsgDeleteUnsuccessful) && strings.Contains(err.Error(), "no message found")
+}
+
+// waitDelivered waits (at most DrainWait) until a node's queue consumer has
+// acked everything it was delivered, so that a move does not take messages
+// its consumer is processing. A consumer whose acks stopped coming (for 2 s)
+// is taken as gone: what it holds comes back only after the ack wait, so it
+// is moved now.
+func (r *Router) waitDelivered(ctx context.Context, node string) {
+	deadline := time.Now().Add(r.cfg.DrainWait)
+	stale := min(2*time.Second, r.cfg.DrainWait)
+	var lastFloor uint64
+	lastMove := time.Now()
+	for time.Now().Before(deadline) {
+		cons, err := r.js.Consumer(ctx, QueueStream, QueueConsumer(node))
+		if err != nil {
+			return
+		}
+		info, err := cons.Info(ctx)
+		if err != nil || info.NumAckPending == 0 {
+			return
+		}
+		if info.AckFloor.Stream != lastFloor {
+			lastFloor, lastMove = info.AckFloor.Stream, time.Now()
+		} else if time.Since(lastMove) >= stale {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+// catchUp routes, from the ingress, the groups' messages from their fence
+// up to where this node's lanes take over: messages this node skipped
+// while another node owned the group. A message the group's drain found
+// on another queue, or any before it, was routed already and is skipped.
+func (r *Router) catchUp(ctx context.Context, routes map[string]kvbinding.Route) (map[string]int, error) {
+	type span struct{ from, until uint64 }
+	spans := map[string]span{}
+	var lo, hi uint64
+	r.mu.Lock()
+	for g, route := range routes {
+		s := span{from: route.FromSeq, until: r.eng.takeoverFrom(g)}
+		spans[g] = s
+	}
+	r.mu.Unlock()
+	r.duties.mu.Lock()
+	for g, s := range spans {
+		if t := r.duties.movedThrough[g]; t >= s.from {
+			s.from = t + 1
+			spans[g] = s
+		}
+		delete(r.duties.movedThrough, g)
+	}
+	r.duties.mu.Unlock()
+	for _, s := range spans {
+		if s.from >= s.until {
+			continue
+		}
+		if lo == 0 || s.from < lo {
+			lo = s.from
+		}
+		hi = max(hi, s.until)
+	}
+	caught := map[string]int{}
+	if lo == 0 {
+		return caught, nil
+	}
+	byGroup := map[string][]*nats.Msg{}
+	err := r.readIngress(ctx, lo, hi, func(seq uint64, msg jetstream.Msg) {
+		g, invalid := GroupOf(msg.Headers(), r.cfg.GroupHeader)
+		if invalid != "" {
+			return
+		}
+		s, ok := spans[g]
+		if !ok || seq < s.from || seq >= s.until {
+			return
+		}
+		out := prepare(seq, msg.Headers(), msg.Data())
+		dest := r.cfg.Node
+		if g == "" {
+			r.mu.Lock()
+			dest = r.eng.ungroupedDestination()
+			r.mu.Unlock()
+		}
+		out.Subject = QueueSubject(dest, msg.Subject())
+		out.Header.Set(jetstream.ExpectedStreamHeader, QueueStream)
+		byGroup[g] = append(byGroup[g], out)
+	})
+	if err != nil {
+		return nil, err
+	}
+	var mu sync.Mutex
+	work, wctx := errgroup.WithContext(ctx)
+	work.SetLimit(32)
+	for g, msgs := range byGroup {
+		work.Go(func() error {
+			for _, m := range msgs {
+				if _, err := r.publishSync(wctx, m); err != nil {
+					return err
+				}
+			}
+			mu.Lock()
+			caught[g] = len(msgs)
+			mu.Unlock()
+			return nil
+		})
+	}
+	return caught, work.Wait()
+}
+
+// readIngress calls fn for every ingress message with a sequence in
+// [lo, hi), in order. It retries the consumer's creation while the
+// cluster recovers.
+func (r *Router) readIngress(ctx context.Context, lo, hi uint64, fn func(seq uint64, msg jetstream.Msg)) error {
+	var cons jetstream.Consumer
+	for attempt := 1; ; attempt++ {
+		var err error
+		cons, err = r.js.OrderedConsumer(ctx, IngressStream, jetstream.OrderedConsumerConfig{
+			DeliverPolicy: jetstream.DeliverByStartSequencePolicy, OptStartSeq: lo,
+		})
+		if err == nil {
+			break
+		}
+		if ctx.Err() != nil || attempt >= 20 {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(backoffBase * time.Duration(attempt)):
+		}
+	}
+	for {
+		batch, err := cons.Fetch(512, jetstream.FetchMaxWait(time.Second))
+		if err != nil {
+			return err
+		}
+		n := 0
+		for msg := range batch.Messages() {
+			n++
+			seq, _, ok := ackSeqs(msg.Reply())
+			if !ok {
+				meta, err := msg.Metadata()
+				if err != nil {
+					continue
+				}
+				seq = meta.Sequence.Stream
+			}
+			if seq >= hi {
+				return nil
+			}
+			fn(seq, msg)
+		}
+		if err := batch.Error(); err != nil && !errors.Is(err, nats.ErrTimeout) {
+			return err
+		}
+		if n == 0 {
+			return nil // the stream ends before hi (deleted messages)
+		}
+	}
+}
+
+// publishSync publishes one message and waits for its ack, retrying until
+// ctx ends (same Nats-Msg-Id, so a retry never duplicates).
+func (r *Router) publishSync(ctx context.Context, m *nats.Msg) (seq uint64, err error) {
+	for {
+		pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		ack, err := r.js.PublishMsg(pctx, m)
+		cancel()
+		if err == nil {
+			return ack.Sequence, nil // a duplicate's ack names the first copy
+		}
+		if ctx.Err() != nil {
+			return 0, err
+		}
+		select {
+		case <-ctx.Done():
+			return 0, ctx.Err()
+		case <-time.After(backoffBase):
+		}
+	}
+}
