@@ -54,6 +54,8 @@ func runContext(ctx context.Context, args []string, stdout, stderr io.Writer) in
 		err = consume(ctx, rest, stdout, stderr)
 	case "nodes":
 		err = listNodes(ctx, rest, stdout)
+	case "events":
+		err = listEvents(ctx, rest, stdout)
 	case opMove, opUnbind:
 		err = moveGroup(ctx, cmd, rest, stdout)
 	case "bench":
@@ -101,6 +103,7 @@ Commands:
   run        run a router node (starts an embedded NATS server without --nats)
   bindings   list the group bindings (group -> node)
   nodes      list the live nodes and the active LOCAL handler
+  events     print the events kept in stream GROUPING_EVENTS (--follow for new ones)
   consume    consume a node's queue as an application does, printing each message
   move       move a group to another node, with its waiting messages, in order
   unbind     end a group's binding; its next message gets a new one
