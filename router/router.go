@@ -70,6 +70,7 @@ type Router struct {
 	lastActive map[string]int64
 	// handoffs: groups handed to this node, waiting for handoffLoop.
 	handoffs map[string]bool
+	held     heldTracker // since when groups are held undecided (inspect.go)
 
 	propWake    chan struct{}
 	handoffWake chan struct{}
@@ -726,6 +727,7 @@ func (r *Router) announce(ctx context.Context, cons jetstream.Consumer) {
 		Position: st.Position, Held: st.Held, Routed: st.Routed,
 		DecisionErrors: st.DecisionErrors, DeadLettered: st.DeadLettered,
 	}
+	info.Waiting, info.WaitingGroups = r.heldUndecided(info.Heartbeat)
 	if err := r.reg.Announce(ctx, info, r.nodeTTL()); err != nil && ctx.Err() == nil {
 		r.log.Warn("announce failed", "err", err)
 	}
