@@ -7,6 +7,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -24,7 +25,10 @@ const ungroupedLabel = "(ungrouped)"
 func printBindingsUsage(w io.Writer, fs *flag.FlagSet) {
 	fmt.Fprint(w, `Usage: grouprouter bindings [flags]
 
-Lists the group bindings (group -> node) sorted by group, as a table or as JSON.
+Lists the current group bindings (group -> node; state bound, or moving to
+another node) sorted by group, as a table or as JSON. With --all it also
+lists the ended records (released, dead-lettered), kept for a while after
+the binding ended. 'grouprouter groups' adds what waits on the queues.
 
 Flags:
 `)
@@ -39,6 +43,7 @@ func listBindings(ctx context.Context, args []string, stdout io.Writer) error {
 	fs.Usage = func() {}
 	servers := fs.String("nats", defaultNATSURL, "NATS server `URL`s (comma-separated)")
 	asJSON := fs.Bool("json", false, "print a JSON array of the bindings instead of a table")
+	all := fs.Bool("all", false, "also list ended records (released, dead-lettered)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			printBindingsUsage(stdout, fs)
@@ -65,6 +70,11 @@ func listBindings(ctx context.Context, args []string, stdout io.Writer) error {
 	list, err := store.List(ctx)
 	if err != nil {
 		return err
+	}
+	if !*all {
+		list = slices.DeleteFunc(list, func(b kvbinding.Binding) bool {
+			return b.State != kvbinding.StateBound && b.State != kvbinding.StateMoving
+		})
 	}
 	sort.Slice(list, func(i, j int) bool { return list[i].Group < list[j].Group })
 	if *asJSON {

@@ -376,8 +376,8 @@ func TestRunRejectsBadConfigBeforeConnecting(t *testing.T) {
 			"grouprouter: invalid configuration: reaper-period must be > 0 when group-timeout is set (group-timeout 1m0s, reaper-period never)"},
 		{"zero node grace", []string{"run", "--node-grace", "0", "--nats", "nats://127.0.0.1:1"},
 			"grouprouter: invalid configuration: node-grace must be > 0, got 0s"},
-		{"bindings: unknown flag", []string{"bindings", "--all"},
-			"grouprouter bindings: flag provided but not defined: -all (see 'grouprouter bindings -h')"},
+		{"bindings: unknown flag", []string{"bindings", "--every"},
+			"grouprouter bindings: flag provided but not defined: -every (see 'grouprouter bindings -h')"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
