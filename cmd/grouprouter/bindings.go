@@ -7,7 +7,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -63,18 +62,15 @@ func listBindings(ctx context.Context, args []string, stdout io.Writer) error {
 	if err := requireBucket(ctx, js, url, kvbinding.DefaultBucket, "bindings"); err != nil {
 		return err
 	}
-	store, err := kvbinding.OpenStore(ctx, js, kvbinding.StoreConfig{})
+	var list []kvbinding.Binding
+	err = kvbinding.ScanBindings(ctx, js, kvbinding.DefaultBucket, func(b kvbinding.Binding) error {
+		if *all || b.State == kvbinding.StateBound || b.State == kvbinding.StateMoving {
+			list = append(list, b)
+		}
+		return nil
+	})
 	if err != nil {
 		return err
-	}
-	list, err := store.List(ctx)
-	if err != nil {
-		return err
-	}
-	if !*all {
-		list = slices.DeleteFunc(list, func(b kvbinding.Binding) bool {
-			return b.State != kvbinding.StateBound && b.State != kvbinding.StateMoving
-		})
 	}
 	sort.Slice(list, func(i, j int) bool { return list[i].Group < list[j].Group })
 	if *asJSON {
