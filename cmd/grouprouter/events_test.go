@@ -105,9 +105,10 @@ func TestEventsStream(t *testing.T) {
 		prev = e
 		count[e.Kind]++
 	}
+	// (Both nodes may propose a group, the loser's proposal is rejected.)
 	if count[proposals.EventHandlerTakeover] != 1 || count[proposals.EventBind] != 3 || count[proposals.EventMove] != 1 ||
-		count[proposals.EventHandoff] != 1 || len(events) != 6 {
-		t.Errorf("events by kind %v, want handler 1, bind 3, move 1, handoff 1: %+v", count, events)
+		count[proposals.EventHandoff] != 1 || len(events) != 6+count[proposals.EventReject] {
+		t.Errorf("events by kind %v, want handler 1, bind 3, move 1, handoff 1 (and rejects): %+v", count, events)
 	}
 	for _, e := range events {
 		switch e.Kind {
@@ -127,8 +128,9 @@ func TestEventsStream(t *testing.T) {
 			t.Errorf("--kind move: %v", got)
 		}
 		got := readEvents(t, srv.URL(), "--group", "g1")
-		if kinds := kindsOf(got); !slices.Equal(kinds, []string{"bind", "move", "handoff"}) {
-			t.Errorf("--group g1: %v", kinds)
+		kinds := slices.DeleteFunc(kindsOf(got), func(k string) bool { return k == proposals.EventReject })
+		if !slices.Equal(kinds, []string{"bind", "move", "handoff"}) {
+			t.Errorf("--group g1: %v", kindsOf(got))
 		}
 		if got := readEvents(t, srv.URL(), "--group", "order 7", "--kind", "bind"); len(got) != 1 || got[0].Group != "order 7" {
 			t.Errorf("--group 'order 7' --kind bind: %+v", got)
@@ -147,7 +149,9 @@ func TestEventsStream(t *testing.T) {
 		if code != exitOK || stderr != "" {
 			t.Fatalf("exit %d: %s", code, stderr)
 		}
-		lines := strings.Split(strings.TrimSuffix(stdout, "\n"), "\n")
+		lines := slices.DeleteFunc(strings.Split(strings.TrimSuffix(stdout, "\n"), "\n"), func(l string) bool {
+			return strings.Contains(l, "  reject  ")
+		})
 		if len(lines) != 4 || strings.Join(strings.Fields(lines[0]), " ") != "TIME KIND GROUP NODE DETAILS" {
 			t.Fatalf("table:\n%s", stdout)
 		}

@@ -112,18 +112,20 @@ func whereGroup(ctx context.Context, args []string, stdout io.Writer) error {
 		return err
 	}
 	defer nc.Close()
-	ctx, cancel := context.WithTimeout(ctx, nodesTimeout)
+	// A timeout for the lookups; the queue scan takes as long as the
+	// backlog needs (interrupt it with ^C).
+	setupCtx, cancel := context.WithTimeout(ctx, nodesTimeout)
 	defer cancel()
-	if err := requireBucket(ctx, js, url, kvbinding.DefaultBucket, "bindings"); err != nil {
+	if err := requireBucket(setupCtx, js, url, kvbinding.DefaultBucket, "bindings"); err != nil {
 		return err
 	}
-	store, err := kvbinding.OpenStore(ctx, js, kvbinding.StoreConfig{})
+	store, err := kvbinding.OpenStore(setupCtx, js, kvbinding.StoreConfig{})
 	if err != nil {
 		return err
 	}
 	defer store.Close()
 	var res whereResult
-	b, err := store.Get(ctx, o.group)
+	b, err := store.Get(setupCtx, o.group)
 	switch {
 	case err == nil:
 		res.row.b = b
@@ -132,7 +134,7 @@ func whereGroup(ctx context.Context, args []string, stdout io.Writer) error {
 	default:
 		return err
 	}
-	held, _, err := heldGroups(ctx, js)
+	held, _, err := heldGroups(setupCtx, js)
 	if err != nil {
 		return err
 	}
