@@ -47,6 +47,27 @@ type NodeInfo struct {
 	DecisionErrors uint64 `json:"decision_errors"`
 	// DeadLettered counts messages sent to the dead-letter stream since start.
 	DeadLettered uint64 `json:"dead_lettered"`
+	// Waiting lists groups whose messages the node holds undecided (no
+	// binding yet for them), at most MaxWaitingListed, the most messages
+	// first; WaitingGroups counts all such groups. Every node reads the
+	// whole ingress, so every node holds the same undecided messages.
+	Waiting       []HeldGroup `json:"waiting,omitempty"`
+	WaitingGroups int         `json:"waiting_groups,omitempty"`
+}
+
+// MaxWaitingListed bounds NodeInfo.Waiting.
+const MaxWaitingListed = 100
+
+// HeldGroup is a group whose messages a node holds undecided.
+type HeldGroup struct {
+	Group string `json:"group"`
+	// Count is the number of the group's messages held.
+	Count int `json:"count"`
+	// OldestSeq is the ingress sequence of the first of them.
+	OldestSeq uint64 `json:"oldest_seq"`
+	// Since is when the node first announced the group held undecided
+	// from OldestSeq (to within one heartbeat).
+	Since time.Time `json:"since"`
 }
 
 // Lease is the record of a handler lease.

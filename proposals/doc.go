@@ -2,7 +2,8 @@
 // reply messages on SubjectPropose, the pure decision rule (Decide), the
 // LOCAL handler that answers proposals and writes bindings before it
 // replies, the client REMOTE (and LOCAL) nodes use to propose, and the
-// events published on grouping.events.<kind>.
+// events published on grouping.events.<kind> (each with a unique id, a
+// UUID version 7; the router keeps them in stream GROUPING_EVENTS).
 //
 // Wire format (JSON, version 2, one request may carry up to 1,024 proposals):
 //

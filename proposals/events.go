@@ -6,6 +6,7 @@ import (
 
 	"grouprouter/internal/jsonx"
 
+	"github.com/google/uuid"
 	"github.com/nats-io/nats.go"
 )
 
@@ -28,6 +29,11 @@ const (
 
 // Event is the JSON body published on SubjectEventsPrefix + Kind.
 type Event struct {
+	// ID is unique per event: a UUID version 7 (time-ordered) in its
+	// canonical text form, set by Publish. The events stream may deliver
+	// an event again (a subscriber reading it after a live one, a consumer
+	// re-created after a fault); subscribers deduplicate on it.
+	ID       string    `json:"id"`
 	Kind     string    `json:"kind"`
 	Group    string    `json:"group"`
 	Node     string    `json:"node,omitempty"`
@@ -41,10 +47,14 @@ type Event struct {
 }
 
 // Publish sends the event on core NATS (fire and forget: events are for
-// observers and never block routing).
+// observers and never block routing; the stream GROUPING_EVENTS, when it
+// exists, keeps them). It sets ID and At when they are empty.
 func (e Event) Publish(nc *nats.Conn) {
 	if e.At.IsZero() {
 		e.At = time.Now().UTC()
+	}
+	if e.ID == "" {
+		e.ID = NewEventID()
 	}
 	_ = nc.Publish(SubjectEventsPrefix+e.Kind, e.AppendJSON(make([]byte, 0, 160)))
 }
@@ -53,7 +63,9 @@ func (e Event) Publish(nc *nats.Conn) {
 // but without reflection (a bind event is published per new group) and
 // without HTML escaping.
 func (e Event) AppendJSON(buf []byte) []byte {
-	buf = append(buf, `{"kind":`...)
+	buf = append(buf, `{"id":`...)
+	buf = jsonx.AppendString(buf, e.ID)
+	buf = append(buf, `,"kind":`...)
 	buf = jsonx.AppendString(buf, e.Kind)
 	buf = append(buf, `,"group":`...)
 	buf = jsonx.AppendString(buf, e.Group)
@@ -87,4 +99,16 @@ func (e Event) AppendJSON(buf []byte) []byte {
 		buf = strconv.AppendInt(buf, int64(e.Count), 10)
 	}
 	return append(buf, '}')
+}
+
+// NewEventID returns a new event id: a UUID version 7 (its first 48 bits
+// are the Unix time in milliseconds, so ids sort by time), in canonical
+// text form. It returns "" if the random source fails, which Go's
+// crypto/rand does not (since Go 1.24 it never returns an error).
+func NewEventID() string {
+	id, err := uuid.NewV7()
+	if err != nil {
+		return ""
+	}
+	return id.String()
 }

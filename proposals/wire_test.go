@@ -9,6 +9,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
+
+	"grouprouter/internal/natstest"
 	"grouprouter/kvbinding"
 )
 
@@ -227,10 +230,11 @@ func TestProposerOf(t *testing.T) {
 // FuzzEventJSON: Event.AppendJSON writes what encoding/json writes (HTML
 // escaping aside).
 func FuzzEventJSON(f *testing.F) {
-	f.Add("bind", "g", "n1", "", uint64(3), "h/n0", "", 0, 0, int64(1_796_000_000_123_456_789))
-	f.Add("move", "a\"b<>", "n2", "n1", uint64(0), "h", "node n1 gone\n", 2, 7, int64(0))
-	f.Fuzz(func(t *testing.T, kind, group, node, prev string, seq uint64, by, reason string, attempt, count int, at int64) {
-		e := Event{Kind: kind, Group: group, Node: node, PrevNode: prev, FromSeq: seq, By: by,
+	f.Add("0190b5c4-7e3a-7cc1-9f6e-2d3b4a5c6d7e", "bind", "g", "n1", "", uint64(3), "h/n0", "", 0, 0, int64(1_796_000_000_123_456_789))
+	f.Add("", "move", "a\"b<>", "n2", "n1", uint64(0), "h", "node n1 gone\n", 2, 7, int64(0))
+	f.Add("\u2028<id>", "timeout", "\xff", "", "", uint64(1), "n1", "x", -1, -3, int64(-1))
+	f.Fuzz(func(t *testing.T, id, kind, group, node, prev string, seq uint64, by, reason string, attempt, count int, at int64) {
+		e := Event{ID: id, Kind: kind, Group: group, Node: node, PrevNode: prev, FromSeq: seq, By: by,
 			At: time.Unix(0, at).UTC(), Reason: reason, Attempt: attempt, Count: count}
 		var want bytes.Buffer
 		enc := json.NewEncoder(&want)
@@ -242,4 +246,61 @@ func FuzzEventJSON(f *testing.F) {
 			t.Fatalf("AppendJSON = %s\nencoding/json %s", got, want.String())
 		}
 	})
+}
+
+func TestNewEventID(t *testing.T) {
+	seen := make(map[string]bool)
+	var prev uuid.UUID
+	for i := 0; i < 1000; i++ {
+		s := NewEventID()
+		id, err := uuid.Parse(s)
+		if err != nil {
+			t.Fatalf("id %q: %v", s, err)
+		}
+		if id.Version() != 7 || id.Variant() != uuid.RFC4122 || id.String() != s {
+			t.Fatalf("id %q: version %d, variant %v", s, id.Version(), id.Variant())
+		}
+		if seen[s] {
+			t.Fatalf("id %q twice", s)
+		}
+		seen[s] = true
+		// Version 7 ids of one process sort by creation (the library
+		// orders ids made within one millisecond too).
+		if i > 0 && bytes.Compare(prev[:], id[:]) >= 0 {
+			t.Fatalf("id %s not after %s", id, prev)
+		}
+		prev = id
+	}
+}
+
+func TestEventPublishSetsID(t *testing.T) {
+	srv := natstest.RunServer(t)
+	nc := srv.Connect()
+	sub, err := nc.SubscribeSync(SubjectEventsPrefix + ">")
+	if err != nil {
+		t.Fatal(err)
+	}
+	Event{Kind: EventBind, Group: "g", Node: "n1", By: "h/n0"}.Publish(nc)
+	Event{Kind: EventBind, Group: "g", Node: "n1", By: "h/n0", ID: "given"}.Publish(nc)
+	var ids []string
+	for range 2 {
+		msg, err := sub.NextMsg(5 * time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var e Event
+		if err := json.Unmarshal(msg.Data, &e); err != nil {
+			t.Fatalf("%v in %s", err, msg.Data)
+		}
+		if e.At.IsZero() || e.Kind != EventBind || msg.Subject != SubjectEventsPrefix+EventBind {
+			t.Errorf("event %s on %s", msg.Data, msg.Subject)
+		}
+		ids = append(ids, e.ID)
+	}
+	if id, err := uuid.Parse(ids[0]); err != nil || id.Version() != 7 {
+		t.Errorf("id %q not a UUIDv7 (%v)", ids[0], err)
+	}
+	if ids[1] != "given" {
+		t.Errorf("id %q, want the event's own", ids[1])
+	}
 }

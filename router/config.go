@@ -40,6 +40,7 @@ const (
 	DefaultLeaseTTL        = 2 * time.Second
 	DefaultCheckpoint      = time.Second
 	DefaultIngressMaxAge   = 24 * time.Hour
+	DefaultEventsMaxAge    = 24 * time.Hour
 	DefaultPinnedTTL       = 5 * time.Second
 )
 
@@ -87,6 +88,9 @@ type Config struct {
 	CheckpointInterval time.Duration
 	// IngressMaxAge is the ingress stream's MaxAge when the router creates it.
 	IngressMaxAge time.Duration
+	// EventsMaxAge is the events stream's MaxAge when the router creates
+	// it (it also keeps at most EventsMaxBytes). Default 24h.
+	EventsMaxAge time.Duration
 	// PinnedTTL is the queue consumer's pinned-client timeout: how long a
 	// dead puller keeps the pin before a standby gets it.
 	PinnedTTL time.Duration
@@ -162,6 +166,9 @@ func (c Config) withDefaults() Config {
 	if c.IngressMaxAge == 0 {
 		c.IngressMaxAge = DefaultIngressMaxAge
 	}
+	if c.EventsMaxAge == 0 {
+		c.EventsMaxAge = DefaultEventsMaxAge
+	}
 	if c.PinnedTTL == 0 {
 		c.PinnedTTL = DefaultPinnedTTL
 	}
@@ -222,7 +229,7 @@ func (c Config) Validate() error {
 		return fmt.Errorf("%w: held/in-flight bounds must be > 0", ErrConfig)
 	case c.Replicas < 0 || c.Replicas > 5:
 		return fmt.Errorf("%w: replicas must be 0 (auto) to 5, got %d", ErrConfig, c.Replicas)
-	case c.Heartbeat < 0, c.LeaseTTL < 0, c.CheckpointInterval < 0, c.IngressMaxAge < 0, c.PinnedTTL < 0:
+	case c.Heartbeat < 0, c.LeaseTTL < 0, c.CheckpointInterval < 0, c.IngressMaxAge < 0, c.EventsMaxAge < 0, c.PinnedTTL < 0:
 		return fmt.Errorf("%w: durations must be > 0", ErrConfig)
 	}
 	return nil

@@ -38,6 +38,7 @@ func TestConfigValidate(t *testing.T) {
 		{"bad header", func(c *Config) { c.GroupHeader = "Group Id" }, "group header"},
 		{"negative attempts", func(c *Config) { c.MaxAttempts = -1 }, "max attempts"},
 		{"replicas", func(c *Config) { c.Replicas = 7 }, "replicas"},
+		{"negative events max age", func(c *Config) { c.EventsMaxAge = -time.Hour }, "durations must be > 0"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

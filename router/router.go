@@ -59,7 +59,8 @@ type Router struct {
 	mu      sync.Mutex
 	cond    *sync.Cond // signalled when held or in-flight work shrinks
 	eng     *engine
-	reading bool // the reader waits on cond
+	reading bool        // the reader waits on cond
+	held    heldTracker // since when groups are held undecided (inspect.go)
 
 	changes   chan string // groups whose record changed, from the cache
 	askWake   chan struct{}
@@ -508,6 +509,7 @@ func (r *Router) announce(ctx context.Context, cons jetstream.Consumer) {
 		Position: st.Position, Held: st.Held, Routed: st.Routed,
 		DecisionErrors: st.DecisionErrors, DeadLettered: st.DeadLettered,
 	}
+	info.Waiting, info.WaitingGroups = r.heldUndecided(info.Heartbeat)
 	if err := r.reg.Announce(ctx, info, r.nodeTTL()); err != nil && ctx.Err() == nil {
 		r.log.Warn("announce failed", "err", err)
 	}

@@ -9,6 +9,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"grouprouter/proposals"
 )
 
 // Names of the JetStream resources a router uses.
@@ -19,6 +21,13 @@ const (
 	QueueStream = "GROUPING_QUEUE"
 	// DeadLetterStream holds messages that could not be routed, subjects grouping.dlq.>.
 	DeadLetterStream = "GROUPING_DLQ"
+	// EventsStream keeps the events published on grouping.events.<kind>
+	// (proposals.SubjectEventsPrefix), for Config.EventsMaxAge and at most
+	// EventsMaxBytes, the oldest dropped first.
+	EventsStream = "GROUPING_EVENTS"
+	// EventsMaxBytes bounds the events stream: about a million events
+	// (a bind event is ~200 bytes stored).
+	EventsMaxBytes = 256 << 20
 
 	// QueueSubjectPrefix + <node> + "." + <ingress subject> is a node's queue subject.
 	QueueSubjectPrefix = "grouping.queue."
@@ -82,8 +91,9 @@ func Replicas(nc *nats.Conn, want int) int {
 	return 1
 }
 
-// ensureStreams creates the ingress, queue and dead-letter streams if they
-// are missing, and checks that existing ones capture the right subjects.
+// ensureStreams creates the ingress, queue, dead-letter and events streams
+// if they are missing, and checks that existing ones capture the right
+// subjects.
 func ensureStreams(ctx context.Context, js jetstream.JetStream, cfg Config, replicas int) error {
 	specs := []jetstream.StreamConfig{
 		{
@@ -109,6 +119,19 @@ func ensureStreams(ctx context.Context, js jetstream.JetStream, cfg Config, repl
 			Description: "grouprouter dead letters, reason in " + HeaderDeadReason,
 			Subjects:    []string{DeadLetterSubjectPrefix + ">"},
 			Retention:   jetstream.LimitsPolicy,
+			Storage:     jetstream.FileStorage,
+			Replicas:    replicas,
+		},
+		{
+			// Events are published on core NATS (fire and forget); the
+			// stream captures them without acknowledging.
+			Name:        EventsStream,
+			Description: "grouprouter events: " + proposals.SubjectEventsPrefix + "<kind>, deduplicate on id",
+			Subjects:    []string{proposals.SubjectEventsPrefix + ">"},
+			Retention:   jetstream.LimitsPolicy,
+			MaxAge:      cfg.EventsMaxAge,
+			MaxBytes:    EventsMaxBytes,
+			Discard:     jetstream.DiscardOld,
 			Storage:     jetstream.FileStorage,
 			Replicas:    replicas,
 		},

@@ -24,7 +24,10 @@ const ungroupedLabel = "(ungrouped)"
 func printBindingsUsage(w io.Writer, fs *flag.FlagSet) {
 	fmt.Fprint(w, `Usage: grouprouter bindings [flags]
 
-Lists the group bindings (group -> node) sorted by group, as a table or as JSON.
+Lists the current group bindings (group -> node; state bound, or moving to
+another node) sorted by group, as a table or as JSON. With --all it also
+lists the ended records (released, dead-lettered), kept for a while after
+the binding ended. 'grouprouter groups' adds what waits on the queues.
 
 Flags:
 `)
@@ -39,6 +42,7 @@ func listBindings(ctx context.Context, args []string, stdout io.Writer) error {
 	fs.Usage = func() {}
 	servers := fs.String("nats", defaultNATSURL, "NATS server `URL`s (comma-separated)")
 	asJSON := fs.Bool("json", false, "print a JSON array of the bindings instead of a table")
+	all := fs.Bool("all", false, "also list ended records (released, dead-lettered)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			printBindingsUsage(stdout, fs)
@@ -58,11 +62,13 @@ func listBindings(ctx context.Context, args []string, stdout io.Writer) error {
 	if err := requireBucket(ctx, js, url, kvbinding.DefaultBucket, "bindings"); err != nil {
 		return err
 	}
-	store, err := kvbinding.OpenStore(ctx, js, kvbinding.StoreConfig{})
-	if err != nil {
-		return err
-	}
-	list, err := store.List(ctx)
+	var list []kvbinding.Binding
+	err = kvbinding.ScanBindings(ctx, js, kvbinding.DefaultBucket, func(b kvbinding.Binding) error {
+		if *all || b.State == kvbinding.StateBound || b.State == kvbinding.StateMoving {
+			list = append(list, b)
+		}
+		return nil
+	})
 	if err != nil {
 		return err
 	}

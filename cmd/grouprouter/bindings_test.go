@@ -40,6 +40,15 @@ func TestBindings(t *testing.T) {
 		}
 		revs = append(revs, got.Revision)
 	}
+	// Ended records are listed with --all only.
+	for _, b := range []kvbinding.Binding{
+		{Group: "old", State: kvbinding.StateReleased, PrevNode: "node-a", ThroughSeq: 9, DecidedAt: at, DecidedBy: "node-a"},
+		{Group: "dead", State: kvbinding.StateDeadLettered, ThroughSeq: 5, DecidedAt: at, DecidedBy: "node-b", Reason: "no decision"},
+	} {
+		if _, err := store.Create(ctx, b); err != nil {
+			t.Fatalf("create %q: %v", b.Group, err)
+		}
+	}
 
 	t.Run("table", func(t *testing.T) {
 		var stdout, stderr bytes.Buffer
@@ -56,6 +65,31 @@ orders-42                  node-b  17        bound  2025-03-14T14:09:26.535Z  gh
 		}
 		if stderr.Len() != 0 {
 			t.Errorf("stderr: %s", stderr.String())
+		}
+	})
+
+	t.Run("all", func(t *testing.T) {
+		var stdout, stderr bytes.Buffer
+		if code := run([]string{"bindings", "--all", "--nats", srv.URL()}, &stdout, &stderr); code != exitOK {
+			t.Fatalf("exit %d: %s", code, stderr.String())
+		}
+		want := `GROUP                      NODE    FROM-SEQ  STATE          DECIDED-AT                DECIDED-BY
+(ungrouped)                node-c  1         bound          2025-03-14T14:09:26.535Z  gh/node-a
+"Bestellung für Zürich 7"  node-a  3         bound          2025-03-14T14:09:26.535Z  gh/node-a
+dead                       -       -         dead-lettered  2025-03-14T14:09:26.535Z  node-b
+old                        -       -         released       2025-03-14T14:09:26.535Z  node-a
+orders-42                  node-b  17        bound          2025-03-14T14:09:26.535Z  gh/node-a
+`
+		if got := stdout.String(); got != want {
+			t.Errorf("table\n got:\n%s\nwant:\n%s", got, want)
+		}
+		stdout.Reset()
+		if code := run([]string{"bindings", "--all", "--json", "--nats", srv.URL()}, &stdout, &stderr); code != exitOK {
+			t.Fatalf("exit %d: %s", code, stderr.String())
+		}
+		var got []kvbinding.Binding
+		if err := json.Unmarshal(stdout.Bytes(), &got); err != nil || len(got) != 5 || got[2].State != kvbinding.StateDeadLettered || got[2].ThroughSeq != 5 {
+			t.Errorf("--all --json: %v: %s", err, stdout.String())
 		}
 	})
 

@@ -10,11 +10,16 @@
 //	                [--name NAME] [--group-header Group-Id] [--local-first]
 //	                [--max-attempts N] [--replicas N] [--queue-mode pinned|plain]
 //	                [--group-timeout DURATION] [--reaper-period 30s]
-//	                [--node-grace 15s] [--rebind-after 30s]
+//	                [--node-grace 15s] [--rebind-after 30s] [--events-max-age 24h]
 //	                [--log-level debug|info|warn|error] [--log-json]
 //	                [--listen HOST:PORT] [--store-dir DIR]
-//	grouprouter bindings [--nats URL] [--json]
+//	grouprouter bindings [--nats URL] [--all] [--json]
+//	grouprouter groups [--nats URL] [--node ID] [--state STATE] [--json]
+//	                   [--group-header Group-Id]
+//	grouprouter where [--nats URL] [--json] [--group-header Group-Id] GROUP
 //	grouprouter nodes [--nats URL] [--name NAME] [--json]
+//	grouprouter events [--nats URL] [--follow] [--group GROUP] [--kind KIND]
+//	                   [--since DURATION] [--json]
 //	grouprouter consume [--nats URL] [--node ID] [--count N] [--json]
 //	                    [--no-ack] [--group-header Group-Id]
 //	grouprouter move [--nats URL] [--timeout 10s] [--json] [--wait] GROUP NODE
@@ -51,8 +56,32 @@
 // it without a priority group, for clients that cannot pull with one (then
 // run one consumer process per node).
 //
-// bindings lists the group bindings: which node each group is bound to and
-// from which ingress sequence, as a table or, with --json, as JSON.
+// --events-max-age is how long the stream GROUPING_EVENTS keeps events
+// (it also keeps at most 256 MiB), when this node creates it.
+//
+// bindings lists the current group bindings (bound, or moving): which node
+// each group is bound to and from which ingress sequence, as a table or,
+// with --json, as JSON; --all adds the ended records (released,
+// dead-lettered).
+//
+// groups lists the groups as the bucket is read (in the order of their last
+// change): node, state, since when (decided_at) and why (decided by,
+// proposed by, previous node, a hand-over in progress, the reason), the
+// group's messages on the node queues (waiting: not delivered yet; unacked:
+// delivered and still on the work queue, that is with a stream sequence at
+// most the node consumer's last delivered one; the age of the oldest) and
+// the messages held undecided by the routers (as their liveness records
+// announce them). By default it lists bound and moving groups and any with
+// messages; --state selects bound, moving, released, dead-lettered,
+// unbound (no record) or all; --node lists a node's groups and reads only
+// its queue. where shows the same for one GROUP, queue by queue and router
+// by router.
+//
+// events prints the events kept in stream GROUPING_EVENTS, one line each
+// or, with --json, each as stored (with its unique id, a UUID version 7);
+// it stops at the last one stored when it started unless --follow is
+// given. --kind filters on the server, --group in the command, --since
+// starts that long ago.
 //
 // nodes lists the live nodes as they last announced themselves (type,
 // whether a consumer pulls from the queue, routing position, held, routed,

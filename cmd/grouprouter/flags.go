@@ -75,6 +75,7 @@ type runFlags struct {
 	reaperPeriod msDuration
 	nodeGrace    msDuration
 	rebindAfter  msDuration
+	eventsMaxAge msDuration
 	name         string
 	groupHeader  string
 	localFirst   bool
@@ -94,6 +95,7 @@ func newRunFlags() *runFlags {
 		reaperPeriod: msDuration(defaultReaperPeriod),
 		nodeGrace:    msDuration(defaultNodeGrace),
 		rebindAfter:  msDuration(defaultRebindAfter),
+		eventsMaxAge: msDuration(router.DefaultEventsMaxAge),
 	}
 	fs := f.fs
 	fs.StringVar(&f.config, "config", "", "read the `FILE` holding a <grouping-handler> element (flags override it)")
@@ -109,6 +111,8 @@ func newRunFlags() *runFlags {
 		"how long a node may be gone before the LOCAL handler moves its groups to live nodes: a `DURATION` (or milliseconds); keep it well under 2m")
 	fs.Var(&f.rebindAfter, "rebind-after",
 		"how long a node's queue may have no consumer while another node's has one before its groups move, waiting messages included: a `DURATION` (or milliseconds); negative = never")
+	fs.Var(&f.eventsMaxAge, "events-max-age",
+		"how long the stream "+router.EventsStream+" keeps events, when this node creates it: a `DURATION` (or milliseconds)")
 	fs.StringVar(&f.name, "name", defaultName, "grouping-handler `NAME`; a LOCAL handler and its backup share it")
 	fs.StringVar(&f.groupHeader, "group-header", router.DefaultGroupHeader, "`HEADER` holding the group id")
 	fs.BoolVar(&f.localFirst, "local-first", false, "propose this node for new groups when its queue has a consumer")
@@ -219,6 +223,10 @@ func parseRunArgs(args []string, env environment) (runOptions, error) {
 		ReaperPeriod: lc.reaperPeriod,
 		NodeGrace:    lc.nodeGrace,
 		RebindAfter:  lc.rebindAfter,
+		EventsMaxAge: time.Duration(f.eventsMaxAge),
+	}
+	if opts.cfg.EventsMaxAge <= 0 {
+		return runOptions{}, fmt.Errorf("%w: events-max-age must be > 0, got %v", router.ErrConfig, opts.cfg.EventsMaxAge)
 	}
 	if err := opts.cfg.Validate(); err != nil {
 		return runOptions{}, err

@@ -46,6 +46,7 @@ func TestParseRunArgsDefaults(t *testing.T) {
 		Name: "grouping-handler", Type: router.Local, Address: "jms", Timeout: 5 * time.Second,
 		Node: "broker-1-example-com", GroupHeader: "Group-Id", QueueMode: router.QueuePinned,
 		GroupTimeout: 0, ReaperPeriod: 30 * time.Second, NodeGrace: 15 * time.Second, RebindAfter: 30 * time.Second,
+		EventsMaxAge: router.DefaultEventsMaxAge,
 	}
 	if opts.cfg != want {
 		t.Errorf("config\n got %+v\nwant %+v", opts.cfg, want)
@@ -111,6 +112,12 @@ func TestParseRunArgsMerge(t *testing.T) {
 			want: router.Config{Name: "grouping-handler", Type: router.Local, Address: "jms", Timeout: 5 * time.Second, Node: "n5", GroupHeader: "Group-Id",
 				LocalFirst: true, MaxAttempts: 3, Replicas: 3, QueueMode: router.QueuePinned},
 		},
+		{
+			name: "events max age",
+			args: []string{"--node", "n7", "--events-max-age", "90m"},
+			want: router.Config{Name: "grouping-handler", Type: router.Local, Address: "jms", Timeout: 5 * time.Second, Node: "n7", GroupHeader: "Group-Id",
+				QueueMode: router.QueuePinned, EventsMaxAge: 90 * time.Minute},
+		},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -144,6 +151,9 @@ func withLifecycleDefaults(c router.Config) router.Config {
 	}
 	if c.RebindAfter == 0 {
 		c.RebindAfter = 30 * time.Second
+	}
+	if c.EventsMaxAge == 0 {
+		c.EventsMaxAge = router.DefaultEventsMaxAge
 	}
 	return c
 }
@@ -216,6 +226,8 @@ func TestParseRunArgsLifecycle(t *testing.T) {
 		{"zero node grace", []string{"--node-grace", "0"}, false, "node-grace must be > 0, got 0s"},
 		{"negative node grace", []string{"--node-grace", "-1s"}, false, "node-grace must be > 0, got -1s"},
 		{"zero rebind after", []string{"--rebind-after", "0s"}, false, "rebind-after must be > 0, or negative for never"},
+		{"zero events max age", []string{"--events-max-age", "0"}, false, "events-max-age must be > 0, got 0s"},
+		{"negative events max age", []string{"--events-max-age", "-1h"}, false, "events-max-age must be > 0, got -1h0m0s"},
 		{"malformed group timeout", []string{"--group-timeout", "soon"}, true, `invalid value "soon" for flag -group-timeout`},
 		{"malformed node grace", []string{"--node-grace", "15 s"}, true, `invalid value "15 s" for flag -node-grace`},
 	}
@@ -364,8 +376,8 @@ func TestRunRejectsBadConfigBeforeConnecting(t *testing.T) {
 			"grouprouter: invalid configuration: reaper-period must be > 0 when group-timeout is set (group-timeout 1m0s, reaper-period never)"},
 		{"zero node grace", []string{"run", "--node-grace", "0", "--nats", "nats://127.0.0.1:1"},
 			"grouprouter: invalid configuration: node-grace must be > 0, got 0s"},
-		{"bindings: unknown flag", []string{"bindings", "--all"},
-			"grouprouter bindings: flag provided but not defined: -all (see 'grouprouter bindings -h')"},
+		{"bindings: unknown flag", []string{"bindings", "--every"},
+			"grouprouter bindings: flag provided but not defined: -every (see 'grouprouter bindings -h')"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -54,6 +54,12 @@ func runContext(ctx context.Context, args []string, stdout, stderr io.Writer) in
 		err = consume(ctx, rest, stdout, stderr)
 	case "nodes":
 		err = listNodes(ctx, rest, stdout)
+	case "events":
+		err = listEvents(ctx, rest, stdout)
+	case "groups":
+		err = listGroups(ctx, rest, stdout)
+	case "where":
+		err = whereGroup(ctx, rest, stdout)
 	case opMove, opUnbind:
 		err = moveGroup(ctx, cmd, rest, stdout)
 	case "bench":
@@ -100,7 +106,10 @@ Routes every message of a group to one node's queue, in order, on NATS JetStream
 Commands:
   run        run a router node (starts an embedded NATS server without --nats)
   bindings   list the group bindings (group -> node)
+  groups     list the groups: node, state, since when and why, messages waiting and held
+  where      show where one group is, why, and what of it waits where
   nodes      list the live nodes and the active LOCAL handler
+  events     print the events kept in stream GROUPING_EVENTS (--follow for new ones)
   consume    consume a node's queue as an application does, printing each message
   move       move a group to another node, with its waiting messages, in order
   unbind     end a group's binding; its next message gets a new one

@@ -1,0 +1,258 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"slices"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"grouprouter/internal/jsonx"
+	"grouprouter/kvbinding"
+	"grouprouter/router"
+)
+
+// whereOptions is what the where subcommand was asked for.
+type whereOptions struct {
+	natsURL     string
+	asJSON      bool
+	groupHeader string
+	group       string // verbatim
+}
+
+func newWhereFlags(o *whereOptions) *flag.FlagSet {
+	fs := flag.NewFlagSet("where", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	fs.Usage = func() {}
+	fs.StringVar(&o.natsURL, "nats", defaultNATSURL, "NATS server `URL`s (comma-separated)")
+	fs.BoolVar(&o.asJSON, "json", false, "print a JSON object instead of text")
+	fs.StringVar(&o.groupHeader, "group-header", router.DefaultGroupHeader, "`HEADER` holding the group id on queue messages")
+	return fs
+}
+
+// printWhereUsage writes the where subcommand's help.
+func printWhereUsage(w io.Writer) {
+	fs := newWhereFlags(&whereOptions{})
+	fmt.Fprint(w, `Usage: grouprouter where [flags] GROUP
+
+Shows where group GROUP is: its record (node, state, since when, decided
+and proposed by, previous node, a hand-over in progress, the reason), its
+messages on each queue that may hold them (the node's, the previous
+node's and those being drained; every queue when the group has no
+record): waiting (not delivered yet), unacked (delivered, not
+acknowledged: still on the queue with a stream sequence at most the
+node's consumer's last delivered one) and the age of the oldest, and the
+messages each router holds undecided (every router holds the same ones;
+"held" is the most any holds).
+
+GROUP is taken verbatim (quote it for the shell). A group that is nowhere
+is shown as unbound, with nothing waiting.
+
+Flags:
+`)
+	fs.SetOutput(w)
+	fs.PrintDefaults()
+}
+
+func parseWhereArgs(args []string) (whereOptions, error) {
+	var o whereOptions
+	fs := newWhereFlags(&o)
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return o, err
+		}
+		return o, &usageError{cmd: "where", msg: err.Error()}
+	}
+	if fs.NArg() != 1 {
+		return o, &usageError{cmd: "where", msg: fmt.Sprintf("want GROUP, got %d arguments", fs.NArg())}
+	}
+	o.group = fs.Arg(0)
+	if err := kvbinding.ValidateGroupID(o.group); err != nil {
+		msg := strings.TrimPrefix(err.Error(), kvbinding.ErrInvalidGroupID.Error()+": ")
+		return o, &usageError{cmd: "where", msg: fmt.Sprintf("invalid GROUP %q: %s", clip(o.group), msg)}
+	}
+	if !validHeaderName(o.groupHeader) {
+		return o, fmt.Errorf("%w: group header %q is not a valid header name", router.ErrConfig, o.groupHeader)
+	}
+	return o, nil
+}
+
+// nodeQueue is a group's messages on one node's queue.
+type nodeQueue struct {
+	node string
+	queueCount
+}
+
+// whereResult is everything where shows.
+type whereResult struct {
+	row    groupRow
+	queues []nodeQueue // by node
+	heldOn []heldOn    // by node
+}
+
+// whereGroup is the where subcommand.
+func whereGroup(ctx context.Context, args []string, stdout io.Writer) error {
+	o, err := parseWhereArgs(args)
+	if err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			printWhereUsage(stdout)
+		}
+		return err
+	}
+	url := strings.TrimSpace(o.natsURL)
+	nc, js, err := connectClient(url, "where")
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	// A timeout for the lookups; the queue scan takes as long as the
+	// backlog needs (interrupt it with ^C).
+	setupCtx, cancel := context.WithTimeout(ctx, nodesTimeout)
+	defer cancel()
+	if err := requireBucket(setupCtx, js, url, kvbinding.DefaultBucket, "bindings"); err != nil {
+		return err
+	}
+	store, err := kvbinding.OpenStore(setupCtx, js, kvbinding.StoreConfig{})
+	if err != nil {
+		return err
+	}
+	defer store.Close()
+	var res whereResult
+	b, err := store.Get(setupCtx, o.group)
+	switch {
+	case err == nil:
+		res.row.b = b
+	case errors.Is(err, kvbinding.ErrNotFound):
+		res.row.b = kvbinding.Binding{Group: o.group}
+	default:
+		return err
+	}
+	held, _, err := heldGroups(setupCtx, js)
+	if err != nil {
+		return err
+	}
+	res.heldOn = held[o.group]
+	res.row.held = maxHeld(res.heldOn)
+
+	// The queues that may hold the group's messages: its node's, the
+	// previous node's, those being drained; all when it has no record.
+	var nodes []string
+	for _, n := range append([]string{b.Node, b.PrevNode}, b.Drain...) {
+		if n != "" && !slices.Contains(nodes, n) {
+			nodes = append(nodes, n)
+		}
+	}
+	perNode := map[string]*queueCount{}
+	for _, n := range nodes {
+		perNode[n] = &queueCount{}
+	}
+	err = scanQueues(ctx, js, o.groupHeader, nodes, func(m queueMsg) {
+		if m.group != o.group {
+			return
+		}
+		q := perNode[m.node]
+		if q == nil {
+			q = &queueCount{}
+			perNode[m.node] = q
+		}
+		q.add(m)
+	})
+	if err != nil {
+		return err
+	}
+	for n, q := range perNode {
+		res.queues = append(res.queues, nodeQueue{node: n, queueCount: *q})
+		res.row.q.merge(*q)
+	}
+	slices.SortFunc(res.queues, func(a, b nodeQueue) int { return strings.Compare(a.node, b.node) })
+
+	if o.asJSON {
+		return writeWhereJSON(stdout, &res)
+	}
+	return writeWhereText(stdout, &res, time.Now())
+}
+
+func writeWhereJSON(w io.Writer, res *whereResult) error {
+	buf := res.row.appendJSON(nil)
+	buf = append(buf, `,"queues":[`...)
+	for i, q := range res.queues {
+		if i > 0 {
+			buf = append(buf, ',')
+		}
+		buf = append(buf, `{"node":`...)
+		buf = jsonx.AppendString(buf, q.node)
+		buf = append(buf, `,"waiting":`...)
+		buf = strconv.AppendInt(buf, int64(q.waiting), 10)
+		buf = append(buf, `,"unacked":`...)
+		buf = strconv.AppendInt(buf, int64(q.unacked), 10)
+		if !q.oldest.IsZero() {
+			buf = append(buf, `,"oldest":`...)
+			buf = appendJSONTime(buf, q.oldest)
+		}
+		buf = append(buf, '}')
+	}
+	buf = append(buf, `],"held_on":[`...)
+	for i, h := range res.heldOn {
+		if i > 0 {
+			buf = append(buf, ',')
+		}
+		buf = append(buf, `{"node":`...)
+		buf = jsonx.AppendString(buf, h.node)
+		buf = append(buf, `,"count":`...)
+		buf = strconv.AppendInt(buf, int64(h.Count), 10)
+		buf = append(buf, `,"oldest_seq":`...)
+		buf = strconv.AppendUint(buf, h.OldestSeq, 10)
+		buf = append(buf, `,"since":`...)
+		buf = appendJSONTime(buf, h.Since)
+		buf = append(buf, '}')
+	}
+	buf = append(buf, "]}"...)
+	var out bytes.Buffer
+	if err := json.Indent(&out, buf, "", "  "); err != nil {
+		return fmt.Errorf("where --json: %w", err) // a bug: the encoding above is wrong
+	}
+	out.WriteByte('\n')
+	_, err := out.WriteTo(w)
+	return err
+}
+
+func writeWhereText(w io.Writer, res *whereResult, now time.Time) error {
+	r, b := &res.row, &res.row.b
+	tw := tabwriter.NewWriter(w, 0, 4, 1, ' ', 0)
+	line := func(k, v string) { fmt.Fprintf(tw, "%s:\t%s\n", k, v) }
+	line("group", displayGroup(b.Group))
+	line("state", r.state())
+	if b.State != "" {
+		line("node", r.nodeColumn())
+		line("since", fmt.Sprintf("%s (%s ago)", formatTime(b.DecidedAt), age(now, b.DecidedAt)))
+		fromSeq := "from seq " + strconv.FormatUint(b.FromSeq, 10)
+		if b.ThroughSeq > 0 {
+			fromSeq = "through seq " + strconv.FormatUint(b.ThroughSeq, 10)
+		}
+		line("decided by", orDash(b.DecidedBy)+", "+fromSeq)
+		line("why", r.why())
+		line("revision", strconv.FormatUint(b.Revision, 10))
+	}
+	line("waiting", strconv.Itoa(r.q.waiting))
+	line("unacked", strconv.Itoa(r.q.unacked))
+	oldest := "-"
+	if !r.q.oldest.IsZero() {
+		oldest = fmt.Sprintf("%s ago (%s)", age(now, r.q.oldest), formatTime(r.q.oldest))
+	}
+	line("oldest", oldest)
+	for _, q := range res.queues {
+		line("queue "+q.node, fmt.Sprintf("%d waiting, %d unacked, oldest %s", q.waiting, q.unacked, age(now, q.oldest)))
+	}
+	line("held", strconv.Itoa(r.held))
+	for _, h := range res.heldOn {
+		line("held on "+h.node, fmt.Sprintf("%d from seq %d, since %s (%s ago)", h.Count, h.OldestSeq, formatTime(h.Since), age(now, h.Since)))
+	}
+	return tw.Flush()
+}
