@@ -95,6 +95,7 @@ type Registry struct {
 	mu       sync.RWMutex
 	live     map[string]NodeInfo
 	seen     map[string]time.Time // local time of each node's last announcement
+	lastSeen map[string]time.Time // the same, kept after the node is gone
 	ready    chan struct{}
 	once     sync.Once
 	onChange func()
@@ -129,7 +130,7 @@ func OpenRegistry(ctx context.Context, js jetstream.JetStream, cfg RegistryConfi
 	if err != nil {
 		return nil, err
 	}
-	return &Registry{js: js, kv: kv, bucket: cfg.Bucket, live: map[string]NodeInfo{}, seen: map[string]time.Time{},
+	return &Registry{js: js, kv: kv, bucket: cfg.Bucket, live: map[string]NodeInfo{}, seen: map[string]time.Time{}, lastSeen: map[string]time.Time{},
 		ready: make(chan struct{}), onChange: onChange}, nil
 }
 
@@ -187,6 +188,15 @@ func (r *Registry) Seen(node string) time.Time {
 	return r.seen[node]
 }
 
+// LastSeen returns when this process last received node's announcement,
+// also after the node is gone (its record expired or was withdrawn); the
+// zero time if never.
+func (r *Registry) LastSeen(node string) time.Time {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	return r.lastSeen[node]
+}
+
 // Ready is closed once the registry has loaded the nodes announced when
 // its watch started.
 func (r *Registry) Ready() <-chan struct{} { return r.ready }
@@ -207,6 +217,7 @@ func (r *Registry) apply(key string, op entryOp, value []byte, _ uint64) {
 			changed = !had || old.HasConsumer != info.HasConsumer
 			r.live[node] = info
 			r.seen[node] = time.Now()
+			r.lastSeen[node] = r.seen[node]
 		}
 	} else if _, had := r.live[node]; had {
 		delete(r.live, node)

@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/micro"
-	"golang.org/x/sync/errgroup"
 
 	"grouprouter/kvbinding"
 )
@@ -46,12 +45,12 @@ type planned struct {
 }
 
 // DecideAll decides every proposal of req, writing the records before it
-// returns. New groups (nearly all binds) are written in one pipelined round
-// of KV creates; the rest concurrently, one compare-and-set each.
+// returns, in one pipelined round of compare-and-set writes.
 func (h *Handler) DecideAll(ctx context.Context, req Request) []Decision {
 	out := make([]Decision, len(req.Proposals))
 	env := Env{Now: time.Now(), Handler: h.id, Live: h.liveState()}
-	var creates, others []planned
+	plans := make([]planned, 0, len(req.Proposals))
+	ps := make([]Proposal, 0, len(req.Proposals))
 	for i, p := range req.Proposals {
 		out[i] = Decision{Group: p.Group, Outcome: Failed}
 		if err := p.Validate(); err != nil {
@@ -74,66 +73,63 @@ func (h *Handler) DecideAll(ctx context.Context, req Request) []Decision {
 				env.Live[res.Write.Node] = n
 			}
 		}
-		pl := planned{i: i, cur: cur, res: res}
-		if res.Write != nil && res.Create && !res.Ended && len(res.Pause) == 0 {
-			creates = append(creates, pl)
-		} else {
-			others = append(others, pl)
-		}
+		plans = append(plans, planned{i: i, cur: cur, res: res})
+		ps = append(ps, p)
 	}
-	if len(creates) > 0 {
-		bs := make([]kvbinding.Binding, len(creates))
-		for k, pl := range creates {
-			bs[k] = *pl.res.Write
-		}
-		for k, res := range h.store.CreateMany(ctx, bs) {
-			pl := creates[k]
-			out[pl.i] = h.settle(pl, req.Proposals[pl.i], res.Binding, res.Err)
-		}
-	}
-	if len(others) > 0 {
-		g, gctx := errgroup.WithContext(ctx)
-		g.SetLimit(64)
-		for _, pl := range others {
-			g.Go(func() error {
-				out[pl.i] = h.carryOut(gctx, pl, req.Proposals[pl.i])
-				return nil
-			})
-		}
-		_ = g.Wait()
+	for k, d := range h.writeAll(ctx, plans, ps) {
+		out[plans[k].i] = d
 	}
 	h.decisions.Add(uint64(len(req.Proposals)))
 	return out
 }
 
-// carryOut writes one planned decision.
-func (h *Handler) carryOut(ctx context.Context, pl planned, p Proposal) Decision {
-	res := pl.res
-	if res.Write == nil {
-		return h.unwritten(pl, p)
+// writeAll carries out planned decisions: the queues to pause first, then
+// every record write in one pipelined round. ps[k] is plans[k]'s proposal.
+func (h *Handler) writeAll(ctx context.Context, plans []planned, ps []Proposal) []Decision {
+	out := make([]Decision, len(plans))
+	paused := map[string]error{}
+	var (
+		writes []kvbinding.Write
+		at     []int
+	)
+	for k, pl := range plans {
+		res := pl.res
+		if res.Write == nil {
+			out[k] = h.unwritten(pl, ps[k])
+			continue
+		}
+		var pauseErr error
+		for _, node := range res.Pause {
+			err, done := paused[node]
+			if !done {
+				err = h.pause(ctx, node)
+				paused[node] = err
+			}
+			if err != nil {
+				pauseErr = fmt.Errorf("cannot pause the queue of %s: %w", node, err)
+			}
+		}
+		if pauseErr != nil {
+			out[k] = Decision{Group: ps[k].Group, Outcome: Failed, Error: pauseErr.Error()}
+			continue
+		}
+		w := kvbinding.Write{Binding: *res.Write}
+		if pl.cur != nil {
+			w.Rev = pl.cur.Revision
+		}
+		if res.Ended {
+			w.TTL = h.cfg.RecordTTL
+		}
+		writes = append(writes, w)
+		at = append(at, k)
 	}
-	for _, node := range res.Pause {
-		if err := h.pause(ctx, node); err != nil {
-			return Decision{Group: p.Group, Outcome: Failed, Error: "cannot pause the queue of " + node + ": " + err.Error()}
+	if len(writes) > 0 {
+		for j, r := range h.store.WriteMany(ctx, writes) {
+			k := at[j]
+			out[k] = h.settle(plans[k], ps[k], r.Binding, r.Err)
 		}
 	}
-	var rev uint64
-	if pl.cur != nil {
-		rev = pl.cur.Revision
-	}
-	var (
-		b   kvbinding.Binding
-		err error
-	)
-	switch {
-	case res.Ended:
-		b, err = h.store.ReplaceTTL(ctx, *res.Write, rev, h.cfg.RecordTTL)
-	case res.Create:
-		b, err = h.store.Create(ctx, *res.Write)
-	default:
-		b, err = h.store.Replace(ctx, *res.Write, rev)
-	}
-	return h.settle(pl, p, b, err)
+	return out
 }
 
 // unwritten answers a decision that writes nothing.
@@ -212,7 +208,7 @@ func (h *Handler) apply(ctx context.Context, group string, in Input, live map[st
 	if res.Write == nil {
 		return res, kvbinding.Binding{}, nil
 	}
-	d := h.carryOut(ctx, planned{cur: cur, res: res}, Proposal{Op: in.Op, Group: group})
+	d := h.writeAll(ctx, []planned{{cur: cur, res: res}}, []Proposal{{Op: in.Op, Group: group}})[0]
 	if d.Outcome != Accepted {
 		return res, kvbinding.Binding{}, fmt.Errorf("%w: %s", ErrHandlerFailed, d.Error)
 	}

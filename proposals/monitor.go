@@ -3,11 +3,8 @@ package proposals
 import (
 	"context"
 	"errors"
-	"maps"
 	"sync"
 	"time"
-
-	"golang.org/x/sync/errgroup"
 
 	"grouprouter/kvbinding"
 )
@@ -77,8 +74,14 @@ func (h *Handler) watchNodes(ctx context.Context, t *term) {
 			delete(m.noConsumer, node)
 			since, ok := m.goneSince[node]
 			if !ok {
-				m.goneSince[node] = now
-				continue
+				// Gone since its last announcement, if this process saw
+				// one: the grace counts from there, not from when its
+				// liveness record expired.
+				since = now
+				if seen := h.reg.LastSeen(node); !seen.IsZero() && seen.Before(now) {
+					since = seen
+				}
+				m.goneSince[node] = since
 			}
 			if now.Sub(since) >= h.cfg.NodeGrace && !m.evacuating[node] {
 				dead = append(dead, node)
@@ -188,39 +191,49 @@ func (h *Handler) evacuate(ctx context.Context, node string, groups []string, re
 	live := h.liveState()
 	delete(live, node)
 	h.log.Warn("moving groups off node", "node", node, "groups", len(groups), "reason", reason, "fence", fence)
-	var mu sync.Mutex
-	moved, failed := 0, 0
-	g, gctx := errgroup.WithContext(ctx)
-	g.SetLimit(64)
+	inputs := make([]Input, 0, len(groups))
 	for _, group := range groups {
-		cur, ok := h.cache.Lookup(group)
-		if !ok {
-			continue
-		}
 		current := ""
-		if cur.State == kvbinding.StateMoving {
+		if cur, ok := h.cache.Lookup(group); ok && cur.State == kvbinding.StateMoving {
 			current = cur.Node
 		}
-		mu.Lock()
-		target := PickTarget(live, group, current)
-		snapshot := maps.Clone(live)
-		mu.Unlock()
-		in := Input{Op: OpEvacuate, By: h.id, From: node, Node: target, Seq: fence, Reason: reason}
-		g.Go(func() error {
-			res, _, err := h.apply(gctx, group, in, snapshot)
-			mu.Lock()
-			defer mu.Unlock()
-			if err != nil || res.Outcome == Failed {
-				failed++
-				h.log.Debug("group not moved", "group", group, "from", node, "reason", res.Reason, "err", err)
-			} else if res.Write != nil {
-				moved++
-			}
-			return nil
-		})
+		inputs = append(inputs, Input{Op: OpEvacuate, By: h.id, From: node, Node: PickTarget(live, group, current), Seq: fence, Reason: reason})
 	}
-	_ = g.Wait()
+	moved, failed := h.applyMany(ctx, groups, inputs, live)
 	h.log.Info("groups moved off node", "node", node, "moved", moved, "failed", failed)
+}
+
+// applyMany decides and writes the handler's own inputs for many groups
+// at once (one pipelined round of writes), and counts the records written
+// and the groups that could not be moved.
+func (h *Handler) applyMany(ctx context.Context, groups []string, inputs []Input, live map[string]NodeState) (written, failed int) {
+	env := Env{Now: time.Now(), Handler: h.id, Live: live}
+	plans := make([]planned, 0, len(groups))
+	ps := make([]Proposal, 0, len(groups))
+	for i, group := range groups {
+		var cur *kvbinding.Route
+		if r, ok := h.cache.Lookup(group); ok {
+			cur = &r
+		}
+		res := Transition(group, cur, inputs[i], env)
+		if res.Outcome == Failed {
+			failed++
+			h.log.Debug("group not moved", "group", group, "op", inputs[i].Op, "reason", res.Reason)
+			continue
+		}
+		plans = append(plans, planned{i: i, cur: cur, res: res})
+		ps = append(ps, Proposal{Op: inputs[i].Op, Group: group})
+	}
+	for k, d := range h.writeAll(ctx, plans, ps) {
+		switch {
+		case d.Outcome == Accepted:
+			written++
+		case d.Outcome == Failed:
+			failed++
+			h.log.Debug("group not moved", "group", ps[k].Group, "err", d.Error)
+		}
+	}
+	return written, failed
 }
 
 // rebind asks a live node whose queue has no consumer to hand its groups
@@ -232,16 +245,12 @@ func (h *Handler) rebind(ctx context.Context, node string) {
 		h.mon.mu.Unlock()
 		h.mon.done(node, clear)
 	}()
-	groups := h.cache.GroupsOf(node)
 	live := h.liveState()
 	delete(live, node)
 	reason := "node " + node + " has had no queue consumer for " + h.cfg.RebindAfter.String()
-	h.log.Warn("moving groups off node", "node", node, "groups", len(groups), "reason", reason)
-	var mu sync.Mutex
-	moved, failed := 0, 0
-	g, gctx := errgroup.WithContext(ctx)
-	g.SetLimit(64)
-	for _, group := range groups {
+	var groups []string
+	var inputs []Input
+	for _, group := range h.cache.GroupsOf(node) {
 		if group == "" {
 			continue // the ungrouped router needs no consumer of its own
 		}
@@ -249,26 +258,15 @@ func (h *Handler) rebind(ctx context.Context, node string) {
 		if !ok || !cur.Settled() || cur.Node != node {
 			continue
 		}
-		mu.Lock()
 		target := PickTarget(live, group, "")
-		snapshot := maps.Clone(live)
-		mu.Unlock()
 		if target == "" {
 			continue
 		}
-		g.Go(func() error {
-			res, _, err := h.apply(gctx, group, Input{Op: OpMove, By: h.id, Node: target, Reason: reason}, snapshot)
-			mu.Lock()
-			defer mu.Unlock()
-			if err != nil || res.Write == nil {
-				failed++
-			} else {
-				moved++
-			}
-			return nil
-		})
+		groups = append(groups, group)
+		inputs = append(inputs, Input{Op: OpMove, By: h.id, Node: target, Reason: reason})
 	}
-	_ = g.Wait()
+	h.log.Warn("moving groups off node", "node", node, "groups", len(groups), "reason", reason)
+	moved, failed := h.applyMany(ctx, groups, inputs, live)
 	h.log.Info("groups asked to move off node", "node", node, "moved", moved, "failed", failed)
 }
 

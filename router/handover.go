@@ -84,12 +84,28 @@ func (r *Router) handOverLoop(ctx context.Context) {
 			return
 		case <-r.duties.wake:
 		}
-		// Let a burst of records (a whole node's groups) arrive first.
-		select {
-		case <-ctx.Done():
-			return
-		case <-time.After(20 * time.Millisecond):
+		// Let a burst of records (a whole node's groups) arrive first: wait
+		// until none came for 20 ms (at most 250 ms), so that one batch
+		// reads the old queues and the ingress once for all of them.
+		settle := time.NewTimer(20 * time.Millisecond)
+		limit := time.NewTimer(250 * time.Millisecond)
+	gather:
+		for {
+			select {
+			case <-ctx.Done():
+				settle.Stop()
+				limit.Stop()
+				return
+			case <-r.duties.wake:
+				settle.Reset(20 * time.Millisecond)
+			case <-settle.C:
+				break gather
+			case <-limit.C:
+				break gather
+			}
 		}
+		settle.Stop()
+		limit.Stop()
 		jobs := r.duties.takeAll()
 		drains, catchUps := map[string]dutyJob{}, map[string]dutyJob{}
 		for g, j := range jobs {
@@ -312,7 +328,7 @@ func (r *Router) drainQueues(ctx context.Context, routes map[string]kvbinding.Ro
 	// ingress order, each original deleted once its copy is stored.
 	var mu sync.Mutex
 	work, wctx := errgroup.WithContext(ctx)
-	work.SetLimit(32)
+	work.SetLimit(128)
 	for g, found := range byGroup {
 		sort.Slice(found, func(i, j int) bool { return found[i].ingressSeq < found[j].ingressSeq })
 		rev := routes[g].Revision
@@ -488,7 +504,7 @@ func (r *Router) catchUp(ctx context.Context, routes map[string]kvbinding.Route)
 	}
 	var mu sync.Mutex
 	work, wctx := errgroup.WithContext(ctx)
-	work.SetLimit(32)
+	work.SetLimit(128)
 	for g, msgs := range byGroup {
 		work.Go(func() error {
 			for _, m := range msgs {
@@ -506,31 +522,37 @@ func (r *Router) catchUp(ctx context.Context, routes map[string]kvbinding.Route)
 }
 
 // readIngress calls fn for every ingress message with a sequence in
-// [lo, hi), in order. It retries the consumer's creation while the
-// cluster recovers.
+// [lo, hi), in order. It asks for exactly what is left (a fetch for more
+// than the stream holds waits for its whole expiry), and recreates its
+// consumer from where it got to when the cluster loses it.
 func (r *Router) readIngress(ctx context.Context, lo, hi uint64, fn func(seq uint64, msg jetstream.Msg)) error {
+	next := lo
 	var cons jetstream.Consumer
-	for attempt := 1; ; attempt++ {
-		var err error
-		cons, err = r.js.OrderedConsumer(ctx, IngressStream, jetstream.OrderedConsumerConfig{
-			DeliverPolicy: jetstream.DeliverByStartSequencePolicy, OptStartSeq: lo,
-		})
-		if err == nil {
-			break
+	for attempt := 1; next < hi; {
+		if cons == nil {
+			var err error
+			cons, err = r.js.OrderedConsumer(ctx, IngressStream, jetstream.OrderedConsumerConfig{
+				DeliverPolicy: jetstream.DeliverByStartSequencePolicy, OptStartSeq: next,
+			})
+			if err != nil {
+				if ctx.Err() != nil || attempt >= 20 {
+					return err
+				}
+				attempt++
+				r.log.Debug("catch-up: ingress consumer not created; retrying", "err", err, "from", next)
+				select {
+				case <-ctx.Done():
+					return ctx.Err()
+				case <-time.After(backoffBase * time.Duration(attempt)):
+				}
+				continue
+			}
 		}
-		if ctx.Err() != nil || attempt >= 20 {
-			return err
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(backoffBase * time.Duration(attempt)):
-		}
-	}
-	for {
-		batch, err := cons.Fetch(512, jetstream.FetchMaxWait(time.Second))
+		batch, err := cons.Fetch(int(min(hi-next, 512)), jetstream.FetchMaxWait(time.Second))
 		if err != nil {
-			return err
+			cons = nil // recreate from next
+			attempt++
+			continue
 		}
 		n := 0
 		for msg := range batch.Messages() {
@@ -546,15 +568,22 @@ func (r *Router) readIngress(ctx context.Context, lo, hi uint64, fn func(seq uin
 			if seq >= hi {
 				return nil
 			}
+			next = seq + 1
 			fn(seq, msg)
 		}
 		if err := batch.Error(); err != nil && !errors.Is(err, nats.ErrTimeout) {
-			return err
+			cons = nil
+			attempt++
+			if attempt > 20 {
+				return err
+			}
+			continue
 		}
 		if n == 0 {
 			return nil // the stream ends before hi (deleted messages)
 		}
 	}
+	return nil
 }
 
 // publishSync publishes one message and waits for its ack, retrying until
