@@ -1,0 +1,125 @@
+package router
+
+import (
+	"context"
+	"fmt"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"grouprouter/internal/natstest"
+	"grouprouter/proposals"
+)
+
+// TestRunLeavesNothingBehind: every goroutine and subscription a node
+// starts (reader, asker, timers, hand-over, liveness, the LOCAL handler and
+// its NATS service, the cache and registry watches, the publisher) ends
+// before Run returns, also after it routed, decided and moved groups.
+func TestRunLeavesNothingBehind(t *testing.T) {
+	s := natstest.RunServer(t)
+	nc := s.Connect()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	baseSubs := nc.NumSubscriptions()
+
+	cfg := Config{Name: "h", Type: Local, Address: "jms", Timeout: time.Second, Node: "n0",
+		Heartbeat: 100 * time.Millisecond, LeaseTTL: time.Second, CheckpointInterval: 100 * time.Millisecond,
+		GroupTimeout: 300 * time.Millisecond, ReaperPeriod: 100 * time.Millisecond}
+	r, err := New(nc, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	other, err := New(nc, Config{Name: "h", Type: Remote, Address: "jms", Timeout: time.Second, Node: "n1",
+		Heartbeat: 100 * time.Millisecond, CheckpointInterval: 100 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 2)
+	go func() { done <- r.Run(ctx) }()
+	go func() { done <- other.Run(ctx) }()
+	<-r.Ready()
+	<-other.Ready()
+	natstest.Eventually(t, 10*time.Second, func() error {
+		if !r.HandlerActive() {
+			return natstest.ErrNotYet
+		}
+		return nil
+	})
+	for i := 0; i < 20; i++ {
+		msg := nats.NewMsg("jms.orders")
+		msg.Header.Set("Group-Id", fmt.Sprintf("g%d", i%5))
+		msg.Data = []byte("x")
+		if _, err := js.PublishMsg(context.Background(), msg); err != nil {
+			t.Fatal(err)
+		}
+	}
+	natstest.Eventually(t, 10*time.Second, func() error {
+		if st := r.Stats(); st.Routed+other.Stats().Routed < 20 {
+			return fmt.Errorf("routed %d+%d of 20", st.Routed, other.Stats().Routed)
+		}
+		return nil
+	})
+	// A move exercises the hand-over shell; the group timeout the release.
+	b, ok := r.Cache().Lookup("g0")
+	if !ok {
+		t.Fatal("g0 not bound")
+	}
+	target := "n1"
+	if b.Node == "n1" {
+		target = "n0"
+	}
+	if _, err := proposals.Move(context.Background(), nc, "g0", target, 5*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	natstest.Eventually(t, 10*time.Second, func() error {
+		if b, _ := r.Cache().Lookup("g0"); !(b.Settled() && b.Node == target) && b.State != "released" {
+			return fmt.Errorf("g0 is %+v", b)
+		}
+		return nil
+	})
+
+	cancel()
+	for range 2 {
+		if err := <-done; err != nil {
+			t.Fatalf("Run: %v", err)
+		}
+	}
+	// The connection's own request multiplexer (created by the first
+	// request) is the connection's, not the node's.
+	if n := nc.NumSubscriptions(); n > baseSubs+1 {
+		t.Errorf("%d subscriptions left on the connection after Run returned (was %d)", n, baseSubs)
+	}
+	nc.Close()
+	// The server's goroutines stay (it runs until the test ends); none of
+	// this module's or of the client's may.
+	natstest.Eventually(t, 5*time.Second, func() error {
+		if left := ourGoroutines(); len(left) > 0 {
+			return fmt.Errorf("%d goroutines left, e.g.\n%s", len(left), left[0])
+		}
+		return nil
+	})
+}
+
+// ourGoroutines returns the stacks of the goroutines running code of this
+// module (outside tests) or of the NATS client.
+func ourGoroutines() []string {
+	buf := make([]byte, 1<<22)
+	buf = buf[:runtime.Stack(buf, true)]
+	var out []string
+	for _, g := range strings.Split(string(buf), "\n\n") {
+		if strings.Contains(g, "_test.go") || strings.Contains(g, "testing.tRunner") {
+			continue
+		}
+		if strings.Contains(g, "grouprouter/") || strings.Contains(g, "nats-io/nats.go") {
+			out = append(out, g)
+		}
+	}
+	return out
+}
