@@ -351,3 +351,40 @@ func TestNewGroupsNotBoundToCrashedHandlerNode(t *testing.T) {
 			onCrashed, crashed.id)
 	}
 }
+
+// TestBackupDecidesAfterCrashWithDefaultLease: with the default lease TTL
+// (2 s), the standby learns at once that the active handler's process is
+// gone (its ping subject has no responder) and takes over without waiting
+// for the lease to expire. The decision stall (a new group's first
+// message, published right after the crash, to its delivery) is logged.
+func TestBackupDecidesAfterCrashWithDefaultLease(t *testing.T) {
+	s := natstest.RunServer(t)
+	var nodes []*node
+	for _, id := range []string{"n0", "n1"} {
+		cfg := testConfig(id, router.Local)
+		cfg.LeaseTTL = 0 // the default
+		nodes = append(nodes, startNode(t, s.URL(), cfg))
+	}
+	var col collector
+	startConsumer(t, s.URL(), "n0", &col)
+	startConsumer(t, s.URL(), "n1", &col)
+	nc := s.Connect()
+	waitEligible(t, nc, []string{"n0", "n1"}, []string{"n0", "n1"})
+	js := jetStream(t, s.URL())
+	want := map[string][]string{}
+	sendBatch(t, js, "warm", "x", 1, want)
+	col.waitCount(t, 1, 20*time.Second)
+	var stalls []time.Duration
+	for round := range 3 {
+		active := waitActiveHandler(t, 20*time.Second, nodes...)
+		active.kill()
+		sent := time.Now()
+		g := fmt.Sprintf("after-crash-%d", round)
+		sendBatch(t, js, g, "x", 1, want)
+		col.waitGroup(t, g, 1, 30*time.Second)
+		stalls = append(stalls, time.Since(sent))
+		active.restart()
+	}
+	checkGrouping(t, col.waitCount(t, 4, 20*time.Second), want)
+	t.Logf("decision stalls after a crash of the active handler (default lease TTL 2s): %v", stalls)
+}

@@ -214,7 +214,7 @@ func (r *Registry) apply(key string, op entryOp, value []byte, _ uint64) {
 		var info NodeInfo
 		if err := json.Unmarshal(value, &info); err == nil && info.Node == node && ValidateNodeID(node) == nil {
 			old, had := r.live[node]
-			changed = !had || old.HasConsumer != info.HasConsumer
+			changed = !had || old.HasConsumer != info.HasConsumer || !old.Started.Equal(info.Started)
 			r.live[node] = info
 			r.seen[node] = time.Now()
 			r.lastSeen[node] = r.seen[node]

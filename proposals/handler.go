@@ -207,7 +207,6 @@ func (h *Handler) Run(ctx context.Context) error {
 		lease kvbinding.Lease
 		term  *term
 		svc   micro.Service
-		gone  int // consecutive probes without an active handler
 	)
 	standby := func() {
 		if svc != nil {
@@ -240,7 +239,7 @@ func (h *Handler) Run(ctx context.Context) error {
 			l, err := h.reg.AcquireLease(opCtx, h.cfg.Name, h.id, h.cfg.LeaseTTL)
 			if err == nil {
 				lease = l
-				h.suspectPrevious()
+				suspect := h.suspectPrevious()
 				t, s, err := h.begin(ctx)
 				if err != nil {
 					cancel()
@@ -252,7 +251,9 @@ func (h *Handler) Run(ctx context.Context) error {
 				term, svc = t, s
 				h.active.Store(true)
 				h.log.Info("handler active", "lease_rev", lease.Revision)
-				h.publish(Event{Kind: EventHandlerTakeover, By: h.id, Reason: "lease acquired"})
+				// Nodes retry their failed asks at once, and stop counting
+				// on the previous holder's node (PrevNode) to propose.
+				h.publish(Event{Kind: EventHandlerTakeover, By: h.id, PrevNode: suspect, Reason: "lease acquired"})
 			} else if !errors.Is(err, kvbinding.ErrLeaseHeld) && ctx.Err() == nil {
 				h.log.Warn("lease acquire failed; retrying", "err", err)
 			}
@@ -286,13 +287,10 @@ func (h *Handler) Run(ctx context.Context) error {
 			if term != nil {
 				continue
 			}
-			if h.activeGone(ctx) {
-				gone++
-			} else {
-				gone = 0
-			}
-			if gone >= 2 {
-				gone = 0
+			// Two probes 50 ms apart without a responder: the active
+			// handler's process is gone (one miss may be a handler that
+			// just took the lease and is subscribing).
+			if h.activeGone(ctx) && sleepCtx(ctx, 50*time.Millisecond) && h.activeGone(ctx) {
 				h.breakLease(ctx)
 			}
 		}
@@ -435,6 +433,18 @@ func (h *Handler) activeGone(ctx context.Context) bool {
 	return errors.Is(err, nats.ErrNoResponders)
 }
 
+// sleepCtx waits d, or less if ctx ends; it reports whether ctx is live.
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}
+
 // breakLease takes over the lease of an active handler that stopped
 // answering: it deletes the lease at the revision it has (so a handler
 // that renewed it meanwhile keeps it) and lets the next tick acquire it.
@@ -479,22 +489,23 @@ func (h *Handler) release() {
 
 // suspectPrevious marks the node of the previous lease holder as crashed
 // when this handler took over a lease that was not released.
-func (h *Handler) suspectPrevious() {
+func (h *Handler) suspectPrevious() string {
 	prev, _ := h.lastHolder.Load().(string)
 	if prev == "" || prev == h.id {
-		return
+		return ""
 	}
 	node := prev
 	if i := strings.LastIndexByte(prev, '/'); i >= 0 {
 		node = prev[i+1:]
 	}
 	if node == h.cfg.Node {
-		return
+		return ""
 	}
 	h.suspectMu.Lock()
 	h.suspect, h.suspectSince = node, time.Now()
 	h.suspectMu.Unlock()
 	h.log.Warn("took over the lease of a handler that did not release it; its node is ineligible until it announces again", "node", node)
+	return node
 }
 
 // liveState returns the live nodes the rules may choose from, with their

@@ -591,6 +591,22 @@ func (e *engine) askBatch(max int, now time.Time) []*ask {
 	return batch
 }
 
+// retryNow makes every ask waiting for its next attempt due now: a LOCAL
+// handler became active, so the asks that failed for want of one need not
+// wait out their backoff.
+func (e *engine) retryNow(now time.Time) {
+	if e.retryQ.Len() == 0 {
+		return
+	}
+	for _, a := range e.retryQ {
+		if a.attempt > 0 {
+			a.due = now
+		}
+	}
+	heap.Init(&e.retryQ)
+	e.emit(action{kind: actAsk})
+}
+
 // nextDue returns when the next ask or publish retry is due (zero: none).
 func (e *engine) nextDue() time.Time {
 	var next time.Time
@@ -842,14 +858,26 @@ func (e *engine) reap(mine []string, now time.Time) {
 	}
 }
 
-// setLive takes the set of live nodes and their consumer presence.
-func (e *engine) setLive(state map[string]proposals.NodeState) {
+// setLive takes the set of live nodes and their consumer presence. A group
+// whose proposer left the set and is now this node is proposed at once,
+// instead of after the fallback delay.
+func (e *engine) setLive(state map[string]proposals.NodeState, now time.Time) {
 	ids := make([]string, 0, len(state))
 	for id := range state {
 		ids = append(ids, id)
 	}
 	sort.Strings(ids)
 	e.live, e.liveState = ids, state
+	moved := false
+	for _, a := range e.retryQ {
+		if a.attempt == 0 && a.p.Op == "" && a.due.After(now) && e.isProposer(a.lane.group) {
+			a.due, moved = now, true
+		}
+	}
+	if moved {
+		heap.Init(&e.retryQ)
+		e.emit(action{kind: actAsk})
+	}
 }
 
 const (

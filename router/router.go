@@ -2,6 +2,7 @@ package router
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -66,6 +67,9 @@ type Router struct {
 	askWake   chan struct{}
 	timerWake chan struct{}
 	duties    *dutyQueue
+
+	suspectMu sync.Mutex
+	suspects  map[string]time.Time // nodes not counted on since then
 
 	hasConsumer atomic.Bool
 	routed      atomic.Uint64
@@ -242,6 +246,27 @@ func (r *Router) Run(ctx context.Context) error {
 			RecordTTL: r.cfg.RecordTTL, Queues: queues{r}, InboxPrefix: r.cfg.InboxPrefix,
 		})
 	}
+	// A LOCAL handler that becomes active announces it: asks that failed
+	// for want of one are retried at once instead of after their backoff.
+	// It names the previous holder's node when that did not release the
+	// lease (presumably crashed): this node stops counting on it to
+	// propose until it announces itself again.
+	var lastRetry atomic.Int64
+	takeover, err := r.nc.Subscribe(proposals.SubjectEventsPrefix+proposals.EventHandlerTakeover, func(m *nats.Msg) {
+		now := time.Now()
+		if prev := lastRetry.Load(); now.UnixNano()-prev < int64(100*time.Millisecond) || !lastRetry.CompareAndSwap(prev, now.UnixNano()) {
+			return // at most one early retry per 100 ms, whoever publishes the event
+		}
+		var ev proposals.Event
+		if json.Unmarshal(m.Data, &ev) == nil && ev.PrevNode != "" && ev.PrevNode != r.cfg.Node && kvbinding.ValidateNodeID(ev.PrevNode) == nil {
+			r.suspect(ev.PrevNode, now)
+		}
+		r.do(func(e *engine, now time.Time) { e.retryNow(now) })
+	})
+	if err != nil {
+		return fmt.Errorf("grouping: subscribe to handler events: %w", err)
+	}
+	defer func() { _ = takeover.Unsubscribe() }()
 	r.started = time.Now().UTC()
 	r.announce(setupCtx, queueCons)
 	r.log.Info("node ready", "type", r.cfg.Type, "address", r.cfg.Address, "bindings", r.cache.Len(),
@@ -428,14 +453,31 @@ func (r *Router) resumeDuties() {
 func (r *Router) onLiveChange() {
 	live := r.reg.Live()
 	state := make(map[string]proposals.NodeState, len(live))
+	r.suspectMu.Lock()
 	for id, info := range live {
+		if since, ok := r.suspects[id]; ok {
+			if !r.reg.Seen(id).After(since) {
+				continue // not heard of since it was suspected
+			}
+			delete(r.suspects, id)
+		}
 		state[id] = proposals.NodeState{HasConsumer: info.HasConsumer}
 	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.eng != nil {
-		r.eng.setLive(state)
+	r.suspectMu.Unlock()
+	r.do(func(e *engine, now time.Time) { e.setLive(state, now) })
+}
+
+// suspect stops counting on node (its process presumably crashed) until it
+// announces itself again.
+func (r *Router) suspect(node string, now time.Time) {
+	r.suspectMu.Lock()
+	if r.suspects == nil {
+		r.suspects = map[string]time.Time{}
 	}
+	r.suspects[node] = now
+	r.suspectMu.Unlock()
+	r.log.Info("a LOCAL handler took over from a crashed one; its node is not counted on until it announces again", "suspect", node)
+	r.onLiveChange()
 }
 
 // timers runs what the engine has due: publish retries, ask retries,
