@@ -44,7 +44,7 @@ const (
 	DefaultPinnedTTL       = 5 * time.Second
 )
 
-// Config configures a router node. The first four fields are the seeds'
+// Config configures a router node. The first four fields are the
 // <grouping-handler> block; the rest have defaults (see Defaults).
 type Config struct {
 	// Name of the grouping handler; the LOCAL handler and its backups share it.

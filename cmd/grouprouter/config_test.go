@@ -9,7 +9,7 @@ import (
 	"grouprouter/router"
 )
 
-// The two blocks exactly as the seeds print them.
+// The two blocks exactly as the HornetQ/Artemis documentation prints them.
 const (
 	seedLocal = `<grouping-handler name="my-grouping-handler">
    <type>LOCAL</type>

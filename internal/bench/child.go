@@ -257,7 +257,7 @@ func routerReport(r *router.Router) report {
 	return rep
 }
 
-// relay is the baseline of issue 4 (i), the limit of this design: it
+// relay is the baseline of the steady-state workload, the limit of this design: it
 // reads the ingress stream in order with an ordered consumer (as a router
 // node does) and republishes every message, asynchronously pipelined, onto
 // node's queue subject with Nats-Msg-Id from the ingress sequence — the

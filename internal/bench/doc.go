@@ -1,6 +1,5 @@
 // Package bench is "grouprouter bench": a reproducible benchmark of the
-// router against the limit of its design, on this machine, in one run
-// (issue 4).
+// router against the limit of its design, on this machine, in one run.
 //
 // # Layout
 //

@@ -97,7 +97,7 @@ func parseFlags(args []string, stdout, stderr io.Writer) (config, error) {
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "usage: grouprouter bench [flags]\n\n"+
 			"Starts its own NATS (in this process) and router nodes (child processes), runs the\n"+
-			"workloads of issue 4 and their baselines, and prints one row per measurement.\n\n")
+			"workloads and their same-run baselines, and prints one row per measurement.\n\n")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
