@@ -1,8 +1,9 @@
 // Package router is a grouprouter node: it reads the ingress stream in
 // order, routes every message of a group bound to this node onto the node's
 // queue subject (grouping.queue.<node>.<subject>) in ingress order, holds the
-// messages of unbound groups while a proposal is decided, and runs the LOCAL
-// handler when the node is of type LOCAL.
+// messages of unbound groups while the LOCAL handler decides, takes over
+// the groups moved to it, and runs the LOCAL handler when the node is of
+// type LOCAL.
 //
 // Every node reads the whole ingress stream with its own ordered consumer
 // from its checkpoint; at each ingress sequence, a group's binding names
@@ -11,4 +12,17 @@
 // sequential (the next waits for the previous PubAck, and a failed publish
 // is retried with the same Nats-Msg-Id), so no fault can reorder a group on
 // its queue; different groups are pipelined.
+//
+// Inside, the lane engine (engine.go) holds the routing logic with no I/O
+// and no clock: messages, publish outcomes, record changes and replies go
+// in, publishes and asks come out. Shells do the I/O: the reader
+// (ingest.go), the asker (ask.go), the hand-over steps of moves
+// (handover.go) and liveness and checkpoints (router.go). Every goroutine
+// runs under Run's errgroup and has ended when Run returns.
+//
+// Lock order: Router.mu (which guards the engine), then the binding
+// cache's lock (the engine looks records up). Nothing else is locked, and
+// no I/O is done, while Router.mu is held; record changes reach the engine
+// over a channel read by the router's own goroutine, never by a callback
+// under a lock.
 package router
