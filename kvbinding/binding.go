@@ -71,6 +71,10 @@ type Binding struct {
 	Reason string `json:"reason,omitempty"`
 	// Step is how far Node has taken the group over (StateBound only).
 	Step Step `json:"step,omitempty"`
+	// Routed is the last ingress sequence from FromSeq on that an earlier
+	// taker of the group is known to have routed (from its checkpoint):
+	// a catch-up starts after it (StateBound in a step only; 0: none).
+	Routed uint64 `json:"routed,omitempty"`
 	// Drain lists the nodes whose queues may still hold the group's
 	// waiting messages (StepDrain only); the new owner moves them to its
 	// own queue, in ingress order, before routing anything else of it.
@@ -91,6 +95,9 @@ func (b Binding) Validate() error {
 		if err := ValidateNodeID(b.PrevNode); err != nil {
 			return fmt.Errorf("%w: prev_node: %v", ErrInvalidBinding, err)
 		}
+	}
+	if (b.State != StateBound || b.Step == StepNone) && b.Routed != 0 {
+		return fmt.Errorf("%w: routed outside a hand-over step", ErrInvalidBinding)
 	}
 	if b.State != StateBound && (b.Step != StepNone || len(b.Drain) > 0) {
 		return fmt.Errorf("%w: %s record with a hand-over step", ErrInvalidBinding, b.State)

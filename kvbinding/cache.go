@@ -16,6 +16,7 @@ type Route struct {
 	PrevNode   string // node routing the messages before FromSeq / through ThroughSeq
 	Step       Step   // how far Node has taken the group over (StateBound)
 	Drain      []string
+	Routed     uint64 // what an earlier taker routed (in a step)
 	Revision   uint64
 	// Invalid is set on the entry of a key whose latest value is not a
 	// usable record (malformed, or its group is not the key's): the group
@@ -31,7 +32,7 @@ func (r Route) Settled() bool { return r.State == StateBound && r.Step == StepNo
 // RouteOf returns the cache's view of a stored record.
 func RouteOf(b Binding) Route {
 	return Route{State: b.State, Node: b.Node, FromSeq: b.FromSeq, ThroughSeq: b.ThroughSeq,
-		PrevNode: b.PrevNode, Step: b.Step, Drain: b.Drain, Revision: b.Revision}
+		PrevNode: b.PrevNode, Step: b.Step, Drain: b.Drain, Routed: b.Routed, Revision: b.Revision}
 }
 
 // entry is the compact cached form of a record: node names are interned.
@@ -82,6 +83,7 @@ type Cache struct {
 	mu     sync.RWMutex
 	m      map[string]entry
 	drains map[string][]string // Drain lists of records in StepDrain
+	routed map[string]uint64   // Routed of records in a step
 	// unsettled holds the groups whose record is moving or in a
 	// hand-over step: what the handler's monitor looks after.
 	unsettled map[string]struct{}
@@ -109,6 +111,7 @@ func NewCache(cfg CacheConfig) *Cache {
 	return &Cache{
 		m:         make(map[string]entry),
 		drains:    make(map[string][]string),
+		routed:    make(map[string]uint64),
 		unsettled: make(map[string]struct{}),
 		done:      make(chan struct{}),
 		names:     []string{""},
@@ -160,6 +163,9 @@ func (c *Cache) routeLocked(group string, e entry) Route {
 			r.Step, r.Drain = StepDrain, c.drains[group]
 		case stepCatchUp:
 			r.Step = StepCatchUp
+		}
+		if e.step != stepNone {
+			r.Routed = c.routed[group]
 		}
 	}
 	return r
@@ -262,6 +268,9 @@ func (c *Cache) applyLocked(b Binding, fromWatch bool) bool {
 			e.step = stepCatchUp
 			c.unsettled[b.Group] = struct{}{}
 		}
+		if b.Routed != 0 {
+			c.routed[b.Group] = b.Routed
+		}
 		if b.Group != "" {
 			c.counts[e.node]++
 		}
@@ -313,6 +322,7 @@ func (c *Cache) uncount(group string, e entry) {
 	}
 	if e.state == stateMoving || e.step != stepNone {
 		delete(c.unsettled, group)
+		delete(c.routed, group)
 	}
 }
 

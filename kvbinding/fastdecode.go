@@ -65,6 +65,8 @@ func scanBinding(d *jsonx.Scanner, all bool) (Binding, bool) {
 			b.ProposedBy, ok = d.Str()
 		case "reason":
 			b.Reason, ok = d.Str()
+		case "routed":
+			b.Routed, ok = d.Uint()
 		case "drain":
 			b.Drain, ok = d.Strings()
 		}

@@ -47,6 +47,10 @@ func (b Binding) AppendJSON(buf []byte) []byte {
 		buf = append(buf, `,"step":`...)
 		buf = jsonx.AppendString(buf, string(b.Step))
 	}
+	if b.Routed != 0 {
+		buf = append(buf, `,"routed":`...)
+		buf = strconv.AppendUint(buf, b.Routed, 10)
+	}
 	if len(b.Drain) > 0 {
 		buf = append(buf, `,"drain":[`...)
 		for i, n := range b.Drain {

@@ -82,6 +82,11 @@ type Lease struct {
 type Checkpoint struct {
 	Next    uint64      `json:"next"`
 	Pending [][2]uint64 `json:"pending,omitempty"` // inclusive ranges still to route
+	// Caught holds, for each group this node is taking over, the last
+	// ingress sequence its catch-up routed: saved before the node reports
+	// the catch-up done, so that a successor (the node is gone before the
+	// record says so) does not route those messages again.
+	Caught map[string]uint64 `json:"caught,omitempty"`
 }
 
 // Registry is the node registry: live node announcements (with a TTL, so a

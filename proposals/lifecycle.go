@@ -87,6 +87,10 @@ type Input struct {
 	Reason string
 	// Count is how many messages the step concerned, for its event.
 	Count int
+	// Routed is, for an evacuation of a node that was taking the group
+	// over, the last ingress sequence its checkpoint says it routed of the
+	// group (0: unknown).
+	Routed uint64
 }
 
 // Env is what Transition knows besides the record and the input.
@@ -343,7 +347,7 @@ func (m *machine) drained() Result {
 		return r
 	}
 	b := m.record(kvbinding.StateBound)
-	b.Node, b.FromSeq, b.PrevNode, b.Step = cur.Node, cur.FromSeq, cur.PrevNode, kvbinding.StepCatchUp
+	b.Node, b.FromSeq, b.PrevNode, b.Step, b.Routed = cur.Node, cur.FromSeq, cur.PrevNode, kvbinding.StepCatchUp, cur.Routed
 	return m.write(b, nil)
 }
 
@@ -449,6 +453,12 @@ func (m *machine) evacuate() Result {
 		}
 		b := m.record(kvbinding.StateBound)
 		b.Node, b.FromSeq, b.PrevNode, b.Reason = in.Node, cur.FromSeq, cur.PrevNode, in.Reason
+		// What the gone node's checkpoint says it caught up is not routed
+		// again (its queue, drained too, holds what was not consumed).
+		b.Routed = cur.Routed
+		if in.Routed >= cur.FromSeq && in.Routed > b.Routed {
+			b.Routed = in.Routed
+		}
 		m.takeover(b, drain)
 		return m.write(b, &Event{Kind: EventMove, Node: in.Node, PrevNode: in.From, FromSeq: cur.FromSeq, Reason: in.Reason})
 	}

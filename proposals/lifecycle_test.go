@@ -182,7 +182,8 @@ func (st *scriptState) run(cmd string) (string, error) {
 			state = bare[0]
 		}
 		r := &kvbinding.Route{State: kvbinding.State(state), Node: kv["node"], FromSeq: num("from"), ThroughSeq: num("through"),
-			PrevNode: kv["prev"], Step: kvbinding.Step(kv["step"]), Revision: num("rev"), Invalid: kv["invalid"] == "true"}
+			PrevNode: kv["prev"], Step: kvbinding.Step(kv["step"]), Revision: num("rev"), Invalid: kv["invalid"] == "true",
+			Routed: num("routed")}
 		if kv["drain"] != "" {
 			r.Drain = strings.Split(kv["drain"], ",")
 		}
@@ -193,7 +194,7 @@ func (st *scriptState) run(cmd string) (string, error) {
 		return "", nil
 	}
 	in := Input{Op: Op(name), By: kv["by"], Node: kv["node"], From: kv["from"], Seq: num("seq"), Rev: num("rev"),
-		Kind: kv["kind"], Reason: strings.ReplaceAll(kv["reason"], "_", " ")}
+		Kind: kv["kind"], Reason: strings.ReplaceAll(kv["reason"], "_", " "), Routed: num("routed")}
 	in.Count, _ = strconv.Atoi(kv["count"])
 	var before *kvbinding.Route
 	if st.cur != nil {
@@ -267,6 +268,7 @@ func recordString(w *kvbinding.Binding) string {
 	}
 	add("prev", w.PrevNode)
 	add("step", string(w.Step))
+	add("routed", strconv.FormatUint(w.Routed, 10))
 	if len(w.Drain) > 0 {
 		d := append([]string(nil), w.Drain...)
 		sort.Strings(d)

@@ -169,7 +169,10 @@ func (h *Handler) evacuate(ctx context.Context, node string, groups []string, re
 			h.mon.done(node, nil)
 		}
 	}()
-	var fence uint64
+	var (
+		fence  uint64
+		caught map[string]uint64
+	)
 	c, ok, err := h.reg.LoadCheckpoint(ctx, node)
 	switch {
 	case err != nil && !errors.Is(err, kvbinding.ErrInvalidCheckpoint):
@@ -180,7 +183,7 @@ func (h *Handler) evacuate(ctx context.Context, node string, groups []string, re
 		// starts (the safe side: re-route, deduplicated).
 		h.log.Error("checkpoint of a node to evacuate is invalid; its groups are taken over from their binding's start", "node", node, "err", err)
 	case ok:
-		fence = c.Start()
+		fence, caught = c.Start(), c.Caught
 	}
 	if all {
 		groups = h.cache.GroupsOf(node)
@@ -197,7 +200,8 @@ func (h *Handler) evacuate(ctx context.Context, node string, groups []string, re
 		if cur, ok := h.cache.Lookup(group); ok && cur.State == kvbinding.StateMoving {
 			current = cur.Node
 		}
-		inputs = append(inputs, Input{Op: OpEvacuate, By: h.id, From: node, Node: PickTarget(live, group, current), Seq: fence, Reason: reason})
+		inputs = append(inputs, Input{Op: OpEvacuate, By: h.id, From: node, Node: PickTarget(live, group, current), Seq: fence,
+			Routed: caught[group], Reason: reason})
 	}
 	moved, failed := h.applyMany(ctx, groups, inputs, live)
 	h.log.Info("groups moved off node", "node", node, "moved", moved, "failed", failed)

@@ -44,6 +44,10 @@ type dutyQueue struct {
 	// movedThrough: per group, the highest ingress sequence its drain
 	// found on another queue: its catch-up starts after it.
 	movedThrough map[string]uint64
+	// caught: per group being taken over, the last ingress sequence its
+	// catch-up routed; saved in the checkpoint before the catch-up is
+	// reported, so that a successor does not route those messages again.
+	caught map[string]uint64
 }
 
 type dutyJob struct {
@@ -52,7 +56,7 @@ type dutyJob struct {
 }
 
 func newDutyQueue() *dutyQueue {
-	return &dutyQueue{jobs: map[string]dutyJob{}, wake: make(chan struct{}, 1), movedThrough: map[string]uint64{}}
+	return &dutyQueue{jobs: map[string]dutyJob{}, wake: make(chan struct{}, 1), movedThrough: map[string]uint64{}, caught: map[string]uint64{}}
 }
 
 func (q *dutyQueue) add(group string, duty proposals.Duty, rev uint64) {
@@ -176,6 +180,16 @@ func (r *Router) runSteps(ctx context.Context, jobs map[string]dutyJob) {
 		}
 		return
 	}
+	if op == proposals.OpCaughtUp {
+		// What was caught up is in the checkpoint before the handler hears
+		// of it: should this node be gone before the record is settled,
+		// its successor starts after it.
+		if err := r.saveCheckpoint(ctx); err != nil && ctx.Err() == nil {
+			r.log.Warn("hand-over step: checkpoint not saved; retrying", "groups", len(jobs), "err", err)
+			r.retrySteps(ctx, jobs)
+			return
+		}
+	}
 	ps := make([]proposals.Proposal, 0, len(jobs))
 	for g, j := range jobs {
 		ps = append(ps, proposals.Proposal{Op: op, Group: g, Rev: j.rev, Count: counts[g]})
@@ -185,6 +199,13 @@ func (r *Router) runSteps(ctx context.Context, jobs map[string]dutyJob) {
 		if refused[g] {
 			r.forgetDuty(g, j.rev)
 		}
+	}
+	if op == proposals.OpCaughtUp {
+		r.duties.mu.Lock()
+		for g := range jobs {
+			delete(r.duties.caught, g)
+		}
+		r.duties.mu.Unlock()
 	}
 	r.log.Info("hand-over step done", "step", op, "groups", len(jobs), "messages", sum(counts), "took", time.Since(start))
 }
@@ -458,10 +479,15 @@ func (r *Router) catchUp(ctx context.Context, routes map[string]kvbinding.Route)
 	r.mu.Unlock()
 	r.duties.mu.Lock()
 	for g, s := range spans {
-		if t := r.duties.movedThrough[g]; t >= s.from {
-			s.from = t + 1
-			spans[g] = s
+		// Start after what is known to be routed: what the drain found on
+		// another queue, what an earlier taker caught up (the record's
+		// Routed, from its checkpoint), what this node caught up before.
+		for _, t := range []uint64{r.duties.movedThrough[g], routes[g].Routed, r.duties.caught[g]} {
+			if t >= s.from {
+				s.from = t + 1
+			}
 		}
+		spans[g] = s
 		delete(r.duties.movedThrough, g)
 	}
 	r.duties.mu.Unlock()
@@ -518,7 +544,17 @@ func (r *Router) catchUp(ctx context.Context, routes map[string]kvbinding.Route)
 			return nil
 		})
 	}
-	return caught, work.Wait()
+	if err := work.Wait(); err != nil {
+		return nil, err
+	}
+	r.duties.mu.Lock()
+	for g, s := range spans {
+		if s.until > 0 {
+			r.duties.caught[g] = max(r.duties.caught[g], s.until-1)
+		}
+	}
+	r.duties.mu.Unlock()
+	return caught, nil
 }
 
 // readIngress calls fn for every ingress message with a sequence in

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"math/rand/v2"
 	"sync"
 	"sync/atomic"
@@ -398,8 +399,8 @@ func (r *Router) drain() {
 		time.Sleep(10 * time.Millisecond)
 		r.mu.Lock()
 	}
-	ckpt := r.eng.track.checkpoint()
 	r.mu.Unlock()
+	ckpt := r.checkpoint()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
 	if ckpt.Next > 0 {
@@ -568,10 +569,8 @@ func (r *Router) checkpointLoop(ctx context.Context) {
 			return
 		case <-t.C:
 		}
-		r.mu.Lock()
-		c := r.eng.track.checkpoint()
-		r.mu.Unlock()
-		if c.Next == 0 || (c.Next == last.Next && len(c.Pending) == 0 && len(last.Pending) == 0) {
+		c := r.checkpoint()
+		if c.Next == 0 || (c.Next == last.Next && len(c.Pending) == 0 && len(last.Pending) == 0 && len(c.Caught) == 0 && len(last.Caught) == 0) {
 			continue
 		}
 		sctx, cancel := context.WithTimeout(ctx, r.cfg.CheckpointInterval)
@@ -582,6 +581,37 @@ func (r *Router) checkpointLoop(ctx context.Context) {
 		}
 		cancel()
 	}
+}
+
+// checkpoint returns the node's routing position and its catch-up progress.
+func (r *Router) checkpoint() kvbinding.Checkpoint {
+	r.mu.Lock()
+	c := r.eng.track.checkpoint()
+	r.mu.Unlock()
+	r.duties.mu.Lock()
+	if len(r.duties.caught) > 0 {
+		c.Caught = maps.Clone(r.duties.caught)
+	}
+	r.duties.mu.Unlock()
+	return c
+}
+
+// saveCheckpoint saves the checkpoint now.
+func (r *Router) saveCheckpoint(ctx context.Context) error {
+	c := r.checkpoint()
+	if c.Next == 0 {
+		c.Next = r.position()
+	}
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	return r.reg.SaveCheckpoint(ctx, r.cfg.Node, c)
+}
+
+// position is the next ingress sequence the node will read.
+func (r *Router) position() uint64 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.eng.position()
 }
 
 // reaper releases this node's groups idle for GroupTimeout. A group's
