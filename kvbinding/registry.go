@@ -106,6 +106,10 @@ type Registry struct {
 	onChange func()
 }
 
+// MaxRegistryValueSize bounds one registry record (a checkpoint with its
+// pending ranges is the largest).
+const MaxRegistryValueSize = 1 << 20
+
 // RegistryConfig configures the node registry bucket.
 type RegistryConfig struct {
 	// Bucket defaults to DefaultNodesBucket.
@@ -131,6 +135,7 @@ func OpenRegistry(ctx context.Context, js jetstream.JetStream, cfg RegistryConfi
 		Replicas:       cfg.Replicas,
 		Storage:        jetstream.FileStorage,
 		LimitMarkerTTL: time.Second,
+		MaxValueSize:   MaxRegistryValueSize,
 	})
 	if err != nil {
 		return nil, err

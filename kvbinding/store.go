@@ -23,6 +23,20 @@ type StoreConfig struct {
 	Bucket string
 	// Replicas of the bucket's stream; 0 means 1.
 	Replicas int
+	// MaxBytes bounds the bucket (0: no bound); past it new bindings are
+	// refused (and retried by the nodes) until ended records expire.
+	MaxBytes int64
+}
+
+// MaxBindingSize bounds one binding record: a group id of MaxGroupIDLen
+// bytes escaped at worst (6 bytes a byte), with the other fields.
+const MaxBindingSize = 8 << 10
+
+func orUnlimited(n int64) int64 {
+	if n <= 0 {
+		return -1
+	}
+	return n
 }
 
 // Store reads and writes bindings in a JetStream KV bucket. Writes are
@@ -56,6 +70,8 @@ func OpenStore(ctx context.Context, js jetstream.JetStream, cfg StoreConfig) (*S
 		// Ended records (released, dead-lettered) carry a per-message TTL;
 		// their expiry leaves a marker for this long so watchers see it.
 		LimitMarkerTTL: time.Minute,
+		MaxValueSize:   MaxBindingSize,
+		MaxBytes:       orUnlimited(cfg.MaxBytes),
 	})
 	if err != nil {
 		return nil, err

@@ -41,6 +41,7 @@ const (
 	DefaultCheckpoint      = time.Second
 	DefaultIngressMaxAge   = 24 * time.Hour
 	DefaultEventsMaxAge    = 24 * time.Hour
+	DefaultDeadLetterMaxAge = 7 * 24 * time.Hour
 	DefaultPinnedTTL       = 5 * time.Second
 )
 
@@ -88,6 +89,20 @@ type Config struct {
 	CheckpointInterval time.Duration
 	// IngressMaxAge is the ingress stream's MaxAge when the router creates it.
 	IngressMaxAge time.Duration
+	// IngressMaxBytes, QueueMaxBytes and DeadLetterMaxBytes bound the
+	// streams the router creates (0: no bound). Past the bound the ingress
+	// and the queue stream refuse new messages (producers get an error,
+	// routing waits and retries: nothing is dropped); the dead-letter
+	// stream drops its oldest.
+	IngressMaxBytes    int64
+	QueueMaxBytes      int64
+	DeadLetterMaxBytes int64
+	// DeadLetterMaxAge is how long dead letters are kept. Default 7 days.
+	DeadLetterMaxAge time.Duration
+	// MaxMessageSize is the largest message the ingress stream accepts
+	// (0: the server's max_payload). The queue and dead-letter streams
+	// accept that plus the headers the router adds.
+	MaxMessageSize int32
 	// EventsMaxAge is the events stream's MaxAge when the router creates
 	// it (it also keeps at most EventsMaxBytes). Default 24h.
 	EventsMaxAge time.Duration
@@ -166,6 +181,9 @@ func (c Config) withDefaults() Config {
 	if c.IngressMaxAge == 0 {
 		c.IngressMaxAge = DefaultIngressMaxAge
 	}
+	if c.DeadLetterMaxAge == 0 {
+		c.DeadLetterMaxAge = DefaultDeadLetterMaxAge
+	}
 	if c.EventsMaxAge == 0 {
 		c.EventsMaxAge = DefaultEventsMaxAge
 	}
@@ -229,7 +247,9 @@ func (c Config) Validate() error {
 		return fmt.Errorf("%w: held/in-flight bounds must be > 0", ErrConfig)
 	case c.Replicas < 0 || c.Replicas > 5:
 		return fmt.Errorf("%w: replicas must be 0 (auto) to 5, got %d", ErrConfig, c.Replicas)
-	case c.Heartbeat < 0, c.LeaseTTL < 0, c.CheckpointInterval < 0, c.IngressMaxAge < 0, c.EventsMaxAge < 0, c.PinnedTTL < 0:
+	case c.IngressMaxBytes < 0, c.QueueMaxBytes < 0, c.DeadLetterMaxBytes < 0, c.MaxMessageSize < 0:
+		return fmt.Errorf("%w: size bounds must be >= 0 (0: none)", ErrConfig)
+	case c.Heartbeat < 0, c.LeaseTTL < 0, c.CheckpointInterval < 0, c.IngressMaxAge < 0, c.EventsMaxAge < 0, c.PinnedTTL < 0, c.DeadLetterMaxAge < 0:
 		return fmt.Errorf("%w: durations must be > 0", ErrConfig)
 	}
 	return nil

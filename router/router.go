@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"maps"
 	"math/rand/v2"
 	"sync"
 	"sync/atomic"
@@ -590,11 +589,28 @@ func (r *Router) checkpoint() kvbinding.Checkpoint {
 	r.mu.Unlock()
 	r.duties.mu.Lock()
 	if len(r.duties.caught) > 0 {
-		c.Caught = maps.Clone(r.duties.caught)
+		c.Caught = make(map[string]uint64, min(len(r.duties.caught), maxCaught))
+		size := 0
+		for g, seq := range r.duties.caught {
+			if len(c.Caught) == maxCaught || size+len(g) > maxCaughtBytes {
+				// Past the bound (a huge take-over), a successor re-routes
+				// what is not listed; the duplicate window absorbs it.
+				break
+			}
+			c.Caught[g] = seq
+			size += len(g) + 24
+		}
 	}
 	r.duties.mu.Unlock()
 	return c
 }
+
+// Bounds of a checkpoint's catch-up progress, so that it fits the registry
+// bucket's value size with the pending ranges.
+const (
+	maxCaught      = 8192
+	maxCaughtBytes = 512 << 10
+)
 
 // saveCheckpoint saves the checkpoint now.
 func (r *Router) saveCheckpoint(ctx context.Context) error {

@@ -95,6 +95,13 @@ func Replicas(nc *nats.Conn, want int) int {
 // if they are missing, and checks that existing ones capture the right
 // subjects.
 func ensureStreams(ctx context.Context, js jetstream.JetStream, cfg Config, replicas int) error {
+	// A republished message carries the producer's headers and body plus
+	// the router's headers (ingress sequence, message id, a reason, the
+	// original subject): the queue and dead-letter streams allow for them.
+	routed := int32(0)
+	if cfg.MaxMessageSize > 0 {
+		routed = cfg.MaxMessageSize + routerHeaderBytes
+	}
 	specs := []jetstream.StreamConfig{
 		{
 			Name:        IngressStream,
@@ -102,6 +109,9 @@ func ensureStreams(ctx context.Context, js jetstream.JetStream, cfg Config, repl
 			Subjects:    []string{cfg.Address + ".>"},
 			Retention:   jetstream.LimitsPolicy,
 			MaxAge:      cfg.IngressMaxAge,
+			MaxBytes:    orUnlimited(cfg.IngressMaxBytes),
+			MaxMsgSize:  orUnlimited32(cfg.MaxMessageSize),
+			Discard:     jetstream.DiscardNew,
 			Storage:     jetstream.FileStorage,
 			Replicas:    replicas,
 		},
@@ -110,6 +120,9 @@ func ensureStreams(ctx context.Context, js jetstream.JetStream, cfg Config, repl
 			Description: "grouprouter per-node queues: grouping.queue.<node>.<subject>",
 			Subjects:    []string{QueueSubjectPrefix + ">"},
 			Retention:   jetstream.WorkQueuePolicy,
+			MaxBytes:    orUnlimited(cfg.QueueMaxBytes),
+			MaxMsgSize:  orUnlimited32(routed),
+			Discard:     jetstream.DiscardNew,
 			Storage:     jetstream.FileStorage,
 			Replicas:    replicas,
 			Duplicates:  queueDuplicates,
@@ -119,6 +132,10 @@ func ensureStreams(ctx context.Context, js jetstream.JetStream, cfg Config, repl
 			Description: "grouprouter dead letters, reason in " + HeaderDeadReason,
 			Subjects:    []string{DeadLetterSubjectPrefix + ">"},
 			Retention:   jetstream.LimitsPolicy,
+			MaxAge:      cfg.DeadLetterMaxAge,
+			MaxBytes:    orUnlimited(cfg.DeadLetterMaxBytes),
+			MaxMsgSize:  orUnlimited32(routed),
+			Discard:     jetstream.DiscardOld,
 			Storage:     jetstream.FileStorage,
 			Replicas:    replicas,
 		},
@@ -142,6 +159,24 @@ func ensureStreams(ctx context.Context, js jetstream.JetStream, cfg Config, repl
 		}
 	}
 	return nil
+}
+
+// routerHeaderBytes is room for the headers the router adds to a message it
+// republishes.
+const routerHeaderBytes = 8 << 10
+
+func orUnlimited(n int64) int64 {
+	if n <= 0 {
+		return -1
+	}
+	return n
+}
+
+func orUnlimited32(n int32) int32 {
+	if n <= 0 {
+		return -1
+	}
+	return n
 }
 
 func ensureStream(ctx context.Context, js jetstream.JetStream, spec jetstream.StreamConfig) error {
