@@ -77,13 +77,16 @@ type CacheConfig struct {
 // after its server dies) changes nothing. It is safe for concurrent use.
 //
 // A value that does not decode, fails Binding.Validate or names another
-// group than its key's is logged and not applied: the group counts as
-// unbound (Route.Invalid) until a valid revision replaces it.
+// group than its key's is logged and never applied: the cache keeps the
+// group's last valid record (and lists the bad revision in Bad, for the
+// handler to restore the record over it), or, when it has none, counts
+// the group as unbound (Route.Invalid) until a valid revision comes.
 type Cache struct {
 	mu     sync.RWMutex
 	m      map[string]entry
 	drains map[string][]string // Drain lists of records in StepDrain
 	routed map[string]uint64   // Routed of records in a step
+	bad    map[string]uint64   // revisions of bad values over valid records
 	// unsettled holds the groups whose record is moving or in a
 	// hand-over step: what the handler's monitor looks after.
 	unsettled map[string]struct{}
@@ -112,6 +115,7 @@ func NewCache(cfg CacheConfig) *Cache {
 		m:         make(map[string]entry),
 		drains:    make(map[string][]string),
 		routed:    make(map[string]uint64),
+		bad:       make(map[string]uint64),
 		unsettled: make(map[string]struct{}),
 		done:      make(chan struct{}),
 		names:     []string{""},
@@ -244,6 +248,7 @@ func (c *Cache) applyLocked(b Binding, fromWatch bool) bool {
 	if had && old.rev >= b.Revision {
 		return false
 	}
+	delete(c.bad, b.Group)
 	if had {
 		c.uncount(b.Group, old)
 	}
@@ -289,6 +294,12 @@ func (c *Cache) invalidLocked(group string, rev uint64) bool {
 	if had && old.rev >= rev {
 		return false
 	}
+	if had && old.state != stateInvalid {
+		// Keep routing by the last valid record; the handler writes it
+		// back over the bad value (Bad).
+		c.bad[group] = rev
+		return false
+	}
 	if had {
 		c.uncount(group, old)
 	}
@@ -296,11 +307,28 @@ func (c *Cache) invalidLocked(group string, rev uint64) bool {
 	return true
 }
 
+// Bad returns the groups whose latest value is unusable while the cache
+// keeps their last valid record, with the bad value's revision: the
+// handler restores the valid record over it.
+func (c *Cache) Bad() map[string]uint64 {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	if len(c.bad) == 0 {
+		return nil
+	}
+	out := make(map[string]uint64, len(c.bad))
+	for g, rev := range c.bad {
+		out[g] = rev
+	}
+	return out
+}
+
 func (c *Cache) deleteLocked(group string, rev uint64) bool {
 	if rev <= c.watchRev {
 		return false
 	}
 	c.watchRev = rev
+	delete(c.bad, group)
 	old, had := c.m[group]
 	if !had || old.rev >= rev {
 		return false

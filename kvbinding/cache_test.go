@@ -258,7 +258,22 @@ func TestCacheRefusesInvalidValues(t *testing.T) {
 	c := NewCache(CacheConfig{Notify: notify})
 	c.warm.Store(true)
 	good, _ := Binding{Group: "g", State: StateBound, Node: "n1", FromSeq: 3, DecidedBy: "h"}.Marshal()
+	// Over a valid record: the record stays, the bad revision is listed.
 	c.applyEntry("r.g", opPut, good, 1)
+	c.applyEntry("r.g", opPut, []byte(`{"group":"g","state":"bound","node":"n 1","from_seq":3}`), 2)
+	if r, _ := c.Lookup("g"); r.Invalid || r.Node != "n1" || r.Revision != 1 {
+		t.Fatalf("a bad value replaced the valid record: %+v", r)
+	}
+	if b := c.Bad(); b["g"] != 2 {
+		t.Fatalf("Bad = %v, want g at 2", b)
+	}
+	// Without a valid record: the group is unbound at the bad revision.
+	c.mu.Lock()
+	c.deleteLocked("g", 3)
+	c.mu.Unlock()
+	if len(c.Bad()) != 0 {
+		t.Fatalf("Bad after a delete = %v", c.Bad())
+	}
 	for i, bad := range []string{
 		`{"group":"g","state":"bound","node":"n 1","from_seq":3}`,               // not a node id
 		`{"group":"g","state":"bound","node":"n1","from_seq":3,"step":"drain"}`, // drain without nodes
@@ -267,7 +282,7 @@ func TestCacheRefusesInvalidValues(t *testing.T) {
 		`{"group":"g","state":"exploded"}`,
 		`not json`,
 	} {
-		rev := uint64(2 + i)
+		rev := uint64(4 + i)
 		c.applyEntry("r.g", opPut, []byte(bad), rev)
 		r, ok := c.Lookup("g")
 		if !ok || !r.Invalid || r.Revision != rev {
@@ -277,8 +292,8 @@ func TestCacheRefusesInvalidValues(t *testing.T) {
 			t.Fatalf("%s: an invalid record still counts as bound", bad)
 		}
 	}
-	if c.Ignored() != 6 {
-		t.Fatalf("Ignored = %d, want 6", c.Ignored())
+	if c.Ignored() != 7 {
+		t.Fatalf("Ignored = %d, want 7", c.Ignored())
 	}
 	c.applyEntry("r.g", opPut, good, 20)
 	if r, _ := c.Lookup("g"); r.Invalid || r.Node != "n1" || r.Revision != 20 {

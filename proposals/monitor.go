@@ -141,6 +141,40 @@ func (h *Handler) watchNodes(ctx context.Context, t *term) {
 		})
 	}
 	h.keepPaused(ctx)
+	h.restoreBad(ctx)
+}
+
+// restoreBad writes the last valid record of a group back over a value
+// that is not a usable record (someone with write rights on the bucket
+// wrote it): nodes kept routing by the valid record meanwhile.
+func (h *Handler) restoreBad(ctx context.Context) {
+	bad := h.cache.Bad()
+	if len(bad) == 0 {
+		return
+	}
+	var writes []kvbinding.Write
+	for g, rev := range bad {
+		r, ok := h.cache.Lookup(g)
+		if !ok || r.Invalid {
+			continue
+		}
+		b := kvbinding.Binding{Group: g, State: r.State, Node: r.Node, FromSeq: r.FromSeq, ThroughSeq: r.ThroughSeq,
+			PrevNode: r.PrevNode, Step: r.Step, Drain: r.Drain, Routed: r.Routed,
+			DecidedAt: time.Now().UTC(), DecidedBy: h.id, Reason: "restored over an invalid value"}
+		w := kvbinding.Write{Binding: b, Rev: rev}
+		if b.State == kvbinding.StateReleased || b.State == kvbinding.StateDeadLettered {
+			w.TTL = h.cfg.RecordTTL
+		}
+		writes = append(writes, w)
+	}
+	for _, res := range h.store.WriteMany(ctx, writes) {
+		if res.Err == nil {
+			h.cache.Apply(res.Binding)
+			h.log.Warn("restored a binding record over an invalid value", "group", res.Binding.Group, "revision", res.Binding.Revision)
+		} else if ctx.Err() == nil {
+			h.log.Warn("could not restore a binding record over an invalid value", "group", res.Binding.Group, "err", res.Err)
+		}
+	}
 }
 
 // done clears a node's evacuation in progress.
