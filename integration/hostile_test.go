@@ -234,4 +234,3 @@ func sum(m map[string]int) int {
 	}
 	return n
 }
-

@@ -31,18 +31,18 @@ func ParseHandlerType(s string) (HandlerType, error) {
 
 // Defaults of Config.
 const (
-	DefaultGroupHeader     = "Group-Id"
-	DefaultTimeout         = 5 * time.Second
-	DefaultMaxHeldMessages = 100_000
-	DefaultMaxHeldBytes    = 64 << 20
-	DefaultMaxInFlight     = 4096
-	DefaultHeartbeat       = time.Second
-	DefaultLeaseTTL        = 2 * time.Second
-	DefaultCheckpoint      = time.Second
-	DefaultIngressMaxAge   = 24 * time.Hour
-	DefaultEventsMaxAge    = 24 * time.Hour
+	DefaultGroupHeader      = "Group-Id"
+	DefaultTimeout          = 5 * time.Second
+	DefaultMaxHeldMessages  = 100_000
+	DefaultMaxHeldBytes     = 64 << 20
+	DefaultMaxInFlight      = 4096
+	DefaultHeartbeat        = time.Second
+	DefaultLeaseTTL         = 2 * time.Second
+	DefaultCheckpoint       = time.Second
+	DefaultIngressMaxAge    = 24 * time.Hour
+	DefaultEventsMaxAge     = 24 * time.Hour
 	DefaultDeadLetterMaxAge = 7 * 24 * time.Hour
-	DefaultPinnedTTL       = 5 * time.Second
+	DefaultPinnedTTL        = 5 * time.Second
 )
 
 // Config configures a router node. The first four fields are the
