@@ -12,8 +12,9 @@ import (
 	"grouprouter/kvbinding"
 )
 
-// serve answers one proposal request.
-func (h *Handler) serve(ctx context.Context, r micro.Request) {
+// serve answers one proposal request; it reports whether the whole request
+// was answered with an error.
+func (h *Handler) serve(ctx context.Context, r micro.Request) bool {
 	reply := Reply{Handler: h.id}
 	req, err := DecodeRequest(r.Data())
 	if err == nil {
@@ -25,17 +26,18 @@ func (h *Handler) serve(ctx context.Context, r micro.Request) {
 		reply.Error = err.Error()
 		h.log.Warn("bad proposal request", "subject", r.Subject(), "err", err)
 		data, _ := EncodeReply(reply, Request{})
-		_ = r.Respond(data)
-		return
+		_ = h.respond(r, data)
+		return true
 	}
 	dctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	reply.Decisions = h.DecideAll(dctx, req)
 	cancel()
 	data, err := EncodeReply(reply, req)
 	if err != nil {
-		return
+		return true
 	}
-	_ = r.Respond(data)
+	_ = h.respond(r, data)
+	return false
 }
 
 // planned is one proposal's decision before its record is written.
