@@ -148,7 +148,7 @@ func (h *Handler) admin(ctx context.Context, data []byte) AdminReply {
 		op = OpUnbind
 	}
 	reason := "operator " + req.Op
-	res, b, err := h.apply(ctx, req.Group, Input{Op: op, By: "operator", Node: req.Node, Reason: reason}, h.liveState())
+	res, b, err := h.apply(ctx, req.Group, Input{Op: op, By: "operator", Node: req.Node, Reason: reason}, h.liveState(), causeOperator)
 	switch {
 	case err != nil:
 		return AdminReply{Error: err.Error(), Code: codeFailed}

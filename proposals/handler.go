@@ -62,8 +62,11 @@ type HandlerConfig struct {
 	Queues Queues
 	// Workers bounds how many requests are decided at once. Default 16.
 	Workers int
-	// Version is reported by the NATS micro service. Default "dev".
+	// Version is reported by the NATS micro service. Default "0.0.0-dev".
 	Version string
+	// Metrics is where the handler counts (see Metrics); nil: in metrics
+	// of its own that nobody registered.
+	Metrics *Metrics
 	// Logger defaults to a discarding logger.
 	Logger *slog.Logger
 }
@@ -131,6 +134,7 @@ type Handler struct {
 	busy      atomic.Uint64 // requests refused: too many in progress
 	mon       monitor
 	ingress   ingressLast
+	metrics   *Metrics
 	svcStats  serviceStats
 
 	// lastHolder is the last other holder of the lease seen; suspect is
@@ -147,11 +151,18 @@ type Handler struct {
 // and reg must be kept current by their Run methods.
 func NewHandler(nc *nats.Conn, store *kvbinding.Store, cache *kvbinding.Cache, reg *kvbinding.Registry, cfg HandlerConfig) *Handler {
 	cfg = cfg.withDefaults()
-	return &Handler{
+	h := &Handler{
 		nc: nc, store: store, cache: cache, reg: reg, cfg: cfg,
 		log: cfg.Logger.With("component", "handler"),
 		id:  cfg.Name + "/" + cfg.Node,
+
+		metrics: cfg.Metrics,
 	}
+	if h.metrics == nil {
+		h.metrics = NewMetrics()
+	}
+	h.metrics.h.Store(h)
+	return h
 }
 
 // ID returns the handler's id, name/node.

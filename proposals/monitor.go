@@ -127,16 +127,19 @@ func (h *Handler) watchNodes(ctx context.Context, t *term) {
 	m.mu.Unlock()
 
 	for _, node := range dead {
-		t.goFn(func() { h.evacuate(t.ctx, node, nil, "node "+node+" gone for "+h.cfg.NodeGrace.String()) })
+		t.goFn(func() {
+			h.evacuate(t.ctx, node, nil, "node "+node+" gone for "+h.cfg.NodeGrace.String(), causeNodeGone)
+		})
 	}
 	for _, node := range idle {
 		t.goFn(func() { h.rebind(t.ctx, node) })
 	}
 	for node, groups := range overdue {
 		t.goFn(func() {
-			h.evacuate(t.ctx, node, groups, "node "+node+" did not fence within "+h.cfg.FenceDeadline.String())
+			h.evacuate(t.ctx, node, groups, "node "+node+" did not fence within "+h.cfg.FenceDeadline.String(), causeFenceOverdue)
 		})
 	}
+	h.metrics.prune(unsettled, now)
 	h.keepPaused(ctx)
 }
 
@@ -153,8 +156,9 @@ func (m *monitor) done(node string, clear map[string]time.Time) {
 // evacuate takes groups off node (all of the node's groups when groups is
 // nil), from the node's checkpoint: the node is gone, or did not fence in
 // time. Whatever it routed after its checkpoint is routed again by the new
-// owners, and the queue stream's duplicate window absorbs it.
-func (h *Handler) evacuate(ctx context.Context, node string, groups []string, reason string) {
+// owners, and the queue stream's duplicate window absorbs it. cause labels
+// the moves (metrics).
+func (h *Handler) evacuate(ctx context.Context, node string, groups []string, reason, cause string) {
 	all := groups == nil
 	defer func() {
 		if all {
@@ -207,7 +211,7 @@ func (h *Handler) evacuate(ctx context.Context, node string, groups []string, re
 		mu.Unlock()
 		in := Input{Op: OpEvacuate, By: h.id, From: node, Node: target, Seq: fence, Reason: reason}
 		g.Go(func() error {
-			res, _, err := h.apply(gctx, group, in, snapshot)
+			res, _, err := h.apply(gctx, group, in, snapshot, cause)
 			mu.Lock()
 			defer mu.Unlock()
 			if err != nil || res.Outcome == Failed {
@@ -257,7 +261,7 @@ func (h *Handler) rebind(ctx context.Context, node string) {
 			continue
 		}
 		g.Go(func() error {
-			res, _, err := h.apply(gctx, group, Input{Op: OpMove, By: h.id, Node: target, Reason: reason}, snapshot)
+			res, _, err := h.apply(gctx, group, Input{Op: OpMove, By: h.id, Node: target, Reason: reason}, snapshot, causeNoConsumer)
 			mu.Lock()
 			defer mu.Unlock()
 			if err != nil || res.Write == nil {
