@@ -6,6 +6,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"grouprouter/proposals"
@@ -210,8 +211,8 @@ func (r *Router) ingressLastCached(ctx context.Context) (uint64, bool) {
 	c := &r.ingressInfo
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if !c.at.IsZero() && time.Since(c.at) < ingressInfoMaxAge {
-		return c.last, c.ok
+	if (!c.at.IsZero() && time.Since(c.at) < ingressInfoMaxAge) || r.nc.Status() != nats.CONNECTED {
+		return c.last, c.ok // disconnected: a request would only wait out its timeout
 	}
 	ctx, cancel := context.WithTimeout(ctx, time.Second)
 	defer cancel()
