@@ -390,6 +390,14 @@ func (c *Cache) Draining() map[string]int {
 	return out
 }
 
+// UnsettledLen returns how many groups have a record that is moving or in
+// a hand-over step, without copying them (see Unsettled).
+func (c *Cache) UnsettledLen() int {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	return len(c.unsettled)
+}
+
 // Unsettled returns the groups whose record is moving or in a hand-over
 // step, with their records.
 func (c *Cache) Unsettled() map[string]Route {

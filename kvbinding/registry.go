@@ -53,6 +53,11 @@ type NodeInfo struct {
 	// whole ingress, so every node holds the same undecided messages.
 	Waiting       []HeldGroup `json:"waiting,omitempty"`
 	WaitingGroups int         `json:"waiting_groups,omitempty"`
+	// QueuePending and QueueUnacked are the node's queue consumer's
+	// messages not yet delivered, and delivered but not yet acked, as the
+	// consumer info read for this announcement said.
+	QueuePending uint64 `json:"queue_pending,omitempty"`
+	QueueUnacked uint64 `json:"queue_unacked,omitempty"`
 }
 
 // MaxWaitingListed bounds NodeInfo.Waiting.

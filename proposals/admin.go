@@ -126,12 +126,14 @@ func Move(ctx context.Context, nc *nats.Conn, group, node string, timeout time.D
 	return b, nil
 }
 
-// serveAdmin answers one operator request.
-func (h *Handler) serveAdmin(ctx context.Context, r micro.Request) {
+// serveAdmin answers one operator request; it reports whether the answer
+// is an error.
+func (h *Handler) serveAdmin(ctx context.Context, r micro.Request) bool {
 	reply := h.admin(ctx, r.Data())
 	reply.Version = ProtocolVersion
 	data, _ := json.Marshal(reply)
-	_ = r.Respond(data)
+	_ = h.respond(r, data)
+	return reply.Error != ""
 }
 
 func (h *Handler) admin(ctx context.Context, data []byte) AdminReply {
@@ -146,7 +148,7 @@ func (h *Handler) admin(ctx context.Context, data []byte) AdminReply {
 		op = OpUnbind
 	}
 	reason := "operator " + req.Op
-	res, b, err := h.apply(ctx, req.Group, Input{Op: op, By: "operator", Node: req.Node, Reason: reason}, h.liveState())
+	res, b, err := h.apply(ctx, req.Group, Input{Op: op, By: "operator", Node: req.Node, Reason: reason}, h.liveState(), causeOperator)
 	switch {
 	case err != nil:
 		return AdminReply{Error: err.Error(), Code: codeFailed}

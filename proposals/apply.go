@@ -11,8 +11,9 @@ import (
 	"grouprouter/kvbinding"
 )
 
-// serve answers one proposal request.
-func (h *Handler) serve(ctx context.Context, r micro.Request) {
+// serve answers one proposal request; it reports whether the whole request
+// was answered with an error.
+func (h *Handler) serve(ctx context.Context, r micro.Request) bool {
 	reply := Reply{Handler: h.id}
 	req, err := DecodeRequest(r.Data())
 	if err == nil {
@@ -24,17 +25,18 @@ func (h *Handler) serve(ctx context.Context, r micro.Request) {
 		reply.Error = err.Error()
 		h.log.Warn("bad proposal request", "subject", r.Subject(), "err", err)
 		data, _ := EncodeReply(reply, Request{})
-		_ = r.Respond(data)
-		return
+		_ = h.respond(r, data)
+		return true
 	}
 	dctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	reply.Decisions = h.DecideAll(dctx, req)
 	cancel()
 	data, err := EncodeReply(reply, req)
 	if err != nil {
-		return
+		return true
 	}
-	_ = r.Respond(data)
+	_ = h.respond(r, data)
+	return false
 }
 
 // planned is one proposal's decision before its record is written.
@@ -42,6 +44,8 @@ type planned struct {
 	i   int
 	cur *kvbinding.Route
 	res Result
+	// cause is set when the record starts moving the group (metrics).
+	cause string
 }
 
 // DecideAll decides every proposal of req, writing the records before it
@@ -80,6 +84,9 @@ func (h *Handler) DecideAll(ctx context.Context, req Request) []Decision {
 		out[plans[k].i] = d
 	}
 	h.decisions.Add(uint64(len(req.Proposals)))
+	for i, p := range req.Proposals {
+		h.metrics.decided(p.op(), out[i].Outcome)
+	}
 	return out
 }
 
@@ -189,6 +196,7 @@ func (h *Handler) settle(pl planned, p Proposal, b kvbinding.Binding, err error)
 	}
 	h.cache.Apply(b)
 	d.Outcome, d.Revision = Accepted, b.Revision
+	h.metrics.written(p.Group, pl.cause, b, time.Now())
 	h.log.Debug("record written", "group", p.Group, "op", p.op(), "by", pl.res.Write.ProposedBy, "state", b.State,
 		"step", b.Step, "node", b.Node, "prev_node", b.PrevNode, "from_seq", b.FromSeq, "through_seq", b.ThroughSeq, "revision", b.Revision)
 	if ev := pl.res.Event; ev != nil {
@@ -198,17 +206,20 @@ func (h *Handler) settle(pl planned, p Proposal, b kvbinding.Binding, err error)
 }
 
 // apply decides and writes one input the handler or an operator asks for
-// (move, unbind, evacuate), on the group's cached record.
-func (h *Handler) apply(ctx context.Context, group string, in Input, live map[string]NodeState) (Result, kvbinding.Binding, error) {
+// (move, unbind, evacuate), on the group's cached record; cause says why
+// the group moves.
+func (h *Handler) apply(ctx context.Context, group string, in Input, live map[string]NodeState, cause string) (Result, kvbinding.Binding, error) {
 	var cur *kvbinding.Route
 	if r, ok := h.cache.Lookup(group); ok {
 		cur = &r
 	}
 	res := Transition(group, cur, in, Env{Now: time.Now(), Handler: h.id, Live: live})
 	if res.Write == nil {
+		h.metrics.decided(in.Op, res.Outcome)
 		return res, kvbinding.Binding{}, nil
 	}
-	d := h.writeAll(ctx, []planned{{cur: cur, res: res}}, []Proposal{{Op: in.Op, Group: group}})[0]
+	d := h.writeAll(ctx, []planned{{cur: cur, res: res, cause: cause}}, []Proposal{{Op: in.Op, Group: group}})[0]
+	h.metrics.decided(in.Op, d.Outcome)
 	if d.Outcome != Accepted {
 		return res, kvbinding.Binding{}, fmt.Errorf("%w: %s", ErrHandlerFailed, d.Error)
 	}

@@ -62,8 +62,11 @@ type HandlerConfig struct {
 	Queues Queues
 	// Workers bounds how many requests are decided at once. Default 16.
 	Workers int
-	// Version is reported by the NATS micro service. Default "dev".
+	// Version is reported by the NATS micro service. Default "0.0.0-dev".
 	Version string
+	// Metrics is where the handler counts (see Metrics); nil: in metrics
+	// of its own that nobody registered.
+	Metrics *Metrics
 	// Logger defaults to a discarding logger.
 	Logger *slog.Logger
 }
@@ -131,9 +134,8 @@ type Handler struct {
 	busy      atomic.Uint64 // requests refused: too many in progress
 	mon       monitor
 	ingress   ingressLast
-
-	// work carries admitted requests to the workers of the current term.
-	work chan func()
+	metrics   *Metrics
+	svcStats  serviceStats
 
 	// lastHolder is the last other holder of the lease seen; suspect is
 	// the node of a holder whose lease expired or that stopped answering
@@ -149,11 +151,18 @@ type Handler struct {
 // and reg must be kept current by their Run methods.
 func NewHandler(nc *nats.Conn, store *kvbinding.Store, cache *kvbinding.Cache, reg *kvbinding.Registry, cfg HandlerConfig) *Handler {
 	cfg = cfg.withDefaults()
-	return &Handler{
+	h := &Handler{
 		nc: nc, store: store, cache: cache, reg: reg, cfg: cfg,
 		log: cfg.Logger.With("component", "handler"),
 		id:  cfg.Name + "/" + cfg.Node,
+
+		metrics: cfg.Metrics,
 	}
+	if h.metrics == nil {
+		h.metrics = NewMetrics()
+	}
+	h.metrics.h.Store(h)
+	return h
 }
 
 // ID returns the handler's id, name/node.
@@ -224,10 +233,10 @@ func (h *Handler) Run(ctx context.Context) error {
 	}
 	defer func() {
 		held := term != nil
-		stop()
 		if svc != nil {
-			_ = svc.Stop()
+			_ = svc.Stop() // first: no request is admitted that no worker would take
 		}
+		stop()
 		if held {
 			h.release()
 		}
@@ -240,13 +249,16 @@ func (h *Handler) Run(ctx context.Context) error {
 			if err == nil {
 				lease = l
 				suspect := h.suspectPrevious()
+				if svc != nil {
+					// The standby's registration goes first: discovery
+					// never lists this node twice.
+					_ = svc.Stop()
+					svc = nil
+				}
 				t, s, err := h.begin(ctx)
 				if err != nil {
 					cancel()
 					return err
-				}
-				if svc != nil {
-					_ = svc.Stop()
 				}
 				term, svc = t, s
 				h.active.Store(true)
@@ -264,8 +276,8 @@ func (h *Handler) Run(ctx context.Context) error {
 				lease = l
 			case errors.Is(err, kvbinding.ErrLeaseLost):
 				h.log.Warn("lease lost: standing down")
+				standby() // first: the active service stops admitting requests
 				stop()
-				standby()
 			default:
 				// Transient (e.g. a leader election): keep answering; the
 				// KV writes stay compare-and-set, so an overlap is safe.
@@ -297,11 +309,13 @@ func (h *Handler) Run(ctx context.Context) error {
 	}
 }
 
-// term is one stretch of time this handler is active: its workers.
+// term is one stretch of time this handler is active: its workers and
+// the channel carrying admitted requests to them.
 type term struct {
 	ctx    context.Context
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
+	work   chan func()
 }
 
 func (t *term) end() {
@@ -321,9 +335,8 @@ func (t *term) goFn(fn func()) {
 // begin starts a term: the workers, then the service with its endpoints.
 func (h *Handler) begin(ctx context.Context) (*term, micro.Service, error) {
 	tctx, cancel := context.WithCancel(ctx)
-	t := &term{ctx: tctx, cancel: cancel}
 	work := make(chan func(), 4*h.cfg.Workers)
-	h.work = work
+	t := &term{ctx: tctx, cancel: cancel, work: work}
 	for i := 0; i < h.cfg.Workers; i++ {
 		t.goFn(func() {
 			for {
@@ -358,6 +371,10 @@ func (h *Handler) addService(t *term) micro.Service {
 		Description: "grouprouter LOCAL grouping handler " + h.cfg.Name,
 		Metadata:    map[string]string{"handler": h.cfg.Name, "node": h.cfg.Node, "role": role},
 		QueueGroup:  handlerQueue,
+		// The endpoints hand requests to workers (see admit), so micro's
+		// own processing time is the hand-off's; each endpoint's stats
+		// data carries the real figures (serviceStats).
+		StatsHandler: h.statsData,
 	})
 	if err != nil {
 		h.log.Error("NATS service not registered", "err", err)
@@ -373,8 +390,8 @@ func (h *Handler) addService(t *term) micro.Service {
 		}
 		return true
 	}
-	if !add("propose", SubjectPropose, func(r micro.Request) { h.admit(t, r, h.serve) }) ||
-		!add("admin", SubjectAdmin, func(r micro.Request) { h.admit(t, r, h.serveAdmin) }) ||
+	if !add("propose", SubjectPropose, func(r micro.Request) { h.admit(t, r, h.serve, &h.svcStats.propose) }) ||
+		!add("admin", SubjectAdmin, func(r micro.Request) { h.admit(t, r, h.serveAdmin, &h.svcStats.admin) }) ||
 		!add("ping", pingSubject(h.cfg.Name), func(r micro.Request) {
 			if h.inbox(r.Reply()) {
 				_ = r.Respond([]byte(h.id))
@@ -389,8 +406,10 @@ func (h *Handler) addService(t *term) micro.Service {
 // admit checks a request's reply subject and hands it to a worker without
 // blocking the subscription's callback: a request whose reply subject is
 // not an inbox is dropped (and counted); one that finds every worker busy
-// is answered with an error at once (the asker retries).
-func (h *Handler) admit(t *term, r micro.Request, serve func(context.Context, micro.Request)) {
+// is answered with an error at once (the asker retries). The worker
+// answers with respond, never with r's own methods: micro reads what they
+// record once this callback returns, which would race with the worker.
+func (h *Handler) admit(t *term, r micro.Request, serve func(context.Context, micro.Request) bool, st *endpointStats) {
 	if !h.inbox(r.Reply()) {
 		n := h.dropped.Add(1)
 		if n&(n-1) == 0 {
@@ -398,8 +417,9 @@ func (h *Handler) admit(t *term, r micro.Request, serve func(context.Context, mi
 		}
 		return
 	}
+	admitted := time.Now()
 	select {
-	case h.work <- func() { serve(t.ctx, r) }:
+	case t.work <- func() { st.served(time.Since(admitted), serve(t.ctx, r)) }:
 	default:
 		h.busy.Add(1)
 		_ = r.Error("503", "handler busy; try again", nil)

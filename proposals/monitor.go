@@ -130,16 +130,19 @@ func (h *Handler) watchNodes(ctx context.Context, t *term) {
 	m.mu.Unlock()
 
 	for _, node := range dead {
-		t.goFn(func() { h.evacuate(t.ctx, node, nil, "node "+node+" gone for "+h.cfg.NodeGrace.String()) })
+		t.goFn(func() {
+			h.evacuate(t.ctx, node, nil, "node "+node+" gone for "+h.cfg.NodeGrace.String(), causeNodeGone)
+		})
 	}
 	for _, node := range idle {
 		t.goFn(func() { h.rebind(t.ctx, node) })
 	}
 	for node, groups := range overdue {
 		t.goFn(func() {
-			h.evacuate(t.ctx, node, groups, "node "+node+" did not fence within "+h.cfg.FenceDeadline.String())
+			h.evacuate(t.ctx, node, groups, "node "+node+" did not fence within "+h.cfg.FenceDeadline.String(), causeFenceOverdue)
 		})
 	}
+	h.metrics.prune(unsettled, now)
 	h.keepPaused(ctx)
 	h.restoreBad(ctx)
 }
@@ -190,8 +193,9 @@ func (m *monitor) done(node string, clear map[string]time.Time) {
 // evacuate takes groups off node (all of the node's groups when groups is
 // nil), from the node's checkpoint: the node is gone, or did not fence in
 // time. Whatever it routed after its checkpoint is routed again by the new
-// owners, and the queue stream's duplicate window absorbs it.
-func (h *Handler) evacuate(ctx context.Context, node string, groups []string, reason string) {
+// owners, and the queue stream's duplicate window absorbs it. cause labels
+// the moves (metrics).
+func (h *Handler) evacuate(ctx context.Context, node string, groups []string, reason, cause string) {
 	all := groups == nil
 	defer func() {
 		if all {
@@ -237,14 +241,14 @@ func (h *Handler) evacuate(ctx context.Context, node string, groups []string, re
 		inputs = append(inputs, Input{Op: OpEvacuate, By: h.id, From: node, Node: PickTarget(live, group, current), Seq: fence,
 			Routed: caught[group], Reason: reason})
 	}
-	moved, failed := h.applyMany(ctx, groups, inputs, live)
+	moved, failed := h.applyMany(ctx, groups, inputs, live, cause)
 	h.log.Info("groups moved off node", "node", node, "moved", moved, "failed", failed)
 }
 
 // applyMany decides and writes the handler's own inputs for many groups
 // at once (one pipelined round of writes), and counts the records written
 // and the groups that could not be moved.
-func (h *Handler) applyMany(ctx context.Context, groups []string, inputs []Input, live map[string]NodeState) (written, failed int) {
+func (h *Handler) applyMany(ctx context.Context, groups []string, inputs []Input, live map[string]NodeState, cause string) (written, failed int) {
 	env := Env{Now: time.Now(), Handler: h.id, Live: live}
 	plans := make([]planned, 0, len(groups))
 	ps := make([]Proposal, 0, len(groups))
@@ -259,10 +263,11 @@ func (h *Handler) applyMany(ctx context.Context, groups []string, inputs []Input
 			h.log.Debug("group not moved", "group", group, "op", inputs[i].Op, "reason", res.Reason)
 			continue
 		}
-		plans = append(plans, planned{i: i, cur: cur, res: res})
+		plans = append(plans, planned{i: i, cur: cur, res: res, cause: cause})
 		ps = append(ps, Proposal{Op: inputs[i].Op, Group: group})
 	}
 	for k, d := range h.writeAll(ctx, plans, ps) {
+		h.metrics.decided(inputs[plans[k].i].Op, d.Outcome)
 		switch {
 		case d.Outcome == Accepted:
 			written++
@@ -304,7 +309,7 @@ func (h *Handler) rebind(ctx context.Context, node string) {
 		inputs = append(inputs, Input{Op: OpMove, By: h.id, Node: target, Reason: reason})
 	}
 	h.log.Warn("moving groups off node", "node", node, "groups", len(groups), "reason", reason)
-	moved, failed := h.applyMany(ctx, groups, inputs, live)
+	moved, failed := h.applyMany(ctx, groups, inputs, live, causeNoConsumer)
 	h.log.Info("groups asked to move off node", "node", node, "moved", moved, "failed", failed)
 }
 

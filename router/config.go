@@ -6,6 +6,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"grouprouter/kvbinding"
 )
 
@@ -143,6 +145,10 @@ type Config struct {
 	QueueMode QueueMode
 	// Logger defaults to discarding.
 	Logger *slog.Logger
+	// Metrics, if not nil, is where New registers the node's metrics
+	// (docs/metrics.md); they are read at scrape time, so a scrape costs
+	// the same whatever the number of bindings. Default: none.
+	Metrics prometheus.Registerer
 }
 
 // QueueMode says how a node's queue consumer is set up.

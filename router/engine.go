@@ -2,6 +2,7 @@ package router
 
 import (
 	"container/heap"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"sort"
@@ -80,6 +81,9 @@ type ask struct {
 	// fails if it is still not seen by waitUntil.
 	waitRev   uint64
 	waitUntil time.Time
+	// sent is when the latest attempt of a bind ask was sent (zero: not
+	// sent yet, or its decision was already observed).
+	sent time.Time
 }
 
 // askHeap orders asks waiting for their next attempt by due time.
@@ -149,6 +153,9 @@ const (
 	// actDeadLettered: a group's held messages are on the dead-letter
 	// stream (announce it).
 	actDeadLettered
+	// actDecided: a group this node proposed got its record, took after
+	// the ask was sent (observe it).
+	actDecided
 )
 
 // action is one thing the engine asks its shells to do.
@@ -164,13 +171,17 @@ type action struct {
 	at    time.Time // actRetry
 	// reason: why a message is dead-lettered.
 	reason string
-	fail   *failure // actFailure
-	count  int      // actDeadLettered
+	fail   *failure      // actFailure
+	count  int           // actDeadLettered
+	took   time.Duration // actDecided
 }
 
-// Engine counters (read by Stats under the lock).
+// Engine counters (read by Stats under the lock). decisionErrors counts
+// every failed bind attempt; timeouts and noHandler those of its failures
+// that were a timeout or found no handler.
 type engineStats struct {
 	skipped, deadLettered, decisionErrors, publishErrors, asked uint64
+	timeouts, noHandler                                         uint64
 }
 
 // engine is the lane engine.
@@ -301,11 +312,13 @@ func (e *engine) pump(ln *lane, now time.Time) {
 			e.needBinding(ln, now)
 			return
 		case proposals.RouteWait:
+			e.decided(ln, now)
 			ln.waiting = false
 			e.dropAsk(ln)
 			e.duty(ln.group, route)
 			return
 		}
+		e.decided(ln, now)
 		ln.waiting = false
 		e.dropAsk(ln)
 		if owner != e.cfg.node {
@@ -333,6 +346,16 @@ func (e *engine) pump(ln *lane, now time.Time) {
 	}
 	if len(ln.msgs) == 0 && ln.inflight == 0 && ln.ask == nil {
 		delete(e.lanes, ln.group)
+	}
+}
+
+// decided observes, for a lane waiting for a binding this node asked for,
+// the time from sending the ask (its latest attempt) to the record that
+// decides the lane's head, as the cache shows it.
+func (e *engine) decided(ln *lane, now time.Time) {
+	if a := ln.ask; ln.waiting && a != nil && a.p.Op == "" && !a.sent.IsZero() {
+		e.emit(action{kind: actDecided, took: now.Sub(a.sent)})
+		a.sent = time.Time{}
 	}
 }
 
@@ -583,6 +606,7 @@ func (e *engine) askBatch(max int, now time.Time) []*ask {
 			node := e.chooseNode(ln.group)
 			a.p = proposals.Proposal{Group: ln.group, Node: node, Seq: ln.msgs[0].seq}
 			e.assigned[node]++
+			a.sent = now
 		}
 		a.inFlight = true
 		batch = append(batch, a)
@@ -766,6 +790,12 @@ func (e *engine) failed(a *ask, err error, now time.Time) {
 			return
 		}
 		e.stats.decisionErrors++
+		switch {
+		case errors.Is(err, proposals.ErrDecisionTimeout):
+			e.stats.timeouts++
+		case errors.Is(err, proposals.ErrNoHandler):
+			e.stats.noHandler++
+		}
 		e.emit(action{kind: actFailure, fail: &failure{group: ln.group, attempt: a.attempt, count: len(ln.msgs), err: err}})
 		if e.cfg.maxAttempts > 0 && a.attempt >= e.cfg.maxAttempts && e.isProposer(ln.group) {
 			e.startDeadLetter(ln, fmt.Sprintf("no routing decision after %d attempts: %v", a.attempt, err), now)

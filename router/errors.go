@@ -9,3 +9,7 @@ var (
 	// the configuration (e.g. the ingress stream captures another address).
 	ErrStreamConflict = errors.New("grouping: existing stream does not match the configuration")
 )
+
+// ErrNotReady is wrapped by the error of Router.CheckReady: the node does
+// not route now (starting, disconnected, not reading, stopped).
+var ErrNotReady = errors.New("grouping: node not ready")

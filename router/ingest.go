@@ -70,6 +70,8 @@ func (r *Router) read(ctx context.Context) error {
 	}
 	stop := context.AfterFunc(ctx, it.Stop)
 	defer stop()
+	r.readerUp.Store(true)
+	defer r.readerUp.Store(false)
 	for {
 		msg, err := it.Next()
 		if err != nil {

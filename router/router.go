@@ -38,6 +38,11 @@ type Stats struct {
 	Held           int    // messages in memory now (undecided or queued behind their group)
 	HeldBytes      int64  // their size, headers included
 	Position       uint64 // next ingress sequence to read
+
+	// DecisionTimeouts and NoHandler count the DecisionErrors that were a
+	// timeout, or found no handler answering.
+	DecisionTimeouts uint64
+	NoHandler        uint64
 }
 
 // Router is one grouprouter node. Create it with New and start it with Run.
@@ -73,6 +78,12 @@ type Router struct {
 
 	hasConsumer atomic.Bool
 	routed      atomic.Uint64
+
+	// For metrics and readiness (metrics.go, status.go).
+	metrics     *nodeMetrics
+	readerUp    atomic.Bool // the ingress reader's iterator is open
+	stopped     atomic.Bool // Run returned
+	ingressInfo ingressInfo
 }
 
 // New returns a router node for cfg on connection nc (which the caller
@@ -96,8 +107,14 @@ func New(nc *nats.Conn, cfg Config) (*Router, error) {
 		askWake:   make(chan struct{}, 1),
 		timerWake: make(chan struct{}, 1),
 		duties:    newDutyQueue(),
+		metrics:   newNodeMetrics(cfg.Type),
 	}
 	r.cond = sync.NewCond(&r.mu)
+	if cfg.Metrics != nil {
+		if err := r.registerMetrics(cfg.Metrics); err != nil {
+			return nil, fmt.Errorf("grouping: registering metrics: %w", err)
+		}
+	}
 	return r, nil
 }
 
@@ -110,7 +127,7 @@ func (r *Router) Node() string { return r.cfg.Node }
 
 // HandlerActive reports whether this node's LOCAL handler is the one
 // answering proposals.
-func (r *Router) HandlerActive() bool { return r.handler != nil && r.handler.Active() }
+func (r *Router) HandlerActive() bool { return r.isReady() && r.handler != nil && r.handler.Active() }
 
 // Handler returns the node's LOCAL handler (nil on a REMOTE node or before
 // Run).
@@ -130,7 +147,8 @@ func (r *Router) Stats() Stats {
 	return Stats{
 		Routed: r.routed.Load(), Skipped: e.stats.skipped, DeadLettered: e.stats.deadLettered,
 		DecisionErrors: e.stats.decisionErrors, PublishErrors: e.stats.publishErrors, Proposals: e.stats.asked,
-		Held: e.heldMsgs, HeldBytes: e.heldBytes, Position: e.track.next(),
+		DecisionTimeouts: e.stats.timeouts, NoHandler: e.stats.noHandler,
+		Held: e.heldMsgs, HeldBytes: e.heldBytes, Position: e.position(),
 	}
 }
 
@@ -168,6 +186,8 @@ func (r *Router) perform(acts []action) {
 			r.log.Warn("no routing decision; the group waits and is retried", "group", f.group, "attempt", f.attempt, "held", f.count, "err", f.err)
 			proposals.Event{Kind: proposals.EventTimeout, Group: f.group, Node: r.cfg.Node, Attempt: f.attempt, Reason: f.err.Error(),
 				By: r.cfg.Node, Count: f.count}.Publish(r.nc)
+		case actDecided:
+			r.metrics.decisionLatency.Observe(a.took.Seconds())
 		}
 	}
 }
@@ -185,6 +205,7 @@ func wake(ch chan struct{}) {
 // error if setup fails. Every goroutine it starts has ended when it
 // returns.
 func (r *Router) Run(ctx context.Context) error {
+	defer r.stopped.Store(true)
 	replicas := Replicas(r.nc, r.cfg.Replicas)
 	setupCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
@@ -243,7 +264,7 @@ func (r *Router) Run(ctx context.Context) error {
 		r.handler = proposals.NewHandler(r.nc, r.store, r.cache, r.reg, proposals.HandlerConfig{
 			Name: r.cfg.Name, Node: r.cfg.Node, LeaseTTL: r.cfg.LeaseTTL, Logger: r.cfg.Logger,
 			NodeGrace: r.cfg.NodeGrace, RebindAfter: r.cfg.RebindAfter, FenceDeadline: r.cfg.FenceDeadline,
-			RecordTTL: r.cfg.RecordTTL, Queues: queues{r}, InboxPrefix: r.cfg.InboxPrefix,
+			RecordTTL: r.cfg.RecordTTL, Queues: queues{r}, InboxPrefix: r.cfg.InboxPrefix, Metrics: r.metrics.handler,
 		})
 	}
 	// A LOCAL handler that becomes active announces it: asks that failed
@@ -536,7 +557,9 @@ func (r *Router) nodeTTL() time.Duration {
 func (r *Router) announce(ctx context.Context, cons jetstream.Consumer) {
 	ctx, cancel := context.WithTimeout(ctx, r.cfg.Heartbeat)
 	defer cancel()
+	var pending, unacked uint64
 	if info, err := cons.Info(ctx); err == nil {
+		pending, unacked = info.NumPending, uint64(info.NumAckPending)
 		has := info.NumWaiting > 0
 		if r.hasConsumer.Swap(has) != has {
 			r.mu.Lock()
@@ -550,6 +573,7 @@ func (r *Router) announce(ctx context.Context, cons jetstream.Consumer) {
 		HasConsumer: r.hasConsumer.Load(), Started: r.started, Heartbeat: time.Now().UTC(), Every: r.cfg.Heartbeat,
 		Position: st.Position, Held: st.Held, Routed: st.Routed,
 		DecisionErrors: st.DecisionErrors, DeadLettered: st.DeadLettered,
+		QueuePending: pending, QueueUnacked: unacked,
 	}
 	info.Waiting, info.WaitingGroups = r.heldUndecided(info.Heartbeat)
 	if err := r.reg.Announce(ctx, info, r.nodeTTL()); err != nil && ctx.Err() == nil {

@@ -12,7 +12,7 @@
 //	                [--group-timeout DURATION] [--reaper-period 30s]
 //	                [--node-grace 15s] [--rebind-after 30s] [--events-max-age 24h]
 //	                [--log-level debug|info|warn|error] [--log-json]
-//	                [--listen HOST:PORT] [--store-dir DIR]
+//	                [--listen HOST:PORT] [--store-dir DIR] [--http HOST:PORT]
 //	grouprouter bindings [--nats URL] [--all] [--json]
 //	grouprouter groups [--nats URL] [--node ID] [--state STATE] [--json]
 //	                   [--group-header Group-Id]
@@ -58,6 +58,12 @@
 //
 // --events-max-age is how long the stream GROUPING_EVENTS keeps events
 // (it also keeps at most 256 MiB), when this node creates it.
+//
+// --http (off by default) serves, on one address: /metrics (Prometheus
+// text format, docs/metrics.md), /healthz (200 while the process runs),
+// /readyz (200 once the binding cache is loaded while NATS is connected and
+// the ingress is read; else 503 with the reason on one line), the status
+// page / (refreshing itself) and /status.json.
 //
 // bindings lists the current group bindings (bound, or moving): which node
 // each group is bound to and from which ingress sequence, as a table or,

@@ -60,6 +60,8 @@ type runOptions struct {
 	storeDir string
 	logLevel slog.Level
 	logJSON  bool
+	// httpAddr is --http's HOST:PORT, "" when off.
+	httpAddr string
 }
 
 // runFlags holds the run subcommand's flag values before merging.
@@ -86,6 +88,7 @@ type runFlags struct {
 	logJSON      bool
 	listen       string
 	storeDir     string
+	httpAddr     string
 }
 
 func newRunFlags() *runFlags {
@@ -124,6 +127,7 @@ func newRunFlags() *runFlags {
 	fs.BoolVar(&f.logJSON, "log-json", false, "log JSON lines instead of text")
 	fs.StringVar(&f.listen, "listen", defaultListen, "embedded server: listen on `HOST:PORT`")
 	fs.StringVar(&f.storeDir, "store-dir", "", "embedded server: JetStream store `DIR` (default: the user's data directory + /grouprouter)")
+	fs.StringVar(&f.httpAddr, "http", "", "serve /metrics, /healthz, /readyz and the status page / on `HOST:PORT` (default: off)")
 	return f
 }
 
@@ -236,6 +240,11 @@ func parseRunArgs(args []string, env environment) (runOptions, error) {
 		return runOptions{}, err
 	}
 	opts.logJSON = f.logJSON
+	if set["http"] {
+		if opts.httpAddr, err = checkHTTPAddr(f.httpAddr); err != nil {
+			return runOptions{}, err
+		}
+	}
 
 	if set["nats"] {
 		opts.natsURL = strings.TrimSpace(f.natsURL)

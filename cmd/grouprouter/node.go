@@ -37,6 +37,12 @@ func runNode(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	}
 	log := newLogger(stderr, opts.logLevel, opts.logJSON)
 	opts.cfg.Logger = log
+	web, err := listenHTTP(opts.httpAddr, log) // http.go; nil without --http
+	if err != nil {
+		return err
+	}
+	defer web.close() // on the error paths below; the one after the connection's drain comes first
+	opts.cfg.Metrics = web.registerer()
 
 	servers := opts.natsURL
 	if servers == "" {
@@ -75,9 +81,13 @@ func runNode(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		return fmt.Errorf("cannot connect to NATS at %s: %w", redactURLs(servers), err)
 	}
 	defer drain(nc, closed, log)
+	defer web.close() // once the router stopped, before the drain
 
 	r, err := router.New(nc, opts.cfg)
 	if err != nil {
+		return err
+	}
+	if err := web.serve(nc, r); err != nil {
 		return err
 	}
 	log.Info("grouprouter node starting",

@@ -1,0 +1,236 @@
+package ops
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"grouprouter/proposals"
+	"grouprouter/router"
+)
+
+// eventV is one event as the page lists it.
+type eventV struct {
+	proposals.Event
+}
+
+// rawEvent is an event as read from the stream; it is decoded only when
+// listed (a bind storm delivers tens of thousands a second).
+type rawEvent struct {
+	kind string
+	data []byte
+}
+
+// ring keeps the last len(buf) events added.
+type ring struct {
+	buf  []rawEvent
+	next int
+	n    int
+}
+
+func (r *ring) add(e rawEvent) {
+	r.buf[r.next] = e
+	r.next = (r.next + 1) % len(r.buf)
+	r.n = min(r.n+1, len(r.buf))
+}
+
+// newest returns the events, newest first.
+func (r *ring) newest() []rawEvent {
+	out := make([]rawEvent, 0, r.n)
+	for i := 1; i <= r.n; i++ {
+		out = append(out, r.buf[(r.next-i+len(r.buf))%len(r.buf)])
+	}
+	return out
+}
+
+// eventRings are the latest events of every kind and the latest moves
+// (kinds move, handoff, unbind: rare, so kept apart from the binds that
+// would push them out).
+type eventRings struct {
+	mu        sync.Mutex
+	all       ring
+	moves     ring
+	following bool
+}
+
+func newEventRings(n int) eventRings {
+	return eventRings{all: ring{buf: make([]rawEvent, n)}, moves: ring{buf: make([]rawEvent, n)}}
+}
+
+// isMove reports whether an event of kind belongs to a move.
+func isMove(kind string) bool {
+	return kind == proposals.EventMove || kind == proposals.EventHandoff || kind == proposals.EventUnbind
+}
+
+func (e *eventRings) add(subject string, data []byte) {
+	kind := strings.TrimPrefix(subject, proposals.SubjectEventsPrefix)
+	ev := rawEvent{kind: kind, data: data}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.all.add(ev)
+	if isMove(kind) {
+		e.moves.add(ev)
+	}
+}
+
+// start empties the rings as the follower (re)starts reading.
+func (e *eventRings) start() {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	clear(e.all.buf)
+	clear(e.moves.buf)
+	e.all.next, e.all.n, e.moves.next, e.moves.n = 0, 0, 0, 0
+	e.following = true
+}
+
+func (e *eventRings) stop() {
+	e.mu.Lock()
+	e.following = false
+	e.mu.Unlock()
+}
+
+// latest returns the events and moves kept, newest first, decoded.
+func (e *eventRings) latest() (all, moves []eventV, following bool) {
+	e.mu.Lock()
+	rawAll, rawMoves, following := e.all.newest(), e.moves.newest(), e.following
+	e.mu.Unlock()
+	return decodeEvents(rawAll), decodeEvents(rawMoves), following
+}
+
+func decodeEvents(raw []rawEvent) []eventV {
+	out := make([]eventV, 0, len(raw))
+	for _, r := range raw {
+		var ev proposals.Event
+		if err := json.Unmarshal(r.data, &ev); err != nil {
+			ev = proposals.Event{Kind: r.kind, Reason: "undecodable event: " + err.Error()}
+		}
+		out = append(out, eventV{ev})
+	}
+	return out
+}
+
+// history is how many stored events the follower reads back when it
+// starts: enough to find the latest moves among the binds.
+func (s *Server) history() uint64 { return uint64(max(1000, 10*s.cfg.Events)) }
+
+// Run follows the events stream for the status page while status requests
+// come (see the package doc) until ctx ends, then returns nil. Without
+// Config.Conn it only waits for ctx.
+func (s *Server) Run(ctx context.Context) error {
+	if s.cfg.Conn == nil {
+		<-ctx.Done()
+		return nil
+	}
+	js, err := jetstream.New(s.cfg.Conn)
+	if err != nil {
+		return err
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-s.wanted:
+		}
+		if time.Since(time.Unix(0, s.lastWanted.Load())) > s.cfg.Idle {
+			continue // a request from before the follower's last idle stop
+		}
+		s.follow(ctx, js)
+	}
+}
+
+// follow reads the events stream, from the last history events on, until
+// ctx ends or no status request came for Config.Idle.
+func (s *Server) follow(ctx context.Context, js jetstream.JetStream) {
+	fctx, cancel := context.WithCancel(ctx)
+	idleDone := make(chan struct{})
+	go func() {
+		defer close(idleDone)
+		s.untilIdle(fctx, cancel)
+	}()
+	defer func() {
+		cancel()
+		<-idleDone
+	}()
+	cons := s.eventsConsumer(fctx, js)
+	if cons == nil {
+		return
+	}
+	it, err := cons.Messages(jetstream.PullHeartbeat(time.Second), jetstream.PullExpiry(5*time.Second))
+	if err != nil {
+		s.log.Warn("events stream not read", "err", err)
+		return
+	}
+	stop := context.AfterFunc(fctx, it.Stop)
+	defer stop()
+	s.events.start()
+	defer s.events.stop()
+	s.log.Debug("following the events stream for the status page")
+	for {
+		m, err := it.Next()
+		if err != nil {
+			if fctx.Err() != nil || errors.Is(err, jetstream.ErrMsgIteratorClosed) {
+				return
+			}
+			select { // the ordered consumer recovers by itself
+			case <-fctx.Done():
+				return
+			case <-time.After(100 * time.Millisecond):
+			}
+			continue
+		}
+		s.events.add(m.Subject(), m.Data())
+	}
+}
+
+// untilIdle cancels the follower once no status request came for Idle.
+func (s *Server) untilIdle(ctx context.Context, cancel context.CancelFunc) {
+	t := time.NewTicker(max(s.cfg.Idle/4, 10*time.Millisecond))
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			if time.Since(time.Unix(0, s.lastWanted.Load())) > s.cfg.Idle {
+				s.log.Debug("no status request lately: the events stream is not followed any more")
+				cancel()
+				return
+			}
+		}
+	}
+}
+
+// eventsConsumer creates an ordered consumer of the events stream from its
+// last history events, retrying until it exists (the router creates the
+// stream) or ctx ends (nil).
+func (s *Server) eventsConsumer(ctx context.Context, js jetstream.JetStream) jetstream.Consumer {
+	for attempt := 1; ; attempt++ {
+		st, err := js.Stream(ctx, router.EventsStream)
+		if err == nil {
+			cfg := jetstream.OrderedConsumerConfig{DeliverPolicy: jetstream.DeliverAllPolicy}
+			if last := st.CachedInfo().State.LastSeq; last > s.history() {
+				cfg.DeliverPolicy, cfg.OptStartSeq = jetstream.DeliverByStartSequencePolicy, last-s.history()+1
+			}
+			var cons jetstream.Consumer
+			if cons, err = js.OrderedConsumer(ctx, router.EventsStream, cfg); err == nil {
+				return cons
+			}
+		}
+		if ctx.Err() != nil {
+			return nil
+		}
+		if attempt&(attempt-1) == 0 {
+			s.log.Warn("events stream not readable yet; retrying", "err", err, "attempt", attempt)
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(time.Second):
+		}
+	}
+}

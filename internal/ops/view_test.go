@@ -1,0 +1,81 @@
+package ops
+
+import (
+	"fmt"
+	"testing"
+	"time"
+)
+
+func TestRateSampler(t *testing.T) {
+	t0 := time.Date(2026, 12, 1, 10, 0, 0, 0, time.UTC)
+	at := func(d time.Duration, routed uint64, nodes map[string]uint64) sample {
+		return sample{at: t0.Add(d), routed: routed, ingress: 2 * routed, nodes: nodes}
+	}
+	var rs rateSampler
+	steps := []struct {
+		name   string
+		s      sample
+		ok     bool
+		routed float64 // per second
+		nodes  map[string]float64
+		kept   int // samples kept after the step
+	}{
+		{name: "first request: no rate yet", s: at(0, 100, map[string]uint64{"a": 10}), kept: 1},
+		{name: "too soon after: no rate, not kept", s: at(500*time.Millisecond, 150, nil), kept: 1},
+		{name: "2 s later", s: at(2*time.Second, 300, map[string]uint64{"a": 30, "b": 5}), ok: true, routed: 100,
+			nodes: map[string]float64{"a": 10}, kept: 2},
+		{name: "a burst 10 ms later: rate, not kept", s: at(2010*time.Millisecond, 300, nil), ok: true, routed: 200 / 2.01, kept: 2},
+		{name: "counter reset (node restarted)", s: at(4*time.Second, 40, map[string]uint64{"a": 1}), ok: true, routed: 10,
+			nodes: map[string]float64{"a": 0.25}, kept: 3},
+		{name: "window slides: base is 4 s", s: at(12500*time.Millisecond, 1040, nil), ok: true, routed: (1040 - 40) / 8.5, kept: 2},
+	}
+	for _, st := range steps {
+		r, nodes, ok := rs.observe(st.s)
+		if ok != st.ok || fmt.Sprintf("%.3f", r.Routed) != fmt.Sprintf("%.3f", st.routed) ||
+			(ok && fmt.Sprintf("%.3f", r.Ingress) != fmt.Sprintf("%.3f", 2*st.routed) && st.name != "counter reset (node restarted)") {
+			t.Errorf("%s: rates %+v ok=%v, want routed %.3f/s ok=%v", st.name, r, ok, st.routed, st.ok)
+		}
+		if st.nodes != nil && fmt.Sprint(nodes) != fmt.Sprint(st.nodes) {
+			t.Errorf("%s: node rates %v, want %v", st.name, nodes, st.nodes)
+		}
+		if len(rs.samples) != st.kept {
+			t.Errorf("%s: %d samples kept, want %d", st.name, len(rs.samples), st.kept)
+		}
+	}
+}
+
+func TestEventRings(t *testing.T) {
+	e := newEventRings(3)
+	e.start()
+	for i := range 10 {
+		kind := "bind"
+		if i == 2 || i == 5 {
+			kind = "move"
+		}
+		e.add("grouping.events."+kind, fmt.Appendf(nil, `{"id":"%d","kind":"%s","group":"g%d","by":"h/n0","at":"2026-12-01T10:00:0%d.000Z"}`, i, kind, i, i))
+	}
+	e.add("grouping.events.handoff", []byte("{not json"))
+	all, moves, following := e.latest()
+	var got []string
+	for _, ev := range all {
+		got = append(got, ev.Kind+":"+ev.Group)
+	}
+	if fmt.Sprint(got) != "[handoff: bind:g9 bind:g8]" || !following {
+		t.Errorf("latest events %v (following %v), want the 3 newest, newest first", got, following)
+	}
+	got = got[:0]
+	for _, ev := range moves {
+		got = append(got, ev.Kind+":"+ev.Group)
+	}
+	if fmt.Sprint(got) != "[handoff: move:g5 move:g2]" {
+		t.Errorf("latest moves %v: want the moves and hand-offs, kept apart from the binds", got)
+	}
+	if moves[0].Reason == "" {
+		t.Error("an undecodable event is listed without saying so")
+	}
+	e.stop()
+	e.start()
+	if all, moves, _ := e.latest(); len(all) != 0 || len(moves) != 0 {
+		t.Errorf("restarted follower kept %d events, %d moves", len(all), len(moves))
+	}
+}

@@ -1,0 +1,227 @@
+package router
+
+import (
+	"context"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"grouprouter/proposals"
+)
+
+// A node's metrics (docs/metrics.md) are read at scrape time from what the
+// node keeps anyway: its counters, its binding cache's per-node counts, the
+// node registry's announcements. Nothing is added to the per-message path;
+// the decision latency histogram is observed once per decided group, and
+// the ingress stream's last sequence is read at most once per
+// ingressInfoMaxAge however often the node is scraped. What a scrape reads
+// is O(nodes), whatever the number of bindings (BenchmarkScrape).
+
+// ingressInfoMaxAge is how long a read of the ingress stream's last
+// sequence serves scrapes and status requests.
+const ingressInfoMaxAge = 2 * time.Second
+
+// nodeMetrics are the metrics observed as things happen; collector reads
+// the rest at scrape time.
+type nodeMetrics struct {
+	decisionLatency prometheus.Histogram
+	// handler counts the LOCAL handler's decisions (LOCAL nodes only).
+	handler *proposals.Metrics
+}
+
+func newNodeMetrics(typ HandlerType) *nodeMetrics {
+	m := &nodeMetrics{
+		decisionLatency: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "grouprouter_decision_latency_seconds",
+			Help: "Time from sending a bind proposal (its latest attempt) to the binding seen in this node's cache, " +
+				"for the groups this node proposed.",
+			Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10},
+		}),
+	}
+	if typ == Local {
+		m.handler = proposals.NewMetrics()
+	}
+	return m
+}
+
+// register registers the node's metrics with reg.
+func (r *Router) registerMetrics(reg prometheus.Registerer) error {
+	cs := []prometheus.Collector{newCollector(r), r.metrics.decisionLatency}
+	if r.metrics.handler != nil {
+		cs = append(cs, r.metrics.handler)
+	}
+	for _, c := range cs {
+		if err := reg.Register(c); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// collector reads a node's counters and gauges at scrape time.
+type collector struct {
+	r *Router
+
+	info, ready, reconnects                                           *prometheus.Desc
+	routed, skipped, deadLettered, publishErrors, proposals, failures *prometheus.Desc
+	held, heldBytes, lag                                              *prometheus.Desc
+	invalid, records, unsettled                                       *prometheus.Desc
+	liveNodes, bindings, consumer, backlog                            *prometheus.Desc
+}
+
+func newCollector(r *Router) *collector {
+	d := func(name, help string, labels ...string) *prometheus.Desc {
+		return prometheus.NewDesc("grouprouter_"+name, help, labels, nil)
+	}
+	return &collector{
+		r:          r,
+		info:       d("node_info", "Always 1: this node's id, type and grouping-handler name.", "node", "type", "handler"),
+		ready:      d("ready", "1 while the node routes (as /readyz): binding cache loaded, NATS connected, ingress reader reading."),
+		reconnects: d("nats_reconnects_total", "Reconnections of the node's NATS connection."),
+
+		routed:        d("messages_routed_total", "Messages this node republished onto queues."),
+		skipped:       d("messages_skipped_total", "Ingress messages this node read and left to the node they are bound to."),
+		deadLettered:  d("messages_dead_lettered_total", "Messages this node put on the dead-letter stream."),
+		publishErrors: d("queue_publish_errors_total", "Failed queue or dead-letter publishes (each is retried)."),
+		proposals:     d("proposals_total", "Record changes this node asked of the LOCAL handler: bind proposals (every attempt), fences, releases, dead-letter records."),
+		failures: d("proposal_failures_total",
+			"Failed bind proposal attempts (the group waits and is retried), by reason: timeout, no_handler, error.", "reason"),
+
+		held:      d("held_messages", "Messages this node holds in memory: undecided, or queued behind their group's publish."),
+		heldBytes: d("held_bytes", "Size of the held messages, headers included."),
+		lag:       d("ingress_lag_messages", "Ingress messages stored after the last one this node read (stream last sequence minus the node's position)."),
+
+		invalid:   d("invalid_records_ignored_total", "Binding records the cache ignored as invalid."),
+		records:   d("binding_records", "Records in this node's binding cache, ended ones included."),
+		unsettled: d("groups_unsettled", "Groups whose record is moving or in a hand-over step."),
+
+		liveNodes: d("live_nodes", "Nodes announcing themselves."),
+		bindings:  d("bindings", "Groups bound to each node, from this node's binding cache.", "node"),
+		consumer:  d("queue_consumer_present", "1 when a live node's queue consumer has an active puller.", "node"),
+		backlog: d("queue_backlog_messages",
+			"Messages on each live node's queue, as its last announcement said: state=pending (not yet delivered) or unacked (delivered, not acked).",
+			"node", "state"),
+	}
+}
+
+// Describe implements prometheus.Collector.
+func (c *collector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{c.info, c.ready, c.reconnects, c.routed, c.skipped, c.deadLettered,
+		c.publishErrors, c.proposals, c.failures, c.held, c.heldBytes, c.lag, c.invalid, c.records, c.unsettled,
+		c.liveNodes, c.bindings, c.consumer, c.backlog} {
+		ch <- d
+	}
+}
+
+// Collect implements prometheus.Collector. Before the node is ready it
+// collects only what exists then (info, ready, reconnects).
+func (c *collector) Collect(ch chan<- prometheus.Metric) {
+	r := c.r
+	gauge := func(d *prometheus.Desc, v float64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
+	}
+	counter := func(d *prometheus.Desc, v uint64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v), labels...)
+	}
+	gauge(c.info, 1, r.cfg.Node, string(r.cfg.Type), r.cfg.Name)
+	gauge(c.ready, b2f(r.CheckReady() == nil))
+	counter(c.reconnects, r.nc.Stats().Reconnects)
+	if !r.isReady() {
+		return
+	}
+	st := r.Stats()
+	counter(c.routed, st.Routed)
+	counter(c.skipped, st.Skipped)
+	counter(c.deadLettered, st.DeadLettered)
+	counter(c.publishErrors, st.PublishErrors)
+	counter(c.proposals, st.Proposals)
+	counter(c.failures, st.DecisionTimeouts, "timeout")
+	counter(c.failures, st.NoHandler, "no_handler")
+	counter(c.failures, st.DecisionErrors-st.DecisionTimeouts-st.NoHandler, "error")
+	gauge(c.held, float64(st.Held))
+	gauge(c.heldBytes, float64(st.HeldBytes))
+	if last, ok := r.ingressLastCached(context.Background()); ok {
+		gauge(c.lag, float64(lag(last, st.Position)))
+	}
+
+	cache := r.cache
+	counter(c.invalid, cache.Ignored())
+	gauge(c.records, float64(cache.Len()))
+	gauge(c.unsettled, float64(cache.UnsettledLen()))
+	counts := cache.Counts()
+	live := r.reg.Live()
+	gauge(c.liveNodes, float64(len(live)))
+	for _, node := range nodeIDs(counts, live) {
+		gauge(c.bindings, float64(counts[node]), node)
+	}
+	for node, info := range live {
+		gauge(c.consumer, b2f(info.HasConsumer), node)
+		gauge(c.backlog, float64(info.QueuePending), node, "pending")
+		gauge(c.backlog, float64(info.QueueUnacked), node, "unacked")
+	}
+}
+
+func b2f(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// lag is how many ingress messages are stored from position (the next
+// sequence to read) through last.
+func lag(last, position uint64) uint64 {
+	if position == 0 || last+1 <= position {
+		return 0
+	}
+	return last + 1 - position
+}
+
+// nodeIDs returns the ids of both maps, sorted.
+func nodeIDs[A, B any](a map[string]A, b map[string]B) []string {
+	ids := make([]string, 0, len(a)+len(b))
+	for id := range a {
+		ids = append(ids, id)
+	}
+	for id := range b {
+		if _, dup := a[id]; !dup {
+			ids = append(ids, id)
+		}
+	}
+	sort.Strings(ids)
+	return ids
+}
+
+// ingressInfo caches the ingress stream's last sequence for scrapes and
+// status requests; its lock is held during the read, so a burst of scrapes
+// makes one request.
+type ingressInfo struct {
+	mu   sync.Mutex
+	last uint64
+	at   time.Time
+	ok   bool
+}
+
+// ingressLastCached returns the ingress stream's last sequence, read at
+// most once per ingressInfoMaxAge, and whether it is known.
+func (r *Router) ingressLastCached(ctx context.Context) (uint64, bool) {
+	c := &r.ingressInfo
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if (!c.at.IsZero() && time.Since(c.at) < ingressInfoMaxAge) || r.nc.Status() != nats.CONNECTED {
+		return c.last, c.ok // disconnected: a request would only wait out its timeout
+	}
+	ctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	s, err := r.js.Stream(ctx, IngressStream) // one request: the stream's info
+	c.at = time.Now()
+	if err != nil {
+		r.log.Debug("ingress stream info not read", "err", err)
+		return c.last, c.ok // the last known value, if any
+	}
+	c.last, c.ok = s.CachedInfo().State.LastSeq, true
+	return c.last, true
+}
