@@ -130,6 +130,9 @@ func TestTakeoverOfManyGroups(t *testing.T) {
 		cfg := testConfig(fmt.Sprintf("n%d", i), typ)
 		cfg.NodeGrace = 2 * time.Second
 		cfg.DrainWait = 2 * time.Second
+		// Heartbeats of 100 ms (liveness TTL 1 s) let a live node look
+		// gone on a loaded machine while 3,000 groups are decided.
+		cfg.Heartbeat = 500 * time.Millisecond
 		nodes[i] = startNode(t, s.URL(), cfg)
 	}
 	col := &timedCollector{}
@@ -182,29 +185,36 @@ func TestTakeoverOfManyGroups(t *testing.T) {
 	publishAll("a")
 	col.waitConsumed(t, want, 120*time.Second)
 	before := waitAllSettled(t, st, groups, 60*time.Second)
-	var victims []string
+	// The REMOTE node with the most groups is killed.
+	byNode := map[string][]string{}
 	for g, b := range before {
-		if b.Node == "n2" {
-			victims = append(victims, g)
-		}
+		byNode[b.Node] = append(byNode[b.Node], g)
 	}
-	crash(t, nodes[2])
+	victim := 1
+	if len(byNode["n2"]) > len(byNode["n1"]) {
+		victim = 2
+	}
+	victims := byNode[nodes[victim].id]
+	if len(victims) == 0 {
+		t.Fatalf("no group bound to n1 or n2 before the kill: %d groups on n0", len(before))
+	}
+	crash(t, nodes[victim])
 	killed := time.Now()
 	publishAll("b")
 	col.waitConsumed(t, want, 120*time.Second)
 	var last time.Time
-	victim := map[string]bool{}
+	isVictim := map[string]bool{}
 	for _, g := range victims {
-		victim[g] = true
+		isVictim[g] = true
 	}
 	for _, d := range col.all() {
-		if victim[d.group] && strings.HasSuffix(d.body, "/b") && d.at.After(last) {
+		if isVictim[d.group] && strings.HasSuffix(d.body, "/b") && d.at.After(last) {
 			last = d.at
 		}
 	}
 	after := waitAllSettled(t, st, groups, 30*time.Second)
 	for _, g := range victims {
-		if after[g].Node == "n2" {
+		if after[g].Node == nodes[victim].id {
 			t.Errorf("group %s still bound to the killed node", g)
 		}
 	}

@@ -543,7 +543,7 @@ func (h *Handler) liveState() map[string]NodeState {
 		if id == suspect && !seen.After(since) {
 			continue
 		}
-		if info.Every > 0 && !seen.IsZero() && now.Sub(seen) > 2*info.Every {
+		if info.Every > 0 && !seen.IsZero() && now.Sub(seen) > max(3*info.Every, time.Second) {
 			continue
 		}
 		out[id] = NodeState{HasConsumer: info.HasConsumer, Groups: counts[id]}
@@ -562,9 +562,10 @@ type ingressLast struct {
 	at   time.Time
 }
 
-// get returns a last sequence at least seq if the stream has one, asking
-// the stream when the cached one is lower (at most every 50 ms); 0 when
-// unknown.
+// ingressLastFor returns the ingress stream's last sequence, to check a
+// dead-letter ask through seq: the cached one when it covers seq, else a
+// fresh one (the stream is asked at most every 50 ms); 0 when unknown (the
+// ask then fails and is asked again).
 func (h *Handler) ingressLastFor(ctx context.Context, seq uint64) uint64 {
 	q := h.cfg.Queues
 	if q == nil {
@@ -573,12 +574,13 @@ func (h *Handler) ingressLastFor(ctx context.Context, seq uint64) uint64 {
 	il := &h.ingress
 	il.mu.Lock()
 	defer il.mu.Unlock()
-	if seq <= il.last+1 || time.Since(il.at) < 50*time.Millisecond {
+	if seq <= il.last || time.Since(il.at) < 50*time.Millisecond {
 		return il.last
 	}
 	last, err := q.IngressLast(ctx)
 	if err != nil {
-		return 0 // unknown: not checked
+		h.log.Warn("cannot read the ingress stream's last sequence to check a dead-letter ask", "err", err)
+		return il.last
 	}
 	il.last, il.at = max(il.last, last), time.Now()
 	return il.last

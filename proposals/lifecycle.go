@@ -102,7 +102,8 @@ type Env struct {
 	// bound group counts.
 	Live map[string]NodeState
 	// IngressLast is the ingress stream's last sequence as the handler
-	// knows it, for dead-letter asks (0: unknown, not checked).
+	// knows it, for dead-letter asks (0: unknown: a dead-letter ask then
+	// fails, to be asked again).
 	IngressLast uint64
 }
 
@@ -154,6 +155,9 @@ func transition(group string, cur *kvbinding.Route, badRev uint64, in Input, env
 	if err := checkSeq(in, env); err != nil {
 		return Result{Outcome: Refused, Reason: err.Error()}
 	}
+	if in.Op == OpDeadLetter && env.IngressLast == 0 {
+		return Result{Outcome: Failed, Reason: errIngressUnknown.Error()}
+	}
 	m := machine{group: group, cur: cur, in: in, env: env, badRev: badRev}
 	switch in.Op {
 	case OpBind:
@@ -193,6 +197,10 @@ func checkSeq(in Input, env Env) error {
 	}
 	return nil
 }
+
+// errIngressUnknown fails a dead-letter ask while the ingress stream's
+// last sequence is not known: it cannot be checked, so it is not written.
+var errIngressUnknown = fmt.Errorf("%s: the ingress stream's last sequence is not known; ask again", OpDeadLetter)
 
 // machine holds one Transition's arguments.
 type machine struct {

@@ -433,12 +433,13 @@ func isGone(err error) bool {
 
 // waitDelivered waits (at most DrainWait) until a node's queue consumer has
 // acked everything it was delivered, so that a move does not take messages
-// its consumer is processing. A consumer whose acks stopped coming (for 2 s)
-// is taken as gone: what it holds comes back only after the ack wait, so it
-// is moved now.
+// its consumer is processing. A consumer whose acks stopped coming for half
+// of DrainWait is taken as gone: what it holds would come back only after
+// the ack wait, so it is moved now (a consumer that was only slow then
+// processes those messages twice: JetStream's at-least-once delivery).
 func (r *Router) waitDelivered(ctx context.Context, node string) {
 	deadline := time.Now().Add(r.cfg.DrainWait)
-	stale := min(2*time.Second, r.cfg.DrainWait)
+	stale := r.cfg.DrainWait / 2
 	var lastFloor uint64
 	lastMove := time.Now()
 	for time.Now().Before(deadline) {

@@ -560,7 +560,7 @@ func (r *Router) announce(ctx context.Context, cons jetstream.Consumer) {
 	var pending, unacked uint64
 	if info, err := cons.Info(ctx); err == nil {
 		pending, unacked = info.NumPending, uint64(info.NumAckPending)
-		has := info.NumWaiting > 0
+		has := consumerPresent(info, time.Now())
 		if r.hasConsumer.Swap(has) != has {
 			r.mu.Lock()
 			r.eng.hasConsumer = has
@@ -579,6 +579,35 @@ func (r *Router) announce(ctx context.Context, cons jetstream.Consumer) {
 	if err := r.reg.Announce(ctx, info, r.nodeTTL()); err != nil && ctx.Err() == nil {
 		r.log.Warn("announce failed", "err", err)
 	}
+}
+
+// consumerPresent reports whether a node's queue has a consumer: one is
+// pulling (a waiting pull request), one is pinned in the priority group,
+// or one holds messages it was delivered and was active within the ack
+// wait. A consumer busy with what it pulled sends no pull request for a
+// while; it must not count as gone (its groups would move away from it).
+func consumerPresent(info *jetstream.ConsumerInfo, now time.Time) bool {
+	if info.NumWaiting > 0 {
+		return true
+	}
+	for _, pg := range info.PriorityGroups {
+		if pg.PinnedClientID != "" {
+			return true
+		}
+	}
+	if info.NumAckPending == 0 {
+		return false
+	}
+	wait := info.Config.AckWait
+	if wait <= 0 {
+		wait = 30 * time.Second
+	}
+	for _, last := range []*time.Time{info.Delivered.Last, info.AckFloor.Last} {
+		if last != nil && now.Sub(*last) < wait {
+			return true
+		}
+	}
+	return false
 }
 
 // checkpointLoop saves the routing position every cfg.CheckpointInterval.

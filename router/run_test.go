@@ -127,3 +127,24 @@ func ourGoroutines() []string {
 	}
 	return out
 }
+
+func TestConsumerPresent(t *testing.T) {
+	now := time.Now()
+	recent, old := now.Add(-time.Second), now.Add(-time.Minute)
+	for _, tt := range []struct {
+		name string
+		info jetstream.ConsumerInfo
+		want bool
+	}{
+		{"pulling", jetstream.ConsumerInfo{NumWaiting: 1}, true},
+		{"pinned", jetstream.ConsumerInfo{PriorityGroups: []jetstream.PriorityGroupState{{Group: "grouping", PinnedClientID: "x"}}}, true},
+		{"busy with what it pulled", jetstream.ConsumerInfo{NumAckPending: 32, Delivered: jetstream.SequenceInfo{Last: &recent}}, true},
+		{"acking lately", jetstream.ConsumerInfo{NumAckPending: 32, AckFloor: jetstream.SequenceInfo{Last: &recent}}, true},
+		{"holding messages, silent past the ack wait", jetstream.ConsumerInfo{NumAckPending: 32, Delivered: jetstream.SequenceInfo{Last: &old}}, false},
+		{"nothing", jetstream.ConsumerInfo{}, false},
+	} {
+		if got := consumerPresent(&tt.info, now); got != tt.want {
+			t.Errorf("%s: consumerPresent = %v, want %v", tt.name, got, tt.want)
+		}
+	}
+}
