@@ -86,13 +86,25 @@ type Router struct {
 }
 
 // New returns a router node for cfg on connection nc (which the caller
-// owns). It validates cfg; errors wrap ErrConfig.
+// owns; it may still be connecting, see Run). It validates cfg; errors
+// wrap ErrConfig.
 func New(nc *nats.Conn, cfg Config) (*Router, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
 	cfg = cfg.withDefaults()
-	js, err := jetstream.New(nc)
+	connPrefix := nc.Opts.InboxPrefix
+	if connPrefix == "" {
+		connPrefix = DefaultInboxPrefix
+	}
+	switch cfg.InboxPrefix {
+	case "":
+		cfg.InboxPrefix = connPrefix
+	case connPrefix:
+	default:
+		return nil, fmt.Errorf("%w: inbox prefix %q, but the connection's replies come under %q (nats.CustomInboxPrefix)", ErrConfig, cfg.InboxPrefix, connPrefix)
+	}
+	js, err := newJetStream(nc, cfg.JSDomain)
 	if err != nil {
 		return nil, err
 	}

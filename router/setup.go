@@ -104,7 +104,7 @@ func (r *Router) setup(ctx context.Context) (queueCons jetstream.Consumer, relea
 		localFirst: r.cfg.LocalFirst, groupTimeout: r.cfg.GroupTimeout,
 	}, r.cache, rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64())))
 	if r.pub, err = jspub.New(r.nc, 5*time.Second); err != nil {
-		return nil, nil, fmt.Errorf("%w: queue publisher: %w", ErrPermanent, err)
+		return nil, nil, &SetupError{Step: "queue publisher", Err: err}
 	}
 	undo = append(undo, r.pub.Close)
 	r.client = proposals.NewClient(r.nc, r.cfg.Node, r.cfg.Timeout)
@@ -127,7 +127,7 @@ func (r *Router) setup(ctx context.Context) (queueCons jetstream.Consumer, relea
 			if ctx.Err() != nil {
 				return nil, nil, ctx.Err()
 			}
-			return nil, nil, fmt.Errorf("%w: %s: %w", ErrPermanent, w.what, bg.Wait())
+			return nil, nil, &SetupError{Step: w.what, Err: bg.Wait()}
 		}
 	}
 	var resume resumePoint
@@ -167,7 +167,7 @@ func (r *Router) setup(ctx context.Context) (queueCons jetstream.Consumer, relea
 // setupStep runs fn until it succeeds. A transient failure is retried
 // after a capped, jittered exponential backoff and logged (info the first
 // time, warn at most every setupLogEvery after); a permanent one returns
-// an error wrapping ErrPermanent, naming the step. When ctx ends it
+// a *SetupError naming the step. When ctx ends it
 // returns ctx's error.
 func (r *Router) setupStep(ctx context.Context, step string, fn func(ctx context.Context) error) error {
 	b := natsretry.Backoff{Min: setupBackoffMin, Max: setupBackoffMax}
@@ -193,7 +193,7 @@ func (r *Router) setupStep(ctx context.Context, step string, fn func(ctx context
 			err = fmt.Errorf("%w (%w)", v, err)
 		}
 		if permanent(err) {
-			return fmt.Errorf("%w: %s: %w", ErrPermanent, step, err)
+			return &SetupError{Step: step, Err: err}
 		}
 		now := time.Now()
 		if attempt == 1 || now.Sub(logged) >= setupLogEvery {
@@ -229,8 +229,8 @@ func permanent(err error) bool {
 
 // waitConnected waits until the node's connection is up (the caller may
 // hand over a connection made with nats.RetryOnFailedConnect that is
-// still trying its servers), logging what it waits for. It returns an
-// error wrapping ErrPermanent if the connection is closed (the client
+// still trying its servers), logging what it waits for. It returns a
+// *SetupError if the connection is closed (the client
 // gave up, e.g. after the server refused the credentials twice), or ctx's
 // error.
 func (r *Router) waitConnected(ctx context.Context) error {
@@ -253,7 +253,7 @@ func (r *Router) waitConnected(ctx context.Context) error {
 			if cause == nil {
 				cause = nats.ErrConnectionClosed
 			}
-			return fmt.Errorf("%w: connect: %w", ErrPermanent, cause)
+			return &SetupError{Step: "connect", Err: cause}
 		}
 		if now := time.Now(); logged.IsZero() || now.Sub(logged) >= setupLogEvery {
 			args := []any{"servers", redactedServers(r.nc)}
@@ -303,4 +303,12 @@ func (r *Router) waitLoaded(ctx context.Context, failed <-chan struct{}, what st
 			r.log.Warn("still waiting for NATS JetStream", "step", what, "waited", time.Since(start).Round(time.Second))
 		}
 	}
+}
+
+// newJetStream returns the node's JetStream context, in domain if set.
+func newJetStream(nc *nats.Conn, domain string) (jetstream.JetStream, error) {
+	if domain != "" {
+		return jetstream.NewWithDomain(nc, domain)
+	}
+	return jetstream.New(nc)
 }
