@@ -38,9 +38,10 @@ func watchBucket(ctx context.Context, js jetstream.JetStream, bucket, filter str
 		FilterSubjects: []string{prefix + filter},
 		DeliverPolicy:  jetstream.DeliverLastPerSubjectPolicy,
 	}
-	// The bucket exists (OpenStore or OpenRegistry made sure): a failure to
-	// start following it is a cluster still forming or electing, and is
-	// retried until ctx ends, unless it is one waiting cannot fix.
+	// A failure to start following the bucket is a cluster still forming
+	// or electing, and is retried until ctx ends, unless waiting cannot fix
+	// it; a missing bucket is reported (the bucket is created before it is
+	// watched, and ScanBindings reports a missing one).
 	var cons jetstream.Consumer
 	backoff := retry.Backoff{Min: 100 * time.Millisecond, Max: 5 * time.Second}
 	for {
@@ -56,7 +57,7 @@ func watchBucket(ctx context.Context, js jetstream.JetStream, bucket, filter str
 		if v := retry.Violation(js.Conn(), before); v != nil {
 			return fmt.Errorf("kvbinding: watch %s: %w (%w)", bucket, v, err)
 		}
-		if retry.Permanent(err) {
+		if errors.Is(err, jetstream.ErrStreamNotFound) || retry.Permanent(err) {
 			return fmt.Errorf("kvbinding: watch %s: %w", bucket, err)
 		}
 		if err := retry.Sleep(ctx, backoff.Next()); err != nil {
