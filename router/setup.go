@@ -21,15 +21,20 @@ import (
 
 // Pacing of the setup steps' retries.
 const (
-	// setupAttemptMin and setupAttemptMax bound one attempt of a setup
-	// step: the first attempts are short because a JetStream request
-	// without a meta leader gets no answer at all (measured: a 10 s first
-	// attempt cost three nodes started with their cluster 10 s); later ones
-	// are longer for a cluster slow to place a replicated stream. A
-	// creation that timed out on the client goes on on the servers, and
-	// the next attempt finds what it made.
-	setupAttemptMin = 2 * time.Second
-	setupAttemptMax = 8 * time.Second
+	// setupAttemptMin bounds the first setupShortAttempts attempts of a
+	// setup step, setupAttemptMax the later ones. A JetStream request sent
+	// while the cluster has no meta leader, or a creation racing another
+	// node's, may get no answer at all (the servers say "leaderless" only
+	// 10 s after they start), so an attempt's timeout is how late a node
+	// may notice the cluster it waited for (measured: a 10 s first attempt
+	// made three nodes started with their cluster ready after 10 s, 2 s
+	// attempts after 2.5 to 7 s, as the cluster formed). A creation that
+	// timed out on the client goes on on the servers and the next attempt
+	// finds what it made; later attempts are longer for a cluster that
+	// answers slowly.
+	setupAttemptMin    = 2 * time.Second
+	setupAttemptMax    = 5 * time.Second
+	setupShortAttempts = 5
 	// setupLogEvery is the least time between two "still waiting" lines of
 	// one step: a node waiting for its cluster says so without flooding.
 	setupLogEvery = 15 * time.Second
@@ -173,8 +178,11 @@ func (r *Router) setupStep(ctx context.Context, step string, fn func(ctx context
 	b := natsretry.Backoff{Min: setupBackoffMin, Max: setupBackoffMax}
 	start := time.Now()
 	var logged time.Time
-	timeout := setupAttemptMin
-	for attempt := 1; ; attempt, timeout = attempt+1, min(2*timeout, setupAttemptMax) {
+	for attempt := 1; ; attempt++ {
+		timeout := setupAttemptMin
+		if attempt > setupShortAttempts {
+			timeout = setupAttemptMax
+		}
 		before := r.nc.LastError()
 		actx, cancel := context.WithTimeout(ctx, timeout)
 		err := fn(actx)
