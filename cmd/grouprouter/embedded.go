@@ -29,7 +29,7 @@ const (
 // errPortInUse is wrapped when the embedded server's address is taken.
 var errPortInUse = errors.New("address already in use")
 
-// embeddedServer is the nats-server started when --nats is not given.
+// embeddedServer is the nats-server run starts when there are no servers to join.
 type embeddedServer struct {
 	srv *server.Server
 	// url is what clients on this host connect to.

@@ -109,7 +109,7 @@ func printUsage(w io.Writer) {
 Routes every message of a group to one node's queue, in order, on NATS JetStream.
 
 Commands:
-  run        run a router node (starts an embedded NATS server without --nats)
+  run        run a router node (starts an embedded NATS server without servers to join)
   bindings   list the group bindings (group -> node)
   groups     list the groups: node, state, since when and why, messages waiting and held
   where      show where one group is, why, and what of it waits where
