@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math/rand/v2"
 	"net/url"
 	"strings"
@@ -172,8 +173,7 @@ func (r *Router) setup(ctx context.Context) (queueCons jetstream.Consumer, relea
 // setupStep runs fn until it succeeds. A transient failure is retried
 // after a capped, jittered exponential backoff and logged (info the first
 // time, warn at most every setupLogEvery after); a permanent one returns
-// a *SetupError naming the step. When ctx ends it
-// returns ctx's error.
+// a *SetupError naming the step. When ctx ends it returns ctx's error.
 func (r *Router) setupStep(ctx context.Context, step string, fn func(ctx context.Context) error) error {
 	b := natsretry.Backoff{Min: setupBackoffMin, Max: setupBackoffMax}
 	start := time.Now()
@@ -205,10 +205,10 @@ func (r *Router) setupStep(ctx context.Context, step string, fn func(ctx context
 		}
 		now := time.Now()
 		if attempt == 1 || now.Sub(logged) >= setupLogEvery {
-			level, msg := "info", "waiting for NATS JetStream"
+			level, msg := slog.LevelInfo, "waiting for NATS JetStream"
 			args := []any{"step", step, "attempt", attempt, "err", err}
 			if attempt > 1 {
-				level, msg = "warn", "still waiting for NATS JetStream"
+				level, msg = slog.LevelWarn, "still waiting for NATS JetStream"
 				args = append(args, "waited", now.Sub(start).Round(time.Second))
 			}
 			switch {
@@ -217,11 +217,7 @@ func (r *Router) setupStep(ctx context.Context, step string, fn func(ctx context
 			case errors.Is(err, context.DeadlineExceeded), errors.Is(err, nats.ErrTimeout):
 				args = append(args, "hint", "no answer in time: JetStream may have no meta leader yet")
 			}
-			if level == "info" {
-				r.log.Info(msg, args...)
-			} else {
-				r.log.Warn(msg, args...)
-			}
+			r.log.Log(ctx, level, msg, args...)
 			logged = now
 		}
 		if err := natsretry.Sleep(ctx, b.Next()); err != nil {
@@ -238,9 +234,8 @@ func permanent(err error) bool {
 // waitConnected waits until the node's connection is up (the caller may
 // hand over a connection made with nats.RetryOnFailedConnect that is
 // still trying its servers), logging what it waits for. It returns a
-// *SetupError if the connection is closed (the client
-// gave up, e.g. after the server refused the credentials twice), or ctx's
-// error.
+// *SetupError if the connection is closed (the client gave up, e.g. after
+// the server refused the credentials twice), or ctx's error.
 func (r *Router) waitConnected(ctx context.Context) error {
 	if r.nc.IsConnected() {
 		return nil
@@ -268,10 +263,12 @@ func (r *Router) waitConnected(ctx context.Context) error {
 			if err := r.nc.LastError(); err != nil {
 				args = append(args, "err", err)
 			}
+			level := slog.LevelInfo
 			if !logged.IsZero() {
+				level = slog.LevelWarn
 				args = append(args, "waited", now.Sub(start).Round(time.Second))
 			}
-			r.log.Info("waiting for NATS", args...)
+			r.log.Log(ctx, level, "waiting for NATS", args...)
 			logged = now
 		}
 		select {

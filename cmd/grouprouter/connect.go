@@ -288,9 +288,9 @@ func urlHasPassword(servers string) bool {
 const passwordWarning = "a password on the command line (--password, or in a --nats URL) is visible to other users of this host (ps); prefer " +
 	envPassword + ", a nats context (--context) or a creds file (--creds)"
 
-// connectClient connects a client command (bindings, consume, nodes, move,
-// unbind) once, bounded by connectTimeout per server, and returns one
-// clear error if it cannot. Extra options follow the defaults. The caller
+// connectClient connects a client command (every command but run) once,
+// bounded by connectTimeout per server, and returns one clear error if it
+// cannot. Extra options follow the defaults. The caller
 // closes the connection.
 func connectClient(s connSettings, cmd string, warn func(string), extra ...nats.Option) (*nats.Conn, jetstream.JetStream, error) {
 	opts, err := s.options()
@@ -378,7 +378,10 @@ func connectError(err error, s connSettings) error {
 	case errors.Is(err, fs.ErrNotExist), errors.Is(err, fs.ErrPermission):
 		return fmt.Errorf("cannot connect to NATS at %s: %v", where, cleanFileError(err))
 	case errors.Is(err, nats.ErrNoServers):
-		return fmt.Errorf("cannot reach NATS at %s: no server answered (is it running? the servers come from %s)", where, s.urlSource)
+		if s.urlSource == "default" {
+			return fmt.Errorf("cannot reach NATS at %s: no server answered (is it running? that is the default address: set --nats, %s or --context)", where, envURL)
+		}
+		return fmt.Errorf("cannot reach NATS at %s: no server answered (is it running? the address comes from %s)", where, s.urlSource)
 	}
 	return fmt.Errorf("cannot connect to NATS at %s: %s", where, strings.TrimPrefix(err.Error(), "nats: "))
 }
