@@ -30,7 +30,7 @@ type SetupError struct {
 	// Step is the setup step that failed: "connect", "streams", "queue
 	// consumer", "bindings bucket", "node registry bucket", "queue
 	// publisher", "binding cache load", "node registry load", "checkpoint
-	// load" or "first announcement".
+	// load", "handler events" or "first announcement".
 	Step string
 	// Err is the cause.
 	Err error

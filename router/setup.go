@@ -155,7 +155,7 @@ func (r *Router) setup(ctx context.Context) (queueCons jetstream.Consumer, relea
 	}
 	unsubscribe, err := r.subscribeTakeovers()
 	if err != nil {
-		return nil, nil, fmt.Errorf("%w: handler events: %w", ErrPermanent, err)
+		return nil, nil, &SetupError{Step: "handler events", Err: err}
 	}
 	undo = append(undo, unsubscribe)
 	r.started = time.Now().UTC()
