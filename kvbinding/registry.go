@@ -12,6 +12,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"grouprouter/internal/retry"
 )
 
 // DefaultNodesBucket is the node registry bucket name.
@@ -367,11 +369,30 @@ func decodeLease(data []byte) (Lease, error) {
 
 // WatchLease calls fn (from its own goroutine, which wg tracks) whenever
 // the lease record changes, with the new holder ("" when the lease was
-// released or expired, or holds no holder), until ctx ends.
+// released or expired, or holds no holder), until ctx ends. Starting the
+// watch waits out transient failures (a cluster electing leaders); it
+// returns an error for one that waiting cannot fix, or ctx's error.
 func (r *Registry) WatchLease(ctx context.Context, name string, fn func(holder string), wg *sync.WaitGroup) error {
-	w, err := r.kv.Watch(ctx, leasePrefix+name, jetstream.UpdatesOnly())
-	if err != nil {
-		return err
+	var w jetstream.KeyWatcher
+	backoff := retry.Backoff{Min: 100 * time.Millisecond, Max: 5 * time.Second}
+	for {
+		before := r.js.Conn().LastError()
+		var err error
+		if w, err = r.kv.Watch(ctx, leasePrefix+name, jetstream.UpdatesOnly()); err == nil {
+			break
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		if v := retry.Violation(r.js.Conn(), before); v != nil {
+			return fmt.Errorf("kvbinding: watch lease %s: %w (%w)", name, v, err)
+		}
+		if retry.Permanent(err) {
+			return fmt.Errorf("kvbinding: watch lease %s: %w", name, err)
+		}
+		if err := retry.Sleep(ctx, backoff.Next()); err != nil {
+			return err
+		}
 	}
 	wg.Add(1)
 	go func() {

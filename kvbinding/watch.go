@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+
+	"grouprouter/internal/retry"
 )
 
 // entryOp is what a bucket record does to its key.
@@ -36,8 +38,14 @@ func watchBucket(ctx context.Context, js jetstream.JetStream, bucket, filter str
 		FilterSubjects: []string{prefix + filter},
 		DeliverPolicy:  jetstream.DeliverLastPerSubjectPolicy,
 	}
+	// A failure to start following the bucket is a cluster still forming
+	// or electing, and is retried until ctx ends, unless waiting cannot fix
+	// it; a missing bucket is reported (the bucket is created before it is
+	// watched, and ScanBindings reports a missing one).
 	var cons jetstream.Consumer
+	backoff := retry.Backoff{Min: 100 * time.Millisecond, Max: 5 * time.Second}
 	for {
+		before := js.Conn().LastError()
 		var err error
 		cons, err = js.OrderedConsumer(ctx, stream, cfg)
 		if err == nil {
@@ -46,13 +54,14 @@ func watchBucket(ctx context.Context, js jetstream.JetStream, bucket, filter str
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
-		if errors.Is(err, jetstream.ErrStreamNotFound) {
+		if v := retry.Violation(js.Conn(), before); v != nil {
+			return fmt.Errorf("kvbinding: watch %s: %w (%w)", bucket, v, err)
+		}
+		if errors.Is(err, jetstream.ErrStreamNotFound) || retry.Permanent(err) {
 			return fmt.Errorf("kvbinding: watch %s: %w", bucket, err)
 		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(100 * time.Millisecond):
+		if err := retry.Sleep(ctx, backoff.Next()); err != nil {
+			return err
 		}
 	}
 	readyDone := false

@@ -128,9 +128,6 @@ type Config struct {
 	// away from it before the active LOCAL handler fences it from the
 	// node's checkpoint, as for a gone node. Default 10s.
 	FenceDeadline time.Duration
-	// InboxPrefix is the inbox prefix of the connection's requests; the
-	// LOCAL handler answers only reply subjects under it. Default _INBOX.
-	InboxPrefix string
 	// DrainWait bounds how long a move waits for the old node's consumer
 	// to ack what it was delivered before moving the rest. Default 10s.
 	DrainWait time.Duration
@@ -143,6 +140,17 @@ type Config struct {
 	// QueuePlain creates it without a priority group, for clients that
 	// cannot pull with one (run a single consumer process per node then).
 	QueueMode QueueMode
+	// InboxPrefix is the prefix, one subject token, of the reply subjects
+	// of the node's connection (nats.CustomInboxPrefix): the LOCAL handler
+	// answers only reply subjects under it. Default: the
+	// connection's, which is DefaultInboxPrefix unless it set its own; New
+	// refuses a prefix the connection does not use.
+	InboxPrefix string
+	// JSDomain is the JetStream domain of the streams and buckets; "" means
+	// the domain of the server the node is connected to. JetStream API
+	// requests go to $JS.<domain>.API; the node publishes to the streams on
+	// their plain subjects, so connect it to a server of that domain.
+	JSDomain string
 	// Logger defaults to discarding.
 	Logger *slog.Logger
 	// Metrics, if not nil, is where New registers the node's metrics
@@ -150,6 +158,10 @@ type Config struct {
 	// the same whatever the number of bindings. Default: none.
 	Metrics prometheus.Registerer
 }
+
+// DefaultInboxPrefix is the reply subject prefix of NATS clients that set
+// none.
+const DefaultInboxPrefix = "_INBOX"
 
 // QueueMode says how a node's queue consumer is set up.
 type QueueMode string
@@ -246,6 +258,13 @@ func (c Config) Validate() error {
 	if c.QueueMode != "" && c.QueueMode != QueuePinned && c.QueueMode != QueuePlain {
 		return fmt.Errorf("%w: queue mode %q (want pinned or plain)", ErrConfig, c.QueueMode)
 	}
+	if c.InboxPrefix != "" && (!validPrefix(c.InboxPrefix) || strings.Contains(c.InboxPrefix, ".")) {
+		// One token: the handler matches a reply subject's first token.
+		return fmt.Errorf("%w: inbox prefix %q: want one subject token, without wildcards", ErrConfig, c.InboxPrefix)
+	}
+	if c.JSDomain != "" && strings.ContainsAny(c.JSDomain, ". \t\r\n*>") {
+		return fmt.Errorf("%w: JetStream domain %q: want one subject token", ErrConfig, c.JSDomain)
+	}
 	switch {
 	case c.MaxAttempts < 0:
 		return fmt.Errorf("%w: max attempts must be >= 0, got %d", ErrConfig, c.MaxAttempts)
@@ -292,6 +311,16 @@ func validHeaderName(h string) bool {
 	for i := 0; i < len(h); i++ {
 		c := h[i]
 		if c <= ' ' || c >= 0x7f || c == ':' {
+			return false
+		}
+	}
+	return true
+}
+
+// validPrefix accepts subject tokens without wildcards or whitespace.
+func validPrefix(p string) bool {
+	for _, tok := range strings.Split(p, ".") {
+		if tok == "" || strings.ContainsAny(tok, " \t\r\n*>") {
 			return false
 		}
 	}

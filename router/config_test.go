@@ -5,6 +5,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/nats-io/nats.go"
 )
 
 func validConfig() Config {
@@ -39,6 +41,12 @@ func TestConfigValidate(t *testing.T) {
 		{"negative attempts", func(c *Config) { c.MaxAttempts = -1 }, "max attempts"},
 		{"replicas", func(c *Config) { c.Replicas = 7 }, "replicas"},
 		{"negative events max age", func(c *Config) { c.EventsMaxAge = -time.Hour }, "durations must be > 0"},
+		{"inbox prefix", func(c *Config) { c.InboxPrefix = "_INBOX_app" }, ""},
+		{"dotted inbox prefix", func(c *Config) { c.InboxPrefix = "app.inbox" }, "inbox prefix"},
+		{"inbox prefix wildcard", func(c *Config) { c.InboxPrefix = "app*" }, "inbox prefix"},
+		{"inbox prefix trailing dot", func(c *Config) { c.InboxPrefix = "app." }, "inbox prefix"},
+		{"domain", func(c *Config) { c.JSDomain = "hub" }, ""},
+		{"domain with a dot", func(c *Config) { c.JSDomain = "hub.east" }, "domain"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -66,5 +74,38 @@ func TestParseHandlerType(t *testing.T) {
 	}
 	if _, err := ParseHandlerType("BACKUP"); !errors.Is(err, ErrConfig) {
 		t.Errorf("ParseHandlerType(BACKUP) error = %v", err)
+	}
+}
+
+func TestNewInboxPrefix(t *testing.T) {
+	tests := []struct {
+		name       string
+		conn, cfg  string // the connection's custom prefix and Config.InboxPrefix
+		want, fail string
+	}{
+		{name: "defaults", want: DefaultInboxPrefix},
+		{name: "from the connection", conn: "app", want: "app"},
+		{name: "same as the connection", conn: "app", cfg: "app", want: "app"},
+		{name: "not the connection's", conn: "app", cfg: "other", fail: "inbox prefix"},
+		{name: "connection has the default", cfg: "other", fail: "inbox prefix"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cfg := validConfig()
+			cfg.InboxPrefix = tt.cfg
+			r, err := New(&nats.Conn{Opts: nats.Options{InboxPrefix: tt.conn}}, cfg)
+			if tt.fail != "" {
+				if !errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), tt.fail) {
+					t.Fatalf("New: %v, want ErrConfig about %q", err, tt.fail)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if r.cfg.InboxPrefix != tt.want {
+				t.Errorf("inbox prefix %q, want %q", r.cfg.InboxPrefix, tt.want)
+			}
+		})
 	}
 }

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -87,13 +86,25 @@ type Router struct {
 }
 
 // New returns a router node for cfg on connection nc (which the caller
-// owns). It validates cfg; errors wrap ErrConfig.
+// owns; it may still be connecting, see Run). It validates cfg; errors
+// wrap ErrConfig.
 func New(nc *nats.Conn, cfg Config) (*Router, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
 	cfg = cfg.withDefaults()
-	js, err := jetstream.New(nc)
+	connPrefix := nc.Opts.InboxPrefix
+	if connPrefix == "" {
+		connPrefix = DefaultInboxPrefix
+	}
+	switch cfg.InboxPrefix {
+	case "":
+		cfg.InboxPrefix = connPrefix
+	case connPrefix:
+	default:
+		return nil, fmt.Errorf("%w: inbox prefix %q, but the connection's replies come under %q (nats.CustomInboxPrefix)", ErrConfig, cfg.InboxPrefix, connPrefix)
+	}
+	js, err := newJetStream(nc, cfg.JSDomain)
 	if err != nil {
 		return nil, err
 	}
@@ -201,98 +212,24 @@ func wake(ch chan struct{}) {
 
 // Run sets up the streams and buckets, then routes until ctx ends; then it
 // drains (finishes in-flight publishes, saves its checkpoint, withdraws its
-// liveness record, releases a handler lease) and returns nil. It returns an
-// error if setup fails. Every goroutine it starts has ended when it
-// returns.
+// liveness record, releases a handler lease) and returns nil. Every
+// goroutine it starts has ended when it returns.
+//
+// Setting up waits for NATS as long as ctx lasts (see setup.go): the
+// connection may still be trying its servers, and every setup step retries
+// transient failures with backoff, logging what it waits for. A failure
+// that waiting cannot fix returns a *SetupError (matching ErrPermanent). If
+// ctx ends during setup, Run returns nil.
 func (r *Router) Run(ctx context.Context) error {
 	defer r.stopped.Store(true)
-	replicas := Replicas(r.nc, r.cfg.Replicas)
-	setupCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	if err := ensureStreams(setupCtx, r.js, r.cfg, replicas); err != nil {
-		return err
-	}
-	queueCons, err := ensureQueueConsumer(setupCtx, r.js, r.cfg.Node, r.cfg.QueueMode, r.cfg.PinnedTTL)
+	queueCons, release, err := r.setup(ctx)
 	if err != nil {
-		return err
-	}
-	if r.store, err = kvbinding.OpenStore(setupCtx, r.js, kvbinding.StoreConfig{Replicas: replicas}); err != nil {
-		return err
-	}
-	defer r.store.Close()
-	if r.reg, err = kvbinding.OpenRegistry(setupCtx, r.js, kvbinding.RegistryConfig{Replicas: replicas}, r.onLiveChange); err != nil {
-		return err
-	}
-	r.cache = kvbinding.NewCache(kvbinding.CacheConfig{Notify: r.changes, Logger: r.log})
-	r.eng = newEngine(engineConfig{
-		node: r.cfg.Node, maxHeldMessages: r.cfg.MaxHeldMessages, maxHeldBytes: r.cfg.MaxHeldBytes,
-		maxInFlight: r.cfg.MaxInFlight, maxAttempts: r.cfg.MaxAttempts, timeout: r.cfg.Timeout,
-		localFirst: r.cfg.LocalFirst, groupTimeout: r.cfg.GroupTimeout,
-	}, r.cache, rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64())))
-	if r.pub, err = jspub.New(r.nc, 5*time.Second); err != nil {
-		return err
-	}
-	defer r.pub.Close()
-	r.client = proposals.NewClient(r.nc, r.cfg.Node, r.cfg.Timeout)
-
-	// Background state: the binding cache, its change feed and the node
-	// registry. They outlive routing (the drain at the end still reads
-	// them) and stop when Run returns.
-	bgCtx, stopBg := context.WithCancel(context.WithoutCancel(ctx))
-	bg, bgCtx := errgroup.WithContext(bgCtx)
-	bg.Go(func() error { return ignoreCanceled(r.cache.Run(bgCtx, r.store)) })
-	bg.Go(func() error { return ignoreCanceled(r.reg.Run(bgCtx)) })
-	bg.Go(func() error { r.changeLoop(bgCtx); return nil })
-	defer func() { stopBg(); _ = bg.Wait() }()
-	for _, ch := range []<-chan struct{}{r.cache.Ready(), r.reg.Ready()} {
-		select {
-		case <-ch:
-		case <-ctx.Done():
-			return nil
-		case <-bgCtx.Done():
-			return fmt.Errorf("grouping: loading state: %w", bg.Wait())
+		if ctx.Err() != nil {
+			return nil // stopped while setting up: nothing to drain
 		}
-	}
-	resume, err := r.loadResume(setupCtx)
-	if err != nil {
 		return err
 	}
-	r.mu.Lock()
-	r.eng.resume = resume
-	r.mu.Unlock()
-	if r.cfg.Type == Local {
-		r.handler = proposals.NewHandler(r.nc, r.store, r.cache, r.reg, proposals.HandlerConfig{
-			Name: r.cfg.Name, Node: r.cfg.Node, LeaseTTL: r.cfg.LeaseTTL, Logger: r.cfg.Logger,
-			NodeGrace: r.cfg.NodeGrace, RebindAfter: r.cfg.RebindAfter, FenceDeadline: r.cfg.FenceDeadline,
-			RecordTTL: r.cfg.RecordTTL, Queues: queues{r}, InboxPrefix: r.cfg.InboxPrefix, Metrics: r.metrics.handler,
-		})
-	}
-	// A LOCAL handler that becomes active announces it: asks that failed
-	// for want of one are retried at once instead of after their backoff.
-	// It names the previous holder's node when that did not release the
-	// lease (presumably crashed): this node stops counting on it to
-	// propose until it announces itself again.
-	var lastRetry atomic.Int64
-	takeover, err := r.nc.Subscribe(proposals.SubjectEventsPrefix+proposals.EventHandlerTakeover, func(m *nats.Msg) {
-		now := time.Now()
-		if prev := lastRetry.Load(); now.UnixNano()-prev < int64(100*time.Millisecond) || !lastRetry.CompareAndSwap(prev, now.UnixNano()) {
-			return // at most one early retry per 100 ms, whoever publishes the event
-		}
-		var ev proposals.Event
-		if json.Unmarshal(m.Data, &ev) == nil && ev.PrevNode != "" && ev.PrevNode != r.cfg.Node && kvbinding.ValidateNodeID(ev.PrevNode) == nil {
-			r.suspect(ev.PrevNode, now)
-		}
-		r.do(func(e *engine, now time.Time) { e.retryNow(now) })
-	})
-	if err != nil {
-		return fmt.Errorf("grouping: subscribe to handler events: %w", err)
-	}
-	defer func() { _ = takeover.Unsubscribe() }()
-	r.started = time.Now().UTC()
-	r.announce(setupCtx, queueCons)
-	r.log.Info("node ready", "type", r.cfg.Type, "address", r.cfg.Address, "bindings", r.cache.Len(),
-		"resume_at", resume.start(), "replicas", replicas)
-	close(r.ready)
+	defer release()
 
 	// Routing.
 	runCtx, stopRun := context.WithCancel(ctx)
@@ -488,6 +425,31 @@ func (r *Router) onLiveChange() {
 	r.do(func(e *engine, now time.Time) { e.setLive(state, now) })
 }
 
+// subscribeTakeovers follows the takeover events of LOCAL handlers until
+// the returned function is called. A LOCAL handler that becomes active
+// announces it: asks that failed for want of one are retried at once
+// instead of after their backoff. It names the previous holder's node when
+// that did not release the lease (presumably crashed): this node stops
+// counting on it to propose until it announces itself again.
+func (r *Router) subscribeTakeovers() (unsubscribe func(), err error) {
+	var lastRetry atomic.Int64
+	takeover, err := r.nc.Subscribe(proposals.SubjectEventsPrefix+proposals.EventHandlerTakeover, func(m *nats.Msg) {
+		now := time.Now()
+		if prev := lastRetry.Load(); now.UnixNano()-prev < int64(100*time.Millisecond) || !lastRetry.CompareAndSwap(prev, now.UnixNano()) {
+			return // at most one early retry per 100 ms, whoever publishes the event
+		}
+		var ev proposals.Event
+		if json.Unmarshal(m.Data, &ev) == nil && ev.PrevNode != "" && ev.PrevNode != r.cfg.Node && kvbinding.ValidateNodeID(ev.PrevNode) == nil {
+			r.suspect(ev.PrevNode, now)
+		}
+		r.do(func(e *engine, now time.Time) { e.retryNow(now) })
+	})
+	if err != nil {
+		return nil, fmt.Errorf("grouping: subscribe to handler events: %w", err)
+	}
+	return func() { _ = takeover.Unsubscribe() }, nil
+}
+
 // suspect stops counting on node (its process presumably crashed) until it
 // announces itself again.
 func (r *Router) suspect(node string, now time.Time) {
@@ -529,7 +491,11 @@ func (r *Router) timers(ctx context.Context) {
 // heartbeat announces the node every cfg.Heartbeat, with whether its queue
 // consumer has an active puller.
 func (r *Router) heartbeat(ctx context.Context, cons jetstream.Consumer) {
-	every(ctx, r.cfg.Heartbeat, func() { r.announce(ctx, cons) })
+	every(ctx, r.cfg.Heartbeat, func() {
+		if err := r.announce(ctx, cons); err != nil && ctx.Err() == nil {
+			r.log.Warn("announce failed", "err", err)
+		}
+	})
 }
 
 // every calls fn every d until ctx ends.
@@ -554,7 +520,7 @@ func (r *Router) nodeTTL() time.Duration {
 	return ttl
 }
 
-func (r *Router) announce(ctx context.Context, cons jetstream.Consumer) {
+func (r *Router) announce(ctx context.Context, cons jetstream.Consumer) error {
 	ctx, cancel := context.WithTimeout(ctx, r.cfg.Heartbeat)
 	defer cancel()
 	var pending, unacked uint64
@@ -576,9 +542,7 @@ func (r *Router) announce(ctx context.Context, cons jetstream.Consumer) {
 		QueuePending: pending, QueueUnacked: unacked,
 	}
 	info.Waiting, info.WaitingGroups = r.heldUndecided(info.Heartbeat)
-	if err := r.reg.Announce(ctx, info, r.nodeTTL()); err != nil && ctx.Err() == nil {
-		r.log.Warn("announce failed", "err", err)
-	}
+	return r.reg.Announce(ctx, info, r.nodeTTL())
 }
 
 // consumerPresent reports whether a node's queue has a consumer: one is

@@ -36,11 +36,11 @@ Flags:
 }
 
 // listBindings is the bindings subcommand.
-func listBindings(ctx context.Context, args []string, stdout io.Writer) error {
+func listBindings(ctx context.Context, args []string, env environment, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("bindings", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 	fs.Usage = func() {}
-	servers := fs.String("nats", defaultNATSURL, "NATS server `URL`s (comma-separated)")
+	conn := addConnFlags(fs, natsClientUsage)
 	asJSON := fs.Bool("json", false, "print a JSON array of the bindings instead of a table")
 	all := fs.Bool("all", false, "also list ended records (released, dead-lettered)")
 	if err := fs.Parse(args); err != nil {
@@ -53,15 +53,19 @@ func listBindings(ctx context.Context, args []string, stdout io.Writer) error {
 	if fs.NArg() > 0 {
 		return &usageError{cmd: "bindings", msg: fmt.Sprintf("unexpected argument %q", fs.Arg(0))}
 	}
-	url := strings.TrimSpace(*servers)
-	nc, js, err := connectClient(url, "bindings")
+	s, err := conn.resolve(env, defaultNATSURL)
+	if err != nil {
+		return err
+	}
+	nc, js, err := connectClient(s, "bindings", warnTo(stderr))
 	if err != nil {
 		return err
 	}
 	defer nc.Close()
-	if err := requireBucket(ctx, js, url, kvbinding.DefaultBucket, "bindings"); err != nil {
+	if err := requireBucket(ctx, nc, js, s, kvbinding.DefaultBucket, "bindings"); err != nil {
 		return err
 	}
+	before := nc.LastError()
 	var list []kvbinding.Binding
 	err = kvbinding.ScanBindings(ctx, js, kvbinding.DefaultBucket, func(b kvbinding.Binding) error {
 		if *all || b.State == kvbinding.StateBound || b.State == kvbinding.StateMoving {
@@ -70,7 +74,7 @@ func listBindings(ctx context.Context, args []string, stdout io.Writer) error {
 		return nil
 	})
 	if err != nil {
-		return err
+		return requestError(err, s, nc, before, "list the bindings")
 	}
 	sort.Slice(list, func(i, j int) bool { return list[i].Group < list[j].Group })
 	if *asJSON {

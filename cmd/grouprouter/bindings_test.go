@@ -179,7 +179,7 @@ func TestBindingsCannotConnect(t *testing.T) {
 		t.Errorf("exit %d, want %d", code, exitFailure)
 	}
 	got := stderr.String()
-	if !strings.HasPrefix(got, "grouprouter: cannot connect to NATS at nats://user:xxxxx@127.0.0.1:1") || strings.Contains(got, "secret") {
+	if !strings.HasPrefix(got, "grouprouter: cannot reach NATS at nats://user:xxxxx@127.0.0.1:1") || strings.Contains(got, "secret") {
 		t.Errorf("stderr %q", got)
 	}
 }

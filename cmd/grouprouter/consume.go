@@ -36,7 +36,7 @@ const (
 
 // consumeOptions is what the consume subcommand needs, parsed and checked.
 type consumeOptions struct {
-	natsURL     string
+	conn        connSettings
 	node        string
 	count       int
 	asJSON      bool
@@ -44,22 +44,22 @@ type consumeOptions struct {
 	groupHeader string
 }
 
-func newConsumeFlags(o *consumeOptions) *flag.FlagSet {
+func newConsumeFlags(o *consumeOptions) (*flag.FlagSet, *connFlags) {
 	fs := flag.NewFlagSet("consume", flag.ContinueOnError)
 	fs.SetOutput(io.Discard) // errors are reported as one line by the caller
 	fs.Usage = func() {}
-	fs.StringVar(&o.natsURL, "nats", defaultNATSURL, "NATS server `URL`s (comma-separated)")
+	conn := addConnFlags(fs, natsClientUsage)
 	fs.StringVar(&o.node, "node", "", "consume the queue of node `ID` (default: the host name, sanitized, as for run)")
 	fs.IntVar(&o.count, "count", 0, "stop after `N` messages (0 = until interrupted)")
 	fs.BoolVar(&o.asJSON, "json", false, "print one JSON object per message instead of a line of text")
 	fs.BoolVar(&o.noAck, "no-ack", false, "do not acknowledge the messages: they stay on the queue and are delivered again after the consumer's ack wait")
 	fs.StringVar(&o.groupHeader, "group-header", router.DefaultGroupHeader, "`HEADER` holding the group id")
-	return fs
+	return fs, conn
 }
 
 // printConsumeUsage writes the consume subcommand's help.
 func printConsumeUsage(w io.Writer) {
-	fs := newConsumeFlags(&consumeOptions{})
+	fs, _ := newConsumeFlags(&consumeOptions{})
 	fmt.Fprintf(w, `Usage: grouprouter consume [flags]
 
 Consumes a node's queue as an application does: pulls from the durable
@@ -86,7 +86,7 @@ Flags:
 // wrapping router.ErrConfig for invalid values.
 func parseConsumeArgs(args []string, env environment) (consumeOptions, error) {
 	var o consumeOptions
-	fs := newConsumeFlags(&o)
+	fs, conn := newConsumeFlags(&o)
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return consumeOptions{}, err
@@ -110,8 +110,8 @@ func parseConsumeArgs(args []string, env environment) (consumeOptions, error) {
 	if !validHeaderName(o.groupHeader) {
 		return consumeOptions{}, fmt.Errorf("%w: group header %q is not a valid header name", router.ErrConfig, o.groupHeader)
 	}
-	o.natsURL = strings.TrimSpace(o.natsURL)
-	if err := checkNATSURLs(o.natsURL); err != nil {
+	var err error
+	if o.conn, err = conn.resolve(env, defaultNATSURL); err != nil {
 		return consumeOptions{}, err
 	}
 	return o, nil
@@ -132,8 +132,8 @@ func validHeaderName(h string) bool {
 }
 
 // consume is the consume subcommand.
-func consume(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	o, err := parseConsumeArgs(args, osEnvironment())
+func consume(ctx context.Context, args []string, env environment, stdout, stderr io.Writer) error {
+	o, err := parseConsumeArgs(args, env)
 	if errors.Is(err, flag.ErrHelp) {
 		printConsumeUsage(stdout)
 		return err
@@ -141,7 +141,7 @@ func consume(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	if err != nil {
 		return err
 	}
-	nc, js, err := connectClient(o.natsURL, "consume-"+o.node,
+	nc, js, err := connectClient(o.conn, "consume-"+o.node, warnTo(stderr),
 		nats.MaxReconnects(-1), nats.ReconnectWait(reconnectWait))
 	if err != nil {
 		return err
@@ -149,18 +149,17 @@ func consume(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	defer nc.Close()
 
 	name := router.QueueConsumer(o.node)
+	before := nc.LastError()
 	cons, err := js.Consumer(ctx, router.QueueStream, name)
 	if err != nil {
 		switch {
 		case errors.Is(err, jetstream.ErrStreamNotFound), errors.Is(err, jetstream.ErrConsumerNotFound):
 			return fmt.Errorf("node %s has no queue consumer yet: is its router running? (no consumer %s on stream %s at %s)",
-				o.node, name, router.QueueStream, redactURLs(o.natsURL))
-		case jetStreamDisabled(err):
-			return noJetStreamError(o.natsURL)
+				o.node, name, router.QueueStream, redactURLs(o.conn.URL))
 		case ctx.Err() != nil:
 			return nil // interrupted while looking up
 		}
-		return fmt.Errorf("queue consumer %s: %w", name, err)
+		return requestError(err, o.conn, nc, before, "queue consumer "+name)
 	}
 	group := ""
 	if info := cons.CachedInfo(); len(info.Config.PriorityGroups) > 0 {

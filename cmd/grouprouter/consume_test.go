@@ -262,7 +262,7 @@ func TestParseConsumeArgs(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := consumeOptions{natsURL: defaultNATSURL, node: "broker-1-example-com", groupHeader: "Group-Id"}
+	want := consumeOptions{conn: connSettings{URL: defaultNATSURL, urlSource: "default"}, node: "broker-1-example-com", groupHeader: "Group-Id"}
 	if o != want {
 		t.Errorf("defaults\n got %+v\nwant %+v", o, want)
 	}
@@ -270,7 +270,7 @@ func TestParseConsumeArgs(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want = consumeOptions{natsURL: "nats://a:1", node: "n2", count: 7, asJSON: true, noAck: true, groupHeader: "JMSXGroupID"}
+	want = consumeOptions{conn: connSettings{URL: "nats://a:1", urlSource: "--nats"}, node: "n2", count: 7, asJSON: true, noAck: true, groupHeader: "JMSXGroupID"}
 	if o != want {
 		t.Errorf("flags\n got %+v\nwant %+v", o, want)
 	}

@@ -5,25 +5,39 @@
 //
 // Usage:
 //
-//	grouprouter run [--config FILE] [--nats URL[,URL...]] [--node ID]
+//	grouprouter run [--config FILE] [CONNECTION] [--node ID]
 //	                [--type LOCAL|REMOTE] [--address ADDR] [--timeout 5s]
 //	                [--name NAME] [--group-header Group-Id] [--local-first]
 //	                [--max-attempts N] [--replicas N] [--queue-mode pinned|plain]
 //	                [--group-timeout DURATION] [--reaper-period 30s]
 //	                [--node-grace 15s] [--rebind-after 30s] [--events-max-age 24h]
 //	                [--log-level debug|info|warn|error] [--log-json]
-//	                [--listen HOST:PORT] [--store-dir DIR] [--http HOST:PORT]
-//	grouprouter bindings [--nats URL] [--all] [--json]
-//	grouprouter groups [--nats URL] [--node ID] [--state STATE] [--json]
+//	                [--listen HOST:PORT] [--store-dir DIR] [--server-config FILE]
+//	                [--http HOST:PORT]
+//	grouprouter bindings [CONNECTION] [--all] [--json]
+//	grouprouter groups [CONNECTION] [--node ID] [--state STATE] [--json]
 //	                   [--group-header Group-Id]
-//	grouprouter where [--nats URL] [--json] [--group-header Group-Id] GROUP
-//	grouprouter nodes [--nats URL] [--name NAME] [--json]
-//	grouprouter events [--nats URL] [--follow] [--group GROUP] [--kind KIND]
+//	grouprouter where [CONNECTION] [--json] [--group-header Group-Id] GROUP
+//	grouprouter nodes [CONNECTION] [--name NAME] [--json]
+//	grouprouter events [CONNECTION] [--follow] [--group GROUP] [--kind KIND]
 //	                   [--since DURATION] [--json]
-//	grouprouter consume [--nats URL] [--node ID] [--count N] [--json]
+//	grouprouter consume [CONNECTION] [--node ID] [--count N] [--json]
 //	                    [--no-ack] [--group-header Group-Id]
-//	grouprouter move [--nats URL] [--timeout 10s] [--json] [--wait] GROUP NODE
-//	grouprouter unbind [--nats URL] [--timeout 10s] [--json] [--wait] GROUP
+//	grouprouter move [CONNECTION] [--timeout 10s] [--json] [--wait] GROUP NODE
+//	grouprouter unbind [CONNECTION] [--timeout 10s] [--json] [--wait] GROUP
+//
+// CONNECTION is what every command takes to reach NATS, as the nats CLI
+// names it: --nats URL[,URL...] (NATS_URL), --user and --password
+// (NATS_USER, NATS_PASSWORD), --creds FILE (NATS_CREDS), --nkey FILE
+// (NATS_NKEY), --tlscert, --tlskey and --tlsca FILE (NATS_CERT, NATS_KEY,
+// NATS_CA), --tlsfirst, --context NAME (NATS_CONTEXT: a saved nats context,
+// $XDG_CONFIG_HOME/nats/context/NAME.json), --inbox-prefix PREFIX and
+// --js-domain DOMAIN. A flag on the command line beats its variable, which
+// beats the context; the credentials come whole from the first of them
+// that names any. Without servers to join, run starts the embedded server;
+// the client commands default to nats://127.0.0.1:4222. No secret is
+// printed; a password on the command line (it shows in ps) draws a
+// warning. See docs/connections.md.
 //
 // Durations (--timeout and the group lifecycle flags) are Go durations
 // like 5s or bare integers of milliseconds like 5000.
@@ -33,9 +47,16 @@
 // <timeout>, <group-timeout> and <reaper-period> are milliseconds), lets
 // explicit flags override it and defaults fill the rest, validates the
 // result before touching the network, and runs the node until SIGINT or
-// SIGTERM. Without --nats it starts an embedded JetStream nats-server on
-// --listen (default 127.0.0.1:4222) that stores its data under --store-dir
-// (default: the user's data directory + /grouprouter).
+// SIGTERM. Without servers to join it starts an embedded JetStream
+// nats-server on --listen (default 127.0.0.1:4222) that stores its data
+// under --store-dir (default: the user's data directory + /grouprouter),
+// configured by the nats-server file --server-config if given (its users,
+// TLS, ...; --listen and --store-dir override it); listening beyond
+// loopback without authentication is refused. run waits for NATS as long
+// as it takes: started before its server or with its cluster, it logs what
+// it waits for and goes on when NATS answers; refused credentials, a
+// denied permission, JetStream disabled for the account or a conflicting
+// stream end it at once with one line.
 //
 // The group lifecycle: --group-timeout (the Artemis group-timeout; default
 // never, as -1 or 0) expires a binding after no message of its group for
@@ -116,5 +137,7 @@
 // --count 0. The node's router must have run once to create the consumer.
 //
 // Exit codes: 0 success (also for -h), 1 a runtime failure (cannot connect,
-// port in use, router error), 2 a usage or configuration error.
+// credentials refused, port in use, router error), 2 a usage or
+// configuration error (also an embedded server that would listen beyond
+// loopback without authentication).
 package main

@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
+
+	"grouprouter/router"
 )
 
 const (
@@ -27,52 +29,102 @@ const (
 // errPortInUse is wrapped when the embedded server's address is taken.
 var errPortInUse = errors.New("address already in use")
 
-// embeddedServer is the nats-server started when --nats is not given.
+// embeddedServer is the nats-server run starts when there are no servers to join.
 type embeddedServer struct {
 	srv *server.Server
 	// url is what clients on this host connect to.
 	url string
 }
 
-// startEmbedded starts a JetStream-enabled nats-server listening on listen
-// (HOST:PORT; port 0 picks a free one) with its store under storeDir,
-// which it creates with mode 0700. It returns once the server accepts
-// connections; Close stops it.
-func startEmbedded(listen, storeDir string, log *slog.Logger) (*embeddedServer, error) {
-	host, portStr, err := net.SplitHostPort(listen)
-	if err != nil {
-		return nil, fmt.Errorf("embedded NATS server: --listen %q: %v", listen, err)
+// embeddedOptions returns the embedded server's configuration: the
+// nats-server configuration file configFile if given (parsed by
+// nats-server itself: users, TLS, accounts, ...), with JetStream on, the
+// listen address (HOST:PORT, port 0 picks a free one) when listenSet or
+// the file sets none, and the store directory when storeDirSet or the file
+// sets none. It refuses (router.ErrConfig) a server listening beyond
+// loopback without authentication. It reads the file only.
+func embeddedOptions(listen string, listenSet bool, storeDir string, storeDirSet bool, configFile string) (*server.Options, error) {
+	o := &server.Options{}
+	if configFile != "" {
+		var err error
+		if o, err = server.ProcessConfigFile(configFile); err != nil {
+			return nil, fmt.Errorf("%w: --server-config %s: %v", router.ErrConfig, configFile, err)
+		}
 	}
-	port, err := strconv.Atoi(portStr)
-	if err != nil {
-		return nil, fmt.Errorf("embedded NATS server: --listen %q: bad port", listen)
+	if listenSet || (o.Host == "" && o.Port == 0) {
+		host, portStr, err := net.SplitHostPort(listen)
+		if err != nil {
+			return nil, fmt.Errorf("%w: --listen %q: %v", router.ErrConfig, listen, err)
+		}
+		port, err := strconv.Atoi(portStr)
+		if err != nil {
+			return nil, fmt.Errorf("%w: --listen %q: bad port", router.ErrConfig, listen)
+		}
+		if port == 0 {
+			port = server.RANDOM_PORT
+		}
+		o.Host, o.Port = host, port
 	}
-	if err := os.MkdirAll(storeDir, 0o700); err != nil {
+	if o.Host == "" {
+		o.Host = server.DEFAULT_HOST // what nats-server listens on without a host
+	}
+	if o.Port == 0 {
+		o.Port = server.DEFAULT_PORT
+	}
+	if storeDirSet || o.StoreDir == "" {
+		o.StoreDir = storeDir
+	}
+	if o.ServerName == "" {
+		o.ServerName = embeddedServerName
+	}
+	o.JetStream = true
+	o.NoSigs = true // grouprouter owns SIGINT/SIGTERM
+	if !loopbackHost(o.Host) && !hasClientAuth(o) {
+		addr := net.JoinHostPort(o.Host, strconv.Itoa(max(o.Port, 0)))
+		return nil, fmt.Errorf("%w: the embedded NATS server would listen on %s, beyond this host, with no authentication: "+
+			"configure users (or nkeys, tokens, client certificates) in a --server-config file, or listen on 127.0.0.1", router.ErrConfig, addr)
+	}
+	return o, nil
+}
+
+// loopbackHost reports whether host is a loopback address or localhost.
+func loopbackHost(host string) bool {
+	if strings.EqualFold(host, "localhost") {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
+
+// hasClientAuth reports whether the server authenticates its clients.
+func hasClientAuth(o *server.Options) bool {
+	return len(o.Users) > 0 || len(o.Nkeys) > 0 || o.Username != "" || o.Authorization != "" ||
+		len(o.TrustedOperators) > 0 || len(o.TrustedKeys) > 0 || o.AuthCallout != nil ||
+		o.CustomClientAuthentication != nil || (o.TLSVerify && o.TLSConfig != nil)
+}
+
+// startEmbedded starts the nats-server configured by o (see
+// embeddedOptions), creating its store directory with mode 0700. It
+// returns once the server accepts connections; Close stops it.
+func startEmbedded(o *server.Options, log *slog.Logger) (*embeddedServer, error) {
+	host, port := o.Host, o.Port
+	listen := net.JoinHostPort(host, strconv.Itoa(max(port, 0)))
+	if err := os.MkdirAll(o.StoreDir, 0o700); err != nil {
 		return nil, fmt.Errorf("embedded NATS server: store directory: %w", err)
 	}
 
 	// nats-server reports a taken port only through its logger and then
 	// waits; probing first gives the operator an immediate, clear answer.
-	if port != 0 {
+	if port > 0 {
 		l, err := net.Listen("tcp", listen)
 		if err != nil {
 			return nil, listenError(listen, err)
 		}
 		l.Close()
-	} else {
-		port = server.RANDOM_PORT
 	}
 
 	fatal := make(chan string, 1)
-	opts := &server.Options{
-		ServerName: embeddedServerName,
-		Host:       host,
-		Port:       port,
-		JetStream:  true,
-		StoreDir:   storeDir,
-		NoSigs:     true, // grouprouter owns SIGINT/SIGTERM
-	}
-	srv, err := server.NewServer(opts)
+	srv, err := server.NewServer(o)
 	if err != nil {
 		return nil, fmt.Errorf("embedded NATS server: %w", err)
 	}
@@ -108,7 +160,8 @@ func startEmbedded(listen, storeDir string, log *slog.Logger) (*embeddedServer, 
 	}
 	e := &embeddedServer{srv: srv, url: "nats://" + net.JoinHostPort(clientHost, strconv.Itoa(port))}
 	log.Info("embedded NATS server started; other nodes and clients join it with --nats "+e.url,
-		"url", e.url, "listen", net.JoinHostPort(host, strconv.Itoa(port)), "store_dir", storeDir, "server_name", embeddedServerName)
+		"url", e.url, "listen", net.JoinHostPort(host, strconv.Itoa(port)), "store_dir", o.StoreDir, "server_name", o.ServerName,
+		"auth", hasClientAuth(o), "tls", o.TLSConfig != nil)
 	return e, nil
 }
 

@@ -28,7 +28,7 @@ var eventKinds = []string{
 
 // eventsOptions is what the events subcommand was asked for.
 type eventsOptions struct {
-	natsURL string
+	conn    connSettings
 	follow  bool
 	group   string
 	groupOn bool // --group was given (an empty GROUP is the ungrouped binding)
@@ -37,11 +37,11 @@ type eventsOptions struct {
 	asJSON  bool
 }
 
-func newEventsFlags(o *eventsOptions) *flag.FlagSet {
+func newEventsFlags(o *eventsOptions) (*flag.FlagSet, *connFlags) {
 	fs := flag.NewFlagSet("events", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 	fs.Usage = func() {}
-	fs.StringVar(&o.natsURL, "nats", defaultNATSURL, "NATS server `URL`s (comma-separated)")
+	conn := addConnFlags(fs, natsClientUsage)
 	fs.BoolVar(&o.follow, "follow", false, "keep printing new events until interrupted, instead of stopping at the end of the stream")
 	fs.Func("group", "only the events of group `GROUP` (taken verbatim)", func(s string) error {
 		o.group, o.groupOn = s, true
@@ -50,12 +50,12 @@ func newEventsFlags(o *eventsOptions) *flag.FlagSet {
 	fs.StringVar(&o.kind, "kind", "", "only events of `KIND`: "+strings.Join(eventKinds, ", "))
 	fs.DurationVar(&o.since, "since", 0, "start with the events of the last `DURATION` (like 10m) instead of the oldest kept")
 	fs.BoolVar(&o.asJSON, "json", false, "print each event as stored, one JSON object per line")
-	return fs
+	return fs, conn
 }
 
 // printEventsUsage writes the events subcommand's help.
 func printEventsUsage(w io.Writer) {
-	fs := newEventsFlags(&eventsOptions{})
+	fs, _ := newEventsFlags(&eventsOptions{})
 	fmt.Fprintf(w, `Usage: grouprouter events [flags]
 
 Prints the events kept in stream %s (grouping.events.<kind>), oldest
@@ -72,9 +72,9 @@ Flags:
 }
 
 // parseEventsArgs parses the events subcommand's arguments.
-func parseEventsArgs(args []string) (eventsOptions, error) {
+func parseEventsArgs(args []string, env environment) (eventsOptions, error) {
 	var o eventsOptions
-	fs := newEventsFlags(&o)
+	fs, conn := newEventsFlags(&o)
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return o, err
@@ -90,20 +90,23 @@ func parseEventsArgs(args []string) (eventsOptions, error) {
 	if o.since < 0 {
 		return o, &usageError{cmd: "events", msg: fmt.Sprintf("--since must be > 0, got %v", o.since)}
 	}
+	var err error
+	if o.conn, err = conn.resolve(env, defaultNATSURL); err != nil {
+		return o, err
+	}
 	return o, nil
 }
 
 // listEvents is the events subcommand.
-func listEvents(ctx context.Context, args []string, stdout io.Writer) error {
-	o, err := parseEventsArgs(args)
+func listEvents(ctx context.Context, args []string, env environment, stdout, stderr io.Writer) error {
+	o, err := parseEventsArgs(args, env)
 	if err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			printEventsUsage(stdout)
 		}
 		return err
 	}
-	url := strings.TrimSpace(o.natsURL)
-	nc, js, err := connectClient(url, "events")
+	nc, js, err := connectClient(o.conn, "events", warnTo(stderr))
 	if err != nil {
 		return err
 	}
@@ -111,14 +114,13 @@ func listEvents(ctx context.Context, args []string, stdout io.Writer) error {
 
 	setupCtx, cancel := context.WithTimeout(ctx, nodesTimeout)
 	defer cancel()
+	before := nc.LastError()
 	stream, err := js.Stream(setupCtx, router.EventsStream)
 	switch {
 	case errors.Is(err, jetstream.ErrStreamNotFound):
-		return fmt.Errorf("no events yet: is a grouprouter node running? (no stream %q at %s)", router.EventsStream, redactURLs(url))
-	case err != nil && jetStreamDisabled(err):
-		return noJetStreamError(url)
+		return fmt.Errorf("no events yet: is a grouprouter node running? (no stream %q at %s)", router.EventsStream, redactURLs(o.conn.URL))
 	case err != nil:
-		return fmt.Errorf("stream %s: %w", router.EventsStream, err)
+		return requestError(err, o.conn, nc, before, "stream "+router.EventsStream)
 	}
 	last := stream.CachedInfo().State.LastSeq
 	cfg := jetstream.OrderedConsumerConfig{DeliverPolicy: jetstream.DeliverAllPolicy}

@@ -213,7 +213,7 @@ func TestEventsUsage(t *testing.T) {
 		{[]string{"events", "--kind", "bogus"}, exitUsage, `grouprouter events: unknown kind "bogus" (want one of bind, reject,`},
 		{[]string{"events", "--since", "-1m"}, exitUsage, "grouprouter events: --since must be > 0, got -1m0s"},
 		{[]string{"events", "extra"}, exitUsage, `grouprouter events: unexpected argument "extra"`},
-		{[]string{"events", "--nats", "nats://127.0.0.1:1"}, exitFailure, "grouprouter: cannot connect to NATS at nats://127.0.0.1:1"},
+		{[]string{"events", "--nats", "nats://127.0.0.1:1"}, exitFailure, "grouprouter: cannot reach NATS at nats://127.0.0.1:1"},
 	} {
 		code, stdout, stderr := runCommand(t, tt.args...)
 		got := stderr

@@ -13,6 +13,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
+
 	"grouprouter/kvbinding"
 	"grouprouter/router"
 )
@@ -52,10 +54,12 @@ type runOptions struct {
 	cfg router.Config
 	// file is the parsed --config file, or nil.
 	file *fileConfig
-	// natsURL is the comma-separated server list of --nats; empty means
-	// start the embedded server.
-	natsURL string
-	// listen and storeDir configure the embedded server.
+	// conn are the connection settings; conn.URL empty means start the
+	// embedded server and connect to it.
+	conn connSettings
+	// embedded is the embedded server's configuration, nil when joining
+	// servers; listen and storeDir are its address and store.
+	embedded *server.Options
 	listen   string
 	storeDir string
 	logLevel slog.Level
@@ -67,8 +71,9 @@ type runOptions struct {
 // runFlags holds the run subcommand's flag values before merging.
 type runFlags struct {
 	fs           *flag.FlagSet
+	conn         *connFlags
 	config       string
-	natsURL      string
+	serverConfig string
 	node         string
 	typ          string
 	address      string
@@ -102,7 +107,7 @@ func newRunFlags() *runFlags {
 	}
 	fs := f.fs
 	fs.StringVar(&f.config, "config", "", "read the `FILE` holding a <grouping-handler> element (flags override it)")
-	fs.StringVar(&f.natsURL, "nats", "", "join the NATS servers at `URL`s (comma-separated); without it an embedded server is started")
+	f.conn = addConnFlags(fs, "join the NATS servers at `URL`s, comma-separated (env "+envURL+"); without servers to join an embedded server is started")
 	fs.StringVar(&f.node, "node", "", "this node's `ID`, [A-Za-z0-9_-]{1,64} (default: the host name, sanitized)")
 	fs.StringVar(&f.typ, "type", string(defaultType), "grouping-handler `TYPE`: LOCAL (decides; a second LOCAL is its backup) or REMOTE")
 	fs.StringVar(&f.address, "address", defaultAddress, "producers publish on `ADDRESS`.>")
@@ -128,6 +133,8 @@ func newRunFlags() *runFlags {
 	fs.StringVar(&f.listen, "listen", defaultListen, "embedded server: listen on `HOST:PORT`")
 	fs.StringVar(&f.storeDir, "store-dir", "", "embedded server: JetStream store `DIR` (default: the user's data directory + /grouprouter)")
 	fs.StringVar(&f.httpAddr, "http", "", "serve /metrics, /healthz, /readyz and the status page / on `HOST:PORT` (default: off)")
+	fs.StringVar(&f.serverConfig, "server-config", "",
+		"embedded server: nats-server configuration `FILE` (its users, TLS, ...); --listen and --store-dir override it; listening beyond loopback needs authentication in it")
 	return f
 }
 
@@ -211,6 +218,9 @@ func parseRunArgs(args []string, env environment) (runOptions, error) {
 	if !set["node"] {
 		node = sanitizeNodeID(env.hostname())
 	}
+	if opts.conn, err = f.conn.resolve(env, ""); err != nil {
+		return runOptions{}, err
+	}
 	opts.cfg = router.Config{
 		Name:        name,
 		Type:        ht,
@@ -228,6 +238,9 @@ func parseRunArgs(args []string, env environment) (runOptions, error) {
 		NodeGrace:    lc.nodeGrace,
 		RebindAfter:  lc.rebindAfter,
 		EventsMaxAge: time.Duration(f.eventsMaxAge),
+
+		InboxPrefix: opts.conn.InboxPrefix,
+		JSDomain:    opts.conn.JSDomain,
 	}
 	if opts.cfg.EventsMaxAge <= 0 {
 		return runOptions{}, fmt.Errorf("%w: events-max-age must be > 0, got %v", router.ErrConfig, opts.cfg.EventsMaxAge)
@@ -246,15 +259,11 @@ func parseRunArgs(args []string, env environment) (runOptions, error) {
 		}
 	}
 
-	if set["nats"] {
-		opts.natsURL = strings.TrimSpace(f.natsURL)
-		if err := checkNATSURLs(opts.natsURL); err != nil {
-			return runOptions{}, err
-		}
-		for _, embeddedOnly := range []string{"listen", "store-dir"} {
+	if opts.conn.URL != "" {
+		for _, embeddedOnly := range []string{"listen", "store-dir", "server-config"} {
 			if set[embeddedOnly] {
-				return runOptions{}, fmt.Errorf("%w: --%s configures the embedded server, which --nats replaces; use one or the other",
-					router.ErrConfig, embeddedOnly)
+				return runOptions{}, fmt.Errorf("%w: --%s configures the embedded server, but %s names NATS servers to join; use one or the other",
+					router.ErrConfig, embeddedOnly, opts.conn.urlSource)
 			}
 		}
 		return opts, nil
@@ -270,6 +279,11 @@ func parseRunArgs(args []string, env environment) (runOptions, error) {
 	} else if strings.TrimSpace(opts.storeDir) == "" {
 		return runOptions{}, fmt.Errorf("%w: --store-dir is empty", router.ErrConfig)
 	}
+	if opts.embedded, err = embeddedOptions(opts.listen, set["listen"], opts.storeDir, set["store-dir"], f.serverConfig); err != nil {
+		return runOptions{}, err
+	}
+	opts.listen = net.JoinHostPort(opts.embedded.Host, strconv.Itoa(max(opts.embedded.Port, 0)))
+	opts.storeDir = opts.embedded.StoreDir
 	return opts, nil
 }
 
@@ -387,14 +401,15 @@ func parseLogLevel(s string) (slog.Level, error) {
 	return 0, fmt.Errorf("%w: unknown log level %q (want debug, info, warn or error)", router.ErrConfig, s)
 }
 
-// checkNATSURLs checks that --nats names at least one server.
-func checkNATSURLs(urls string) error {
+// checkNATSURLs checks that a server list (from source: --nats, NATS_URL
+// or a context) names at least one server.
+func checkNATSURLs(urls, source string) error {
 	if urls == "" {
-		return fmt.Errorf("%w: --nats is empty", router.ErrConfig)
+		return fmt.Errorf("%w: %s is empty", router.ErrConfig, source)
 	}
 	for _, u := range strings.Split(urls, ",") {
 		if strings.TrimSpace(u) == "" {
-			return fmt.Errorf("%w: --nats %q has an empty URL", router.ErrConfig, urls)
+			return fmt.Errorf("%w: %s %q has an empty URL", router.ErrConfig, source, urls)
 		}
 	}
 	return nil

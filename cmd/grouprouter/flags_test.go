@@ -51,8 +51,8 @@ func TestParseRunArgsDefaults(t *testing.T) {
 	if opts.cfg != want {
 		t.Errorf("config\n got %+v\nwant %+v", opts.cfg, want)
 	}
-	if opts.natsURL != "" || opts.listen != "127.0.0.1:4222" || opts.storeDir != "/home/op/.local/share/grouprouter" {
-		t.Errorf("nats=%q listen=%q store=%q, want embedded on 127.0.0.1:4222 in the XDG data dir", opts.natsURL, opts.listen, opts.storeDir)
+	if opts.conn.URL != "" || opts.listen != "127.0.0.1:4222" || opts.storeDir != "/home/op/.local/share/grouprouter" || opts.embedded == nil {
+		t.Errorf("nats=%q listen=%q store=%q, want embedded on 127.0.0.1:4222 in the XDG data dir", opts.conn.URL, opts.listen, opts.storeDir)
 	}
 	if opts.logLevel != slog.LevelInfo || opts.logJSON || opts.file != nil {
 		t.Errorf("log level %v json %v file %v", opts.logLevel, opts.logJSON, opts.file)
@@ -257,16 +257,16 @@ func TestParseRunArgsConnection(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if opts.natsURL != "nats://a:1,nats://b:2" {
-			t.Errorf("nats %q", opts.natsURL)
+		if opts.conn.URL != "nats://a:1,nats://b:2" || opts.embedded != nil {
+			t.Errorf("nats %q", opts.conn.URL)
 		}
 	})
 	t.Run("embedded with listen and store dir", func(t *testing.T) {
-		opts, err := parseRunArgs([]string{"--listen", "0.0.0.0:5222", "--store-dir", "/data/gr", "--log-level", "DEBUG", "--log-json"}, testEnv("h"))
+		opts, err := parseRunArgs([]string{"--listen", "127.0.0.2:5222", "--store-dir", "/data/gr", "--log-level", "DEBUG", "--log-json"}, testEnv("h"))
 		if err != nil {
 			t.Fatal(err)
 		}
-		if opts.natsURL != "" || opts.listen != "0.0.0.0:5222" || opts.storeDir != "/data/gr" || opts.logLevel != slog.LevelDebug || !opts.logJSON {
+		if opts.conn.URL != "" || opts.listen != "127.0.0.2:5222" || opts.storeDir != "/data/gr" || opts.logLevel != slog.LevelDebug || !opts.logJSON {
 			t.Errorf("got %+v", opts)
 		}
 	})

@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"io"
 	"slices"
-	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -28,28 +27,28 @@ const groupsTableBlock = 4096
 
 // groupsOptions is what the groups subcommand was asked for.
 type groupsOptions struct {
-	natsURL     string
+	conn        connSettings
 	node        string
 	state       string
 	asJSON      bool
 	groupHeader string
 }
 
-func newGroupsFlags(o *groupsOptions) *flag.FlagSet {
+func newGroupsFlags(o *groupsOptions) (*flag.FlagSet, *connFlags) {
 	fs := flag.NewFlagSet("groups", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 	fs.Usage = func() {}
-	fs.StringVar(&o.natsURL, "nats", defaultNATSURL, "NATS server `URL`s (comma-separated)")
+	conn := addConnFlags(fs, natsClientUsage)
 	fs.StringVar(&o.node, "node", "", "only the groups of node `ID`: bound to it, moving off it, or with messages on its queue (only its queue is read)")
 	fs.StringVar(&o.state, "state", stateCurrent, "only groups in `STATE`: bound, moving, released, dead-lettered, unbound, current (bound or moving, or with messages waiting, unacked or held) or all")
 	fs.BoolVar(&o.asJSON, "json", false, "print a JSON array, one object per line, instead of a table")
 	fs.StringVar(&o.groupHeader, "group-header", router.DefaultGroupHeader, "`HEADER` holding the group id on queue messages")
-	return fs
+	return fs, conn
 }
 
 // printGroupsUsage writes the groups subcommand's help.
 func printGroupsUsage(w io.Writer) {
-	fs := newGroupsFlags(&groupsOptions{})
+	fs, _ := newGroupsFlags(&groupsOptions{})
 	fmt.Fprint(w, `Usage: grouprouter groups [flags]
 
 Lists the groups: where each is bound, since when and why, and how many of
@@ -81,9 +80,9 @@ Flags:
 	fs.PrintDefaults()
 }
 
-func parseGroupsArgs(args []string) (groupsOptions, error) {
+func parseGroupsArgs(args []string, env environment) (groupsOptions, error) {
 	var o groupsOptions
-	fs := newGroupsFlags(&o)
+	fs, conn := newGroupsFlags(&o)
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return o, err
@@ -107,27 +106,30 @@ func parseGroupsArgs(args []string) (groupsOptions, error) {
 	if !validHeaderName(o.groupHeader) {
 		return o, fmt.Errorf("%w: group header %q is not a valid header name", router.ErrConfig, o.groupHeader)
 	}
+	var err error
+	if o.conn, err = conn.resolve(env, defaultNATSURL); err != nil {
+		return o, err
+	}
 	return o, nil
 }
 
 // listGroups is the groups subcommand.
-func listGroups(ctx context.Context, args []string, stdout io.Writer) error {
-	o, err := parseGroupsArgs(args)
+func listGroups(ctx context.Context, args []string, env environment, stdout, stderr io.Writer) error {
+	o, err := parseGroupsArgs(args, env)
 	if err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			printGroupsUsage(stdout)
 		}
 		return err
 	}
-	url := strings.TrimSpace(o.natsURL)
-	nc, js, err := connectClient(url, "groups")
+	nc, js, err := connectClient(o.conn, "groups", warnTo(stderr))
 	if err != nil {
 		return err
 	}
 	defer nc.Close()
 	setupCtx, cancel := context.WithTimeout(ctx, nodesTimeout)
 	defer cancel()
-	if err := requireBucket(setupCtx, js, url, kvbinding.DefaultBucket, "bindings"); err != nil {
+	if err := requireBucket(setupCtx, nc, js, o.conn, kvbinding.DefaultBucket, "bindings"); err != nil {
 		return err
 	}
 	held, _, err := heldGroups(setupCtx, js)

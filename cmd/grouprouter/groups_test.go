@@ -319,7 +319,7 @@ func TestGroupsUsage(t *testing.T) {
 		{[]string{"where"}, exitUsage, "grouprouter where: want GROUP, got 0 arguments"},
 		{[]string{"where", "a", "b"}, exitUsage, "grouprouter where: want GROUP, got 2 arguments"},
 		{[]string{"where", "a\xffb"}, exitUsage, `grouprouter where: invalid GROUP "a\xffb": not valid UTF-8`},
-		{[]string{"where", "--nats", "nats://127.0.0.1:1", "g"}, exitFailure, "grouprouter: cannot connect to NATS at nats://127.0.0.1:1"},
+		{[]string{"where", "--nats", "nats://127.0.0.1:1", "g"}, exitFailure, "grouprouter: cannot reach NATS at nats://127.0.0.1:1"},
 		{[]string{"groups", "--group-header", "a b"}, exitUsage, `grouprouter: invalid configuration: group header "a b" is not a valid header name`},
 	} {
 		code, stdout, stderr := runCommand(t, tt.args...)

@@ -36,6 +36,11 @@ func run(args []string, stdout, stderr io.Writer) int {
 
 // runContext is run with the process's signals replaced by ctx.
 func runContext(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	return runEnv(ctx, args, osEnvironment(), stdout, stderr)
+}
+
+// runEnv is runContext with the process environment replaced by env.
+func runEnv(ctx context.Context, args []string, env environment, stdout, stderr io.Writer) int {
 	if len(args) == 0 {
 		printUsage(stderr)
 		return exitUsage
@@ -47,21 +52,21 @@ func runContext(ctx context.Context, args []string, stdout, stderr io.Writer) in
 		printUsage(stdout)
 		return exitOK
 	case "run":
-		err = runNode(ctx, rest, stdout, stderr)
+		err = runNode(ctx, rest, env, stdout, stderr)
 	case "bindings":
-		err = listBindings(ctx, rest, stdout)
+		err = listBindings(ctx, rest, env, stdout, stderr)
 	case "consume":
-		err = consume(ctx, rest, stdout, stderr)
+		err = consume(ctx, rest, env, stdout, stderr)
 	case "nodes":
-		err = listNodes(ctx, rest, stdout)
+		err = listNodes(ctx, rest, env, stdout, stderr)
 	case "events":
-		err = listEvents(ctx, rest, stdout)
+		err = listEvents(ctx, rest, env, stdout, stderr)
 	case "groups":
-		err = listGroups(ctx, rest, stdout)
+		err = listGroups(ctx, rest, env, stdout, stderr)
 	case "where":
-		err = whereGroup(ctx, rest, stdout)
+		err = whereGroup(ctx, rest, env, stdout, stderr)
 	case opMove, opUnbind:
-		err = moveGroup(ctx, cmd, rest, stdout)
+		err = moveGroup(ctx, cmd, rest, env, stdout, stderr)
 	case "bench":
 		err = bench.Main(ctx, rest, stdout, stderr)
 		if errors.Is(err, bench.ErrUsage) {
@@ -104,7 +109,7 @@ func printUsage(w io.Writer) {
 Routes every message of a group to one node's queue, in order, on NATS JetStream.
 
 Commands:
-  run        run a router node (starts an embedded NATS server without --nats)
+  run        run a router node (starts an embedded NATS server without servers to join)
   bindings   list the group bindings (group -> node)
   groups     list the groups: node, state, since when and why, messages waiting and held
   where      show where one group is, why, and what of it waits where

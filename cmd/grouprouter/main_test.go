@@ -2,10 +2,21 @@ package main
 
 import (
 	"bytes"
+	"os"
 	"strings"
 	"sync"
 	"testing"
 )
+
+// TestMain keeps the developer's NATS settings (NATS_URL, NATS_CONTEXT,
+// ...) out of the tests, which run the commands with the process
+// environment.
+func TestMain(m *testing.M) {
+	for _, v := range connEnvVars {
+		os.Unsetenv(v)
+	}
+	os.Exit(m.Run())
+}
 
 func TestUsage(t *testing.T) {
 	tests := []struct {

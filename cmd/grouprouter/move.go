@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"grouprouter/internal/retry"
 	"grouprouter/kvbinding"
 	"grouprouter/proposals"
 	"grouprouter/router"
@@ -32,7 +33,7 @@ const (
 // checked.
 type moveOptions struct {
 	op      string // opMove or opUnbind
-	natsURL string
+	conn    connSettings
 	timeout msDuration
 	asJSON  bool
 	wait    bool
@@ -40,12 +41,12 @@ type moveOptions struct {
 	node    string // the target; "" for unbind
 }
 
-func newMoveFlags(op string, o *moveOptions) *flag.FlagSet {
+func newMoveFlags(op string, o *moveOptions) (*flag.FlagSet, *connFlags) {
 	fs := flag.NewFlagSet(op, flag.ContinueOnError)
 	fs.SetOutput(io.Discard) // errors are reported as one line by the caller
 	fs.Usage = func() {}
 	o.timeout = msDuration(defaultMoveTimeout)
-	fs.StringVar(&o.natsURL, "nats", defaultNATSURL, "NATS server `URL`s (comma-separated)")
+	conn := addConnFlags(fs, natsClientUsage)
 	fs.Var(&o.timeout, "timeout", "how long to wait for the LOCAL handler's answer, and with --wait for the hand-over: a `DURATION` like 10s, or milliseconds like 10000")
 	fs.BoolVar(&o.asJSON, "json", false, "print the record as a JSON object (as 'bindings --json' prints one) instead of a table")
 	done := "the group is bound to NODE and its new node has taken it over"
@@ -53,12 +54,12 @@ func newMoveFlags(op string, o *moveOptions) *flag.FlagSet {
 		done = "the group is released"
 	}
 	fs.BoolVar(&o.wait, "wait", false, "wait until "+done+" (at most --timeout), then print the final record")
-	return fs
+	return fs, conn
 }
 
 // printMoveUsage writes the move or unbind subcommand's help.
 func printMoveUsage(w io.Writer, op string) {
-	fs := newMoveFlags(op, &moveOptions{})
+	fs, _ := newMoveFlags(op, &moveOptions{})
 	if op == opMove {
 		fmt.Fprint(w, `Usage: grouprouter move [flags] GROUP NODE
 
@@ -101,9 +102,9 @@ Flags:
 // (opUnbind) subcommand. It returns flag.ErrHelp for -h, a *usageError for
 // command-line mistakes and errors wrapping router.ErrConfig for invalid
 // flag values.
-func parseMoveArgs(op string, args []string) (moveOptions, error) {
+func parseMoveArgs(op string, args []string, env environment) (moveOptions, error) {
 	o := moveOptions{op: op}
-	fs := newMoveFlags(op, &o)
+	fs, conn := newMoveFlags(op, &o)
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return moveOptions{}, err
@@ -139,8 +140,8 @@ func parseMoveArgs(op string, args []string) (moveOptions, error) {
 	if o.timeout <= 0 {
 		return moveOptions{}, fmt.Errorf("%w: --timeout must be > 0, got %v", router.ErrConfig, time.Duration(o.timeout))
 	}
-	o.natsURL = strings.TrimSpace(o.natsURL)
-	if err := checkNATSURLs(o.natsURL); err != nil {
+	var err error
+	if o.conn, err = conn.resolve(env, defaultNATSURL); err != nil {
 		return moveOptions{}, err
 	}
 	return o, nil
@@ -154,8 +155,8 @@ func plural(n int) string {
 }
 
 // moveGroup is the move (op opMove) and unbind (op opUnbind) subcommand.
-func moveGroup(ctx context.Context, op string, args []string, stdout io.Writer) error {
-	o, err := parseMoveArgs(op, args)
+func moveGroup(ctx context.Context, op string, args []string, env environment, stdout, stderr io.Writer) error {
+	o, err := parseMoveArgs(op, args, env)
 	if errors.Is(err, flag.ErrHelp) {
 		printMoveUsage(stdout, op)
 		return err
@@ -163,15 +164,19 @@ func moveGroup(ctx context.Context, op string, args []string, stdout io.Writer) 
 	if err != nil {
 		return err
 	}
-	nc, js, err := connectClient(o.natsURL, op)
+	nc, js, err := connectClient(o.conn, op, warnTo(stderr))
 	if err != nil {
 		return err
 	}
 	defer nc.Close()
 
 	timeout := time.Duration(o.timeout)
+	before := nc.LastError()
 	b, err := proposals.Move(ctx, nc, o.group, o.node, timeout)
 	if err != nil {
+		if v := retry.Violation(nc, before); v != nil {
+			return fmt.Errorf("%s: %w", o.what(), permissionError(v, o.conn, redactURLs(o.conn.URL)))
+		}
 		return o.moveError(err)
 	}
 	if !o.wait {
@@ -181,7 +186,7 @@ func moveGroup(ctx context.Context, op string, args []string, stdout io.Writer) 
 	// OpenStore would create a missing bucket; waiting must not.
 	wctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	if err := requireBucket(wctx, js, o.natsURL, kvbinding.DefaultBucket, "bindings"); err != nil {
+	if err := requireBucket(wctx, nc, js, o.conn, kvbinding.DefaultBucket, "bindings"); err != nil {
 		return fmt.Errorf("%s: %w", o.what(), err)
 	}
 	store, err := kvbinding.OpenStore(wctx, js, kvbinding.StoreConfig{})
@@ -216,7 +221,7 @@ func (o moveOptions) moveError(err error) error {
 	}
 	switch {
 	case errors.Is(err, proposals.ErrNoHandler):
-		return fmt.Errorf("%s: no LOCAL grouping handler is answering at %s: is a LOCAL node running?", o.what(), redactURLs(o.natsURL))
+		return fmt.Errorf("%s: no LOCAL grouping handler is answering at %s: is a LOCAL node running?", o.what(), redactURLs(o.conn.URL))
 	case errors.Is(err, proposals.ErrDecisionTimeout):
 		return fmt.Errorf("%s: the LOCAL handler did not answer within %v (whether the %s was done is unknown: see 'grouprouter bindings')",
 			o.what(), time.Duration(o.timeout), o.op)

@@ -56,7 +56,7 @@ func TestMoveUsage(t *testing.T) {
 		{[]string{"unbind", "--nats", " ", "g"}, exitUsage,
 			"grouprouter: invalid configuration: --nats is empty"},
 		{[]string{"move", "--nats", nowhere, "g", "n1"}, exitFailure,
-			"grouprouter: cannot connect to NATS at " + nowhere},
+			"grouprouter: cannot reach NATS at " + nowhere},
 	} {
 		code, stdout, stderr := runCommand(t, tt.args...)
 		if code != tt.code {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"flag"
-	"fmt"
 	"io"
 	"log/slog"
 	"net/url"
@@ -24,10 +23,11 @@ const (
 )
 
 // runNode is the run subcommand: it validates the configuration, starts
-// the embedded server if --nats is absent, connects, and runs the router
-// until ctx ends. Then it drains the connection and stops the server.
-func runNode(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	opts, err := parseRunArgs(args, osEnvironment())
+// the embedded server if there are no servers to join, connects (waiting
+// for NATS as long as it takes), and runs the router until ctx ends. Then
+// it drains the connection and stops the server.
+func runNode(ctx context.Context, args []string, env environment, stdout, stderr io.Writer) error {
+	opts, err := parseRunArgs(args, env)
 	if errors.Is(err, flag.ErrHelp) {
 		printRunUsage(stdout)
 		return err
@@ -43,19 +43,23 @@ func runNode(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	}
 	defer web.close() // on the error paths below; the one after the connection's drain comes first
 	opts.cfg.Metrics = web.registerer()
+	if opts.conn.PasswordFlag {
+		log.Warn(passwordWarning)
+	}
 
-	servers := opts.natsURL
+	servers := opts.conn.URL
 	if servers == "" {
-		emb, err := startEmbedded(opts.listen, opts.storeDir, log)
+		emb, err := startEmbedded(opts.embedded, log)
 		if err != nil {
 			return err
 		}
 		defer emb.Close() // after the drain below: defers run last-in first-out
 		servers = emb.url
 	}
+	conn := withURL(opts.conn, servers)
 
 	closed := make(chan struct{})
-	nc, err := nats.Connect(servers,
+	nc, err := connectNode(ctx, conn, servers, log,
 		nats.Name("grouprouter-"+opts.cfg.Node),
 		nats.MaxReconnects(-1),
 		nats.ReconnectWait(reconnectWait),
@@ -78,7 +82,11 @@ func runNode(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		nats.ClosedHandler(func(*nats.Conn) { close(closed) }),
 	)
 	if err != nil {
-		return fmt.Errorf("cannot connect to NATS at %s: %w", redactURLs(servers), err)
+		return err
+	}
+	if nc == nil {
+		log.Info("grouprouter node stopped before NATS answered", "node", opts.cfg.Node)
+		return nil
 	}
 	defer drain(nc, closed, log)
 	defer web.close() // once the router stopped, before the drain
@@ -96,12 +104,7 @@ func runNode(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		"group_timeout", neverOr(opts.cfg.GroupTimeout), "node_grace", opts.cfg.NodeGrace, "rebind_after", neverOr(max(opts.cfg.RebindAfter, 0)),
 		"nats", nc.ConnectedUrlRedacted())
 	if err := r.Run(ctx); err != nil {
-		if ctx.Err() == nil || !errors.Is(err, context.Canceled) {
-			return fmt.Errorf("router: %w", err)
-		}
-		// Stopped (SIGINT/SIGTERM) while still setting up: not a failure.
-		log.Info("grouprouter node stopped during startup", "node", opts.cfg.Node, "err", err)
-		return nil
+		return setupError(err, conn)
 	}
 	log.Info("grouprouter node stopped", "node", opts.cfg.Node)
 	return nil

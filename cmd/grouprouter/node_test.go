@@ -198,13 +198,36 @@ func TestRunJoinsNATS(t *testing.T) {
 	}
 }
 
-func TestRunCannotConnect(t *testing.T) {
-	var stdout, stderr bytes.Buffer
-	code := run([]string{"run", "--nats", "nats://127.0.0.1:1", "--node", "n1", "--log-level", "error"}, &stdout, &stderr)
-	if code != exitFailure {
-		t.Errorf("exit %d, want %d", code, exitFailure)
+// TestRunWaitsForNATS: a node started before its NATS server says it waits
+// and goes on when the server comes.
+func TestRunWaitsForNATS(t *testing.T) {
+	srv := natstest.NewServer(t)
+	stderr, stop := startCommand(t, "run", "--nats", srv.URL(), "--node", "n1", "--log-json")
+	natstest.Eventually(t, 30*time.Second, func() error {
+		if !strings.Contains(stderr.String(), `"msg":"waiting for NATS at `+srv.URL()) {
+			return fmt.Errorf("no waiting line yet:\n%s", stderr)
+		}
+		return nil
+	})
+	if err := srv.Start(); err != nil {
+		t.Fatal(err)
 	}
-	if got := stderr.String(); !strings.HasPrefix(got, "grouprouter: cannot connect to NATS at nats://127.0.0.1:1:") {
-		t.Errorf("stderr %q", got)
+	js, err := jetstream.New(srv.Connect())
+	if err != nil {
+		t.Fatal(err)
+	}
+	natstest.Eventually(t, 60*time.Second, func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		_, err := js.KeyValue(ctx, kvbinding.DefaultNodesBucket)
+		return err
+	})
+	if code := stop(); code != exitOK {
+		t.Fatalf("exit %d; stderr:\n%s", code, stderr)
+	}
+	for _, want := range []string{`"msg":"connected to NATS"`, `"msg":"grouprouter node starting"`} {
+		if !strings.Contains(stderr.String(), want) {
+			t.Errorf("no %s line:\n%s", want, stderr)
+		}
 	}
 }

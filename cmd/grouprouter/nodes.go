@@ -24,14 +24,14 @@ const nodesTimeout = 10 * time.Second
 // timeLayout is how the tables print times.
 const timeLayout = "2006-01-02T15:04:05.000Z07:00"
 
-func newNodesFlags() (fs *flag.FlagSet, servers, name *string, asJSON *bool) {
+func newNodesFlags() (fs *flag.FlagSet, conn *connFlags, name *string, asJSON *bool) {
 	fs = flag.NewFlagSet("nodes", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 	fs.Usage = func() {}
-	servers = fs.String("nats", defaultNATSURL, "NATS server `URL`s (comma-separated)")
+	conn = addConnFlags(fs, natsClientUsage)
 	name = fs.String("name", defaultName, "grouping-handler `NAME` whose active LOCAL handler to show")
 	asJSON = fs.Bool("json", false, `print a JSON object {"nodes": [...], "handler": {...} or null} instead of a table`)
-	return fs, servers, name, asJSON
+	return fs, conn, name, asJSON
 }
 
 // printNodesUsage writes the nodes subcommand's help.
@@ -52,8 +52,8 @@ Flags:
 }
 
 // listNodes is the nodes subcommand.
-func listNodes(ctx context.Context, args []string, stdout io.Writer) error {
-	fs, servers, name, asJSON := newNodesFlags()
+func listNodes(ctx context.Context, args []string, env environment, stdout, stderr io.Writer) error {
+	fs, conn, name, asJSON := newNodesFlags()
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			printNodesUsage(stdout)
@@ -67,8 +67,11 @@ func listNodes(ctx context.Context, args []string, stdout io.Writer) error {
 	if err := kvbinding.ValidateNodeID(*name); err != nil {
 		return fmt.Errorf("%w: name: %v", router.ErrConfig, strings.Replace(err.Error(), "node id", "name", 1))
 	}
-	url := strings.TrimSpace(*servers)
-	nc, js, err := connectClient(url, "nodes")
+	s, err := conn.resolve(env, defaultNATSURL)
+	if err != nil {
+		return err
+	}
+	nc, js, err := connectClient(s, "nodes", warnTo(stderr))
 	if err != nil {
 		return err
 	}
@@ -76,16 +79,17 @@ func listNodes(ctx context.Context, args []string, stdout io.Writer) error {
 
 	ctx, cancel := context.WithTimeout(ctx, nodesTimeout)
 	defer cancel()
-	if err := requireBucket(ctx, js, url, kvbinding.DefaultNodesBucket, "nodes"); err != nil {
+	if err := requireBucket(ctx, nc, js, s, kvbinding.DefaultNodesBucket, "nodes"); err != nil {
 		return err
 	}
+	before := nc.LastError()
 	reg, err := kvbinding.OpenRegistry(ctx, js, kvbinding.RegistryConfig{}, nil)
 	if err != nil {
-		return err
+		return requestError(err, s, nc, before, "open the node registry")
 	}
 	nodes, err := reg.ListNodes(ctx)
 	if err != nil {
-		return fmt.Errorf("list nodes: %w", err)
+		return requestError(err, s, nc, before, "list nodes")
 	}
 	sort.Slice(nodes, func(i, j int) bool { return nodes[i].Node < nodes[j].Node })
 
@@ -96,7 +100,7 @@ func listNodes(ctx context.Context, args []string, stdout io.Writer) error {
 		handler = &handlerJSON{Name: *name, Holder: lease.Holder, Since: lease.Since, Revision: lease.Revision}
 	case errors.Is(err, jetstream.ErrKeyNotFound), errors.Is(err, jetstream.ErrKeyDeleted):
 	default:
-		return fmt.Errorf("handler lease %s: %w", *name, err)
+		return requestError(err, s, nc, before, "handler lease "+*name)
 	}
 
 	if *asJSON {

@@ -21,25 +21,25 @@ import (
 
 // whereOptions is what the where subcommand was asked for.
 type whereOptions struct {
-	natsURL     string
+	conn        connSettings
 	asJSON      bool
 	groupHeader string
 	group       string // verbatim
 }
 
-func newWhereFlags(o *whereOptions) *flag.FlagSet {
+func newWhereFlags(o *whereOptions) (*flag.FlagSet, *connFlags) {
 	fs := flag.NewFlagSet("where", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 	fs.Usage = func() {}
-	fs.StringVar(&o.natsURL, "nats", defaultNATSURL, "NATS server `URL`s (comma-separated)")
+	conn := addConnFlags(fs, natsClientUsage)
 	fs.BoolVar(&o.asJSON, "json", false, "print a JSON object instead of text")
 	fs.StringVar(&o.groupHeader, "group-header", router.DefaultGroupHeader, "`HEADER` holding the group id on queue messages")
-	return fs
+	return fs, conn
 }
 
 // printWhereUsage writes the where subcommand's help.
 func printWhereUsage(w io.Writer) {
-	fs := newWhereFlags(&whereOptions{})
+	fs, _ := newWhereFlags(&whereOptions{})
 	fmt.Fprint(w, `Usage: grouprouter where [flags] GROUP
 
 Shows where group GROUP is: its record (node, state, since when, decided
@@ -61,9 +61,9 @@ Flags:
 	fs.PrintDefaults()
 }
 
-func parseWhereArgs(args []string) (whereOptions, error) {
+func parseWhereArgs(args []string, env environment) (whereOptions, error) {
 	var o whereOptions
-	fs := newWhereFlags(&o)
+	fs, conn := newWhereFlags(&o)
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return o, err
@@ -80,6 +80,10 @@ func parseWhereArgs(args []string) (whereOptions, error) {
 	}
 	if !validHeaderName(o.groupHeader) {
 		return o, fmt.Errorf("%w: group header %q is not a valid header name", router.ErrConfig, o.groupHeader)
+	}
+	var err error
+	if o.conn, err = conn.resolve(env, defaultNATSURL); err != nil {
+		return o, err
 	}
 	return o, nil
 }
@@ -98,16 +102,15 @@ type whereResult struct {
 }
 
 // whereGroup is the where subcommand.
-func whereGroup(ctx context.Context, args []string, stdout io.Writer) error {
-	o, err := parseWhereArgs(args)
+func whereGroup(ctx context.Context, args []string, env environment, stdout, stderr io.Writer) error {
+	o, err := parseWhereArgs(args, env)
 	if err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			printWhereUsage(stdout)
 		}
 		return err
 	}
-	url := strings.TrimSpace(o.natsURL)
-	nc, js, err := connectClient(url, "where")
+	nc, js, err := connectClient(o.conn, "where", warnTo(stderr))
 	if err != nil {
 		return err
 	}
@@ -116,7 +119,7 @@ func whereGroup(ctx context.Context, args []string, stdout io.Writer) error {
 	// backlog needs (interrupt it with ^C).
 	setupCtx, cancel := context.WithTimeout(ctx, nodesTimeout)
 	defer cancel()
-	if err := requireBucket(setupCtx, js, url, kvbinding.DefaultBucket, "bindings"); err != nil {
+	if err := requireBucket(setupCtx, nc, js, o.conn, kvbinding.DefaultBucket, "bindings"); err != nil {
 		return err
 	}
 	store, err := kvbinding.OpenStore(setupCtx, js, kvbinding.StoreConfig{})

@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/url"
 	"strconv"
+	"sync"
 	"testing"
 	"time"
 
@@ -118,6 +119,13 @@ func Connect(t testing.TB, url string, opts ...nats.Option) *nats.Conn {
 // It is shut down when the test ends.
 func RunServer(t testing.TB) *Server {
 	t.Helper()
+	return RunServerWith(t, nil)
+}
+
+// RunServerWith is RunServer with the server's options changed by
+// configure first (users and permissions, TLS), if it is not nil.
+func RunServerWith(t testing.TB, configure func(*server.Options)) *Server {
+	t.Helper()
 	s := &Server{t: t, opts: server.Options{
 		ServerName: "S1",
 		Host:       "127.0.0.1",
@@ -128,6 +136,9 @@ func RunServer(t testing.TB) *Server {
 		NoSigs:     true,
 	}}
 	s.opts.Cluster.Port = 0
+	if configure != nil {
+		configure(&s.opts)
+	}
 	s.start()
 	t.Cleanup(s.Stop)
 	return s
@@ -195,6 +206,84 @@ func tryCluster(t testing.TB, n int) (*Cluster, error) {
 		t.Cleanup(s.Stop)
 	}
 	return c, nil
+}
+
+// NewServer configures a single JetStream server on a reserved loopback
+// port without starting it: its URL is known before it listens, so a
+// client can be started first. Start it with Start; it is shut down when
+// the test ends.
+func NewServer(t testing.TB) *Server {
+	t.Helper()
+	s := &Server{t: t, opts: server.Options{
+		ServerName: "S1",
+		Host:       "127.0.0.1",
+		Port:       freePort(t),
+		JetStream:  true,
+		StoreDir:   t.TempDir(),
+		NoLog:      true,
+		NoSigs:     true,
+	}}
+	s.opts.Cluster.Port = 0
+	t.Cleanup(s.Stop)
+	return s
+}
+
+// Start starts a configured server and returns once it accepts client
+// connections (JetStream may still be starting), or an error when it does
+// not (its reserved port was taken meanwhile).
+func (s *Server) Start() error { return s.tryStart() }
+
+// NewCluster configures n JetStream servers forming one cluster on
+// reserved loopback ports (client and cluster) without starting them:
+// clients can be started before the servers and connect while the cluster
+// forms. Start them with StartAll; they are shut down when the test ends.
+func NewCluster(t testing.TB, n int) *Cluster {
+	t.Helper()
+	c := &Cluster{t: t}
+	ports := make([]int, n)
+	for i := range ports {
+		ports[i] = freePort(t)
+	}
+	var routes []*url.URL
+	for _, p := range ports {
+		routes = append(routes, mustURL(t, fmt.Sprintf("nats-route://127.0.0.1:%d", p)))
+	}
+	for i := 0; i < n; i++ {
+		s := &Server{t: t, opts: server.Options{
+			ServerName: fmt.Sprintf("S%d", i+1),
+			Host:       "127.0.0.1",
+			Port:       freePort(t),
+			JetStream:  true,
+			StoreDir:   t.TempDir(),
+			NoLog:      true,
+			NoSigs:     true,
+			Routes:     routes,
+		}}
+		s.opts.Cluster.Name = "grouptest"
+		s.opts.Cluster.Host = "127.0.0.1"
+		s.opts.Cluster.Port = ports[i]
+		c.Servers = append(c.Servers, s)
+		t.Cleanup(s.Stop)
+	}
+	return c
+}
+
+// StartAll starts every member at the same time and returns once each
+// accepts client connections, without waiting for routes, a JetStream
+// meta leader or anything else. It returns an error if a member did not
+// start (a reserved port taken meanwhile); the others keep running.
+func (c *Cluster) StartAll() error {
+	errs := make([]error, len(c.Servers))
+	var wg sync.WaitGroup
+	for i, s := range c.Servers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[i] = s.tryStart()
+		}()
+	}
+	wg.Wait()
+	return errors.Join(errs...)
 }
 
 // URLs returns the comma-separated client URLs of every member.
