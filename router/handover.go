@@ -186,29 +186,39 @@ func (r *Router) retrySteps(ctx context.Context, jobs map[string]dutyJob) {
 }
 
 // report sends step reports in batches and returns the groups whose
-// report the handler did not take (the record moved on meanwhile).
+// report the handler did not take (the record moved on meanwhile). A
+// report the handler could not take yet is sent again (see sortReports):
+// nothing else would hand the step back.
 func (r *Router) report(ctx context.Context, ps []proposals.Proposal) map[string]bool {
 	refused := map[string]bool{}
+	seen := func(group string) uint64 {
+		route, _ := r.cache.Lookup(group)
+		return route.Revision
+	}
 	for off := 0; off < len(ps); off += maxBatch {
 		chunk := ps[off:min(off+maxBatch, len(ps))]
 		for attempt := 1; ; attempt++ {
 			ds, err := r.client.Propose(ctx, chunk)
 			if err == nil {
 				for i, d := range ds {
-					switch d.Outcome {
-					case proposals.Accepted:
+					if d.Outcome == proposals.Accepted {
 						r.log.Debug("hand-over step reported", "group", d.Group, "op", chunk[i].Op, "revision", d.Revision)
-					default:
-						r.log.Debug("hand-over step report not taken", "group", d.Group, "op", chunk[i].Op, "outcome", d.Outcome, "err", d.Error)
-						refused[d.Group] = true
+					} else {
+						r.log.Debug("hand-over step report not taken", "group", d.Group, "op", chunk[i].Op, "outcome", d.Outcome,
+							"revision", d.Revision, "err", d.Error)
 					}
 				}
-				break
-			}
-			if ctx.Err() != nil {
+				again, notTaken := sortReports(chunk, ds, seen)
+				for _, g := range notTaken {
+					refused[g] = true
+				}
+				if len(again) == 0 {
+					break
+				}
+				chunk = again
+			} else if ctx.Err() != nil {
 				return refused
-			}
-			if attempt&(attempt-1) == 0 {
+			} else if attempt&(attempt-1) == 0 {
 				r.log.Warn("hand-over report failed; retrying", "reports", len(chunk), "err", err)
 			}
 			select {
@@ -219,6 +229,27 @@ func (r *Router) report(ctx context.Context, ps []proposals.Proposal) map[string
 		}
 	}
 	return refused
+}
+
+// sortReports sorts the handler's answers to step reports: the reports to
+// send again, and the groups whose report was not taken because their
+// record moved on (its change hands the next step). A report is sent
+// again while the record, as this node sees it (seen), is still the
+// revision reported and the handler either decided nothing (a failed
+// record write) or answered from an older revision (its view of the
+// record lags this node's: it refused a report of a step it has not seen).
+func sortReports(sent []proposals.Proposal, ds []proposals.Decision, seen func(group string) uint64) (again []proposals.Proposal, notTaken []string) {
+	for i, d := range ds {
+		p := sent[i]
+		switch {
+		case d.Outcome == proposals.Accepted:
+		case seen(p.Group) == p.Rev && (d.Outcome == proposals.Failed || d.Revision < p.Rev):
+			again = append(again, p)
+		default:
+			notTaken = append(notTaken, d.Group)
+		}
+	}
+	return again, notTaken
 }
 
 func sum(m map[string]int) int {
