@@ -495,15 +495,19 @@ func (r *Router) catchUp(ctx context.Context, routes map[string]kvbinding.Route)
 	}
 	byGroup := map[string][]*nats.Msg{}
 	err := r.readIngress(ctx, lo, hi, func(seq uint64, msg jetstream.Msg) {
-		g, invalid := GroupOf(msg.Headers(), r.cfg.GroupHeader)
-		if invalid != "" {
-			return
-		}
+		g, invalid := r.classify(msg.Headers(), msg.Subject())
 		s, ok := spans[g]
 		if !ok || seq < s.from || seq >= s.until {
 			return
 		}
 		out := prepare(seq, msg.Headers(), msg.Data())
+		if invalid != "" {
+			// Taking the ungrouped routing binding over: dead-letter what
+			// cannot be grouped, as the lane would have.
+			r.toDeadLetter(out, msg.Subject(), seq, invalid)
+			byGroup[g] = append(byGroup[g], out)
+			return
+		}
 		dest := r.cfg.Node
 		if g == "" {
 			r.mu.Lock()

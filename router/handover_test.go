@@ -2,11 +2,17 @@ package router
 
 import (
 	"context"
+	"log/slog"
+	"math/rand/v2"
+	"strconv"
 	"testing"
+	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"grouprouter/internal/natstest"
+	"grouprouter/kvbinding"
 	"grouprouter/proposals"
 )
 
@@ -44,6 +50,100 @@ func TestIsGoneOnTheLibrarysErrors(t *testing.T) {
 	}
 	if err = st.DeleteMsg(ctx, ack.Sequence); err == nil || isGone(err) {
 		t.Errorf("delete in a deleted stream: isGone(%v) = true, want a real failure", err)
+	}
+}
+
+// testRouter returns a router for node with its streams on a fresh server,
+// ready for the hand-over shell's steps (no Run: no goroutines).
+func testRouter(t *testing.T, node string) (*Router, jetstream.JetStream) {
+	t.Helper()
+	s := natstest.RunServer(t)
+	js, err := jetstream.New(s.Connect())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := Config{Name: "h", Type: Local, Address: "jms", Timeout: time.Second, Node: node}.withDefaults()
+	if err := ensureStreams(context.Background(), js, cfg, 1); err != nil {
+		t.Fatal(err)
+	}
+	r := &Router{js: js, cfg: cfg, log: slog.New(slog.DiscardHandler), duties: newDutyQueue(),
+		cache: kvbinding.NewCache(kvbinding.CacheConfig{})}
+	r.eng = newEngine(engineConfig{node: node, maxHeldMessages: 100, maxHeldBytes: 1 << 20, maxInFlight: 100, timeout: time.Second},
+		r.cache, rand.New(rand.NewPCG(1, 2)))
+	return r, js
+}
+
+// record puts b in the router's cache and returns its route.
+func record(t *testing.T, r *Router, b kvbinding.Binding) kvbinding.Route {
+	t.Helper()
+	if !r.cache.Apply(b) {
+		t.Fatalf("record %+v not applied", b)
+	}
+	route, _ := r.cache.Lookup(b.Group)
+	return route
+}
+
+// queuedSeqs returns the ingress sequences on node's queue, in stream order.
+func queuedSeqs(t *testing.T, js jetstream.JetStream, node string) []uint64 {
+	t.Helper()
+	ctx := context.Background()
+	st, err := js.Stream(ctx, QueueStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []uint64
+	for seq := uint64(1); ; {
+		m, err := st.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(QueueSubjectPrefix+node+".>"))
+		if isGone(err) {
+			return out
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		is, _ := strconv.ParseUint(m.Header.Get(HeaderIngressSeq), 10, 64)
+		out = append(out, is)
+		seq = m.Sequence + 1
+	}
+}
+
+// A takeover of the ungrouped routing binding catches up the messages
+// that cannot be grouped onto the dead-letter stream, as the lane would
+// have: skipped, they were lost with the node that owned the binding.
+// (The simulation's seeds 134 and 165.)
+func TestCatchUpDeadLettersWhatCannotBeGrouped(t *testing.T) {
+	r, js := testRouter(t, "n1")
+	ctx := context.Background()
+	for i, hdr := range []nats.Header{
+		{},                               // 1: ungrouped
+		{DefaultGroupHeader: {"a", "b"}}, // 2: two different group ids
+		{},                               // 3: ungrouped
+		{DefaultGroupHeader: {"g"}},      // 4: another group's
+		{},                               // 5: past the span
+	} {
+		m := &nats.Msg{Subject: "jms.x", Header: hdr, Data: []byte{byte('0' + i)}}
+		if _, err := js.PublishMsg(ctx, m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r.eng.resume = resumePoint{ckpt: kvbinding.Checkpoint{Next: 5}} // read past them
+	route := record(t, r, kvbinding.Binding{Group: "", State: kvbinding.StateBound, Node: "n1", FromSeq: 1, PrevNode: "n0",
+		Step: kvbinding.StepCatchUp, Revision: 7})
+	if _, err := r.catchUp(ctx, map[string]kvbinding.Route{"": route}); err != nil {
+		t.Fatal(err)
+	}
+	if got := queuedSeqs(t, js, "n1"); len(got) != 2 || got[0] != 1 || got[1] != 3 {
+		t.Errorf("queue holds %v, want [1 3]", got)
+	}
+	dlq, err := js.Stream(ctx, DeadLetterStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := dlq.GetMsg(ctx, 1)
+	if err != nil {
+		t.Fatalf("nothing dead-lettered: %v", err)
+	}
+	if m.Header.Get(HeaderIngressSeq) != "2" || m.Header.Get(HeaderDeadReason) == "" {
+		t.Errorf("dead-lettered %v, want ingress seq 2 with a reason", m.Header)
 	}
 }
 
