@@ -435,7 +435,9 @@ func (e *engine) changed(group string, now time.Time) {
 			ln.changing = false
 		}
 		if a := ln.ask; a != nil && a.waitRev != 0 && ok && route.Revision >= a.waitRev {
-			a.waitRev = 0
+			// The record the reply named is here: the ask is answered.
+			e.answered(ln, now)
+			return
 		}
 		e.pump(ln, now)
 		return
@@ -722,17 +724,17 @@ func (e *engine) replied(batch []*ask, ds []proposals.Decision, err error, now t
 	}
 }
 
-// answered re-evaluates a lane whose ask's record arrived.
+// answered re-evaluates a lane whose ask's record arrived. The ask is
+// done: should the record still leave the lane's head without a binding (a
+// bind rejected by a handler whose view of the record lagged this node's,
+// a binding that ended before its reply came), pump asks afresh; a stale
+// ask left on the lane would keep needBinding from ever asking again.
 func (e *engine) answered(ln *lane, now time.Time) {
-	a := ln.ask
-	if a == nil {
+	if ln.ask == nil {
 		return
 	}
-	a.waitRev = 0
-	if ln.changing {
-		e.dropAsk(ln)
-		ln.changing = false
-	}
+	e.dropAsk(ln)
+	ln.changing = false
 	e.pump(ln, now)
 }
 

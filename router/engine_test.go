@@ -1,0 +1,76 @@
+package router
+
+import (
+	"math/rand/v2"
+	"testing"
+	"time"
+
+	"grouprouter/kvbinding"
+	"grouprouter/proposals"
+)
+
+// Focused tests of lane-engine behaviour the deterministic simulation
+// (TestSimulation) found wrong; each names the seed that first showed it.
+
+// mapRecords is the engine's view of the records, from a map.
+type mapRecords map[string]kvbinding.Route
+
+func (m mapRecords) Lookup(group string) (kvbinding.Route, bool) {
+	r, ok := m[group]
+	return r, ok
+}
+
+var testNow = time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC)
+
+func testEngine(node string, recs mapRecords) *engine {
+	e := newEngine(engineConfig{node: node, maxHeldMessages: 1000, maxHeldBytes: 1 << 20, maxInFlight: 100, timeout: time.Second},
+		recs, rand.New(rand.NewPCG(1, 2)))
+	e.setLive(map[string]proposals.NodeState{"n1": {HasConsumer: true}, "n2": {HasConsumer: true}})
+	return e
+}
+
+// A bind rejected by a handler whose view lagged the node's (the node has
+// already seen the group released) must not leave the answered ask on the
+// lane: the lane asks again. Seed 171.
+func TestEngineAsksAgainAfterARejectedBindItOutran(t *testing.T) {
+	now := testNow
+	recs := mapRecords{"g": {State: kvbinding.StateBound, Node: "n1", FromSeq: 1, Revision: 5}}
+	e := testEngine("n1", recs)
+	// The group is released (rev 6) while message 22 waits for a binding.
+	recs["g"] = kvbinding.Route{State: kvbinding.StateReleased, PrevNode: "n1", ThroughSeq: 21, Revision: 6}
+	e.ingest("g", &msgRec{seq: 22}, now)
+	e.take()
+	batch := e.askBatch(10, now)
+	if len(batch) != 1 || batch[0].p.Seq != 22 {
+		t.Fatalf("asks: %+v, want one bind for seq 22", batch)
+	}
+	// The handler still saw rev 5 (bound): rejected, naming rev 5, which the
+	// node has outrun.
+	e.replied(batch, []proposals.Decision{{Group: "g", Outcome: proposals.Rejected, Revision: 5}}, nil, now)
+	e.take()
+	if got := e.askBatch(10, now.Add(2*time.Second)); len(got) != 1 || got[0].p.Seq != 22 {
+		t.Fatalf("after the rejection the lane asks %+v, want a new bind for seq 22", got)
+	}
+}
+
+// The same, when the reply names a revision the node sees only later.
+func TestEngineAsksAgainWhenTheNamedRevisionEndsTheBinding(t *testing.T) {
+	now := testNow
+	recs := mapRecords{}
+	e := testEngine("n1", recs)
+	e.ingest("g", &msgRec{seq: 3}, now)
+	e.take()
+	batch := e.askBatch(10, now)
+	if len(batch) != 1 {
+		t.Fatalf("asks: %+v", batch)
+	}
+	e.replied(batch, []proposals.Decision{{Group: "g", Outcome: proposals.Rejected, Revision: 4}}, nil, now)
+	// Revision 4 arrives, and is already a released record that ends
+	// before message 3.
+	recs["g"] = kvbinding.Route{State: kvbinding.StateReleased, PrevNode: "n2", ThroughSeq: 2, Revision: 4}
+	e.changed("g", now)
+	e.take()
+	if got := e.askBatch(10, now.Add(2*time.Second)); len(got) != 1 || got[0].p.Seq != 3 {
+		t.Fatalf("after revision 4 the lane asks %+v, want a new bind for seq 3", got)
+	}
+}
