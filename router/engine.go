@@ -437,9 +437,15 @@ func (e *engine) changed(group string, now time.Time) {
 		if a := ln.ask; a != nil && a.waitRev != 0 && ok && route.Revision >= a.waitRev {
 			// The record the reply named is here: the ask is answered.
 			e.answered(ln, now)
-			return
+		} else {
+			e.pump(ln, now)
 		}
-		e.pump(ln, now)
+		if ok {
+			// The lane may hold nothing that waits for this record (its
+			// messages were the previous owner's, before FromSeq): the
+			// takeover step is handed here, not by pump.
+			e.duty(group, route)
+		}
 		return
 	}
 	if !ok {

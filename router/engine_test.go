@@ -29,6 +29,14 @@ func testEngine(node string, recs mapRecords) *engine {
 	return e
 }
 
+func kinds(acts []action) map[actKind]int {
+	out := map[actKind]int{}
+	for _, a := range acts {
+		out[a.kind]++
+	}
+	return out
+}
+
 // A bind rejected by a handler whose view lagged the node's (the node has
 // already seen the group released) must not leave the answered ask on the
 // lane: the lane asks again. Seed 171.
@@ -72,5 +80,26 @@ func TestEngineAsksAgainWhenTheNamedRevisionEndsTheBinding(t *testing.T) {
 	e.take()
 	if got := e.askBatch(10, now.Add(2*time.Second)); len(got) != 1 || got[0].p.Seq != 3 {
 		t.Fatalf("after revision 4 the lane asks %+v, want a new bind for seq 3", got)
+	}
+}
+
+// A record naming this node for a takeover step is handed to the shell
+// even when the lane it finds holds only the previous owner's messages
+// (which pump skips, emptying the lane). Seed 4050.
+func TestEngineHandsTheDutyWhenTheLaneEmpties(t *testing.T) {
+	now := testNow
+	recs := mapRecords{"g": {State: kvbinding.StateMoving, Node: "n1", PrevNode: "n2", FromSeq: 1, Revision: 3}}
+	e := testEngine("n1", recs)
+	e.ingest("g", &msgRec{seq: 33}, now) // held: a move to this node is in progress
+	e.take()
+	recs["g"] = kvbinding.Route{State: kvbinding.StateBound, Node: "n1", PrevNode: "n2", FromSeq: 34,
+		Step: kvbinding.StepDrain, Drain: []string{"n2"}, Revision: 4}
+	e.changed("g", now)
+	acts := e.take()
+	if kinds(acts)[actDuty] != 1 {
+		t.Fatalf("actions %+v, want the drain duty handed", acts)
+	}
+	if e.lanes["g"] != nil {
+		t.Errorf("the lane of the previous owner's message is still there")
 	}
 }
