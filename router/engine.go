@@ -487,12 +487,18 @@ func (e *engine) dutyDone(group string, rev uint64) {
 
 // takeoverFrom returns the first sequence of group that this node holds in
 // its lane, or its position: a takeover's catch-up covers the group's
-// messages from the fence up to there.
+// messages from the fence up to there. It is at least the resume
+// checkpoint's Next: below it, the messages the checkpoint marks done are
+// not read again (ingest skips them), and some may be the group's, skipped
+// before a restart while another node owned it. The catch-up covers them,
+// and the lane's messages below it too (republished with their ingress
+// ids, which the queue stream's duplicate window absorbs).
 func (e *engine) takeoverFrom(group string) uint64 {
+	from := e.position()
 	if ln := e.lanes[group]; ln != nil && len(ln.msgs) > 0 {
-		return ln.msgs[0].seq
+		from = ln.msgs[0].seq
 	}
-	return e.position()
+	return max(from, e.resume.ckpt.Next)
 }
 
 // fence asks the handler to take the group from this node, once nothing of

@@ -103,3 +103,21 @@ func TestEngineHandsTheDutyWhenTheLaneEmpties(t *testing.T) {
 		t.Errorf("the lane of the previous owner's message is still there")
 	}
 }
+
+// After a restart, a catch-up covers the messages below the checkpoint's
+// Next: ingest skips those the checkpoint marks done, and some may be the
+// group's, skipped while another node owned it. Seed 16649.
+func TestEngineTakeoverFromCoversTheResumeCheckpoint(t *testing.T) {
+	now := testNow
+	e := testEngine("n1", mapRecords{})
+	e.resume = resumePoint{ckpt: kvbinding.Checkpoint{Next: 38, Pending: [][2]uint64{{32, 33}}}}
+	for seq := uint64(32); seq <= 36; seq++ {
+		e.ingest("other", &msgRec{seq: seq}, now)
+	}
+	if p := e.position(); p != 37 {
+		t.Fatalf("position %d, want 37", p)
+	}
+	if got := e.takeoverFrom("g"); got != 38 {
+		t.Errorf("takeoverFrom = %d, want 38 (the checkpoint's Next)", got)
+	}
+}
