@@ -276,9 +276,11 @@ func (r *Router) drainQueues(ctx context.Context, routes map[string]kvbinding.Ro
 	byNode := map[string]map[string]bool{}
 	for g, route := range routes {
 		for _, n := range route.Drain {
-			if n == r.cfg.Node {
-				continue
-			}
+			// This node's own queue too, when the record lists it (a group
+			// coming back to a node whose queue still holds some of it):
+			// what waits there is copied behind what the other queues
+			// hold of earlier messages, all in ingress order; the copies
+			// this step made already are left in place.
 			if byNode[n] == nil {
 				byNode[n] = map[string]bool{}
 			}
@@ -327,6 +329,11 @@ func (r *Router) drainQueues(ctx context.Context, routes map[string]kvbinding.Ro
 			}
 			is, err := strconv.ParseUint(m.Header.Get(HeaderIngressSeq), 10, 64)
 			if err != nil {
+				continue
+			}
+			if node == r.cfg.Node && m.Header.Get(jetstream.MsgIDHeader) == moveID(routes[g].Revision, is) {
+				// A copy this step made before (it is being retried):
+				// in place already, behind the earlier ones.
 				continue
 			}
 			if seen[g] == nil {
@@ -378,7 +385,7 @@ func (r *Router) moveGroup(ctx context.Context, stream jetstream.Stream, found [
 		for k, v := range q.msg.Header {
 			out.Header[k] = v
 		}
-		out.Header.Set(jetstream.MsgIDHeader, "move:"+strconv.FormatUint(rev, 10)+":"+strconv.FormatUint(q.ingressSeq, 10))
+		out.Header.Set(jetstream.MsgIDHeader, moveID(rev, q.ingressSeq))
 		out.Header.Set(HeaderMovedFrom, q.from)
 		out.Header.Set(jetstream.ExpectedStreamHeader, QueueStream)
 		copySeq, err := r.publishSync(ctx, out)
@@ -402,6 +409,12 @@ func (r *Router) moveGroup(ctx context.Context, stream jetstream.Stream, found [
 		moved++
 	}
 	return moved, nil
+}
+
+// moveID is the message id of a drain's copy of the ingress message at seq,
+// made for the record revision rev.
+func moveID(rev, seq uint64) string {
+	return "move:" + strconv.FormatUint(rev, 10) + ":" + strconv.FormatUint(seq, 10)
 }
 
 // isGone reports whether a message get or delete failed only because the

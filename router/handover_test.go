@@ -2,6 +2,7 @@ package router
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"math/rand/v2"
 	"strconv"
@@ -106,6 +107,17 @@ func queuedSeqs(t *testing.T, js jetstream.JetStream, node string) []uint64 {
 	}
 }
 
+func publishQueued(t *testing.T, js jetstream.JetStream, node, group string, seq uint64) {
+	t.Helper()
+	m := nats.NewMsg(QueueSubject(node, "jms.x"))
+	m.Header.Set(DefaultGroupHeader, group)
+	m.Header.Set(HeaderIngressSeq, strconv.FormatUint(seq, 10))
+	m.Header.Set(jetstream.MsgIDHeader, IngressStream+":"+strconv.FormatUint(seq, 10))
+	if _, err := js.PublishMsg(context.Background(), m); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // A takeover of the ungrouped routing binding catches up the messages
 // that cannot be grouped onto the dead-letter stream, as the lane would
 // have: skipped, they were lost with the node that owned the binding.
@@ -144,6 +156,32 @@ func TestCatchUpDeadLettersWhatCannotBeGrouped(t *testing.T) {
 	}
 	if m.Header.Get(HeaderIngressSeq) != "2" || m.Header.Get(HeaderDeadReason) == "" {
 		t.Errorf("dead-lettered %v, want ingress seq 2 with a reason", m.Header)
+	}
+}
+
+// A group coming back to a node whose own queue still holds some of it is
+// drained from that queue too, so that the earlier messages from the other
+// queue come first; a retried drain leaves its own copies in place. (The
+// simulation's seeds 39554 and 78333.)
+func TestDrainMergesTheTakersOwnQueue(t *testing.T) {
+	r, js := testRouter(t, "n1")
+	ctx := context.Background()
+	publishQueued(t, js, "n1", "g", 8)
+	publishQueued(t, js, "n1", "g", 9)
+	publishQueued(t, js, "n9", "g", 7)
+	publishQueued(t, js, "n1", "g", 10)
+	route := record(t, r, kvbinding.Binding{Group: "g", State: kvbinding.StateBound, Node: "n1", FromSeq: 11, PrevNode: "n1",
+		Step: kvbinding.StepDrain, Drain: []string{"n1", "n9"}, Revision: 5})
+	for attempt := 1; attempt <= 2; attempt++ {
+		if _, err := r.drainQueues(ctx, map[string]kvbinding.Route{"g": route}); err != nil {
+			t.Fatal(err)
+		}
+		if got := queuedSeqs(t, js, "n1"); fmt.Sprint(got) != "[7 8 9 10]" {
+			t.Fatalf("attempt %d: n1's queue holds %v, want [7 8 9 10]", attempt, got)
+		}
+		if got := queuedSeqs(t, js, "n9"); len(got) != 0 {
+			t.Fatalf("attempt %d: n9's queue still holds %v", attempt, got)
+		}
 	}
 }
 
