@@ -155,8 +155,12 @@ func (r *Router) runSteps(ctx context.Context, jobs map[string]dutyJob) {
 	}
 	if err != nil {
 		if ctx.Err() == nil {
-			r.log.Warn("hand-over step failed; retrying", "step", op, "groups", len(jobs), "err", err)
-			r.retrySteps(ctx, jobs)
+			if errors.Is(err, errSuperseded) {
+				r.log.Info("hand-over step stopped: a record moved past its revision", "step", op, "groups", len(jobs))
+			} else {
+				r.log.Warn("hand-over step failed; retrying", "step", op, "groups", len(jobs), "err", err)
+			}
+			r.retrySteps(ctx, jobs) // the records still asking for it are taken again
 		}
 		return
 	}
@@ -378,6 +382,9 @@ func (r *Router) drainQueues(ctx context.Context, routes map[string]kvbinding.Ro
 func (r *Router) moveGroup(ctx context.Context, stream jetstream.Stream, found []queued, rev uint64) (int, error) {
 	moved := 0
 	for _, q := range found {
+		if !r.current(q.group, rev) {
+			return moved, errSuperseded
+		}
 		out := &nats.Msg{
 			Subject: QueueSubject(r.cfg.Node, strings.TrimPrefix(q.msg.Subject, QueueSubjectPrefix+q.from+".")),
 			Header:  make(nats.Header, len(q.msg.Header)+2), Data: q.msg.Data,
@@ -409,6 +416,18 @@ func (r *Router) moveGroup(ctx context.Context, stream jetstream.Stream, found [
 		moved++
 	}
 	return moved, nil
+}
+
+// errSuperseded stops a takeover step whose record moved past the revision
+// it works for: the record names who takes the next step (a successor
+// drains this node's queue too).
+var errSuperseded = errors.New("grouping: the record moved past the step's revision")
+
+// current reports whether group's record, as this node sees it, is still
+// at revision rev.
+func (r *Router) current(group string, rev uint64) bool {
+	route, ok := r.cache.Lookup(group)
+	return ok && route.Revision == rev
 }
 
 // moveID is the message id of a drain's copy of the ingress message at seq,
@@ -540,6 +559,9 @@ func (r *Router) catchUp(ctx context.Context, routes map[string]kvbinding.Route)
 	for g, msgs := range byGroup {
 		work.Go(func() error {
 			for _, m := range msgs {
+				if !r.current(g, routes[g].Revision) {
+					return errSuperseded
+				}
 				if _, err := r.publishSync(wctx, m); err != nil {
 					return err
 				}

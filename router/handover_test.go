@@ -2,6 +2,7 @@ package router
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
@@ -182,6 +183,24 @@ func TestDrainMergesTheTakersOwnQueue(t *testing.T) {
 		if got := queuedSeqs(t, js, "n9"); len(got) != 0 {
 			t.Fatalf("attempt %d: n9's queue still holds %v", attempt, got)
 		}
+	}
+}
+
+// A drain stops once the record moved past the revision it works for.
+// (The simulation's seed 112894.)
+func TestDrainStopsWhenTheRecordMovesOn(t *testing.T) {
+	r, js := testRouter(t, "n1")
+	ctx := context.Background()
+	publishQueued(t, js, "n9", "g", 7)
+	route := record(t, r, kvbinding.Binding{Group: "g", State: kvbinding.StateBound, Node: "n1", FromSeq: 8, PrevNode: "n9",
+		Step: kvbinding.StepDrain, Drain: []string{"n9"}, Revision: 5})
+	record(t, r, kvbinding.Binding{Group: "g", State: kvbinding.StateBound, Node: "n2", FromSeq: 8, PrevNode: "n9",
+		Step: kvbinding.StepDrain, Drain: []string{"n9", "n1"}, Revision: 6})
+	if _, err := r.drainQueues(ctx, map[string]kvbinding.Route{"g": route}); !errors.Is(err, errSuperseded) {
+		t.Fatalf("drain of a superseded revision: err %v, want errSuperseded", err)
+	}
+	if got := queuedSeqs(t, js, "n9"); fmt.Sprint(got) != "[7]" {
+		t.Errorf("n9's queue holds %v, want [7] (left to the record's new node)", got)
 	}
 }
 
