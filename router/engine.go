@@ -458,9 +458,17 @@ func (e *engine) changed(group string, now time.Time) {
 			ln.changing = false
 		}
 		if a := ln.ask; a != nil && a.waitRev != 0 && ok && route.Revision >= a.waitRev {
-			a.waitRev = 0
+			// The record the reply named is here: the ask is answered.
+			e.answered(ln, now)
+		} else {
+			e.pump(ln, now)
 		}
-		e.pump(ln, now)
+		if ok {
+			// The lane may hold nothing that waits for this record (its
+			// messages were the previous owner's, before FromSeq): the
+			// takeover step is handed here, not by pump.
+			e.duty(group, route)
+		}
 		return
 	}
 	if !ok {
@@ -502,12 +510,18 @@ func (e *engine) dutyDone(group string, rev uint64) {
 
 // takeoverFrom returns the first sequence of group that this node holds in
 // its lane, or its position: a takeover's catch-up covers the group's
-// messages from the fence up to there.
+// messages from the fence up to there. It is at least the resume
+// checkpoint's Next: below it, the messages the checkpoint marks done are
+// not read again (ingest skips them), and some may be the group's, skipped
+// before a restart while another node owned it. The catch-up covers them,
+// and the lane's messages below it too (republished with their ingress
+// ids, which the queue stream's duplicate window absorbs).
 func (e *engine) takeoverFrom(group string) uint64 {
+	from := e.position()
 	if ln := e.lanes[group]; ln != nil && len(ln.msgs) > 0 {
-		return ln.msgs[0].seq
+		from = ln.msgs[0].seq
 	}
-	return e.position()
+	return max(from, e.resume.ckpt.Next)
 }
 
 // fence asks the handler to take the group from this node, once nothing of
@@ -762,17 +776,24 @@ func (e *engine) replied(batch []*ask, ds []proposals.Decision, err error, now t
 	}
 }
 
-// answered re-evaluates a lane whose ask's record arrived.
+// answered re-evaluates a lane whose ask's record arrived. The ask is
+// done: should the record still leave the lane's head without a binding (a
+// bind rejected by a handler whose view of the record lagged this node's,
+// a binding that ended before its reply came), pump asks afresh; a stale
+// ask left on the lane would keep needBinding from ever asking again.
 func (e *engine) answered(ln *lane, now time.Time) {
-	a := ln.ask
-	if a == nil {
+	if ln.ask == nil {
 		return
 	}
-	a.waitRev = 0
-	if ln.changing {
-		e.dropAsk(ln)
-		ln.changing = false
+	if len(ln.msgs) > 0 {
+		if route, ok := e.recs.Lookup(ln.group); ok {
+			if _, act := proposals.Owner(route, ln.msgs[0].seq, e.cfg.node); act != proposals.RoutePropose {
+				e.decided(ln, now)
+			}
+		}
 	}
+	e.dropAsk(ln)
+	ln.changing = false
 	e.pump(ln, now)
 }
 

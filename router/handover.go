@@ -175,8 +175,12 @@ func (r *Router) runSteps(ctx context.Context, jobs map[string]dutyJob) {
 	}
 	if err != nil {
 		if ctx.Err() == nil {
-			r.log.Warn("hand-over step failed; retrying", "step", op, "groups", len(jobs), "err", err)
-			r.retrySteps(ctx, jobs)
+			if errors.Is(err, errSuperseded) {
+				r.log.Info("hand-over step stopped: a record moved past its revision", "step", op, "groups", len(jobs))
+			} else {
+				r.log.Warn("hand-over step failed; retrying", "step", op, "groups", len(jobs), "err", err)
+			}
+			r.retrySteps(ctx, jobs) // the records still asking for it are taken again
 		}
 		return
 	}
@@ -223,29 +227,39 @@ func (r *Router) retrySteps(ctx context.Context, jobs map[string]dutyJob) {
 }
 
 // report sends step reports in batches and returns the groups whose
-// report the handler did not take (the record moved on meanwhile).
+// report the handler did not take (the record moved on meanwhile). A
+// report the handler could not take yet is sent again (see sortReports):
+// nothing else would hand the step back.
 func (r *Router) report(ctx context.Context, ps []proposals.Proposal) map[string]bool {
 	refused := map[string]bool{}
+	seen := func(group string) uint64 {
+		route, _ := r.cache.Lookup(group)
+		return route.Revision
+	}
 	for off := 0; off < len(ps); off += maxBatch {
 		chunk := ps[off:min(off+maxBatch, len(ps))]
 		for attempt := 1; ; attempt++ {
 			ds, err := r.client.Propose(ctx, chunk)
 			if err == nil {
 				for i, d := range ds {
-					switch d.Outcome {
-					case proposals.Accepted:
+					if d.Outcome == proposals.Accepted {
 						r.log.Debug("hand-over step reported", "group", d.Group, "op", chunk[i].Op, "revision", d.Revision)
-					default:
-						r.log.Debug("hand-over step report not taken", "group", d.Group, "op", chunk[i].Op, "outcome", d.Outcome, "err", d.Error)
-						refused[d.Group] = true
+					} else {
+						r.log.Debug("hand-over step report not taken", "group", d.Group, "op", chunk[i].Op, "outcome", d.Outcome,
+							"revision", d.Revision, "err", d.Error)
 					}
 				}
-				break
-			}
-			if ctx.Err() != nil {
+				again, notTaken := sortReports(chunk, ds, seen)
+				for _, g := range notTaken {
+					refused[g] = true
+				}
+				if len(again) == 0 {
+					break
+				}
+				chunk = again
+			} else if ctx.Err() != nil {
 				return refused
-			}
-			if attempt&(attempt-1) == 0 {
+			} else if attempt&(attempt-1) == 0 {
 				r.log.Warn("hand-over report failed; retrying", "reports", len(chunk), "err", err)
 			}
 			select {
@@ -256,6 +270,27 @@ func (r *Router) report(ctx context.Context, ps []proposals.Proposal) map[string
 		}
 	}
 	return refused
+}
+
+// sortReports sorts the handler's answers to step reports: the reports to
+// send again, and the groups whose report was not taken because their
+// record moved on (its change hands the next step). A report is sent
+// again while the record, as this node sees it (seen), is still the
+// revision reported and the handler either decided nothing (a failed
+// record write) or answered from an older revision (its view of the
+// record lags this node's: it refused a report of a step it has not seen).
+func sortReports(sent []proposals.Proposal, ds []proposals.Decision, seen func(group string) uint64) (again []proposals.Proposal, notTaken []string) {
+	for i, d := range ds {
+		p := sent[i]
+		switch {
+		case d.Outcome == proposals.Accepted:
+		case seen(p.Group) == p.Rev && (d.Outcome == proposals.Failed || d.Revision < p.Rev):
+			again = append(again, p)
+		default:
+			notTaken = append(notTaken, d.Group)
+		}
+	}
+	return again, notTaken
 }
 
 func sum(m map[string]int) int {
@@ -282,9 +317,11 @@ func (r *Router) drainQueues(ctx context.Context, routes map[string]kvbinding.Ro
 	byNode := map[string]map[string]bool{}
 	for g, route := range routes {
 		for _, n := range route.Drain {
-			if n == r.cfg.Node {
-				continue
-			}
+			// This node's own queue too, when the record lists it (a group
+			// coming back to a node whose queue still holds some of it):
+			// what waits there is copied behind what the other queues
+			// hold of earlier messages, all in ingress order; the copies
+			// this step made already are left in place.
 			if byNode[n] == nil {
 				byNode[n] = map[string]bool{}
 			}
@@ -335,6 +372,11 @@ func (r *Router) drainQueues(ctx context.Context, routes map[string]kvbinding.Ro
 			if err != nil {
 				continue
 			}
+			if node == r.cfg.Node && m.Header.Get(jetstream.MsgIDHeader) == moveID(routes[g].Revision, is) {
+				// A copy this step made before (it is being retried):
+				// in place already, behind the earlier ones.
+				continue
+			}
 			if seen[g] == nil {
 				seen[g] = map[uint64]bool{}
 			}
@@ -377,6 +419,9 @@ func (r *Router) drainQueues(ctx context.Context, routes map[string]kvbinding.Ro
 func (r *Router) moveGroup(ctx context.Context, stream jetstream.Stream, found []queued, rev uint64) (int, error) {
 	moved := 0
 	for _, q := range found {
+		if !r.current(q.group, rev) {
+			return moved, errSuperseded
+		}
 		out := &nats.Msg{
 			Subject: QueueSubject(r.cfg.Node, strings.TrimPrefix(q.msg.Subject, QueueSubjectPrefix+q.from+".")),
 			Header:  make(nats.Header, len(q.msg.Header)+2), Data: q.msg.Data,
@@ -384,7 +429,7 @@ func (r *Router) moveGroup(ctx context.Context, stream jetstream.Stream, found [
 		for k, v := range q.msg.Header {
 			out.Header[k] = v
 		}
-		out.Header.Set(jetstream.MsgIDHeader, "move:"+strconv.FormatUint(rev, 10)+":"+strconv.FormatUint(q.ingressSeq, 10))
+		out.Header.Set(jetstream.MsgIDHeader, moveID(rev, q.ingressSeq))
 		out.Header.Set(HeaderMovedFrom, q.from)
 		out.Header.Set(jetstream.ExpectedStreamHeader, QueueStream)
 		copySeq, err := r.publishSync(ctx, out)
@@ -408,6 +453,24 @@ func (r *Router) moveGroup(ctx context.Context, stream jetstream.Stream, found [
 		moved++
 	}
 	return moved, nil
+}
+
+// errSuperseded stops a takeover step whose record moved past the revision
+// it works for: the record names who takes the next step (a successor
+// drains this node's queue too).
+var errSuperseded = errors.New("grouping: the record moved past the step's revision")
+
+// current reports whether group's record, as this node sees it, is still
+// at revision rev.
+func (r *Router) current(group string, rev uint64) bool {
+	route, ok := r.cache.Lookup(group)
+	return ok && route.Revision == rev
+}
+
+// moveID is the message id of a drain's copy of the ingress message at seq,
+// made for the record revision rev.
+func moveID(rev, seq uint64) string {
+	return "move:" + strconv.FormatUint(rev, 10) + ":" + strconv.FormatUint(seq, 10)
 }
 
 // isGone reports whether a message get or delete failed only because the
@@ -507,15 +570,19 @@ func (r *Router) catchUp(ctx context.Context, routes map[string]kvbinding.Route)
 	}
 	byGroup := map[string][]*nats.Msg{}
 	err := r.readIngress(ctx, lo, hi, func(seq uint64, msg jetstream.Msg) {
-		g, invalid := GroupOf(msg.Headers(), r.cfg.GroupHeader)
-		if invalid != "" {
-			return
-		}
+		g, invalid := r.classify(msg.Headers(), msg.Subject())
 		s, ok := spans[g]
 		if !ok || seq < s.from || seq >= s.until {
 			return
 		}
 		out := prepare(seq, msg.Headers(), msg.Data())
+		if invalid != "" {
+			// Taking the ungrouped routing binding over: dead-letter what
+			// cannot be grouped, as the lane would have.
+			r.toDeadLetter(out, msg.Subject(), seq, invalid)
+			byGroup[g] = append(byGroup[g], out)
+			return
+		}
 		dest := r.cfg.Node
 		if g == "" {
 			r.mu.Lock()
@@ -535,6 +602,9 @@ func (r *Router) catchUp(ctx context.Context, routes map[string]kvbinding.Route)
 	for g, msgs := range byGroup {
 		work.Go(func() error {
 			for _, m := range msgs {
+				if !r.current(g, routes[g].Revision) {
+					return errSuperseded
+				}
 				if _, err := r.publishSync(wctx, m); err != nil {
 					return err
 				}

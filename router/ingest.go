@@ -98,14 +98,10 @@ func (r *Router) ingest(msg jetstream.Msg) {
 	}
 	hdr := msg.Headers()
 	subject := msg.Subject()
-	group, invalid := GroupOf(hdr, r.cfg.GroupHeader)
+	group, invalid := r.classify(hdr, subject)
 	m := &msgRec{seq: seq, subject: subject, size: len(msg.Data()) + len(subject) + headerSize(hdr), invalid: invalid}
 	if v := hdr[HeaderGroupSeq]; len(v) > 0 && v[0] == "-1" {
 		m.close = true
-	}
-	if invalid == "" && !r.fits(subject) {
-		m.invalid = fmt.Sprintf("subject of %d bytes is too long to republish (at most %d)", len(subject), r.maxSubject())
-		group = ""
 	}
 	m.payload = &held{hdr: hdr, data: msg.Data()}
 
@@ -123,6 +119,18 @@ func (r *Router) ingest(msg jetstream.Msg) {
 	acts := r.eng.take()
 	r.mu.Unlock()
 	r.perform(acts)
+}
+
+// classify returns the group a message is routed under and, when it
+// cannot be grouped, why: its group id is unusable (GroupOf) or its subject
+// is too long to republish. Such a message belongs to the ungrouped routing
+// binding's node, which dead-letters it.
+func (r *Router) classify(hdr nats.Header, subject string) (group, invalid string) {
+	group, invalid = GroupOf(hdr, r.cfg.GroupHeader)
+	if invalid == "" && !r.fits(subject) {
+		return "", fmt.Sprintf("subject of %d bytes is too long to republish (at most %d)", len(subject), r.maxSubject())
+	}
+	return group, invalid
 }
 
 // ackSeqs reads the stream sequence and the pending count from a
@@ -233,14 +241,7 @@ func outMsg(m *msgRec) *nats.Msg {
 func (r *Router) publish(a action) {
 	out := outMsg(a.m)
 	if a.dlq {
-		out.Subject = DeadLetterSubjectPrefix + a.m.subject
-		if !r.fits(a.m.subject) {
-			out.Subject = DeadLetterTooLong
-			out.Header[HeaderOrigSubject] = []string{a.m.subject}
-		}
-		out.Header[HeaderDeadReason] = []string{a.reason}
-		out.Header[jetstream.ExpectedStreamHeader] = []string{DeadLetterStream}
-		out.Header[jetstream.MsgIDHeader] = []string{"dlq:" + IngressStream + ":" + strconv.FormatUint(a.m.seq, 10)}
+		r.toDeadLetter(out, a.m.subject, a.m.seq, a.reason)
 	} else {
 		out.Subject = QueueSubject(a.node, a.m.subject)
 		out.Header[jetstream.ExpectedStreamHeader] = []string{QueueStream}
@@ -255,4 +256,17 @@ func (r *Router) publish(a action) {
 	if err := r.pub.Publish(out, done); err != nil {
 		done(jspub.Ack{}, err)
 	}
+}
+
+// toDeadLetter addresses out, the prepared copy of the ingress message at
+// seq on subject, to the dead-letter stream with reason.
+func (r *Router) toDeadLetter(out *nats.Msg, subject string, seq uint64, reason string) {
+	out.Subject = DeadLetterSubjectPrefix + subject
+	if !r.fits(subject) {
+		out.Subject = DeadLetterTooLong
+		out.Header[HeaderOrigSubject] = []string{subject}
+	}
+	out.Header[HeaderDeadReason] = []string{reason}
+	out.Header[jetstream.ExpectedStreamHeader] = []string{DeadLetterStream}
+	out.Header[jetstream.MsgIDHeader] = []string{"dlq:" + IngressStream + ":" + strconv.FormatUint(seq, 10)}
 }

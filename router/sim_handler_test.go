@@ -1,0 +1,623 @@
+package router
+
+import (
+	"errors"
+	"maps"
+	"time"
+
+	"grouprouter/kvbinding"
+	"grouprouter/proposals"
+)
+
+// simHandler is one term of a LOCAL handler (proposals.Handler while it
+// holds the lease), on its host node: it decides with the real Transition
+// on the host's cache, writes with create or compare-and-set, pauses
+// queues before drains, and runs the monitor (evacuations, rebinds,
+// overdue fences, pause renewals) on every lease tick.
+type simHandler struct {
+	w      *simWorld
+	host   *simNode
+	id     string
+	dead   bool
+	died   bool // with its process: the lease was not released
+	diedAt time.Duration
+
+	suspect      string
+	suspectSince time.Duration
+
+	goneSince  map[string]time.Duration
+	noConsumer map[string]time.Duration
+	evacuating map[string]bool
+	moving     map[string]simSeenRev
+	paused     map[string]time.Duration
+	// pausing: per node, the writes in flight that paused it (from
+	// their pause until they settle), for the checker.
+	pausing map[string]int
+	// apiTail: per node, when this term's last pause or resume call
+	// reaches the server: calls on one connection are applied in order.
+	apiTail map[string]time.Duration
+}
+
+type simSeenRev struct {
+	rev  uint64
+	seen time.Duration
+}
+
+// simProbeGone is how long a standby takes to find, by probing, that the
+// active handler's process is gone (two probes 250 ms apart).
+const simProbeGone = 500 * time.Millisecond
+
+// handlerless reports whether no handler was active at some moment of
+// [from, to].
+func (w *simWorld) handlerless(from, to time.Duration) bool {
+	for _, g := range w.gaps {
+		if g.from <= to && (g.to < 0 || from < g.to) {
+			return true
+		}
+	}
+	return false
+}
+
+// gapOpens and gapCloses record when no handler is active.
+func (w *simWorld) gapOpens() {
+	if n := len(w.gaps); n == 0 || w.gaps[n-1].to >= 0 {
+		w.gaps = append(w.gaps, simGap{from: w.clock, to: -1})
+	}
+}
+
+func (w *simWorld) gapCloses() {
+	if n := len(w.gaps); n > 0 && w.gaps[n-1].to < 0 {
+		w.gaps[n-1].to = w.clock
+	}
+}
+
+// simGap is a stretch of time without an active handler (to < 0: open).
+type simGap struct{ from, to time.Duration }
+
+func (w *simWorld) activeHandler() *simHandler {
+	if t := w.lease.term; t != nil && !t.dead {
+		return t
+	}
+	return nil
+}
+
+// standbyTick is a LOCAL node's lease loop while it is not active: it
+// acquires the lease when it is free, expired, or held by a handler whose
+// process the probes found gone.
+func (n *simNode) standbyTick() {
+	w := n.w
+	if n.term != nil && !n.term.dead {
+		return
+	}
+	n.term = nil
+	l := &w.lease
+	if t := l.term; t != nil {
+		expired := w.clock-l.renewed > simLeaseTTL
+		if !t.dead && !expired {
+			return
+		}
+		if t.dead && w.clock-t.diedAt < simProbeGone && !expired {
+			return
+		}
+		if !t.dead {
+			t.standDown("its lease expired")
+		}
+	}
+	if w.chance(w.p.pKVFail) {
+		return // acquire failed; next tick
+	}
+	t := &simHandler{w: w, host: n, id: "grouping-handler/" + n.id, goneSince: map[string]time.Duration{},
+		noConsumer: map[string]time.Duration{}, evacuating: map[string]bool{}, moving: map[string]simSeenRev{}, paused: map[string]time.Duration{},
+		apiTail: map[string]time.Duration{}, pausing: map[string]int{}}
+	if prev := w.lease.last; prev != "" && prev != n.id {
+		// suspectPrevious: the previous holder's node is ineligible until it
+		// announces again.
+		t.suspect, t.suspectSince = prev, w.clock
+	}
+	l.term, l.renewed, l.last = t, w.clock, n.id
+	n.term = t
+	w.gapCloses()
+	n.logf("handler active")
+	var tick func()
+	tick = func() {
+		if t.dead || !n.up() {
+			return
+		}
+		t.tick()
+		w.after(simLeaseTick, tick)
+	}
+	w.after(simLeaseTick, tick)
+}
+
+// die ends the term with its process.
+func (h *simHandler) die() {
+	if h.dead {
+		return
+	}
+	h.dead, h.died, h.diedAt = true, true, h.w.clock
+	h.w.gapOpens()
+	h.w.logf(h.host.id, "handler dies with its node")
+}
+
+// standDown ends the term and gives the lease up.
+func (h *simHandler) standDown(why string) {
+	if h.dead {
+		return
+	}
+	h.dead, h.diedAt = true, h.w.clock
+	if h.w.lease.term == h {
+		h.w.lease.term = nil
+	}
+	h.w.gapOpens()
+	h.w.logf(h.host.id, "handler stands down: %s", why)
+}
+
+// tick is the active handler's lease loop: renew, then watchNodes.
+func (h *simHandler) tick() {
+	w := h.w
+	if !w.chance(w.p.pKVFail) {
+		w.lease.renewed = w.clock
+	} else if w.clock-w.lease.renewed > simLeaseTTL {
+		// Renewals failed past the TTL: a standby may take the lease; this
+		// handler stands down (an overlap of two is not simulated).
+		h.standDown("renewals failed past the lease TTL")
+		return
+	}
+	h.watchNodes()
+}
+
+// liveState is Handler.liveState.
+func (h *simHandler) liveState() map[string]proposals.NodeState {
+	w := h.w
+	v := h.host.view
+	counts := h.host.cache.counts()
+	out := map[string]proposals.NodeState{}
+	for id, has := range v.live {
+		seen := v.seen[id]
+		if id == h.suspect && seen <= h.suspectSince {
+			continue
+		}
+		if w.clock-seen > 2*simHeartbeat {
+			continue
+		}
+		out[id] = proposals.NodeState{HasConsumer: has, Groups: counts[id]}
+	}
+	return out
+}
+
+// serve is Handler.serve / DecideAll: decide every proposal on the cached
+// record, write, then reply once every write is done.
+func (h *simHandler) serve(proposer string, ps []proposals.Proposal, reply func([]proposals.Decision)) {
+	w := h.w
+	if h.dead {
+		return
+	}
+	env := proposals.Env{Now: w.now(), Handler: h.id, Live: h.liveState()}
+	out := make([]proposals.Decision, len(ps))
+	pending := 1
+	finish := func() {
+		pending--
+		if pending == 0 && !h.dead {
+			reply(out)
+		}
+	}
+	for i, p := range ps {
+		out[i] = proposals.Decision{Group: p.Group, Outcome: proposals.Failed}
+		if err := p.Validate(); err != nil {
+			out[i].Error = "invalid proposal: " + err.Error()
+			continue
+		}
+		in := p.Input(proposer)
+		if in.Op == proposals.OpDeadLetter {
+			env.IngressLast = uint64(len(w.ingress))
+		}
+		var cur *kvbinding.Route
+		if r, ok := h.host.cache.Lookup(p.Group); ok {
+			cur = &r
+		}
+		res := proposals.Transition(p.Group, cur, in, env)
+		if res.Write != nil && res.Write.State == kvbinding.StateBound && p.Group != "" {
+			if st, ok := env.Live[res.Write.Node]; ok {
+				st.Groups++
+				env.Live[res.Write.Node] = st
+			}
+		}
+		pending++
+		i, p := i, p
+		h.carryOut(cur, res, p, nil, func(d proposals.Decision) {
+			out[i] = d
+			finish()
+		})
+	}
+	finish()
+}
+
+// carryOut is Handler.carryOut: pause, then write, then settle. stored,
+// if not nil, is called when the write is stored.
+func (h *simHandler) carryOut(cur *kvbinding.Route, res proposals.Result, p proposals.Proposal, stored func(), done func(proposals.Decision)) {
+	if res.Write == nil {
+		done(h.unwritten(cur, res, p))
+		return
+	}
+	for _, node := range res.Pause {
+		h.pausing[node]++
+	}
+	settled := false
+	settle := func(d proposals.Decision) {
+		if !settled {
+			settled = true
+			for _, node := range res.Pause {
+				h.pausing[node]--
+			}
+		}
+		done(d)
+	}
+	var pauseNext func(i int)
+	pauseNext = func(i int) {
+		if i < len(res.Pause) {
+			h.pause(res.Pause[i], func(err error) {
+				if err != nil {
+					settle(proposals.Decision{Group: p.Group, Outcome: proposals.Failed, Error: "cannot pause the queue of " + res.Pause[i]})
+					return
+				}
+				pauseNext(i + 1)
+			})
+			return
+		}
+		var rev uint64
+		if cur != nil {
+			rev = cur.Revision
+		}
+		h.kvWrite(*res.Write, res.Create, rev, res.Ended, stored, func(b kvbinding.Binding, err error) {
+			settle(h.settle(res, p, b, err))
+		})
+	}
+	pauseNext(0)
+}
+
+func (h *simHandler) unwritten(cur *kvbinding.Route, res proposals.Result, p proposals.Proposal) proposals.Decision {
+	d := proposals.Decision{Group: p.Group, Outcome: res.Outcome}
+	if cur != nil {
+		d.Revision = cur.Revision
+	}
+	switch res.Outcome {
+	case proposals.Rejected:
+		if d.Revision == 0 {
+			d.Outcome, d.Error = proposals.Failed, res.Reason
+		}
+	case proposals.Refused, proposals.Failed:
+		d.Error = res.Reason
+	}
+	return d
+}
+
+func (h *simHandler) settle(res proposals.Result, p proposals.Proposal, b kvbinding.Binding, err error) proposals.Decision {
+	d := proposals.Decision{Group: p.Group, Outcome: proposals.Failed}
+	switch {
+	case err == nil:
+	case errors.Is(err, kvbinding.ErrExists), errors.Is(err, kvbinding.ErrConflict):
+		if b.Revision == 0 {
+			d.Error = err.Error()
+			return d
+		}
+		h.host.applyOwn(b)
+		d.Outcome, d.Revision = proposals.Rejected, b.Revision
+		return d
+	default:
+		d.Error = err.Error()
+		return d
+	}
+	h.host.applyOwn(b)
+	d.Outcome, d.Revision = proposals.Accepted, b.Revision
+	if h.w.tracing {
+		h.w.logf(h.host.id, "handler wrote %q: %s", b.Group, simRoute(kvbinding.RouteOf(b)))
+	}
+	return d
+}
+
+// kvWrite writes a record: the write may fail, or be stored with its ack
+// lost (the handler then sees an error although the record changed).
+func (h *simHandler) kvWrite(b kvbinding.Binding, create bool, rev uint64, ended bool, stored func(), cb func(kvbinding.Binding, error)) {
+	w := h.w
+	w.after(w.lat(), func() {
+		var (
+			res kvbinding.Binding
+			err error
+		)
+		if w.chance(w.p.pKVFail) {
+			err = errSimOp
+		} else {
+			res, err = w.kv.write(b, create, rev, ended)
+		}
+		if err == nil && stored != nil {
+			stored()
+		}
+		lost := err == nil && w.chance(w.p.pKVFail)
+		w.after(w.lat(), func() {
+			if h.dead {
+				return
+			}
+			if lost {
+				cb(kvbinding.Binding{}, errSimTimeout)
+				return
+			}
+			cb(res, err)
+		})
+	})
+}
+
+// pause is Handler.pause: pause node's queue consumer for the pause
+// window, unless this term did so recently enough.
+func (h *simHandler) pause(node string, cb func(error)) {
+	w := h.w
+	if until, ok := h.paused[node]; ok && until-w.clock > 2*simPauseWindow/3 {
+		cb(nil)
+		return
+	}
+	until := w.clock + simPauseWindow
+	fail := w.chance(w.p.pOpFail)
+	w.after(h.api(node), func() {
+		if !fail {
+			c := w.q.consumer(node)
+			c.pausedUntil = until
+			w.logf(h.host.id, "handler paused %s's consumer until %.3fs", node, until.Seconds())
+		}
+		w.after(w.lat(), func() {
+			if h.dead {
+				return
+			}
+			if fail {
+				cb(errSimOp)
+				return
+			}
+			h.paused[node] = until
+			cb(nil)
+		})
+	})
+}
+
+// api returns the delay after which a pause or resume call for node made
+// now reaches the server: a hop, and not before the term's previous call
+// for the node.
+func (h *simHandler) api(node string) time.Duration {
+	at := max(h.w.clock+h.w.lat(), h.apiTail[node])
+	h.apiTail[node] = at
+	return at - h.w.clock
+}
+
+// watchNodes is Handler.watchNodes.
+func (h *simHandler) watchNodes() {
+	w := h.w
+	now := w.clock
+	live := h.host.view.live
+	cache := h.host.cache
+	someConsumer := false
+	for _, has := range live {
+		someConsumer = someConsumer || has
+	}
+	var dead, idle []string
+	for _, node := range cache.owners() {
+		has, alive := live[node]
+		if !alive {
+			delete(h.noConsumer, node)
+			since, ok := h.goneSince[node]
+			if !ok {
+				h.goneSince[node] = now
+				continue
+			}
+			if now-since >= w.p.nodeGrace && !h.evacuating[node] {
+				dead = append(dead, node)
+				h.evacuating[node] = true
+			}
+			continue
+		}
+		delete(h.goneSince, node)
+		if has || !someConsumer || w.p.rebindAfter < 0 {
+			delete(h.noConsumer, node)
+			continue
+		}
+		since, ok := h.noConsumer[node]
+		if !ok {
+			h.noConsumer[node] = now
+			continue
+		}
+		if now-since >= w.p.rebindAfter && !h.evacuating[node] {
+			idle = append(idle, node)
+			h.evacuating[node] = true
+		}
+	}
+	overdue := map[string][]string{}
+	unsettled := map[string]bool{}
+	for _, g := range cache.unsettled() {
+		r := cache.m[g]
+		if r.State != kvbinding.StateMoving {
+			continue
+		}
+		unsettled[g] = true
+		s, ok := h.moving[g]
+		if !ok || s.rev != r.Revision {
+			h.moving[g] = simSeenRev{rev: r.Revision, seen: now}
+			continue
+		}
+		if now-s.seen >= w.p.fence && !h.evacuating[r.PrevNode] {
+			overdue[r.PrevNode] = append(overdue[r.PrevNode], g)
+		}
+	}
+	for g := range h.moving {
+		if !unsettled[g] {
+			delete(h.moving, g)
+		}
+	}
+	for node := range overdue {
+		h.evacuating[node] = true
+	}
+	for _, node := range dead {
+		h.evacuate(node, nil, "node "+node+" gone")
+	}
+	for _, node := range idle {
+		h.rebind(node)
+	}
+	for _, node := range sortedKeys(overdue) {
+		h.evacuate(node, overdue[node], "node "+node+" did not fence in time")
+	}
+	h.keepPaused()
+}
+
+// evacuate is Handler.evacuate: take groups off node from its checkpoint.
+func (h *simHandler) evacuate(node string, groups []string, reason string) {
+	w := h.w
+	all := groups == nil
+	finish := func() {
+		if h.dead {
+			return
+		}
+		delete(h.evacuating, node)
+		if all {
+			delete(h.goneSince, node)
+		}
+	}
+	w.after(w.lat(), func() {
+		if h.dead {
+			return
+		}
+		if w.chance(w.p.pKVFail) {
+			finish() // cannot read the checkpoint; will retry
+			return
+		}
+		var fence uint64
+		if c, ok := w.reg.ckpt[node]; ok {
+			fence = c.Start()
+		}
+		if all {
+			groups = h.host.cache.groupsOf(node)
+		}
+		if len(groups) == 0 {
+			finish()
+			return
+		}
+		live := h.liveState()
+		delete(live, node)
+		w.logf(h.host.id, "handler evacuates %v from %s (fence %d): %s", groups, node, fence, reason)
+		left := 1
+		one := func() {
+			left--
+			if left == 0 {
+				finish()
+			}
+		}
+		for _, g := range groups {
+			cur, ok := h.host.cache.Lookup(g)
+			if !ok {
+				continue
+			}
+			current := ""
+			if cur.State == kvbinding.StateMoving {
+				current = cur.Node
+			}
+			target := proposals.PickTarget(live, g, current)
+			snapshot := maps.Clone(live)
+			in := proposals.Input{Op: proposals.OpEvacuate, By: h.id, From: node, Node: target, Seq: fence, Reason: reason}
+			left++
+			g := g
+			w.after(w.between(0, time.Millisecond), func() { h.apply(g, in, snapshot, one) })
+		}
+		one()
+	})
+}
+
+// rebind is Handler.rebind: ask a node without a consumer to move its
+// settled groups.
+func (h *simHandler) rebind(node string) {
+	w := h.w
+	groups := h.host.cache.groupsOf(node)
+	live := h.liveState()
+	delete(live, node)
+	w.logf(h.host.id, "handler moves the groups of %s (no consumer)", node)
+	left := 1
+	one := func() {
+		left--
+		if left == 0 && !h.dead {
+			delete(h.evacuating, node)
+			delete(h.noConsumer, node)
+		}
+	}
+	for _, g := range groups {
+		if g == "" {
+			continue
+		}
+		cur, ok := h.host.cache.Lookup(g)
+		if !ok || !cur.Settled() || cur.Node != node {
+			continue
+		}
+		target := proposals.PickTarget(live, g, "")
+		if target == "" {
+			continue
+		}
+		snapshot := maps.Clone(live)
+		left++
+		g := g
+		in := proposals.Input{Op: proposals.OpMove, By: h.id, Node: target, Reason: "node " + node + " has no queue consumer"}
+		w.after(w.between(0, time.Millisecond), func() { h.apply(g, in, snapshot, one) })
+	}
+	one()
+}
+
+// operator is an operator's move (target "": unbind), Handler.admin.
+func (h *simHandler) operator(group, target string) {
+	op := proposals.OpMove
+	if target == "" {
+		op = proposals.OpUnbind
+	}
+	h.apply(group, proposals.Input{Op: op, By: "operator", Node: target, Reason: "operator " + string(op)}, h.liveState(), func() {})
+}
+
+// apply is Handler.apply: decide on the cached record and carry it out.
+func (h *simHandler) apply(group string, in proposals.Input, live map[string]proposals.NodeState, done func()) {
+	w := h.w
+	if h.dead {
+		return
+	}
+	var cur *kvbinding.Route
+	if r, ok := h.host.cache.Lookup(group); ok {
+		cur = &r
+	}
+	res := proposals.Transition(group, cur, in, proposals.Env{Now: w.now(), Handler: h.id, Live: live})
+	if res.Write == nil {
+		w.logf(h.host.id, "handler: %s %q: %s %s", in.Op, group, res.Outcome, res.Reason)
+		done()
+		return
+	}
+	var stored func()
+	if in.Op == proposals.OpEvacuate {
+		stored = func() { w.chk.evacuation(group, in.From, w.kv.recs[group].Revision) }
+	}
+	h.carryOut(cur, res, proposals.Proposal{Op: in.Op, Group: group}, stored, func(proposals.Decision) { done() })
+}
+
+// keepPaused is Handler.keepPaused.
+func (h *simHandler) keepPaused() {
+	w := h.w
+	draining := h.host.cache.draining()
+	for _, node := range sortedKeys(draining) {
+		h.pause(node, func(error) {})
+	}
+	for _, node := range sortedKeys(h.paused) {
+		if draining[node] > 0 {
+			continue
+		}
+		delete(h.paused, node)
+		if w.chance(w.p.pOpFail) {
+			continue // the pause lapses by itself
+		}
+		if h.pausing[node] > 0 {
+			if _, ok := w.chk.resumedEarly[node]; !ok {
+				w.chk.resumedEarly[node] = w.clock
+			}
+		}
+		w.after(h.api(node), func() {
+			w.q.consumer(node).pausedUntil = 0
+			w.q.consumer(node).kick()
+			w.logf(h.host.id, "handler resumed %s's consumer", node)
+		})
+	}
+}

@@ -1,0 +1,514 @@
+package router
+
+import (
+	"fmt"
+	"slices"
+	"time"
+
+	"grouprouter/kvbinding"
+	"grouprouter/proposals"
+)
+
+// The hand-over shell of handover.go over the simulated queues, step by
+// step as it makes its calls: handOverLoop, runSteps, drainQueues (with
+// waitDelivered, the scan by GetMsg, moveGroup), catchUp and report.
+
+// addDuty is dutyQueue.add plus handOverLoop's wake and 20 ms wait.
+func (n *simNode) addDuty(group string, duty proposals.Duty, rev uint64) {
+	w := n.w
+	if j, ok := n.duties[group]; !ok || j.rev < rev {
+		n.duties[group] = dutyJob{duty: duty, rev: rev}
+	}
+	if n.dutyWake {
+		return
+	}
+	n.dutyWake = true
+	w.after(simHandoverWait+w.between(0, time.Millisecond), func() {
+		n.dutyWake = false
+		if n.up() {
+			n.handOverBatch()
+		}
+	})
+}
+
+// handOverBatch is one round of handOverLoop.
+func (n *simNode) handOverBatch() {
+	jobs := n.duties
+	n.duties = map[string]dutyJob{}
+	drains, catchUps := map[string]dutyJob{}, map[string]dutyJob{}
+	for _, g := range sortedKeys(jobs) {
+		j := jobs[g]
+		route, ok := n.cache.Lookup(g)
+		if !ok || route.Revision != j.rev || proposals.DutyOf(route, n.id) != j.duty {
+			n.eng.dutyDone(g, j.rev)
+			continue
+		}
+		if j.duty == proposals.DutyDrain {
+			drains[g] = j
+		} else {
+			catchUps[g] = j
+		}
+	}
+	if len(drains) > 0 {
+		n.runSteps(drains)
+	}
+	if len(catchUps) > 0 {
+		n.runSteps(catchUps)
+	}
+}
+
+// runSteps runs one batch of drain or catch-up steps and reports them.
+func (n *simNode) runSteps(jobs map[string]dutyJob) {
+	w := n.w
+	routes := map[string]kvbinding.Route{}
+	var duty proposals.Duty
+	for _, g := range sortedKeys(jobs) {
+		route, _ := n.cache.Lookup(g)
+		routes[g] = route
+		duty = jobs[g].duty
+		n.logf("hand-over step starts: %q %s", g, simRoute(route))
+	}
+	op := proposals.OpCaughtUp
+	if duty == proposals.DutyDrain {
+		op = proposals.OpDrained
+	}
+	finish := func(counts map[string]int, err error) {
+		if !n.up() {
+			return
+		}
+		if err != nil {
+			n.logf("hand-over step %s failed; retrying: %v", op, err)
+			w.after(time.Second, func() {
+				if !n.up() {
+					return
+				}
+				for _, g := range sortedKeys(jobs) {
+					n.addDuty(g, jobs[g].duty, jobs[g].rev)
+				}
+			})
+			return
+		}
+		ps := make([]proposals.Proposal, 0, len(jobs))
+		for _, g := range sortedKeys(jobs) {
+			ps = append(ps, proposals.Proposal{Op: op, Group: g, Rev: jobs[g].rev, Count: counts[g]})
+		}
+		n.report(ps, func(refused map[string]bool) {
+			for _, g := range sortedKeys(refused) {
+				n.eng.dutyDone(g, jobs[g].rev)
+			}
+		})
+	}
+	if duty == proposals.DutyDrain {
+		n.drainQueues(routes, finish)
+	} else {
+		n.catchUp(routes, finish)
+	}
+}
+
+// report sends step reports, retried until they are answered (a report
+// the handler could not decide is sent again, see sortReports), and gives
+// the groups whose report was not taken.
+func (n *simNode) report(ps []proposals.Proposal, done func(refused map[string]bool)) {
+	attempt := 0
+	refused := map[string]bool{}
+	var try func()
+	try = func() {
+		if !n.up() {
+			return
+		}
+		attempt++
+		if n.w.tracing {
+			n.logf("reports %s", simProposals(ps))
+		}
+		n.propose(ps, func(ds []proposals.Decision, err error) {
+			if n.w.tracing {
+				n.logf("answers to the report %s: %s", simProposals(ps), simDecisions(ds, err))
+			}
+			if !n.up() {
+				return
+			}
+			if err == nil {
+				again, notTaken := sortReports(ps, ds, func(g string) uint64 {
+					route, _ := n.cache.Lookup(g)
+					return route.Revision
+				})
+				for _, g := range notTaken {
+					refused[g] = true
+				}
+				if len(again) == 0 {
+					done(refused)
+					return
+				}
+				ps = again
+			}
+			n.w.after(backoffBase*time.Duration(min(attempt, 20)), try)
+		})
+	}
+	try()
+}
+
+// simFound is a message the drain found on another node's queue.
+type simFound struct {
+	e    *simEntry
+	from string
+}
+
+// simDrain is one drainQueues call.
+type simDrain struct {
+	n       *simNode
+	routes  map[string]kvbinding.Route
+	byNode  map[string]map[string]bool
+	byGroup map[string][]simFound
+	seen    map[string]map[uint64]bool
+	moved   map[string]int
+	err     error
+	done    func(map[string]int, error)
+}
+
+func (n *simNode) drainQueues(routes map[string]kvbinding.Route, done func(map[string]int, error)) {
+	d := &simDrain{n: n, routes: routes, byNode: map[string]map[string]bool{}, byGroup: map[string][]simFound{},
+		seen: map[string]map[uint64]bool{}, moved: map[string]int{}, done: done}
+	for _, g := range sortedKeys(routes) {
+		for _, node := range routes[g].Drain {
+			if d.byNode[node] == nil {
+				d.byNode[node] = map[string]bool{}
+			}
+			d.byNode[node][g] = true
+		}
+	}
+	if len(d.byNode) == 0 {
+		done(d.moved, nil)
+		return
+	}
+	nodes := sortedKeys(d.byNode)
+	left := len(nodes)
+	for _, node := range nodes {
+		n.waitDelivered(node, func() {
+			left--
+			if left == 0 {
+				d.scan()
+			}
+		})
+	}
+}
+
+// waitDelivered waits, at most DrainWait, for node's consumer to ack what
+// it was delivered; a consumer whose acks stopped for 2 s counts as gone.
+func (n *simNode) waitDelivered(node string, done func()) {
+	w := n.w
+	deadline := w.clock + w.p.drainWait
+	stale := min(2*time.Second, w.p.drainWait)
+	var lastAcks uint64
+	lastMove := w.clock
+	var poll func()
+	poll = func() {
+		if !n.up() {
+			return
+		}
+		if w.clock >= deadline {
+			done()
+			return
+		}
+		w.after(w.lat(), func() {
+			if !n.up() {
+				return
+			}
+			c := w.q.consumer(node)
+			if c.ackPending() == 0 {
+				done()
+				return
+			}
+			if c.acks != lastAcks {
+				lastAcks, lastMove = c.acks, w.clock
+			} else if w.clock-lastMove >= stale {
+				n.logf("drain: %s's consumer holds unacked messages; moving them anyway", node)
+				done()
+				return
+			}
+			w.after(100*time.Millisecond, poll)
+		})
+	}
+	poll()
+}
+
+// scan reads the old queues by GetMsg, one message per call, from the
+// stream's first to its last sequence as the stream info gave them.
+func (d *simDrain) scan() {
+	n, w := d.n, d.n.w
+	w.after(w.lat(), func() {
+		if !n.up() {
+			return
+		}
+		if w.chance(w.p.pOpFail) {
+			d.done(nil, fmt.Errorf("stream info: %w", errSimOp))
+			return
+		}
+		first, last := w.q.firstLast()
+		// drainQueues ranges over a map: the queues are scanned in any order.
+		nodes := sortedKeys(d.byNode)
+		w.rng.Shuffle(len(nodes), func(i, j int) { nodes[i], nodes[j] = nodes[j], nodes[i] })
+		var scanNode func(i int)
+		scanNode = func(i int) {
+			if i == len(nodes) {
+				d.move()
+				return
+			}
+			node, groups := nodes[i], d.byNode[nodes[i]]
+			seq := first
+			var get func()
+			get = func() {
+				if !n.up() {
+					return
+				}
+				if seq > last {
+					scanNode(i + 1)
+					return
+				}
+				w.after(w.lat(), func() {
+					if !n.up() {
+						return
+					}
+					if w.chance(w.p.pOpFail) {
+						d.done(nil, fmt.Errorf("get: %w", errSimOp))
+						return
+					}
+					e := w.q.next(node, seq)
+					if e == nil {
+						scanNode(i + 1)
+						return
+					}
+					seq = e.sseq + 1
+					if e.group == "" || !groups[e.group] {
+						get()
+						return
+					}
+					if node == n.id && e.id == moveID(d.routes[e.group].Revision, e.seq) {
+						get() // a copy this step made before: in place already
+						return
+					}
+					if d.seen[e.group] == nil {
+						d.seen[e.group] = map[uint64]bool{}
+					}
+					if !d.seen[e.group][e.seq] {
+						d.seen[e.group][e.seq] = true
+						d.byGroup[e.group] = append(d.byGroup[e.group], simFound{e: e, from: node})
+					}
+					get()
+				})
+			}
+			get()
+		}
+		scanNode(0)
+	})
+}
+
+// move runs moveGroup for every group at once (an errgroup: the first
+// error cancels the others).
+func (d *simDrain) move() {
+	n := d.n
+	groups := sortedKeys(d.byGroup)
+	if len(groups) == 0 {
+		d.done(d.moved, nil)
+		return
+	}
+	left := len(groups)
+	canceled := func() bool { return d.err != nil }
+	for _, g := range groups {
+		found := d.byGroup[g]
+		slices.SortFunc(found, func(a, b simFound) int { return int(a.e.seq) - int(b.e.seq) })
+		rev := d.routes[g].Revision
+		n.moveGroup(g, found, rev, canceled, func(moved int, err error) {
+			d.moved[g] = moved
+			if err == nil && len(found) > 0 {
+				n.movedThrough[g] = found[len(found)-1].e.seq
+			}
+			if err != nil && d.err == nil {
+				d.err = err
+			}
+			left--
+			if left == 0 {
+				if d.err != nil {
+					d.done(nil, d.err)
+					return
+				}
+				d.done(d.moved, nil)
+			}
+		})
+	}
+}
+
+// moveGroup copies one group's found messages to this node's queue in
+// order, deleting each original once its copy is stored, and withdrawing
+// the copy of one acked meanwhile.
+func (n *simNode) moveGroup(group string, found []simFound, rev uint64, canceled func() bool, done func(int, error)) {
+	w := n.w
+	moved, i := 0, 0
+	var next func()
+	next = func() {
+		if !n.up() {
+			return
+		}
+		if canceled() {
+			done(moved, errSimCancel)
+			return
+		}
+		if i == len(found) {
+			done(moved, nil)
+			return
+		}
+		if r, _ := n.cache.Lookup(group); r.Revision != rev {
+			done(moved, errSimSuperseded)
+			return
+		}
+		f := found[i]
+		i++
+		// Should this node crash before the original is deleted, the
+		// message may be on two queues (the checker names the window).
+		n.moving[f.e.seq] = true
+		p := simPub{node: n.id, seq: f.e.seq, group: group, id: moveID(rev, f.e.seq), kind: simCopy, origin: f.e}
+		n.publishSync(p, canceled, func(copySeq uint64, err error) {
+			if err != nil {
+				done(moved, err)
+				return
+			}
+			// DeleteMsg of the original.
+			fail := w.chance(w.p.pOpFail)
+			w.after(w.lat(), func() {
+				gone := false
+				if !fail {
+					gone = !w.q.deleteMsg(f.e.sseq)
+					delete(n.moving, f.e.seq)
+				}
+				w.after(w.lat(), func() {
+					if !n.up() {
+						return
+					}
+					switch {
+					case fail:
+						done(moved, fmt.Errorf("delete: %w", errSimOp))
+					case !gone:
+						moved++
+						next()
+					default:
+						// Acked on the old queue meanwhile: take the copy back.
+						n.logf("drain: seq %d of %q was acked on %s meanwhile; withdrawing its copy", f.e.seq, group, f.from)
+						w.after(w.lat(), func() {
+							w.q.deleteMsg(copySeq)
+							w.after(w.lat(), next)
+						})
+					}
+				})
+			})
+		})
+	}
+	next()
+}
+
+// catchUp routes, from the ingress, the groups' messages from their fence
+// up to where the lanes take over, skipping what the drain moved.
+func (n *simNode) catchUp(routes map[string]kvbinding.Route, done func(map[string]int, error)) {
+	w := n.w
+	type span struct{ from, until uint64 }
+	spans := map[string]span{}
+	for _, g := range sortedKeys(routes) {
+		spans[g] = span{from: routes[g].FromSeq, until: n.eng.takeoverFrom(g)}
+	}
+	for _, g := range sortedKeys(spans) {
+		s := spans[g]
+		if t := n.movedThrough[g]; t >= s.from {
+			s.from = t + 1
+			spans[g] = s
+		}
+		delete(n.movedThrough, g)
+	}
+	var lo, hi uint64
+	for _, g := range sortedKeys(spans) {
+		s := spans[g]
+		if s.from >= s.until {
+			continue
+		}
+		if lo == 0 || s.from < lo {
+			lo = s.from
+		}
+		hi = max(hi, s.until)
+	}
+	caught := map[string]int{}
+	if lo == 0 {
+		done(caught, nil)
+		return
+	}
+	w.after(w.lat(), func() {
+		if !n.up() {
+			return
+		}
+		if w.chance(w.p.pOpFail) {
+			done(nil, fmt.Errorf("read ingress: %w", errSimOp))
+			return
+		}
+		byGroup := map[string][]simPub{}
+		for seq := lo; seq < hi && seq <= uint64(len(w.ingress)); seq++ {
+			m := w.ingress[seq-1]
+			s, ok := spans[m.group]
+			if !ok || seq < s.from || seq >= s.until {
+				continue
+			}
+			if m.invalid != "" {
+				// The ungrouped binding's takeover dead-letters it (classify).
+				byGroup[m.group] = append(byGroup[m.group], simPub{seq: seq, id: "dlq:" + simIngressID(seq), dlq: true, reason: m.invalid})
+				continue
+			}
+			dest := n.id
+			if m.group == "" {
+				dest = n.eng.ungroupedDestination()
+			}
+			byGroup[m.group] = append(byGroup[m.group], simPub{node: dest, seq: seq, group: m.group, id: simIngressID(seq), kind: simCaught})
+		}
+		groups := sortedKeys(byGroup)
+		if len(groups) == 0 {
+			done(caught, nil)
+			return
+		}
+		left := len(groups)
+		var failed error
+		canceled := func() bool { return failed != nil }
+		for _, g := range groups {
+			msgs := byGroup[g]
+			i := 0
+			var next func()
+			next = func() {
+				if i == len(msgs) {
+					caught[g] = len(msgs)
+					left--
+					if left == 0 {
+						if failed != nil {
+							done(nil, failed)
+						} else {
+							done(caught, nil)
+						}
+					}
+					return
+				}
+				p := msgs[i]
+				i++
+				if r, _ := n.cache.Lookup(g); r.Revision != routes[g].Revision {
+					if failed == nil {
+						failed = errSimSuperseded
+					}
+					i = len(msgs)
+					next()
+					return
+				}
+				n.publishSync(p, canceled, func(_ uint64, err error) {
+					if err != nil && failed == nil {
+						failed = err
+					}
+					if err != nil {
+						i = len(msgs)
+					}
+					next()
+				})
+			}
+			next()
+		}
+	})
+}

@@ -1,0 +1,695 @@
+package router
+
+import (
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"time"
+
+	"grouprouter/kvbinding"
+	"grouprouter/proposals"
+)
+
+var (
+	errSimPublish = errors.New("sim: publish failed")
+	errSimTimeout = errors.New("sim: timed out")
+	errSimOp      = errors.New("sim: operation failed")
+	errSimCancel  = errors.New("sim: canceled")
+	// errSimSuperseded: a takeover step's record moved past its revision
+	// (errSuperseded).
+	errSimSuperseded = errors.New("sim: the record moved past the step's revision")
+)
+
+// simNode is one incarnation of a router node: the real lane engine
+// (engine.go), called as the Router's shells call it, with simulated I/O.
+// A crash ends the incarnation (everything in memory is lost); a restart
+// is a new simNode that loads its checkpoint and the bindings afresh.
+type simNode struct {
+	w     *simWorld
+	id    string
+	local bool
+
+	started  bool
+	stopping bool // SIGTERM: draining
+	dead     bool
+
+	eng   *engine
+	cache *simCache
+	view  *simRegView
+	kvSub *simSub[simKVEntry]
+	term  *simHandler // the handler term this node runs, if any
+
+	readPos     uint64
+	readBusy    bool
+	readIdle    bool // waits for the ingress to grow
+	readBlocked bool // waits for the engine to have room
+
+	askWake    bool
+	timerArmed bool
+	timerAt    time.Duration
+	timerGen   uint64
+
+	changeQ    []string
+	changeBusy bool
+
+	duties       map[string]dutyJob
+	dutyWake     bool
+	movedThrough map[string]uint64
+	moving       map[uint64]bool // messages whose copy is published and original not yet deleted
+
+	flights     []*simFlight
+	hasConsumer bool
+	lastCkpt    kvbinding.Checkpoint
+	ckptBusy    bool
+
+	announceFailUntil time.Duration
+}
+
+// simFlight is a publish on its way to the server.
+type simFlight struct {
+	p       simPub
+	sent    time.Duration
+	landed  bool
+	dropped bool
+}
+
+func newSimNode(w *simWorld, id string, local bool) *simNode {
+	return &simNode{w: w, id: id, local: local, duties: map[string]dutyJob{}, movedThrough: map[string]uint64{},
+		moving: map[uint64]bool{}}
+}
+
+// up: running (not stopping, not dead). alive: the process exists.
+func (n *simNode) up() bool    { return n.started && !n.dead && !n.stopping }
+func (n *simNode) alive() bool { return n.started && !n.dead }
+
+func (n *simNode) logf(format string, args ...any) { n.w.logf(n.id, format, args...) }
+
+// start is Router.Run: load the bindings, the registry and the checkpoint,
+// announce, pick up changes in progress, then route.
+func (n *simNode) start() {
+	w := n.w
+	p := w.p
+	n.started = true
+	n.cache = newSimCache(w.kv)
+	n.kvSub = w.kv.log.subscribe(n.onRecord)
+	n.view = newSimRegView(w, n.onLiveChange)
+	n.eng = newEngine(engineConfig{
+		node: n.id, maxHeldMessages: p.maxHeld, maxHeldBytes: DefaultMaxHeldBytes, maxInFlight: p.maxInFlight,
+		maxAttempts: p.maxAttempts, timeout: p.timeout, localFirst: p.localFirst, groupTimeout: p.groupTimeout,
+	}, n.cache, rand.New(rand.NewPCG(w.rng.Uint64(), w.rng.Uint64())))
+	ckpt := w.reg.ckpt[n.id]
+	n.eng.resume = resumePoint{ckpt: ckpt}
+	n.onLiveChange()
+	n.readPos = max(n.eng.resume.start(), 1)
+	n.logf("starts (resume at %d, checkpoint %v)", n.readPos, ckpt)
+	n.heartbeat()
+	if n.local {
+		n.every(simLeaseTick/2, n.standbyTick)
+	}
+	var todo []string
+	for _, g := range sortedKeys(n.cache.m) {
+		if proposals.DutyOf(n.cache.m[g], n.id) != proposals.DutyNone {
+			todo = append(todo, g)
+		}
+	}
+	n.do(func(e *engine, now time.Time) {
+		for _, g := range todo {
+			e.changed(g, now)
+		}
+	})
+	n.every(simHeartbeat, n.heartbeat)
+	n.every(simCheckpoint, n.checkpointTick)
+	if p.groupTimeout > 0 {
+		n.every(p.reaperPeriod, n.reapTick)
+	}
+	n.scheduleRead()
+}
+
+// every runs fn every d while the node runs.
+func (n *simNode) every(d time.Duration, fn func()) {
+	var tick func()
+	tick = func() {
+		if !n.up() {
+			return
+		}
+		fn()
+		n.w.after(d, tick)
+	}
+	n.w.after(n.w.between(d/2, d), tick)
+}
+
+// do is Router.do: run fn on the engine, then carry out its actions.
+func (n *simNode) do(fn func(e *engine, now time.Time)) {
+	if !n.alive() {
+		return
+	}
+	fn(n.eng, n.w.now())
+	for _, a := range n.eng.take() {
+		n.perform(a)
+	}
+	if n.readBlocked && !n.eng.full() {
+		n.readBlocked = false
+		n.scheduleRead()
+	}
+	n.armTimer()
+}
+
+func (n *simNode) perform(a action) {
+	switch a.kind {
+	case actPublish:
+		n.publish(a)
+	case actAsk:
+		n.wakeAsker()
+	case actRetry:
+		// armTimer, after every engine call, covers it.
+	case actDuty:
+		n.logf("duty %v for %q at rev %d", a.duty, a.group, a.rev)
+		n.addDuty(a.group, a.duty, a.rev)
+	case actDeadLettered:
+		n.logf("dead-lettered %d messages of %q through %d: %s", a.count, a.group, a.rev, a.reason)
+	case actFailure:
+		n.logf("no decision for %q (attempt %d): %v", a.fail.group, a.fail.attempt, a.fail.err)
+	}
+}
+
+// onRecord takes a bindings watch delivery, as kvbinding.Cache does, and
+// feeds the change to the engine (Router.changeLoop).
+func (n *simNode) onRecord(e simKVEntry) {
+	if !n.alive() {
+		return
+	}
+	var changed bool
+	if e.b == nil {
+		changed = n.cache.applyDelete(e.group, e.rev)
+	} else {
+		changed = n.cache.apply(*e.b, true)
+	}
+	if changed {
+		n.notify(e.group)
+	}
+}
+
+// applyOwn is Cache.Apply of a record this node's handler wrote.
+func (n *simNode) applyOwn(b kvbinding.Binding) {
+	if n.alive() && n.cache.apply(b, false) {
+		n.notify(b.Group)
+	}
+}
+
+// notify queues a change for the engine: the cache's notifications reach
+// the router over a channel, in order.
+func (n *simNode) notify(group string) {
+	n.changeQ = append(n.changeQ, group)
+	if n.changeBusy {
+		return
+	}
+	n.changeBusy = true
+	var step func()
+	step = func() {
+		if !n.alive() || len(n.changeQ) == 0 {
+			n.changeBusy = false
+			return
+		}
+		g := n.changeQ[0]
+		n.changeQ = n.changeQ[1:]
+		if r, ok := n.cache.Lookup(g); ok {
+			n.logf("sees %q: %s", g, simRoute(r))
+		} else {
+			n.logf("sees %q: no record", g)
+		}
+		n.do(func(e *engine, now time.Time) { e.changed(g, now) })
+		n.w.after(n.w.between(10*time.Microsecond, 200*time.Microsecond), step)
+	}
+	n.w.after(n.w.between(10*time.Microsecond, 200*time.Microsecond), step)
+}
+
+func simRoute(r kvbinding.Route) string {
+	s := fmt.Sprintf("%s node=%s from=%d through=%d prev=%s rev=%d", r.State, r.Node, r.FromSeq, r.ThroughSeq, r.PrevNode, r.Revision)
+	if r.Step != kvbinding.StepNone {
+		s += fmt.Sprintf(" step=%s drain=%v", r.Step, r.Drain)
+	}
+	return s
+}
+
+// onLiveChange is Router.onLiveChange.
+func (n *simNode) onLiveChange() {
+	if !n.alive() || n.eng == nil {
+		return
+	}
+	state := make(map[string]proposals.NodeState, len(n.view.live))
+	for id, has := range n.view.live {
+		state[id] = proposals.NodeState{HasConsumer: has}
+	}
+	n.do(func(e *engine, now time.Time) { e.setLive(state, now) })
+}
+
+// The ingress reader (Router.read and Router.ingest).
+
+func (n *simNode) scheduleRead() {
+	w := n.w
+	if n.readBusy || !n.up() {
+		return
+	}
+	n.readBusy = true
+	d := w.between(20*time.Microsecond, 500*time.Microsecond)
+	if w.chance(w.p.pSlow) {
+		d = w.between(200*time.Millisecond, 3*time.Second) // the ordered consumer is reset
+	}
+	w.after(d, n.read)
+}
+
+func (n *simNode) read() {
+	w := n.w
+	n.readBusy = false
+	if !n.up() {
+		return
+	}
+	if n.readPos > uint64(len(w.ingress)) {
+		n.readIdle = true
+		return
+	}
+	if n.eng.full() {
+		n.readBlocked = true
+		return
+	}
+	m := w.ingress[n.readPos-1]
+	n.readPos++
+	group, close := m.group, m.close
+	if m.invalid != "" {
+		group, close = "", false
+	}
+	rec := &msgRec{seq: m.seq, subject: "jms.sim", size: 100, invalid: m.invalid, close: close}
+	n.do(func(e *engine, now time.Time) { e.ingest(group, rec, now) })
+	n.scheduleRead()
+}
+
+func (n *simNode) ingressGrew() {
+	if n.readIdle {
+		n.readIdle = false
+		n.scheduleRead()
+	}
+}
+
+// armTimer is Router.timers: wake at the engine's next due time.
+func (n *simNode) armTimer() {
+	w := n.w
+	next := n.eng.nextDue()
+	if next.IsZero() || !n.up() {
+		return
+	}
+	at := next.Sub(simEpoch())
+	if n.timerArmed && n.timerAt <= at {
+		return
+	}
+	n.timerArmed, n.timerAt = true, at
+	n.timerGen++
+	gen := n.timerGen
+	w.after(max(at-w.clock, time.Millisecond), func() {
+		if gen != n.timerGen || !n.up() {
+			return
+		}
+		n.timerArmed = false
+		n.do(func(e *engine, now time.Time) { e.due(now) })
+	})
+}
+
+// The asker (Router.asker and sendAsks).
+
+func (n *simNode) wakeAsker() {
+	w := n.w
+	if n.askWake || !n.up() {
+		return
+	}
+	n.askWake = true
+	w.after(w.between(10*time.Microsecond, 300*time.Microsecond), func() {
+		n.askWake = false
+		if !n.up() {
+			return
+		}
+		for {
+			batch := n.eng.askBatch(maxBatch, w.now())
+			if len(batch) == 0 {
+				break
+			}
+			n.sendAsks(batch)
+		}
+		n.armTimer()
+	})
+}
+
+func (n *simNode) sendAsks(batch []*ask) {
+	ps := make([]proposals.Proposal, len(batch))
+	for i, a := range batch {
+		ps[i] = a.p
+	}
+	if n.w.tracing {
+		n.logf("asks %s", simProposals(ps))
+	}
+	n.propose(ps, func(ds []proposals.Decision, err error) {
+		if n.w.tracing {
+			n.logf("answers to %s: %s", simProposals(ps), simDecisions(ds, err))
+		}
+		n.do(func(e *engine, now time.Time) { e.replied(batch, ds, err, now) })
+	})
+}
+
+func simProposals(ps []proposals.Proposal) string {
+	s := ""
+	for i, p := range ps {
+		if i > 0 {
+			s += ", "
+		}
+		op := p.Op
+		if op == "" {
+			op = proposals.OpBind
+		}
+		s += fmt.Sprintf("%s %q", op, p.Group)
+		if p.Node != "" {
+			s += " node=" + p.Node
+		}
+		if p.Seq != 0 {
+			s += fmt.Sprintf(" seq=%d", p.Seq)
+		}
+		if p.Rev != 0 {
+			s += fmt.Sprintf(" rev=%d", p.Rev)
+		}
+	}
+	return "[" + s + "]"
+}
+
+func simDecisions(ds []proposals.Decision, err error) string {
+	if err != nil {
+		return err.Error()
+	}
+	s := ""
+	for i, d := range ds {
+		if i > 0 {
+			s += ", "
+		}
+		s += fmt.Sprintf("%s rev=%d", d.Outcome, d.Revision)
+		if d.Error != "" {
+			s += " (" + d.Error + ")"
+		}
+	}
+	return "[" + s + "]"
+}
+
+// propose is proposals.Client.Propose: one request to the active handler,
+// answered within the timeout or failed.
+func (n *simNode) propose(ps []proposals.Proposal, cb func([]proposals.Decision, error)) {
+	w := n.w
+	if _, err := proposals.EncodeRequest(proposals.Request{Proposer: n.id, Proposals: ps}); err != nil {
+		w.chk.violation("protocol", "%s asks what the protocol refuses: %v", n.id, err)
+		return
+	}
+	done := false
+	finish := func(ds []proposals.Decision, err error) {
+		if done || !n.alive() {
+			return
+		}
+		done = true
+		cb(ds, err)
+	}
+	w.after(w.p.timeout, func() {
+		finish(nil, fmt.Errorf("%w after %v", proposals.ErrDecisionTimeout, w.p.timeout))
+	})
+	if w.chance(w.p.pDrop) {
+		n.logf("request lost: %s", simProposals(ps))
+		return
+	}
+	w.after(w.lat(), func() {
+		h := w.activeHandler()
+		if h == nil {
+			w.after(w.lat(), func() { finish(nil, proposals.ErrNoHandler) })
+			return
+		}
+		h.serve(n.id, ps, func(ds []proposals.Decision) {
+			if w.chance(w.p.pDrop) {
+				w.logf(h.host.id, "reply to %s lost", n.id)
+				return
+			}
+			w.after(w.lat(), func() { finish(ds, nil) })
+		})
+	})
+}
+
+// The publisher (Router.publish over jspub, and publishSync).
+
+// send publishes p; cb gets the stream sequence (the first copy's for a
+// duplicate) or an error, unless the node died meanwhile.
+func (n *simNode) send(p simPub, cb func(sseq uint64, err error)) {
+	w := n.w
+	if r, ok := n.cache.Lookup(p.group); ok {
+		p.view = r.Revision
+	}
+	f := &simFlight{p: p, sent: w.clock}
+	if len(n.flights) > 64 {
+		live := n.flights[:0]
+		for _, g := range n.flights {
+			if !g.landed && !g.dropped {
+				live = append(live, g)
+			}
+		}
+		clear(n.flights[len(live):])
+		n.flights = live
+	}
+	n.flights = append(n.flights, f)
+	w.chk.publishing(n.id, f)
+	if w.chance(w.p.pPubFail) {
+		w.after(w.lat(), func() {
+			if f.landed || f.dropped {
+				return
+			}
+			f.dropped = true
+			if n.alive() {
+				cb(0, errSimPublish)
+			}
+		})
+		return
+	}
+	land := w.lat()
+	if w.chance(w.p.pLate) {
+		// The client's buffer is flushed after a reconnect.
+		land = w.between(simPubTimeout, simPubTimeout+3*time.Second)
+	}
+	ackAt := land + w.lat()
+	lost := w.chance(w.p.pAckLost)
+	var sseq uint64
+	w.after(land, func() {
+		if f.landed || f.dropped {
+			return
+		}
+		f.landed = true
+		sseq, _ = w.q.store(n.id, p)
+	})
+	if lost || ackAt > simPubTimeout {
+		w.after(simPubTimeout, func() {
+			if n.alive() {
+				cb(0, errSimTimeout)
+			}
+		})
+		return
+	}
+	w.after(ackAt, func() {
+		if n.alive() && f.landed {
+			cb(sseq, nil)
+		}
+	})
+}
+
+// publish carries out an actPublish.
+func (n *simNode) publish(a action) {
+	ln, m := a.ln, a.m
+	p := simPub{node: a.node, seq: m.seq, group: ln.group, id: simIngressID(m.seq), kind: simRouted, dlq: a.dlq, reason: a.reason}
+	if a.dlq {
+		p.node, p.id = "", "dlq:"+p.id
+	}
+	if n.w.tracing {
+		n.logf("publishes seq %d of %q to %q (dlq %v)", m.seq, ln.group, p.node, a.dlq)
+	}
+	n.send(p, func(_ uint64, err error) {
+		if n.w.tracing {
+			n.logf("publish of seq %d: %v", m.seq, err)
+		}
+		n.do(func(e *engine, now time.Time) { e.acked(ln, m, a.dlq, a.reason, err, now) })
+	})
+}
+
+// publishSync is Router.publishSync: retried until it succeeds or the
+// step is canceled.
+func (n *simNode) publishSync(p simPub, canceled func() bool, cb func(sseq uint64, err error)) {
+	var try func()
+	try = func() {
+		if !n.up() {
+			return
+		}
+		if canceled() {
+			cb(0, errSimCancel)
+			return
+		}
+		n.send(p, func(sseq uint64, err error) {
+			if !n.up() {
+				return
+			}
+			if err == nil {
+				cb(sseq, nil)
+				return
+			}
+			if canceled() {
+				cb(0, err)
+				return
+			}
+			n.w.after(backoffBase, try)
+		})
+	}
+	try()
+}
+
+// Liveness, checkpoints, the reaper.
+
+func (n *simNode) heartbeat() {
+	w := n.w
+	has := w.q.consumer(n.id).hasConsumer()
+	if has != n.hasConsumer {
+		n.hasConsumer = has
+		n.eng.hasConsumer = has
+	}
+	if w.clock < n.announceFailUntil {
+		return
+	}
+	w.after(w.lat(), func() {
+		if !n.up() || w.chance(w.p.pKVFail) {
+			return
+		}
+		w.reg.announce(n.id, has)
+	})
+}
+
+func (n *simNode) checkpointTick() {
+	w := n.w
+	if n.ckptBusy {
+		return
+	}
+	c := n.eng.track.checkpoint()
+	last := n.lastCkpt
+	if c.Next == 0 || (c.Next == last.Next && len(c.Pending) == 0 && len(last.Pending) == 0) {
+		return
+	}
+	n.ckptBusy = true
+	w.after(w.lat(), func() {
+		if n.dead {
+			return
+		}
+		ok := !w.chance(w.p.pKVFail)
+		if ok {
+			w.reg.ckpt[n.id] = c
+		}
+		w.after(w.lat(), func() {
+			n.ckptBusy = false
+			if ok {
+				n.lastCkpt = c
+			}
+		})
+	})
+}
+
+func (n *simNode) reapTick() {
+	mine := n.cache.groupsOf(n.id)
+	n.do(func(e *engine, now time.Time) { e.reap(mine, now) })
+}
+
+// Crash and stop.
+
+// crash ends the process at once: in-memory state is lost; a publish on
+// its way lands now or never; its liveness record expires by its TTL.
+func (n *simNode) crash() {
+	n.logf("crashes")
+	n.kill()
+}
+
+func (n *simNode) kill() {
+	w := n.w
+	if !n.started || n.dead {
+		return
+	}
+	// Messages whose dead-letter record was not written yet: they are on
+	// the dead-letter stream and will be routed again (the window
+	// startDeadLetter's comment names).
+	for _, g := range sortedKeys(n.eng.lanes) {
+		ln := n.eng.lanes[g]
+		if ln.deadLettering || (ln.ask != nil && ln.ask.p.Op == proposals.OpDeadLetter) {
+			for _, m := range ln.msgs {
+				w.chk.dlqCrash[m.seq] = true
+			}
+		}
+	}
+	for seq := range n.moving {
+		w.chk.moverCrash[seq] = true
+	}
+	n.dead, n.stopping = true, false
+	n.kvSub.stopped = true
+	n.view.sub.stopped = true
+	if n.term != nil {
+		n.term.die()
+	}
+	for _, f := range n.flights {
+		if f.landed || f.dropped {
+			continue
+		}
+		if w.rng.IntN(2) == 0 {
+			f.landed = true
+			w.q.store(n.id, f.p)
+		} else {
+			f.dropped = true
+		}
+	}
+	n.flights = nil
+	// What it routed past its saved checkpoint is routed again after a
+	// restart, or by whoever takes its groups from the checkpoint.
+	saved := resumePoint{ckpt: w.reg.ckpt[n.id]}
+	for _, e := range w.q.all {
+		if e.by == n.id && !saved.done(e.seq) {
+			w.chk.pastCheckpoint[e.seq] = true
+		}
+	}
+}
+
+// stop is SIGTERM: Router.Run's end and drain (in-flight publishes
+// finish, the checkpoint is saved, the liveness record withdrawn, the
+// handler lease released).
+func (n *simNode) stop(then func()) {
+	w := n.w
+	n.logf("stops (SIGTERM)")
+	n.stopping = true
+	n.eng.closing = true
+	if n.term != nil {
+		n.term.standDown("stopped")
+		n.term = nil
+	}
+	deadline := w.clock + 5*time.Second
+	var wait func()
+	wait = func() {
+		if n.dead {
+			return
+		}
+		if n.eng.inflight > 0 && w.clock < deadline {
+			w.after(10*time.Millisecond, wait)
+			return
+		}
+		c := n.eng.track.checkpoint()
+		w.after(w.lat(), func() {
+			if c.Next > 0 && !w.chance(w.p.pKVFail) {
+				w.reg.ckpt[n.id] = c
+			}
+			w.after(w.lat(), func() {
+				if !w.chance(w.p.pKVFail) {
+					w.reg.withdraw(n.id)
+				}
+				n.logf("stopped (checkpoint %v)", c)
+				n.kill()
+				then()
+			})
+		})
+	}
+	wait()
+}

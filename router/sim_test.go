@@ -1,0 +1,141 @@
+package router
+
+import (
+	"os"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// simDefaultSeeds is how many seeds TestSimulation runs;
+// GROUPROUTER_SIM_SEEDS asks for more (or fewer).
+const simDefaultSeeds = 5000
+
+// TestSimulation runs the deterministic simulation (sim_world_test.go) over
+// many seeds and checks the invariants (sim_check_test.go) in each. A
+// failing seed prints how to replay it alone, with its step trace under -v:
+//
+//	GROUPROUTER_SIM_SEED=1234 go test -run 'TestSimulation$' -v ./router/
+//
+// GROUPROUTER_SIM_SEEDS=N runs N seeds from GROUPROUTER_SIM_START (default
+// 1). Known issues (simKnown*) are counted and reported; with
+// GROUPROUTER_SIM_STRICT=1 they fail the seed.
+func TestSimulation(t *testing.T) {
+	strict := os.Getenv("GROUPROUTER_SIM_STRICT") == "1"
+	if s := os.Getenv("GROUPROUTER_SIM_SEED"); s != "" {
+		seed, err := strconv.ParseUint(s, 10, 64)
+		if err != nil {
+			t.Fatalf("GROUPROUTER_SIM_SEED=%q: %v", s, err)
+		}
+		w := newSimWorld(seed, true, strict)
+		w.runAll()
+		t.Logf("seed %d: %v; %d events, %v virtual", seed, w.p, w.steps, w.clock)
+		if testing.Verbose() {
+			t.Logf("trace:\n%s", strings.Join(w.trace, "\n"))
+		}
+		for _, kind := range sortedKeys(w.chk.known) {
+			t.Logf("known issue %q: %s", kind, w.chk.known[kind])
+		}
+		for _, v := range w.chk.violations {
+			t.Errorf("seed %d: %s", seed, v)
+		}
+		return
+	}
+	seeds := envUint(t, "GROUPROUTER_SIM_SEEDS", simDefaultSeeds)
+	if testing.Short() {
+		seeds = min(seeds, 200)
+	}
+	start := envUint(t, "GROUPROUTER_SIM_START", 1)
+	began := time.Now()
+	var total simStats
+	known := map[string][]uint64{}
+	failures := 0
+	for seed := start; seed < start+seeds; seed++ {
+		w := newSimWorld(seed, false, strict)
+		w.runAll()
+		st := w.chk.stats
+		st.seeds, st.events, st.virtual, st.messages = 1, uint64(w.steps), w.clock, uint64(len(w.ingress))
+		total.add(st)
+		for kind := range w.chk.known {
+			known[kind] = append(known[kind], seed)
+		}
+		if len(w.chk.violations) == 0 {
+			continue
+		}
+		failures++
+		// Replay with the trace on (the run is deterministic) to show the
+		// steps that led there.
+		r := newSimWorld(seed, true, strict)
+		r.runAll()
+		t.Errorf("seed %d failed: %s\n  run: %v\n  replay: GROUPROUTER_SIM_SEED=%d go test -run 'TestSimulation$' -v ./router/\n  last steps:\n%s",
+			seed, strings.Join(w.chk.violations, "; "), w.p, seed, indent(r.tail(60), "    "))
+		if failures >= 5 {
+			t.Fatalf("stopping after %d failing seeds", failures)
+		}
+	}
+	took := time.Since(began)
+	t.Logf("%d seeds in %v (%.0f seeds/s): %d events, %v virtual; %d messages (%d consumed, %d dead-lettered), %d records written, %d drain copies, %d catch-up publishes; duplicates in named windows: %d (duplicate window), %d (drain of delivered messages), %d (mover crash), %d (dead-lettered after a crash); %d redeliveries",
+		total.seeds, took.Round(time.Millisecond), float64(total.seeds)/took.Seconds(), total.events, total.virtual.Round(time.Second),
+		total.messages, total.consumed, total.deadLettered, total.records, total.copies, total.caughtUp,
+		total.excusedWindow, total.excusedDrain, total.excusedMover, total.excusedDLQ, total.redeliveries)
+	for _, kind := range sortedKeys(known) {
+		s := known[kind]
+		t.Logf("known issue %q in %d seeds (first: GROUPROUTER_SIM_SEED=%d)", kind, len(s), s[0])
+	}
+}
+
+func envUint(t *testing.T, name string, def uint64) uint64 {
+	s := os.Getenv(name)
+	if s == "" {
+		return def
+	}
+	n, err := strconv.ParseUint(s, 10, 64)
+	if err != nil {
+		t.Fatalf("%s=%q: %v", name, s, err)
+	}
+	return n
+}
+
+func indent(s, prefix string) string {
+	return prefix + strings.ReplaceAll(s, "\n", "\n"+prefix)
+}
+
+// simRegressions are seeds that failed before a fix, with the fix. For
+// the engine and the report rule (sortReports) the simulation runs the real
+// code; for the hand-over shell it runs its model of handover.go, whose
+// fixes the tests in handover_test.go check on a real server.
+var simRegressions = []struct {
+	seed uint64
+	fix  string
+}{
+	{120, "a step report the handler failed to write is sent again"},
+	{130, "a step report the handler failed to write is sent again"},
+	{177, "a step report the handler failed to write is sent again"},
+	{284, "a step report refused from the handler's older revision is sent again"},
+	{1693, "a step report refused from the handler's older revision is sent again"},
+	{134, "the ungrouped binding's catch-up dead-letters what cannot be grouped"},
+	{165, "the ungrouped binding's catch-up dead-letters what cannot be grouped"},
+	{694, "the ungrouped binding's catch-up dead-letters what cannot be grouped"},
+	{5021, "an answered ask leaves the lane, so a rejected bind is asked again"},
+	{18862, "an answered ask leaves the lane, so a rejected bind is asked again"},
+	{1913, "a record change hands the takeover step even when the lane empties"},
+	{4050, "a record change hands the takeover step even when the lane empties"},
+	{15487, "a catch-up after a restart covers the checkpoint's done messages"},
+	{16649, "a catch-up after a restart covers the checkpoint's done messages"},
+	{39554, "a drain merges the taker's own queue in ingress order"},
+	{112894, "a takeover step stops when its record moves on"},
+	{116447, "a takeover step stops when its record moves on"},
+	{122426, "a takeover step stops when its record moves on"},
+}
+
+// TestSimulationRegressions replays the seeds that found bugs.
+func TestSimulationRegressions(t *testing.T) {
+	for _, r := range simRegressions {
+		w := newSimWorld(r.seed, false, true)
+		w.runAll()
+		for _, v := range w.chk.violations {
+			t.Errorf("seed %d (%s): %s\n  replay: GROUPROUTER_SIM_SEED=%d go test -run 'TestSimulation$' -v ./router/", r.seed, r.fix, v, r.seed)
+		}
+	}
+}
