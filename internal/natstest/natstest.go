@@ -118,6 +118,13 @@ func Connect(t testing.TB, url string, opts ...nats.Option) *nats.Conn {
 // It is shut down when the test ends.
 func RunServer(t testing.TB) *Server {
 	t.Helper()
+	return RunServerWith(t, nil)
+}
+
+// RunServerWith is RunServer with the server's options changed by
+// configure first (users and permissions, TLS), if it is not nil.
+func RunServerWith(t testing.TB, configure func(*server.Options)) *Server {
+	t.Helper()
 	s := &Server{t: t, opts: server.Options{
 		ServerName: "S1",
 		Host:       "127.0.0.1",
@@ -128,6 +135,9 @@ func RunServer(t testing.TB) *Server {
 		NoSigs:     true,
 	}}
 	s.opts.Cluster.Port = 0
+	if configure != nil {
+		configure(&s.opts)
+	}
 	s.start()
 	t.Cleanup(s.Stop)
 	return s
@@ -148,7 +158,7 @@ func RunCluster(t testing.TB, n int) *Cluster {
 	// Cluster ports are reserved by listening and closing: another process
 	// may take one before the server binds it, so retry with fresh ports.
 	for attempt := 0; attempt < 3; attempt++ {
-		c, err := tryCluster(t, n)
+		c, err := tryCluster(t, n, nil)
 		if err == nil {
 			c.WaitReady(30 * time.Second)
 			return c
@@ -159,7 +169,53 @@ func RunCluster(t testing.TB, n int) *Cluster {
 	return nil
 }
 
-func tryCluster(t testing.TB, n int) (*Cluster, error) {
+// RunClusterWith is RunCluster with every member's options changed by
+// configure first (e.g. users and permissions). It waits for readiness in
+// the servers themselves, needing no client: a JetStream meta leader that
+// has every member's statistics (what placing a replicated stream needs),
+// since a client of an auth-enabled cluster may lack the rights of
+// WaitReady's probe.
+func RunClusterWith(t testing.TB, n int, configure func(*server.Options)) *Cluster {
+	t.Helper()
+	var last error
+	for attempt := 0; attempt < 3; attempt++ {
+		c, err := tryCluster(t, n, configure)
+		if err == nil {
+			c.WaitMetaReady(30 * time.Second)
+			return c
+		}
+		last = err
+	}
+	t.Fatalf("natstest: cluster of %d: %v", n, last)
+	return nil
+}
+
+// WaitMetaReady waits until a running member is the JetStream meta leader
+// and knows every running member as a JetStream peer with current
+// statistics, or fails the test after d.
+func (c *Cluster) WaitMetaReady(d time.Duration) {
+	c.t.Helper()
+	running := 0
+	for _, s := range c.Servers {
+		if s.Running() {
+			running++
+		}
+	}
+	Eventually(c.t, d, func() error {
+		for _, s := range c.Servers {
+			if !s.Running() || !s.srv.JetStreamIsLeader() {
+				continue
+			}
+			if peers := s.srv.JetStreamClusterPeers(); len(peers) < running {
+				return fmt.Errorf("meta leader %s knows %d of %d peers", s.Name(), len(peers), running)
+			}
+			return nil
+		}
+		return errors.New("no JetStream meta leader")
+	})
+}
+
+func tryCluster(t testing.TB, n int, configure func(*server.Options)) (*Cluster, error) {
 	c := &Cluster{t: t}
 	ports := make([]int, n)
 	for i := range ports {
@@ -183,6 +239,9 @@ func tryCluster(t testing.TB, n int) (*Cluster, error) {
 		s.opts.Cluster.Name = "grouptest"
 		s.opts.Cluster.Host = "127.0.0.1"
 		s.opts.Cluster.Port = ports[i]
+		if configure != nil {
+			configure(&s.opts)
+		}
 		c.Servers = append(c.Servers, s)
 	}
 	for _, s := range c.Servers {
