@@ -71,14 +71,16 @@ type Publisher struct {
 func New(nc *nats.Conn, timeout time.Duration) (*Publisher, error) {
 	p := &Publisher{
 		nc:      nc,
-		prefix:  nc.Opts.InboxPrefix,
+		prefix:  nats.InboxPrefix, // "_INBOX."
 		timeout: timeout,
 		pending: make(map[uint64]pending),
 		stop:    make(chan struct{}),
 		done:    make(chan struct{}),
 	}
-	if p.prefix == "" {
-		p.prefix = nats.InboxPrefix
+	if custom := nc.Opts.InboxPrefix; custom != "" {
+		// A custom prefix (nats.CustomInboxPrefix) has no trailing dot:
+		// replies go to <prefix>.<id>..., as the connection's own inboxes.
+		p.prefix = custom + "."
 	}
 	p.prefix += nuid.Next() + "."
 	sub, err := nc.Subscribe(p.prefix+"*", p.onReply)

@@ -1,11 +1,18 @@
 package jspub
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
+	"strings"
 	"testing"
+	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"grouprouter/internal/natstest"
 )
 
 func TestParseAck(t *testing.T) {
@@ -58,4 +65,45 @@ func FuzzParseAck(f *testing.F) {
 			t.Fatalf("fast %+v != json %+v for %q", fast, slow, b)
 		}
 	})
+}
+
+// TestCustomInboxPrefix: with nats.CustomInboxPrefix the acks come to
+// <prefix>.<id>..., so a user allowed to receive only there gets them.
+func TestCustomInboxPrefix(t *testing.T) {
+	srv := natstest.RunServerWith(t, func(o *server.Options) {
+		o.Users = []*server.User{{Username: "app", Password: "s3cret", Permissions: &server.Permissions{
+			Publish:   &server.SubjectPermission{Allow: []string{"q.>", "$JS.API.>"}},
+			Subscribe: &server.SubjectPermission{Allow: []string{"app-inbox.>"}},
+		}}}
+	})
+	nc := natstest.Connect(t, srv.URL(), nats.UserInfo("app", "s3cret"), nats.CustomInboxPrefix("app-inbox"))
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "Q", Subjects: []string{"q.>"}}); err != nil {
+		t.Fatal(err)
+	}
+	p, err := New(nc, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	if !strings.HasPrefix(p.prefix, "app-inbox.") {
+		t.Errorf("reply prefix %q, want app-inbox.<id>.", p.prefix)
+	}
+	acked := make(chan error, 1)
+	if err := p.Publish(&nats.Msg{Subject: "q.x", Data: []byte("hi")}, func(_ Ack, err error) { acked <- err }); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-acked:
+		if err != nil {
+			t.Fatalf("ack: %v", err)
+		}
+	case <-ctx.Done():
+		t.Fatal("no ack")
+	}
 }
