@@ -137,6 +137,9 @@ func TestLocalHandlerAbsentGroupsWait(t *testing.T) {
 // node runs, later messages of the same group are routed to a queue.
 func TestDeadLetterAfterMaxAttempts(t *testing.T) {
 	s := natstest.RunServer(t)
+	// A LOCAL node creates the streams and buckets (a REMOTE node does
+	// not), then goes away.
+	startNode(t, s.URL(), testConfig("n0", router.Local)).stop()
 	cfg := testConfig("n1", router.Remote)
 	cfg.MaxAttempts = 2
 	cfg.Timeout = 200 * time.Millisecond
