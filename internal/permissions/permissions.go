@@ -355,6 +355,7 @@ func (l Layout) handlerPublish(node string) []Grant {
 		pub = append(pub, l.api("STREAM.CREATE."+s, "create the layout when it is missing (REMOTE nodes wait for it)")...)
 	}
 	pub = slices.Concat(pub,
+		l.api("INFO", "nats.go reads the account's JetStream limits before it creates a bucket"),
 		l.kvPut(bindings, ">", "the only writer of binding records"),
 		l.kvGet(bindings, ">", "read a record after a compare-and-set conflict, or for the operator"),
 		l.kvPut(nodes, kvbinding.LeaseKey(l.Name), "hold the handler lease"),

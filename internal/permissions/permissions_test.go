@@ -112,9 +112,9 @@ func roleChecks() []check {
 		// on the queue stream except a node for its own queue.
 		add(u, pub, false, js("STREAM.DELETE."+q), js("STREAM.UPDATE."+q), js("STREAM.PURGE."+q),
 			js("CONSUMER.DELETE."+q+"."+router.QueueConsumer("n1")), js("CONSUMER.CREATE."+q+".x"), js("CONSUMER.DURABLE.CREATE."+q+".x"),
-			js("CONSUMER.CREATE."+q+"."+router.QueueConsumer("n1")), "$JS.API.INFO")
+			js("CONSUMER.CREATE."+q+"."+router.QueueConsumer("n1")))
 		// Only LOCAL nodes write bindings or the lease.
-		add(u, pub, u == "node-n0" || u == "node-n1", kvSubj(b, "r.g"), kvSubj(nb, kvbinding.LeaseKey("grouping-handler")))
+		add(u, pub, u == "node-n0" || u == "node-n1", kvSubj(b, "r.g"), kvSubj(nb, kvbinding.LeaseKey("grouping-handler")), js("INFO"))
 		add(u, pub, false, kvSubj(nb, kvbinding.LeaseKey("other")))
 	}
 
