@@ -24,6 +24,12 @@
 //	                    [--no-ack] [--group-header Group-Id]
 //	grouprouter move [--nats URL] [--timeout 10s] [--json] [--wait] GROUP NODE
 //	grouprouter unbind [--nats URL] [--timeout 10s] [--json] [--wait] GROUP
+//	grouprouter permissions --nodes ID[,ID...] --handlers ID[,ID...]
+//	                        [--address ADDR] [--name NAME]
+//	                        [--inbox-prefix _INBOX] [--js-domain DOMAIN]
+//
+// permissions prints a nats-server authorization block with one user per
+// role (see docs/permissions.md).
 //
 // Durations (--timeout and the group lifecycle flags) are Go durations
 // like 5s or bare integers of milliseconds like 5000.

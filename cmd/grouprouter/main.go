@@ -62,6 +62,8 @@ func runContext(ctx context.Context, args []string, stdout, stderr io.Writer) in
 		err = whereGroup(ctx, rest, stdout)
 	case opMove, opUnbind:
 		err = moveGroup(ctx, cmd, rest, stdout)
+	case "permissions":
+		err = printPermissions(rest, stdout)
 	case "bench":
 		err = bench.Main(ctx, rest, stdout, stderr)
 		if errors.Is(err, bench.ErrUsage) {
@@ -113,6 +115,7 @@ Commands:
   consume    consume a node's queue as an application does, printing each message
   move       move a group to another node, with its waiting messages, in order
   unbind     end a group's binding; its next message gets a new one
+  permissions  print the NATS users and permissions of a deployment, one user per role
   bench      measure throughput, decisions and latency against baselines (own embedded NATS)
 
 Run 'grouprouter <command> -h' for the flags of a command.
