@@ -105,7 +105,12 @@ func TestArtemis12BackupHandlerTakesOver(t *testing.T) {
 // reaches a queue, and once a LOCAL node starts every message is routed,
 // in order, to one node.
 func TestLocalHandlerAbsentGroupsWait(t *testing.T) {
-	c, _ := clusterOf(t, "-RR")
+	c, nodes := clusterOf(t, "L--")
+	// n0 creates the streams and buckets (REMOTE nodes do not), then goes
+	// away.
+	nodes[0].stop()
+	startNode(t, c.Servers[1].URL(), testConfig("n1", router.Remote))
+	startNode(t, c.Servers[2].URL(), testConfig("n2", router.Remote))
 	var col collector
 	consumeOn(t, c, &col, 1, 2)
 	nc := c.Servers[1].Connect()
