@@ -322,6 +322,8 @@ func (l Layout) node(node string, handler bool) User {
 		l.api("STREAM.MSG.GET."+router.QueueStream, "a move reads the group's messages waiting on the old queue"),
 		l.api("STREAM.MSG.DELETE."+router.QueueStream, "a move deletes each original once its copy is stored"),
 	)
+	u.Subscribe.Allow = append(u.Subscribe.Allow, Grant{proposals.SubjectEventsPrefix + proposals.EventHandlerTakeover,
+		"a handler took over: retry asks at once; a crashed holder's node stops proposing (only LOCAL nodes may publish it)"})
 	if handler {
 		pub = slices.Concat(pub, l.handlerPublish(node))
 		u.Subscribe.Allow = append(u.Subscribe.Allow, l.handlerSubscribe()...)

@@ -106,6 +106,7 @@ func roleChecks() []check {
 		}
 		add(u, sub, false, "_INBOX.Zx", "jms.orders", router.QueueSubject("n1", "jms.x"), kvSubj(b, "r.g"))
 		add(u, sub, u == "observer", proposals.SubjectEventsPrefix+proposals.EventBind)
+		add(u, sub, u == "observer" || strings.HasPrefix(u, "node-"), proposals.SubjectEventsPrefix+proposals.EventHandlerTakeover)
 		add(u, sub, u == "node-n0" || u == "node-n1", proposals.ProposeSubject("n2"), proposals.SubjectAdmin,
 			proposals.SubjectHandlerPrefix+"grouping-handler.ping", "$SRV.PING", "$SRV.INFO."+proposals.ServiceName, "$SRV.STATS."+proposals.ServiceName+".ID")
 		// Nobody deletes or reshapes streams, purges, or creates consumers
