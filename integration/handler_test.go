@@ -105,7 +105,12 @@ func TestArtemis12BackupHandlerTakesOver(t *testing.T) {
 // reaches a queue, and once a LOCAL node starts every message is routed,
 // in order, to one node.
 func TestLocalHandlerAbsentGroupsWait(t *testing.T) {
-	c, _ := clusterOf(t, "-RR")
+	c, nodes := clusterOf(t, "L--")
+	// n0 creates the streams and buckets (REMOTE nodes do not), then goes
+	// away.
+	nodes[0].stop()
+	startNode(t, c.Servers[1].URL(), testConfig("n1", router.Remote))
+	startNode(t, c.Servers[2].URL(), testConfig("n2", router.Remote))
 	var col collector
 	consumeOn(t, c, &col, 1, 2)
 	nc := c.Servers[1].Connect()
@@ -137,6 +142,9 @@ func TestLocalHandlerAbsentGroupsWait(t *testing.T) {
 // node runs, later messages of the same group are routed to a queue.
 func TestDeadLetterAfterMaxAttempts(t *testing.T) {
 	s := natstest.RunServer(t)
+	// A LOCAL node creates the streams and buckets (a REMOTE node does
+	// not), then goes away.
+	startNode(t, s.URL(), testConfig("n0", router.Local)).stop()
 	cfg := testConfig("n1", router.Remote)
 	cfg.MaxAttempts = 2
 	cfg.Timeout = 200 * time.Millisecond

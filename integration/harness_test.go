@@ -47,6 +47,7 @@ type node struct {
 	id     string
 	cfg    router.Config
 	url    string
+	opts   []nats.Option // of its connection, after the defaults
 	nc     *nats.Conn
 	r      *router.Router
 	cancel context.CancelFunc
@@ -63,7 +64,14 @@ func startNode(t testing.TB, url string, cfg router.Config) *node {
 
 func (n *node) start() {
 	n.t.Helper()
-	n.nc = natstest.Connect(n.t, n.url, nats.Name("node-"+n.id))
+	n.launch()
+	n.waitReady(30 * time.Second)
+}
+
+// launch starts the node without waiting for it to route.
+func (n *node) launch() {
+	n.t.Helper()
+	n.nc = natstest.Connect(n.t, n.url, append([]nats.Option{nats.Name("node-" + n.id)}, n.opts...)...)
 	// Registered after the connection's cleanup, so it runs before it: the
 	// node stops gracefully, not with its connection already closed.
 	n.t.Cleanup(n.stop)
@@ -77,13 +85,6 @@ func (n *node) start() {
 	done := make(chan error, 1)
 	n.r, n.cancel, n.done = r, cancel, done
 	go func() { done <- r.Run(ctx) }()
-	select {
-	case <-r.Ready():
-	case err := <-done:
-		n.t.Fatalf("node %s stopped during start: %v", n.id, err)
-	case <-time.After(30 * time.Second):
-		n.t.Fatalf("node %s not ready", n.id)
-	}
 }
 
 // stop stops the node gracefully and waits for it.

@@ -28,6 +28,9 @@ func TestUnfinishedTakeoverNotRoutedAgainAfterServerRestart(t *testing.T) {
 		c.NodeGrace = 2 * time.Second
 		return c
 	}
+	// A LOCAL node creates the streams and buckets (a REMOTE node does
+	// not), then goes away.
+	startNode(t, s.URL(), cfg("n0", router.Local)).stop()
 	n1 := startNode(t, s.URL(), cfg("n1", router.Remote))
 	col := &timedCollector{}
 	c1 := startAppConsumer(t, s.URL(), "n1", col)

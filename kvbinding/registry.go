@@ -26,6 +26,15 @@ const (
 	ckptPrefix  = "ckpt."
 )
 
+// LiveKey returns the key of node's liveness record in the registry bucket.
+func LiveKey(node string) string { return livePrefix + node }
+
+// LeaseKey returns the key of the named handler lease.
+func LeaseKey(name string) string { return leasePrefix + name }
+
+// CheckpointKey returns the key of node's checkpoint.
+func CheckpointKey(node string) string { return ckptPrefix + node }
+
 // NodeInfo is what a node announces about itself while it is alive.
 type NodeInfo struct {
 	Node string `json:"node"`

@@ -54,8 +54,12 @@ type HandlerConfig struct {
 	// RecordTTL is how long an ended record (released, dead-lettered) is
 	// kept. Default 10m.
 	RecordTTL time.Duration
-	// InboxPrefix: requests are answered only when their reply subject is
-	// under it (its first token starts with it). Default "_INBOX".
+	// InboxPrefix: requests are answered only when the first token of
+	// their reply subject starts with the first token of InboxPrefix.
+	// Default "_INBOX". Only the first token counts so that nodes with
+	// their own prefixes under one stem (_INBOX.node-n1, _INBOX.node-n2:
+	// the per-user inboxes of `grouprouter permissions`) reach the handler
+	// of a node whose own prefix is _INBOX.node-n0.
 	InboxPrefix string
 	// Queues pauses and resumes queue consumers during moves; nil disables
 	// pausing and the ingress sequence check (tests of the protocol alone).
@@ -427,10 +431,12 @@ func (h *Handler) admit(t *term, r micro.Request, serve func(context.Context, mi
 }
 
 // inbox reports whether a reply subject is under the inbox prefix: its
-// first token starts with it, and it is a plain subject (no wildcards).
+// first token starts with the prefix's first token, and it is a plain
+// subject (no wildcards).
 func (h *Handler) inbox(reply string) bool {
 	first, _, _ := strings.Cut(reply, ".")
-	if reply == "" || !strings.HasPrefix(first, h.cfg.InboxPrefix) || strings.ContainsAny(reply, "*> \t\r\n") ||
+	stem, _, _ := strings.Cut(h.cfg.InboxPrefix, ".")
+	if reply == "" || !strings.HasPrefix(first, stem) || strings.ContainsAny(reply, "*> \t\r\n") ||
 		strings.Contains(reply, "..") || strings.HasSuffix(reply, ".") {
 		return false
 	}

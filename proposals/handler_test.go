@@ -276,3 +276,33 @@ func decodeLeaseForTest(data []byte) (string, error) {
 	err := json.Unmarshal(data, &l)
 	return l.Holder, err
 }
+
+// TestInboxStem: the handler of a node whose own inbox prefix is
+// _INBOX.node-n0 answers the per-user inboxes of other nodes and the
+// operator (same first token), and nothing outside them.
+func TestInboxStem(t *testing.T) {
+	for _, prefix := range []string{"", "_INBOX", "_INBOX.node-n0"} {
+		h := NewHandler(nil, nil, nil, nil, HandlerConfig{Name: "h", Node: "n0", InboxPrefix: prefix})
+		for reply, want := range map[string]bool{
+			"_INBOX.node-n1.Zx9.1":       true,
+			"_INBOX.operator.Zx9":        true,
+			"_INBOX.abc":                 true,
+			"_INBOX_custom.abc":          true, // first token starts with the stem, as before
+			"":                           false,
+			"$KV.grouping-nodes.lease.h": false,
+			"$KV.grouping-bindings.r.g":  false,
+			"grouping.propose.n1":        false,
+			"_INBOX.node-n1.*":           false,
+			"_INBOX.node-n1.>":           false,
+			"_INBOX.a..b":                false,
+			"_INBOX.node-n1.":            false,
+			"jms._INBOX.node-n1.x":       false,
+			"_IN.node-n1.x":              false,
+			"_INBOX.node-n1.x y":         false,
+		} {
+			if got := h.inbox(reply); got != want {
+				t.Errorf("prefix %q: inbox(%q) = %v, want %v", prefix, reply, got, want)
+			}
+		}
+	}
+}

@@ -140,9 +140,10 @@ type Config struct {
 	// QueuePlain creates it without a priority group, for clients that
 	// cannot pull with one (run a single consumer process per node then).
 	QueueMode QueueMode
-	// InboxPrefix is the prefix, one subject token, of the reply subjects
-	// of the node's connection (nats.CustomInboxPrefix): the LOCAL handler
-	// answers only reply subjects under it. Default: the
+	// InboxPrefix is the prefix of the reply subjects of the node's
+	// connection (nats.CustomInboxPrefix, e.g. _INBOX.node-n0 with the
+	// permissions of docs/permissions.md): the LOCAL handler answers only
+	// reply subjects whose first token starts with its first token. Default: the
 	// connection's, which is DefaultInboxPrefix unless it set its own; New
 	// refuses a prefix the connection does not use.
 	InboxPrefix string
@@ -258,9 +259,8 @@ func (c Config) Validate() error {
 	if c.QueueMode != "" && c.QueueMode != QueuePinned && c.QueueMode != QueuePlain {
 		return fmt.Errorf("%w: queue mode %q (want pinned or plain)", ErrConfig, c.QueueMode)
 	}
-	if c.InboxPrefix != "" && (!validPrefix(c.InboxPrefix) || strings.Contains(c.InboxPrefix, ".")) {
-		// One token: the handler matches a reply subject's first token.
-		return fmt.Errorf("%w: inbox prefix %q: want one subject token, without wildcards", ErrConfig, c.InboxPrefix)
+	if c.InboxPrefix != "" && !validPrefix(c.InboxPrefix) {
+		return fmt.Errorf("%w: inbox prefix %q: want subject tokens without wildcards", ErrConfig, c.InboxPrefix)
 	}
 	if c.JSDomain != "" && strings.ContainsAny(c.JSDomain, ". \t\r\n*>") {
 		return fmt.Errorf("%w: JetStream domain %q: want one subject token", ErrConfig, c.JSDomain)

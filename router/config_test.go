@@ -42,7 +42,6 @@ func TestConfigValidate(t *testing.T) {
 		{"replicas", func(c *Config) { c.Replicas = 7 }, "replicas"},
 		{"negative events max age", func(c *Config) { c.EventsMaxAge = -time.Hour }, "durations must be > 0"},
 		{"inbox prefix", func(c *Config) { c.InboxPrefix = "_INBOX_app" }, ""},
-		{"dotted inbox prefix", func(c *Config) { c.InboxPrefix = "app.inbox" }, "inbox prefix"},
 		{"inbox prefix wildcard", func(c *Config) { c.InboxPrefix = "app*" }, "inbox prefix"},
 		{"inbox prefix trailing dot", func(c *Config) { c.InboxPrefix = "app." }, "inbox prefix"},
 		{"domain", func(c *Config) { c.JSDomain = "hub" }, ""},

@@ -4,12 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
 	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"grouprouter/kvbinding"
 	"grouprouter/proposals"
 )
 
@@ -93,7 +95,9 @@ func Replicas(nc *nats.Conn, want int) int {
 
 // ensureStreams creates the ingress, queue, dead-letter and events streams
 // if they are missing, and checks that existing ones capture the right
-// subjects.
+// subjects. Only a LOCAL node creates them (and then the buckets): a
+// REMOTE node waits, until ctx ends, for them and the buckets to exist, so
+// that its NATS user needs no right to create (or to shape) a stream.
 func ensureStreams(ctx context.Context, js jetstream.JetStream, cfg Config, replicas int) error {
 	// A republished message carries the producer's headers and body plus
 	// the router's headers (ingress sequence, message id, a reason, the
@@ -153,6 +157,17 @@ func ensureStreams(ctx context.Context, js jetstream.JetStream, cfg Config, repl
 			Replicas:    replicas,
 		},
 	}
+	if cfg.Type != Local {
+		for _, bucket := range []string{kvbinding.DefaultBucket, kvbinding.DefaultNodesBucket} {
+			specs = append(specs, jetstream.StreamConfig{Name: "KV_" + bucket, Subjects: []string{"$KV." + bucket + ".>"}})
+		}
+		for _, spec := range specs {
+			if err := waitStream(ctx, js, spec, cfg.Logger.With("node", cfg.Node)); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
 	for _, spec := range specs {
 		if err := ensureStream(ctx, js, spec); err != nil {
 			return err
@@ -179,20 +194,49 @@ func orUnlimited32(n int32) int32 {
 	return n
 }
 
+// checkStream returns nil if the stream exists and captures spec's
+// subjects, an error wrapping jetstream.ErrStreamNotFound if it does not
+// exist.
+func checkStream(ctx context.Context, js jetstream.JetStream, spec jetstream.StreamConfig) error {
+	s, err := js.Stream(ctx, spec.Name)
+	if err != nil {
+		return fmt.Errorf("grouping: stream %s: %w", spec.Name, err)
+	}
+	got := s.CachedInfo().Config.Subjects
+	for _, want := range spec.Subjects {
+		if !slices.Contains(got, want) {
+			return fmt.Errorf("%w: stream %s captures %v, not %s", ErrStreamConflict, spec.Name, got, want)
+		}
+	}
+	return nil
+}
+
+// waitStream waits until the stream exists (see checkStream), for a node
+// that does not create it.
+func waitStream(ctx context.Context, js jetstream.JetStream, spec jetstream.StreamConfig, log *slog.Logger) error {
+	pause := 100 * time.Millisecond
+	for logged := false; ; logged = true {
+		err := checkStream(ctx, js, spec)
+		if !errors.Is(err, jetstream.ErrStreamNotFound) {
+			return err
+		}
+		if !logged {
+			log.Info("waiting for a LOCAL node to create the stream (REMOTE nodes do not create streams or buckets)", "stream", spec.Name)
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%w (REMOTE nodes do not create streams or buckets: a LOCAL node or an operator does)", err)
+		case <-time.After(pause):
+		}
+		pause = min(2*pause, time.Second)
+	}
+}
+
 func ensureStream(ctx context.Context, js jetstream.JetStream, spec jetstream.StreamConfig) error {
 	for attempt := 0; ; attempt++ {
-		s, err := js.Stream(ctx, spec.Name)
-		if err == nil {
-			got := s.CachedInfo().Config.Subjects
-			for _, want := range spec.Subjects {
-				if !slices.Contains(got, want) {
-					return fmt.Errorf("%w: stream %s captures %v, not %s", ErrStreamConflict, spec.Name, got, want)
-				}
-			}
-			return nil
-		}
+		err := checkStream(ctx, js, spec)
 		if !errors.Is(err, jetstream.ErrStreamNotFound) {
-			return fmt.Errorf("grouping: stream %s: %w", spec.Name, err)
+			return err
 		}
 		_, err = js.CreateStream(ctx, spec)
 		if err == nil {

@@ -25,6 +25,9 @@
 //	                    [--no-ack] [--group-header Group-Id]
 //	grouprouter move [CONNECTION] [--timeout 10s] [--json] [--wait] GROUP NODE
 //	grouprouter unbind [CONNECTION] [--timeout 10s] [--json] [--wait] GROUP
+//	grouprouter permissions --nodes ID[,ID...] --handlers ID[,ID...]
+//	                        [--address ADDR] [--name NAME]
+//	                        [--inbox-prefix _INBOX] [--js-domain DOMAIN]
 //
 // CONNECTION is what every command takes to reach NATS, as the nats CLI
 // names it: --nats URL[,URL...] (NATS_URL), --user and --password
@@ -38,6 +41,9 @@
 // the client commands default to nats://127.0.0.1:4222. No secret is
 // printed; a password on the command line (it shows in ps) draws a
 // warning. See docs/connections.md.
+//
+// permissions prints a nats-server authorization block with one user per
+// role (see docs/permissions.md).
 //
 // Durations (--timeout and the group lifecycle flags) are Go durations
 // like 5s or bare integers of milliseconds like 5000.

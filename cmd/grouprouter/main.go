@@ -67,6 +67,8 @@ func runEnv(ctx context.Context, args []string, env environment, stdout, stderr 
 		err = whereGroup(ctx, rest, env, stdout, stderr)
 	case opMove, opUnbind:
 		err = moveGroup(ctx, cmd, rest, env, stdout, stderr)
+	case "permissions":
+		err = printPermissions(rest, stdout)
 	case "bench":
 		err = bench.Main(ctx, rest, stdout, stderr)
 		if errors.Is(err, bench.ErrUsage) {
@@ -118,6 +120,7 @@ Commands:
   consume    consume a node's queue as an application does, printing each message
   move       move a group to another node, with its waiting messages, in order
   unbind     end a group's binding; its next message gets a new one
+  permissions  print the NATS users and permissions of a deployment, one user per role
   bench      measure throughput, decisions and latency against baselines (own embedded NATS)
 
 Run 'grouprouter <command> -h' for the flags of a command.

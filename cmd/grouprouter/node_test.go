@@ -156,7 +156,7 @@ func TestRunEmbedded(t *testing.T) {
 
 func TestRunJoinsNATS(t *testing.T) {
 	srv := natstest.RunServer(t)
-	stderr, stop := startCommand(t, "run", "--nats", srv.URL(), "--node", "n7", "--type", "REMOTE")
+	stderr, stop := startCommand(t, "run", "--nats", srv.URL(), "--node", "n7", "--type", "LOCAL")
 
 	connected := func(want bool) func() error {
 		return func() error {
@@ -175,7 +175,8 @@ func TestRunJoinsNATS(t *testing.T) {
 		}
 	}
 	natstest.Eventually(t, 30*time.Second, connected(true))
-	// Let the node finish setting up (it creates the bindings bucket) so
+	// Let the node finish setting up (a LOCAL node creates the bindings
+	// bucket; a REMOTE one would wait for it) so
 	// that the stop below is a shutdown, not an aborted start.
 	js, err := jetstream.New(srv.Connect())
 	if err != nil {

@@ -159,7 +159,7 @@ func RunCluster(t testing.TB, n int) *Cluster {
 	// Cluster ports are reserved by listening and closing: another process
 	// may take one before the server binds it, so retry with fresh ports.
 	for attempt := 0; attempt < 3; attempt++ {
-		c, err := tryCluster(t, n)
+		c, err := tryCluster(t, n, nil)
 		if err == nil {
 			c.WaitReady(30 * time.Second)
 			return c
@@ -170,7 +170,53 @@ func RunCluster(t testing.TB, n int) *Cluster {
 	return nil
 }
 
-func tryCluster(t testing.TB, n int) (*Cluster, error) {
+// RunClusterWith is RunCluster with every member's options changed by
+// configure first (e.g. users and permissions). It waits for readiness in
+// the servers themselves, needing no client: a JetStream meta leader that
+// has every member's statistics (what placing a replicated stream needs),
+// since a client of an auth-enabled cluster may lack the rights of
+// WaitReady's probe.
+func RunClusterWith(t testing.TB, n int, configure func(*server.Options)) *Cluster {
+	t.Helper()
+	var last error
+	for attempt := 0; attempt < 3; attempt++ {
+		c, err := tryCluster(t, n, configure)
+		if err == nil {
+			c.WaitMetaReady(30 * time.Second)
+			return c
+		}
+		last = err
+	}
+	t.Fatalf("natstest: cluster of %d: %v", n, last)
+	return nil
+}
+
+// WaitMetaReady waits until a running member is the JetStream meta leader
+// and knows every running member as a JetStream peer with current
+// statistics, or fails the test after d.
+func (c *Cluster) WaitMetaReady(d time.Duration) {
+	c.t.Helper()
+	running := 0
+	for _, s := range c.Servers {
+		if s.Running() {
+			running++
+		}
+	}
+	Eventually(c.t, d, func() error {
+		for _, s := range c.Servers {
+			if !s.Running() || !s.srv.JetStreamIsLeader() {
+				continue
+			}
+			if peers := s.srv.JetStreamClusterPeers(); len(peers) < running {
+				return fmt.Errorf("meta leader %s knows %d of %d peers", s.Name(), len(peers), running)
+			}
+			return nil
+		}
+		return errors.New("no JetStream meta leader")
+	})
+}
+
+func tryCluster(t testing.TB, n int, configure func(*server.Options)) (*Cluster, error) {
 	c := &Cluster{t: t}
 	ports := make([]int, n)
 	for i := range ports {
@@ -194,6 +240,9 @@ func tryCluster(t testing.TB, n int) (*Cluster, error) {
 		s.opts.Cluster.Name = "grouptest"
 		s.opts.Cluster.Host = "127.0.0.1"
 		s.opts.Cluster.Port = ports[i]
+		if configure != nil {
+			configure(&s.opts)
+		}
 		c.Servers = append(c.Servers, s)
 	}
 	for _, s := range c.Servers {

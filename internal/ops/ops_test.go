@@ -212,6 +212,12 @@ func TestOperatorEndpoints(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	// A LOCAL node creates the streams and buckets (a REMOTE node does
+	// not), then goes away.
+	setup := newOpsNode(t, s, testConfig("n0", router.Local))
+	setup.run(t)
+	setup.stop(t)
+
 	// A node not started yet: alive, not ready, metrics say so.
 	n1 := newOpsNode(t, s, testConfig("n1", router.Remote))
 	if code, body := n1.get(t, "/healthz"); code != http.StatusOK || body != "ok\n" {

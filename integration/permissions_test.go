@@ -1,0 +1,675 @@
+package integration
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"grouprouter/internal/natstest"
+	"grouprouter/internal/permissions"
+	"grouprouter/kvbinding"
+	"grouprouter/proposals"
+	"grouprouter/router"
+)
+
+// authCluster is a 3-server JetStream cluster whose only users are those
+// of the block `grouprouter permissions` prints for layout.
+type authCluster struct {
+	c      *natstest.Cluster
+	users  map[string]permissions.User
+	pass   map[string]string
+	errsMu sync.Mutex
+	// errs are the asynchronous errors of every connection, by connection
+	// name.
+	errs map[string][]error
+}
+
+// runAuthCluster writes the generated block to a file, sets the password
+// variables it names in the environment, and starts three servers whose
+// users nats-server's own parser read from that file, and nothing else.
+func runAuthCluster(t *testing.T, layout permissions.Layout) *authCluster {
+	t.Helper()
+	var block bytes.Buffer
+	if err := layout.WriteConfig(&block); err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), "grouprouter-auth.conf")
+	if err := os.WriteFile(path, block.Bytes(), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	us, err := layout.Users()
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := &authCluster{users: map[string]permissions.User{}, pass: map[string]string{}, errs: map[string][]error{}}
+	for _, u := range us {
+		b := make([]byte, 12)
+		_, _ = rand.Read(b)
+		a.users[u.Name], a.pass[u.Name] = u, "p"+hex.EncodeToString(b)
+		t.Setenv(u.PasswordEnv, a.pass[u.Name])
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			a.errsMu.Lock()
+			defer a.errsMu.Unlock()
+			for name, errs := range a.errs {
+				t.Logf("%s: %v", name, errs)
+			}
+		}
+	})
+	a.c = natstest.RunClusterWith(t, 3, func(o *server.Options) {
+		parsed, err := server.ProcessConfigFile(path)
+		if err != nil {
+			t.Fatalf("nats-server does not parse the generated block: %v", err)
+		}
+		o.Users = parsed.Users
+	})
+	return a
+}
+
+// opts returns the connection options of user: its password and inbox
+// prefix, and an error handler recording asynchronous errors under name.
+func (a *authCluster) opts(t *testing.T, user, name string) []nats.Option {
+	t.Helper()
+	u, ok := a.users[user]
+	if !ok {
+		t.Fatalf("no user %s", user)
+	}
+	return []nats.Option{
+		nats.Name(name),
+		nats.UserInfo(user, a.pass[user]),
+		nats.CustomInboxPrefix(u.InboxPrefix),
+		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
+			a.errsMu.Lock()
+			a.errs[name] = append(a.errs[name], err)
+			a.errsMu.Unlock()
+		}),
+	}
+}
+
+// connect connects user to server i; name identifies the connection's
+// asynchronous errors.
+func (a *authCluster) connect(t *testing.T, i int, user, name string) *nats.Conn {
+	t.Helper()
+	return natstest.Connect(t, a.c.Servers[i].URL(), a.opts(t, user, name)...)
+}
+
+// violations returns the permissions violations connection name reported.
+func (a *authCluster) violations(name string) []string {
+	a.errsMu.Lock()
+	defer a.errsMu.Unlock()
+	var out []string
+	for _, err := range a.errs[name] {
+		if errors.Is(err, nats.ErrPermissionViolation) || strings.Contains(strings.ToLower(err.Error()), "permissions violation") {
+			out = append(out, err.Error())
+		}
+	}
+	return out
+}
+
+// expectViolation waits until connection name reports a permissions
+// violation of kind ("publish" or "subscription") on a subject starting
+// with subject.
+func (a *authCluster) expectViolation(t *testing.T, name, kind, subject string) {
+	t.Helper()
+	want := strings.ToLower(fmt.Sprintf("permissions violation for %s to %q", kind, subject))
+	want = strings.TrimSuffix(want, `"`)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		for _, v := range a.violations(name) {
+			if strings.Contains(strings.ToLower(v), want) {
+				return
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Errorf("%s: no violation %q; got %q", name, want, a.violations(name))
+			return
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// denied runs a publish of subject on a connection of user and expects the
+// server to refuse it.
+func (a *authCluster) deniedPublish(t *testing.T, user, subject string) {
+	t.Helper()
+	name := fmt.Sprintf("%s denied publish %s", user, subject)
+	nc := a.connect(t, 0, user, name)
+	if err := nc.Publish(subject, []byte("{}")); err != nil {
+		t.Fatal(err)
+	}
+	_ = nc.Flush()
+	a.expectViolation(t, name, "publish", subject)
+	nc.Close()
+}
+
+// deniedSubscribe subscribes user to subject and expects the server to
+// refuse it.
+func (a *authCluster) deniedSubscribe(t *testing.T, user, subject string) {
+	t.Helper()
+	name := fmt.Sprintf("%s denied subscribe %s", user, subject)
+	nc := a.connect(t, 0, user, name)
+	got := make(chan *nats.Msg, 1)
+	if _, err := nc.ChanSubscribe(subject, got); err != nil {
+		t.Fatal(err)
+	}
+	_ = nc.Flush()
+	a.expectViolation(t, name, "subscription", subject)
+	nc.Close()
+}
+
+// deniedJS runs a JetStream call of user and expects it to fail, with the
+// server reporting a violation on api (the request subject).
+func (a *authCluster) deniedJS(t *testing.T, user, api string, call func(ctx context.Context, js jetstream.JetStream) error) {
+	t.Helper()
+	name := fmt.Sprintf("%s denied %s", user, api)
+	nc := a.connect(t, 0, user, name)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	if err := call(ctx, js); err == nil {
+		t.Errorf("%s: %s succeeded", user, api)
+	}
+	a.expectViolation(t, name, "publish", api)
+	nc.Close()
+}
+
+// consumeAs consumes node's queue as user, as an application does, until
+// stop is called or the test ends.
+func (a *authCluster) consumeAs(t *testing.T, i int, user, node string, col *collector) (stop func()) {
+	t.Helper()
+	nc := a.connect(t, i, user, user)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	var cons jetstream.Consumer
+	natstest.Eventually(t, 20*time.Second, func() (err error) {
+		cons, err = js.Consumer(ctx, router.QueueStream, router.QueueConsumer(node))
+		return err
+	})
+	cc, err := cons.Consume(func(m jetstream.Msg) {
+		seq, _ := strconv.ParseUint(m.Headers().Get(router.HeaderIngressSeq), 10, 64)
+		col.add(received{node: node, group: m.Headers().Get("Group-Id"), body: string(m.Data()), subject: m.Subject(), seq: seq})
+		_ = m.Ack()
+	}, jetstream.PullPriorityGroup(router.PriorityGroup), jetstream.PullExpiry(2*time.Second))
+	if err != nil {
+		t.Fatalf("consume %s as %s: %v", node, user, err)
+	}
+	stop = func() { cc.Stop(); nc.Close() }
+	t.Cleanup(stop)
+	return stop
+}
+
+// TestPermissionsLeastPrivilege runs a 3-server cluster whose users are
+// exactly those of the generated permissions block: every role does its
+// job with its own user (n0 and n1 LOCAL, n2 REMOTE and started first,
+// consumers on every node, a producer, an operator who lists, moves and
+// unbinds, an observer reading events), without a single permissions
+// violation, and each role is refused what it must not do.
+func TestPermissionsLeastPrivilege(t *testing.T) {
+	layout := permissions.Layout{Address: "jms", Nodes: []string{"n0", "n1", "n2"}, Handlers: []string{"n0", "n1"}, Name: "my-grouping-handler"}
+	a := runAuthCluster(t, layout)
+
+	// Nodes, each with its own user on its own server. The LOCAL node n0
+	// creates the streams and buckets (a REMOTE node may not, and would
+	// wait: TestPermsRemoteNodeWaitsForLocal); the others start once it
+	// routes (main has no retry yet of a KV read on a bucket created a
+	// moment ago: issue 8, item 1).
+	var nodes []*node
+	for i, id := range layout.Nodes {
+		typ := router.Local
+		if id == "n2" {
+			typ = router.Remote
+		}
+		cfg := testConfig(id, typ)
+		u := a.users["node-"+id]
+		cfg.InboxPrefix = u.InboxPrefix
+		n := &node{t: t, id: id, cfg: cfg, url: a.c.Servers[i].URL(), opts: a.opts(t, u.Name, u.Name)}
+		n.launch()
+		if id == "n0" {
+			n.waitReady(30 * time.Second)
+		}
+		nodes = append(nodes, n)
+	}
+	for _, n := range nodes[1:] {
+		n.waitReady(30 * time.Second)
+	}
+
+	// Observer: live events, before anything is routed.
+	observer := a.connect(t, 1, "observer", "observer")
+	var liveMu sync.Mutex
+	live := map[string]int{}
+	if _, err := observer.Subscribe(proposals.SubjectEventsPrefix+">", func(m *nats.Msg) {
+		var e proposals.Event
+		if json.Unmarshal(m.Data, &e) == nil {
+			liveMu.Lock()
+			live[e.Kind]++
+			liveMu.Unlock()
+		}
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := observer.Flush(); err != nil {
+		t.Fatal(err)
+	}
+
+	// Consumers of every node, each with its own user.
+	var col collector
+	stops := map[string]func(){}
+	for i, id := range layout.Nodes {
+		stops[id] = a.consumeAs(t, i, "consumer-"+id, id, &col)
+	}
+	operator := a.connect(t, 2, "operator", "operator")
+	waitEligible(t, operator, layout.Nodes, layout.Nodes)
+
+	// Producer: groups from every server.
+	want := map[string][]string{}
+	groups := []string{"order-1", "order-2", "order-3", "order-4", "order-5", "order-6"}
+	for i, g := range groups {
+		js, err := jetstream.New(a.connect(t, i%3, "producer", fmt.Sprintf("producer-%d", i)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		sendBatch(t, js, g, "first", 5, want)
+	}
+	where := checkGrouping(t, col.waitCount(t, 30, 30*time.Second), want)
+
+	// Operator: lists the bindings, moves a group, unbinds another.
+	ojs, err := jetstream.New(operator)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	listed := map[string]kvbinding.Binding{}
+	if err := kvbinding.ScanBindings(ctx, ojs, kvbinding.DefaultBucket, func(b kvbinding.Binding) error {
+		listed[b.Group] = b
+		return nil
+	}); err != nil {
+		t.Fatalf("operator lists bindings: %v", err)
+	}
+	for _, g := range groups {
+		if b, ok := listed[g]; !ok || b.Node != where[g] {
+			t.Errorf("operator sees %s bound to %+v, consumed on %s", g, listed[g], where[g])
+		}
+	}
+	// The moved group has messages waiting on its old queue, whose
+	// consumer is gone: the new node moves them (reads and deletes them on
+	// the old queue, pausing its consumer), in order.
+	moved := groups[0]
+	from, to := where[moved], "n0"
+	if from == "n0" {
+		to = "n2"
+	}
+	stops[from]()
+	pjs, err := jetstream.New(a.connect(t, 0, "producer", "producer-after"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sendBatch(t, pjs, moved, "waiting", 3, want)
+	natstest.Eventually(t, 10*time.Second, func() error {
+		if n := streamState(t, ojs, router.QueueStream).Msgs; n < 3 {
+			return fmt.Errorf("%d messages queued", n)
+		}
+		return nil
+	})
+	if _, err := proposals.Move(ctx, operator, moved, to, 10*time.Second); err != nil {
+		t.Fatalf("operator moves %s to %s: %v", moved, to, err)
+	}
+	store, err := kvbinding.OpenStore(ctx, ojs, kvbinding.StoreConfig{})
+	if err != nil {
+		t.Fatalf("operator opens the bindings: %v", err)
+	}
+	natstest.Eventually(t, 30*time.Second, func() error {
+		b, err := store.Get(ctx, moved)
+		if err != nil {
+			return err
+		}
+		if b.State != kvbinding.StateBound || b.Node != to {
+			return fmt.Errorf("%s is %s on %s", moved, b.State, b.Node)
+		}
+		return nil
+	})
+	unbound := groups[1]
+	if _, err := proposals.Move(ctx, operator, unbound, "", 10*time.Second); err != nil {
+		t.Fatalf("operator unbinds %s: %v", unbound, err)
+	}
+	natstest.Eventually(t, 30*time.Second, func() error {
+		b, err := store.Get(ctx, unbound)
+		if err != nil {
+			return err
+		}
+		if b.State != kvbinding.StateReleased {
+			return fmt.Errorf("%s is %s", unbound, b.State)
+		}
+		return nil
+	})
+	// Later messages follow the move; the other reads the operator
+	// commands make work too (nodes, queues, the handler lease).
+	sendBatch(t, pjs, moved, "after", 3, want)
+	sendBatch(t, pjs, unbound, "after", 3, want)
+	got := col.waitCount(t, 39, 30*time.Second)
+	var movedGot []received
+	for _, r := range got {
+		if r.group == moved && !strings.Contains(r.body, "/first-") {
+			movedGot = append(movedGot, r)
+		}
+	}
+	wantMoved := want[moved][5:]
+	if len(movedGot) != len(wantMoved) {
+		t.Errorf("%s after the move: got %d messages, want %d", moved, len(movedGot), len(wantMoved))
+	}
+	for i, r := range movedGot {
+		if r.node != to || i >= len(wantMoved) || r.body != wantMoved[i] {
+			t.Errorf("%s after the move: message %d is %q on %s, want %q on %s", moved, i, r.body, r.node, wantMoved[min(i, len(wantMoved)-1)], to)
+		}
+	}
+	operatorReads(t, ojs, layout)
+
+	// Observer (and operator): the events stream, read as grouprouter
+	// events does, all of it or one kind.
+	for _, user := range []string{"observer", "operator"} {
+		kinds := readEvents(t, a.connect(t, 1, user, user+"-events"), "")
+		for _, k := range []string{proposals.EventBind, proposals.EventMove, proposals.EventHandoff, proposals.EventUnbind} {
+			if kinds[k] == 0 {
+				t.Errorf("%s: no %s event in %s (read %v)", user, k, router.EventsStream, kinds)
+			}
+		}
+		if kinds := readEvents(t, a.connect(t, 1, user, user+"-events-move"), proposals.EventMove); len(kinds) != 1 || kinds[proposals.EventMove] == 0 {
+			t.Errorf("%s: events of kind %s: %v", user, proposals.EventMove, kinds)
+		}
+	}
+	// A consumer gives up its pin as grouprouter consume does when it stops.
+	cjs, err := jetstream.New(a.connect(t, 2, "consumer-n2", "consumer-n2-unpin"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if qs, err := cjs.Stream(ctx, router.QueueStream); err != nil {
+		t.Errorf("consumer-n2: queue stream: %v", err)
+	} else if err := qs.UnpinConsumer(ctx, router.QueueConsumer("n2"), router.PriorityGroup); err != nil {
+		t.Errorf("consumer-n2 unpins: %v", err)
+	}
+	natstest.Eventually(t, 10*time.Second, func() error {
+		liveMu.Lock()
+		defer liveMu.Unlock()
+		if live[proposals.EventBind] == 0 || live[proposals.EventMove] == 0 {
+			return fmt.Errorf("live events %v", live)
+		}
+		return nil
+	})
+
+	t.Run("producer", func(t *testing.T) {
+		for _, s := range []string{proposals.ProposeSubject("n1"), proposals.SubjectAdmin, proposals.SubjectEventsPrefix + proposals.EventBind,
+			router.QueueSubject("n1", "jms.orders"), "$KV." + kvbinding.DefaultBucket + ".r.order-1"} {
+			a.deniedPublish(t, "producer", s)
+		}
+		a.deniedJS(t, "producer", "$JS.API.CONSUMER.INFO."+router.QueueStream+"."+router.QueueConsumer("n1"), func(ctx context.Context, js jetstream.JetStream) error {
+			_, err := js.Consumer(ctx, router.QueueStream, router.QueueConsumer("n1"))
+			return err
+		})
+		a.deniedJS(t, "producer", "$JS.API.CONSUMER.MSG.NEXT."+router.QueueStream+"."+router.QueueConsumer("n1"), func(ctx context.Context, js jetstream.JetStream) error {
+			return pullDirect(ctx, js, router.QueueConsumer("n1"))
+		})
+		for _, s := range []string{"_INBOX.>", router.QueueSubjectPrefix + ">", "$KV.>"} {
+			a.deniedSubscribe(t, "producer", s)
+		}
+	})
+	t.Run("consumer", func(t *testing.T) {
+		a.deniedJS(t, "consumer-n1", "$JS.API.CONSUMER.MSG.NEXT."+router.QueueStream+"."+router.QueueConsumer("n2"), func(ctx context.Context, js jetstream.JetStream) error {
+			return pullDirect(ctx, js, router.QueueConsumer("n2"))
+		})
+		a.deniedJS(t, "consumer-n1", "$JS.API.CONSUMER.CREATE."+router.QueueStream+".mine."+router.QueueFilter("n2"), func(ctx context.Context, js jetstream.JetStream) error {
+			_, err := js.CreateOrUpdateConsumer(ctx, router.QueueStream, jetstream.ConsumerConfig{Name: "mine", FilterSubject: router.QueueFilter("n2")})
+			return err
+		})
+		a.deniedJS(t, "consumer-n1", "$JS.API.STREAM.MSG.GET."+router.QueueStream, func(ctx context.Context, js jetstream.JetStream) error {
+			return rawAPI(ctx, js, "$JS.API.STREAM.MSG.GET."+router.QueueStream, `{"seq":1}`)
+		})
+		a.deniedPublish(t, "consumer-n1", "$JS.ACK."+router.QueueStream+"."+router.QueueConsumer("n2")+".1.1.1.1.0")
+		a.deniedSubscribe(t, "consumer-n1", "_INBOX.consumer-n2.>")
+	})
+	t.Run("node", func(t *testing.T) {
+		a.deniedPublish(t, "node-n2", proposals.ProposeSubject("n3"))
+		a.deniedPublish(t, "node-n2", "$KV."+kvbinding.DefaultBucket+".r.order-3")
+		a.deniedPublish(t, "node-n2", "$KV."+kvbinding.DefaultNodesBucket+"."+kvbinding.LiveKey("n1"))
+		a.deniedPublish(t, "node-n2", "$KV."+kvbinding.DefaultNodesBucket+"."+kvbinding.LeaseKey(layout.Name))
+		a.deniedJS(t, "node-n2", "$JS.API.STREAM.CREATE."+router.DeadLetterStream+"2", func(ctx context.Context, js jetstream.JetStream) error {
+			_, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: router.DeadLetterStream + "2", Subjects: []string{"other.>"}})
+			return err
+		})
+		a.deniedJS(t, "node-n2", "$JS.API.CONSUMER.MSG.NEXT."+router.QueueStream+"."+router.QueueConsumer("n1"), func(ctx context.Context, js jetstream.JetStream) error {
+			return pullDirect(ctx, js, router.QueueConsumer("n1"))
+		})
+		a.deniedSubscribe(t, "node-n2", proposals.SubjectPropose)
+		// On its own subject, as another node: the handler refuses it.
+		nc := a.connect(t, 0, "node-n2", "node-n2 as n3")
+		req := proposals.Request{Version: proposals.ProtocolVersion, Proposer: "n3", Proposals: []proposals.Proposal{{Group: "forged", Node: "n3", Seq: 1}}}
+		data, err := proposals.EncodeRequest(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		msg, err := nc.Request(proposals.ProposeSubject("n2"), data, 5*time.Second)
+		if err != nil {
+			t.Fatalf("request on its own subject: %v", err)
+		}
+		if _, err := proposals.DecodeReply(msg.Data, req); err == nil || !strings.Contains(err.Error(), `proposer "n3" may not propose`) {
+			t.Errorf("proposal as n3 on %s: %v (%s)", proposals.ProposeSubject("n2"), err, msg.Data)
+		}
+		if _, err := store.Get(ctx, "forged"); !errors.Is(err, kvbinding.ErrNotFound) {
+			t.Errorf("forged proposal wrote a record: %v", err)
+		}
+		// A LOCAL node's replies reach nodes and the operator, never a
+		// producer or a consumer.
+		a.deniedPublish(t, "node-n0", "_INBOX.producer.x")
+		a.deniedPublish(t, "node-n0", "_INBOX.consumer-n1.x")
+	})
+	t.Run("operator", func(t *testing.T) {
+		a.deniedPublish(t, "operator", "$KV."+kvbinding.DefaultBucket+".r.order-3")
+		a.deniedPublish(t, "operator", proposals.ProposeSubject("n1"))
+		a.deniedJS(t, "operator", "$JS.API.CONSUMER.MSG.NEXT."+router.QueueStream+"."+router.QueueConsumer("n1"), func(ctx context.Context, js jetstream.JetStream) error {
+			return pullDirect(ctx, js, router.QueueConsumer("n1"))
+		})
+	})
+	t.Run("observer", func(t *testing.T) {
+		for _, s := range []string{"jms.orders", proposals.SubjectEventsPrefix + proposals.EventBind, proposals.SubjectAdmin,
+			proposals.ProposeSubject("n1"), "$KV." + kvbinding.DefaultBucket + ".r.order-3", "_INBOX.node-n1.x"} {
+			a.deniedPublish(t, "observer", s)
+		}
+		a.deniedJS(t, "observer", "$JS.API.CONSUMER.CREATE.KV_"+kvbinding.DefaultBucket+".", func(ctx context.Context, js jetstream.JetStream) error {
+			return kvbinding.ScanBindings(ctx, js, kvbinding.DefaultBucket, func(kvbinding.Binding) error { return nil })
+		})
+		a.deniedJS(t, "observer", "$JS.API.DIRECT.GET.KV_"+kvbinding.DefaultBucket+".$KV."+kvbinding.DefaultBucket+".r.order-3", func(ctx context.Context, js jetstream.JetStream) error {
+			return rawAPI(ctx, js, "$JS.API.DIRECT.GET.KV_"+kvbinding.DefaultBucket+".$KV."+kvbinding.DefaultBucket+".r.order-3", "")
+		})
+		a.deniedJS(t, "observer", "$JS.API.CONSUMER.MSG.NEXT."+router.QueueStream+"."+router.QueueConsumer("n1"), func(ctx context.Context, js jetstream.JetStream) error {
+			return pullDirect(ctx, js, router.QueueConsumer("n1"))
+		})
+		a.deniedSubscribe(t, "observer", router.QueueSubjectPrefix+">")
+		a.deniedSubscribe(t, "observer", "_INBOX.>")
+	})
+
+	// Every role did its job without a single permissions violation.
+	a.errsMu.Lock()
+	names := sortedKeys(a.errs)
+	a.errsMu.Unlock()
+	for _, name := range names {
+		if strings.Contains(name, "denied") || strings.Contains(name, "as n3") {
+			continue
+		}
+		if v := a.violations(name); len(v) > 0 {
+			t.Errorf("%s: %d permissions violations doing its job: %q", name, len(v), v)
+		}
+	}
+}
+
+// pullDirect sends a pull request to a queue consumer without looking it
+// up first (a look-up would be refused before the pull).
+func pullDirect(ctx context.Context, js jetstream.JetStream, consumer string) error {
+	return rawAPI(ctx, js, "$JS.API.CONSUMER.MSG.NEXT."+router.QueueStream+"."+consumer, `{"batch":1,"expires":500000000}`)
+}
+
+// rawAPI sends a JetStream API request and waits for an answer.
+func rawAPI(ctx context.Context, js jetstream.JetStream, subject, body string) error {
+	_, err := js.Conn().RequestWithContext(ctx, subject, []byte(body))
+	return err
+}
+
+// operatorReads does what grouprouter nodes, groups and where read
+// besides the bindings: the live nodes and the lease, the queue consumers
+// and the queued messages.
+func operatorReads(t *testing.T, js jetstream.JetStream, layout permissions.Layout) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	reg, err := kvbinding.OpenRegistry(ctx, js, kvbinding.RegistryConfig{}, nil)
+	if err != nil {
+		t.Fatalf("operator opens the registry: %v", err)
+	}
+	nodes, err := reg.ListNodes(ctx)
+	if err != nil || len(nodes) != len(layout.Nodes) {
+		t.Errorf("operator lists nodes: %d, %v", len(nodes), err)
+	}
+	if l, err := reg.GetLease(ctx, layout.Name); err != nil || l.Holder == "" {
+		t.Errorf("operator reads the handler lease: %+v, %v", l, err)
+	}
+	s, err := js.Stream(ctx, router.QueueStream)
+	if err != nil {
+		t.Fatalf("operator: queue stream: %v", err)
+	}
+	n := 0
+	lister := s.ListConsumers(ctx)
+	for range lister.Info() {
+		n++
+	}
+	if err := lister.Err(); err != nil || n != len(layout.Nodes) {
+		t.Errorf("operator lists queue consumers: %d, %v", n, err)
+	}
+	if _, err := s.GetMsg(ctx, 1); err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
+		t.Errorf("operator reads a queued message: %v", err)
+	}
+}
+
+// readEvents reads GROUPING_EVENTS (the events of kind, all if "") to its
+// end with an ordered consumer, as grouprouter events does, and counts the
+// events by kind.
+func readEvents(t *testing.T, nc *nats.Conn, kind string) map[string]int {
+	t.Helper()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if _, err := js.Stream(ctx, router.EventsStream); err != nil {
+		t.Fatalf("events stream: %v", err)
+	}
+	var cfg jetstream.OrderedConsumerConfig
+	if kind != "" {
+		cfg.FilterSubjects = []string{proposals.SubjectEventsPrefix + kind}
+	}
+	cons, err := js.OrderedConsumer(ctx, router.EventsStream, cfg)
+	if err != nil {
+		t.Fatalf("events consumer: %v", err)
+	}
+	kinds := map[string]int{}
+	if cons.CachedInfo().NumPending == 0 {
+		return kinds
+	}
+	it, err := cons.Messages(jetstream.PullHeartbeat(time.Second), jetstream.PullExpiry(5*time.Second))
+	if err != nil {
+		t.Fatalf("reading events: %v", err)
+	}
+	defer it.Stop()
+	stop := context.AfterFunc(ctx, it.Stop)
+	defer stop()
+	for {
+		m, err := it.Next()
+		if err != nil {
+			if ctx.Err() != nil || errors.Is(err, jetstream.ErrMsgIteratorClosed) {
+				t.Fatalf("reading events: %v (read %v)", err, kinds)
+			}
+			continue // a missed heartbeat: the ordered consumer resets itself
+		}
+		var e proposals.Event
+		if json.Unmarshal(m.Data(), &e) == nil {
+			kinds[e.Kind]++
+		}
+		if meta, err := m.Metadata(); err == nil && meta.NumPending == 0 {
+			return kinds
+		}
+	}
+}
+
+// TestPermsRemoteNodeWaitsForLocal: a REMOTE node creates no stream or
+// bucket; it waits, saying so, until a LOCAL node has created them.
+func TestPermsRemoteNodeWaitsForLocal(t *testing.T) {
+	s := natstest.RunServer(t)
+	logs := &syncBuffer{}
+	cfg := testConfig("n1", router.Remote)
+	cfg.Logger = slog.New(slog.NewTextHandler(logs, nil))
+	n1 := &node{t: t, id: "n1", cfg: cfg, url: s.URL()}
+	n1.launch()
+	natstest.Eventually(t, 10*time.Second, func() error {
+		if !strings.Contains(logs.String(), "waiting for a LOCAL node to create the stream") {
+			return natstest.ErrNotYet
+		}
+		return nil
+	})
+	js := jetStream(t, s.URL())
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	names := js.StreamNames(ctx)
+	for name := range names.Name() {
+		t.Errorf("stream %s exists before a LOCAL node ran", name)
+	}
+	if err := names.Err(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-n1.r.Ready():
+		t.Fatal("REMOTE node ready without streams")
+	default:
+	}
+	startNode(t, s.URL(), testConfig("n0", router.Local))
+	n1.waitReady(30 * time.Second)
+}
+
+// syncBuffer is a bytes.Buffer safe for concurrent use.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}

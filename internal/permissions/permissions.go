@@ -1,0 +1,433 @@
+// Package permissions generates the NATS users and permissions of a
+// grouprouter deployment, one user per role (producer, consumer of node N,
+// router node N with or without the LOCAL handler, operator, observer), as
+// a nats-server authorization block. The subjects come from the constants
+// the router, the handler and the buckets use, so the block stays true as
+// they change.
+//
+// Every user gets its own inbox prefix (InboxPrefix + "." + user name) and
+// may subscribe only there: replies, PubAcks and pull-consumer deliveries
+// all arrive on inboxes, so a user allowed _INBOX.> could read another
+// user's queue messages and KV reads.
+package permissions
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/nats-io/nats.go/micro"
+
+	"grouprouter/kvbinding"
+	"grouprouter/proposals"
+	"grouprouter/router"
+)
+
+// ErrLayout is wrapped by every error of Layout.Validate.
+var ErrLayout = errors.New("permissions: invalid layout")
+
+// Role is what a user does in a deployment.
+type Role string
+
+// Roles.
+const (
+	// Producer publishes messages on <address>.>.
+	Producer Role = "producer"
+	// Consumer pulls and acks one node's queue.
+	Consumer Role = "consumer"
+	// Node runs router node N; with Handler set it also runs a LOCAL handler.
+	Node Role = "node"
+	// Operator moves and unbinds groups and reads the state (bindings,
+	// nodes, queues, events).
+	Operator Role = "operator"
+	// Observer reads events.
+	Observer Role = "observer"
+)
+
+// Defaults of Layout.
+const (
+	DefaultAddress     = "jms"
+	DefaultName        = "grouping-handler"
+	DefaultInboxPrefix = "_INBOX"
+	// PasswordEnvPrefix + the user name in upper case, '-' as '_', is the
+	// environment variable nats-server reads the user's password from.
+	PasswordEnvPrefix = "GROUPROUTER_PASS_"
+)
+
+// Layout is a deployment: the producers' address, the router nodes, which
+// of them run the LOCAL handler, and the handler's name.
+type Layout struct {
+	// Address: producers publish on <Address>.>. Default DefaultAddress.
+	Address string
+	// Nodes are the router node ids.
+	Nodes []string
+	// Handlers are the nodes of type LOCAL (at least one; they create the
+	// streams and buckets).
+	Handlers []string
+	// Name is the grouping-handler name. Default DefaultName.
+	Name string
+	// InboxPrefix is the stem of the users' inbox prefixes: user U
+	// connects with InboxPrefix.U. One token. Default DefaultInboxPrefix.
+	InboxPrefix string
+	// JSDomain, when set, also allows the JetStream API requests (and KV
+	// writes) under $JS.<JSDomain>.API, as clients of another domain send
+	// them. A server of that domain maps them to $JS.API before checking
+	// permissions, so the $JS.API forms are always kept.
+	JSDomain string
+}
+
+func (l Layout) withDefaults() Layout {
+	if l.Address == "" {
+		l.Address = DefaultAddress
+	}
+	if l.Name == "" {
+		l.Name = DefaultName
+	}
+	if l.InboxPrefix == "" {
+		l.InboxPrefix = DefaultInboxPrefix
+	}
+	return l
+}
+
+// Validate checks the layout; errors wrap ErrLayout.
+func (l Layout) Validate() error {
+	l = l.withDefaults()
+	if err := router.ValidateAddress(l.Address); err != nil {
+		return fmt.Errorf("%w: %v", ErrLayout, strings.TrimPrefix(err.Error(), router.ErrConfig.Error()+": "))
+	}
+	for what, v := range map[string]string{"address": l.Address, "inbox prefix": l.InboxPrefix, "JetStream domain": l.JSDomain} {
+		if strings.ContainsFunc(v, func(r rune) bool { return r == '"' || r == '\\' || r < ' ' || r == 0x7f }) {
+			return fmt.Errorf("%w: %s %q: quotes, backslashes and control characters do not fit a configuration file", ErrLayout, what, v)
+		}
+	}
+	if err := kvbinding.ValidateNodeID(l.Name); err != nil {
+		return fmt.Errorf("%w: name: %v", ErrLayout, err)
+	}
+	if len(l.Nodes) == 0 {
+		return fmt.Errorf("%w: no nodes", ErrLayout)
+	}
+	envs := map[string]string{}
+	for _, n := range l.Nodes {
+		if err := kvbinding.ValidateNodeID(n); err != nil {
+			return fmt.Errorf("%w: node: %v", ErrLayout, err)
+		}
+		env := PasswordEnv(nodeUser(n))
+		if other, ok := envs[env]; ok {
+			return fmt.Errorf("%w: nodes %q and %q would share the password variable %s", ErrLayout, other, n, env)
+		}
+		envs[env] = n
+	}
+	if len(l.Handlers) == 0 {
+		return fmt.Errorf("%w: no handler nodes (a LOCAL node decides and creates the streams)", ErrLayout)
+	}
+	for _, h := range l.Handlers {
+		if !slices.Contains(l.Nodes, h) {
+			return fmt.Errorf("%w: handler node %q is not one of the nodes", ErrLayout, h)
+		}
+	}
+	if !validToken(l.InboxPrefix) || strings.HasPrefix(l.InboxPrefix, "$") {
+		return fmt.Errorf("%w: inbox prefix %q: want one subject token, not a system ($) one", ErrLayout, l.InboxPrefix)
+	}
+	if l.JSDomain != "" && !validToken(l.JSDomain) {
+		return fmt.Errorf("%w: JetStream domain %q: want one subject token", ErrLayout, l.JSDomain)
+	}
+	return nil
+}
+
+func validToken(s string) bool {
+	return s != "" && !strings.ContainsAny(s, ". \t\r\n*>")
+}
+
+// Grant is one subject a user may (or, in a deny list, may not) publish or
+// subscribe to, and why.
+type Grant struct {
+	Subject string
+	Why     string
+}
+
+// Rule is one direction (publish or subscribe) of a user's permissions:
+// only subjects matching Allow, except those matching Deny.
+type Rule struct {
+	Allow []Grant
+	Deny  []Grant
+}
+
+// User is one NATS user of the layout.
+type User struct {
+	// Name is the user name: producer, consumer-<node>, node-<node>,
+	// operator, observer.
+	Name string
+	Role Role
+	// Node is the node of a consumer or node user.
+	Node string
+	// Handler is set on the node users of LOCAL nodes.
+	Handler bool
+	// About says in one line what the user does.
+	About string
+	// InboxPrefix is the inbox prefix the user must connect with (nats
+	// CustomInboxPrefix, --inbox-prefix): its replies arrive only there.
+	InboxPrefix string
+	// PasswordEnv is the environment variable of nats-server holding the
+	// user's password (or its bcrypt hash).
+	PasswordEnv string
+
+	Publish, Subscribe Rule
+}
+
+// PasswordEnv returns the environment variable holding user's password.
+func PasswordEnv(user string) string {
+	return PasswordEnvPrefix + strings.ToUpper(strings.ReplaceAll(user, "-", "_"))
+}
+
+func nodeUser(node string) string     { return "node-" + node }
+func consumerUser(node string) string { return "consumer-" + node }
+
+// Users returns the layout's users: the producer, a consumer and a node
+// user per node (in the order of l.Nodes), the operator and the observer.
+func (l Layout) Users() ([]User, error) {
+	if err := l.Validate(); err != nil {
+		return nil, err
+	}
+	l = l.withDefaults()
+	users := []User{l.producer()}
+	for _, n := range l.Nodes {
+		users = append(users, l.consumer(n))
+	}
+	for _, n := range l.Nodes {
+		users = append(users, l.node(n, slices.Contains(l.Handlers, n)))
+	}
+	return append(users, l.operator(), l.observer()), nil
+}
+
+// user starts a user with its inbox.
+func (l Layout) user(name string, role Role, about string) User {
+	u := User{Name: name, Role: role, About: about, InboxPrefix: l.InboxPrefix + "." + name, PasswordEnv: PasswordEnv(name)}
+	u.Subscribe.Allow = []Grant{{u.InboxPrefix + ".>", "its own inbox: replies (JetStream API, PubAcks, requests) and pull deliveries"}}
+	return u
+}
+
+// api returns the grants of a JetStream API request subject (after
+// "$JS.API."): the plain form and, with a domain, the domain form.
+func (l Layout) api(subject, why string) []Grant {
+	out := []Grant{{"$JS.API." + subject, why}}
+	if l.JSDomain != "" {
+		out = append(out, Grant{"$JS." + l.JSDomain + ".API." + subject, why})
+	}
+	return out
+}
+
+// kvPut returns the grants of writing key (may be a wildcard) in bucket.
+func (l Layout) kvPut(bucket, key, why string) []Grant {
+	out := []Grant{{kvSubject(bucket, key), why}}
+	if l.JSDomain != "" {
+		out = append(out, Grant{"$JS." + l.JSDomain + ".API." + kvSubject(bucket, key), why})
+	}
+	return out
+}
+
+func kvStream(bucket string) string       { return "KV_" + bucket }
+func kvSubject(bucket, key string) string { return "$KV." + bucket + "." + key }
+
+// kvGet returns the grant of a KV get of key (a direct get: the buckets
+// allow it, as nats.go creates them).
+func (l Layout) kvGet(bucket, key, why string) []Grant {
+	return l.api("DIRECT.GET."+kvStream(bucket)+"."+kvSubject(bucket, key), why)
+}
+
+// ordered returns the grants of reading stream with ordered consumers
+// filtered on filter ("" for none): create (nats.go names them itself),
+// pull, and delete the one replaced after a reset.
+func (l Layout) ordered(stream, filter, why string) []Grant {
+	create := "CONSUMER.CREATE." + stream + ".*"
+	if filter != "" {
+		create += "." + filter
+	}
+	return slices.Concat(
+		l.api(create, why+": create an ordered consumer"),
+		l.api("CONSUMER.MSG.NEXT."+stream+".*", why+": pull from it"),
+		l.api("CONSUMER.DELETE."+stream+".*", why+": delete it after a reset"),
+	)
+}
+
+func (l Layout) producer() User {
+	u := l.user("producer", Producer, "publishes on "+l.Address+".> (stored by "+router.IngressStream+")")
+	u.Publish.Allow = []Grant{{l.Address + ".>", "the messages to group; the PubAck comes to the inbox"}}
+	return u
+}
+
+func (l Layout) consumer(node string) User {
+	u := l.user(consumerUser(node), Consumer, "pulls and acks node "+node+"'s queue (consumer "+router.QueueConsumer(node)+")")
+	u.Node = node
+	c := router.QueueStream + "." + router.QueueConsumer(node)
+	u.Publish.Allow = slices.Concat(
+		l.api("CONSUMER.INFO."+c, "look up the queue consumer"),
+		l.api("CONSUMER.MSG.NEXT."+c, "pull (with priority group "+router.PriorityGroup+")"),
+		[]Grant{{"$JS.ACK." + c + ".>", "ack what it processed"}},
+		l.api("CONSUMER.UNPIN."+c, "grouprouter consume: give up the pin when it stops"),
+		l.api("STREAM.INFO."+router.QueueStream, "grouprouter consume: nats.go unpins through a stream handle (counts, no messages)"),
+	)
+	return u
+}
+
+// streams are the streams of the layout, the buckets' included.
+func streams() []string {
+	return []string{router.IngressStream, router.QueueStream, router.DeadLetterStream, router.EventsStream,
+		kvStream(kvbinding.DefaultBucket), kvStream(kvbinding.DefaultNodesBucket)}
+}
+
+// NodeEvents are the event kinds a router node publishes itself; the
+// handler publishes HandlerEvents.
+var (
+	NodeEvents    = []string{proposals.EventTimeout, proposals.EventDeadLetter}
+	HandlerEvents = []string{proposals.EventBind, proposals.EventReject, proposals.EventHandlerTakeover, proposals.EventMove,
+		proposals.EventHandoff, proposals.EventExpire, proposals.EventClose, proposals.EventUnbind}
+)
+
+func (l Layout) node(node string, handler bool) User {
+	about := "router node " + node + " (REMOTE: routes, asks the handler)"
+	if handler {
+		about = "router node " + node + " (LOCAL: routes, and runs the grouping handler " + l.Name + ")"
+	}
+	u := l.user(nodeUser(node), Node, about)
+	u.Node, u.Handler = node, handler
+	bindings, nodes := kvbinding.DefaultBucket, kvbinding.DefaultNodesBucket
+	pub := []Grant{
+		{router.QueueSubjectPrefix + ">", "republish its groups onto its queue, ungrouped messages onto any node's (round-robin), moved ones onto its own"},
+		{router.DeadLetterSubjectPrefix + ">", "dead-letter what cannot be routed"},
+		{proposals.ProposeSubject(node), "ask the handler for every record change, as itself only"},
+	}
+	for _, k := range NodeEvents {
+		pub = append(pub, Grant{proposals.SubjectEventsPrefix + k, "publish " + k + " events"})
+	}
+	pub = slices.Concat(pub,
+		l.kvPut(nodes, kvbinding.LiveKey(node), "announce itself (per-key TTL) and withdraw"),
+		l.kvPut(nodes, kvbinding.CheckpointKey(node), "save its checkpoint"),
+		l.kvGet(nodes, kvbinding.CheckpointKey(node), "load its checkpoint"),
+	)
+	for _, s := range streams() {
+		pub = append(pub, l.api("STREAM.INFO."+s, "check the layout; stream bounds")...)
+	}
+	pub = slices.Concat(pub,
+		l.api("CONSUMER.CREATE."+router.QueueStream+"."+router.QueueConsumer(node)+"."+router.QueueFilter(node), "create or update its queue consumer"),
+		l.ordered(router.IngressStream, "", "read the ingress"),
+		l.ordered(kvStream(bindings), kvSubject(bindings, ">"), "watch the bindings"),
+		l.ordered(kvStream(nodes), kvSubject(nodes, kvbinding.LiveKey(">")), "watch the live nodes"),
+	)
+	for _, n := range l.Nodes {
+		pub = append(pub, l.api("CONSUMER.INFO."+router.QueueStream+"."+router.QueueConsumer(n),
+			"consumer presence on its queue; a move waits for the old queue's acks")...)
+	}
+	pub = slices.Concat(pub,
+		l.api("STREAM.MSG.GET."+router.QueueStream, "a move reads the group's messages waiting on the old queue"),
+		l.api("STREAM.MSG.DELETE."+router.QueueStream, "a move deletes each original once its copy is stored"),
+	)
+	u.Subscribe.Allow = append(u.Subscribe.Allow, Grant{proposals.SubjectEventsPrefix + proposals.EventHandlerTakeover,
+		"a handler took over: retry asks at once; a crashed holder's node stops proposing (only LOCAL nodes may publish it)"})
+	if handler {
+		pub = slices.Concat(pub, l.handlerPublish(node))
+		u.Subscribe.Allow = append(u.Subscribe.Allow, l.handlerSubscribe()...)
+		u.Publish.Deny = l.handlerDeny()
+	}
+	u.Publish.Allow = pub
+	return u
+}
+
+// handlerDeny bounds a handler's replies: they go to the inboxes of nodes,
+// the operator and tools (nats micro ls), never to a producer (a forged
+// PubAck would lose a message), a consumer (a forged delivery would
+// inject one) or the observer.
+func (l Layout) handlerDeny() []Grant {
+	deny := []Grant{{l.InboxPrefix + ".producer.>", "never a reply to a producer: a forged PubAck would lose a message"}}
+	for _, n := range l.Nodes {
+		deny = append(deny, Grant{l.InboxPrefix + "." + consumerUser(n) + ".>", "never a reply to a consumer: a forged delivery would inject a message"})
+	}
+	return append(deny, Grant{l.InboxPrefix + ".observer.>", "never a reply to the observer"})
+}
+
+// handlerPublish is what a LOCAL node publishes besides a node's rights.
+func (l Layout) handlerPublish(node string) []Grant {
+	bindings, nodes := kvbinding.DefaultBucket, kvbinding.DefaultNodesBucket
+	// Replies are allowed by subject, not with allow_responses: that would
+	// let the handler answer to any reply subject a request names (a
+	// $KV key, say), and a deny cannot narrow it (nats-server checks
+	// responses after the deny list).
+	pub := []Grant{{l.InboxPrefix + ".>", "answer proposals, operator commands, probes and nats micro requests (see deny)"}}
+	for _, s := range streams() {
+		pub = append(pub, l.api("STREAM.CREATE."+s, "create the layout when it is missing (REMOTE nodes wait for it)")...)
+	}
+	pub = slices.Concat(pub,
+		l.api("INFO", "nats.go reads the account's JetStream limits before it creates a bucket"),
+		l.kvPut(bindings, ">", "the only writer of binding records"),
+		l.kvGet(bindings, ">", "read a record after a compare-and-set conflict, or for the operator"),
+		l.kvPut(nodes, kvbinding.LeaseKey(l.Name), "hold the handler lease"),
+		l.kvGet(nodes, kvbinding.LeaseKey(l.Name), "read the handler lease"),
+		l.api("CONSUMER.CREATE."+kvStream(nodes)+".*."+kvSubject(nodes, kvbinding.LeaseKey(l.Name)), "watch the lease: create the watcher"),
+		[]Grant{{"$JS.FC." + kvStream(nodes) + ".>", "flow control replies of the lease watcher"}},
+	)
+	for _, n := range l.Nodes {
+		if n != node {
+			pub = append(pub, l.kvGet(nodes, kvbinding.CheckpointKey(n), "fence a gone node's groups from its checkpoint")...)
+		}
+	}
+	for _, n := range l.Nodes {
+		pub = append(pub, l.api("CONSUMER.PAUSE."+router.QueueStream+"."+router.QueueConsumer(n), "pause and resume a queue during a move")...)
+	}
+	pub = append(pub, Grant{proposals.SubjectHandlerPrefix + l.Name + ".ping", "a standby probes the active handler"})
+	for _, k := range HandlerEvents {
+		pub = append(pub, Grant{proposals.SubjectEventsPrefix + k, "publish " + k + " events"})
+	}
+	return pub
+}
+
+// handlerSubscribe is what a LOCAL node subscribes to besides its inbox.
+func (l Layout) handlerSubscribe() []Grant {
+	sub := []Grant{
+		{proposals.SubjectPropose, "answer every node's proposals (it checks the proposer against the subject)"},
+		{proposals.SubjectAdmin, "answer operator moves and unbinds"},
+		{proposals.SubjectHandlerPrefix + l.Name + ".ping", "answer a standby's probe"},
+	}
+	for _, verb := range []micro.Verb{micro.PingVerb, micro.InfoVerb, micro.StatsVerb} {
+		for _, name := range [][2]string{{"", ""}, {proposals.ServiceName, ""}, {proposals.ServiceName, "*"}} {
+			s, _ := micro.ControlSubject(verb, name[0], name[1])
+			sub = append(sub, Grant{s, "the NATS micro service " + proposals.ServiceName + " (nats micro ls)"})
+		}
+	}
+	return sub
+}
+
+func (l Layout) operator() User {
+	u := l.user("operator", Operator, "moves and unbinds groups; reads bindings, nodes, queues and events")
+	bindings, nodes := kvbinding.DefaultBucket, kvbinding.DefaultNodesBucket
+	pub := []Grant{{proposals.SubjectAdmin, "grouprouter move and unbind"}}
+	for _, s := range []string{kvStream(bindings), kvStream(nodes), router.QueueStream, router.EventsStream} {
+		pub = append(pub, l.api("STREAM.INFO."+s, "look the stream up")...)
+	}
+	u.Publish.Allow = slices.Concat(pub,
+		l.ordered(kvStream(bindings), kvSubject(bindings, ">"), "grouprouter bindings, groups"),
+		l.kvGet(bindings, ">", "grouprouter move --wait, where: read a record"),
+		l.api("CONSUMER.CREATE."+kvStream(nodes)+".*."+kvSubject(nodes, kvbinding.LiveKey(">")), "grouprouter nodes, groups: list the live nodes"),
+		l.api("CONSUMER.DELETE."+kvStream(nodes)+".*", "grouprouter nodes: end the listing"),
+		[]Grant{{"$JS.FC." + kvStream(nodes) + ".>", "flow control replies of the listing"}},
+		l.kvGet(nodes, kvbinding.LeaseKey(l.Name), "grouprouter nodes: the active handler"),
+		l.api("CONSUMER.LIST."+router.QueueStream, "grouprouter groups, where: what the queue consumers were delivered"),
+		l.api("STREAM.MSG.GET."+router.QueueStream, "grouprouter groups, where: messages waiting on queues"),
+		l.events(),
+	)
+	return u
+}
+
+// events are the grants of reading the events stream.
+func (l Layout) events() []Grant {
+	return slices.Concat(
+		l.ordered(router.EventsStream, "", "grouprouter events"),
+		l.api("CONSUMER.CREATE."+router.EventsStream+".*."+proposals.SubjectEventsPrefix+">", "grouprouter events --kind: create a filtered ordered consumer"),
+	)
+}
+
+func (l Layout) observer() User {
+	u := l.user("observer", Observer, "reads events: live on "+proposals.SubjectEventsPrefix+"> or from stream "+router.EventsStream)
+	u.Publish.Allow = slices.Concat(l.api("STREAM.INFO."+router.EventsStream, "look the events stream up"), l.events())
+	u.Subscribe.Allow = append(u.Subscribe.Allow, Grant{proposals.SubjectEventsPrefix + ">", "events as they happen"})
+	return u
+}
