@@ -96,9 +96,19 @@ func (h *Handler) writeAll(ctx context.Context, plans []planned, ps []Proposal) 
 	out := make([]Decision, len(plans))
 	paused := map[string]error{}
 	var (
-		writes []kvbinding.Write
-		at     []int
+		writes  []kvbinding.Write
+		at      []int
+		pausing []string
 	)
+	// The pause keeper must not lift a pause this batch takes before its
+	// records are in the cache.
+	for _, pl := range plans {
+		if pl.res.Write != nil {
+			pausing = append(pausing, pl.res.Pause...)
+		}
+	}
+	h.pausingFor(pausing, 1)
+	defer h.pausingFor(pausing, -1)
 	for k, pl := range plans {
 		res := pl.res
 		if res.Write == nil {

@@ -74,6 +74,8 @@ type Input struct {
 	Node string
 	// From is the node the group is taken from (evacuate).
 	From string
+	// First is the first message a dead-letter ask covers (0: unknown).
+	First uint64
 	// Seq is, by op: bind, the group's first waiting message; fence and
 	// evacuate, the first message the node giving the group up did not
 	// route; release and deadletter, the last message covered.
@@ -265,7 +267,7 @@ func (m *machine) bind() Result {
 			if in.Seq <= cur.ThroughSeq {
 				return m.stands(Rejected, "the proposal comes before the end of the previous binding")
 			}
-			if cur.State == kvbinding.StateReleased {
+			if cur.State == kvbinding.StateReleased || cur.PrevNode != "" {
 				// Everything after the end is the new binding's: nodes
 				// may have skipped some of it while their view still
 				// named the previous node.
@@ -392,10 +394,22 @@ func (m *machine) deadLetter() Result {
 			if in.Seq <= cur.ThroughSeq {
 				return m.stands(Rejected, "the record covers these messages already")
 			}
+			if in.First != cur.ThroughSeq+1 {
+				// Messages between the record's end and the first one the
+				// asker holds may be held by others: a record through Seq
+				// would make every node drop them.
+				return Result{Outcome: Refused, Reason: fmt.Sprintf("deadletter: the record ends at %d; the messages before %d are not the asker's to dead-letter", cur.ThroughSeq, in.First)}
+			}
 		}
 	}
 	b := m.record(kvbinding.StateDeadLettered)
 	b.ThroughSeq, b.ProposedBy, b.Reason = in.Seq, in.By, in.Reason
+	if cur != nil && cur.State != kvbinding.StateBound && cur.State != kvbinding.StateMoving {
+		// The node that routed the group's messages before stays named:
+		// its queue may hold the last of them, which the group's next
+		// node must take over first.
+		b.PrevNode = cur.PrevNode
+	}
 	// The node that dead-lettered the messages announced it (EventDeadLetter).
 	return m.write(b, nil)
 }

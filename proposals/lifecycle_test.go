@@ -193,7 +193,7 @@ func (st *scriptState) run(cmd string) (string, error) {
 		st.cur = r
 		return "", nil
 	}
-	in := Input{Op: Op(name), By: kv["by"], Node: kv["node"], From: kv["from"], Seq: num("seq"), Rev: num("rev"),
+	in := Input{Op: Op(name), By: kv["by"], Node: kv["node"], From: kv["from"], Seq: num("seq"), First: num("first"), Rev: num("rev"),
 		Kind: kv["kind"], Reason: strings.ReplaceAll(kv["reason"], "_", " "), Routed: num("routed")}
 	in.Count, _ = strconv.Atoi(kv["count"])
 	var before *kvbinding.Route

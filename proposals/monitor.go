@@ -27,6 +27,12 @@ type monitor struct {
 	moving map[string]seenRev
 	// paused: until when each queue consumer was last paused by us.
 	paused map[string]time.Time
+	// pausing: record writes in flight that paused each node's queue (the
+	// record is not in the cache yet): its pause must not be lifted.
+	pausing map[string]int
+	// pauseMu serializes pausing and resuming queue consumers, so that a
+	// resume never lands after a pause it did not see.
+	pauseMu sync.Mutex
 }
 
 type seenRev struct {
@@ -37,13 +43,13 @@ type seenRev struct {
 func (m *monitor) reset() {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	m.goneSince, m.noConsumer, m.evacuating, m.moving, m.paused = nil, nil, nil, nil, nil
+	m.goneSince, m.noConsumer, m.evacuating, m.moving, m.paused, m.pausing = nil, nil, nil, nil, nil, nil
 }
 
 func (m *monitor) init() {
 	if m.goneSince == nil {
 		m.goneSince, m.noConsumer, m.evacuating = map[string]time.Time{}, map[string]time.Time{}, map[string]bool{}
-		m.moving, m.paused = map[string]seenRev{}, map[string]time.Time{}
+		m.moving, m.paused, m.pausing = map[string]seenRev{}, map[string]time.Time{}, map[string]int{}
 	}
 }
 
@@ -321,6 +327,8 @@ func (h *Handler) pause(ctx context.Context, node string) error {
 		return nil
 	}
 	m := &h.mon
+	m.pauseMu.Lock()
+	defer m.pauseMu.Unlock()
 	now := time.Now()
 	m.mu.Lock()
 	m.init()
@@ -349,27 +357,57 @@ func (h *Handler) keepPaused(ctx context.Context) {
 	if q == nil {
 		return
 	}
-	draining := h.cache.Draining()
-	for node := range draining {
+	for node := range h.cache.Draining() {
 		if err := h.pause(ctx, node); err != nil && ctx.Err() == nil {
 			h.log.Warn("cannot renew the pause of a queue being drained", "node", node, "err", err)
 		}
 	}
 	m := &h.mon
+	m.pauseMu.Lock()
+	defer m.pauseMu.Unlock()
 	m.mu.Lock()
-	var resume []string
+	var candidates []string
 	for node := range m.paused {
-		if draining[node] == 0 {
-			resume = append(resume, node)
-			delete(m.paused, node)
+		if m.pausing[node] == 0 {
+			candidates = append(candidates, node)
 		}
 	}
 	m.mu.Unlock()
-	for _, node := range resume {
+	if len(candidates) == 0 {
+		return
+	}
+	// Read after the writes in flight were counted: a write that paused a
+	// queue and is done has its record in the cache by now.
+	draining := h.cache.Draining()
+	for _, node := range candidates {
+		if draining[node] > 0 {
+			continue
+		}
 		if err := q.Resume(ctx, node); err != nil && ctx.Err() == nil {
 			h.log.Warn("cannot resume a drained queue; its pause lapses by itself", "node", node, "err", err)
 			continue
 		}
+		m.mu.Lock()
+		delete(m.paused, node)
+		m.mu.Unlock()
 		h.log.Debug("queue consumer resumed: no drain of it left", "node", node)
+	}
+}
+
+// pausingFor counts a record write in flight that pauses nodes' queues
+// (delta 1 before the pause, -1 once the record is in the cache).
+func (h *Handler) pausingFor(nodes []string, delta int) {
+	if len(nodes) == 0 {
+		return
+	}
+	m := &h.mon
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.init()
+	for _, n := range nodes {
+		m.pausing[n] += delta
+		if m.pausing[n] <= 0 {
+			delete(m.pausing, n)
+		}
 	}
 }

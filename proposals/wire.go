@@ -55,6 +55,8 @@ type Proposal struct {
 	Node string `json:"node,omitempty"`
 	// Seq is the ingress sequence the change applies at (see Input.Seq).
 	Seq uint64 `json:"seq,omitempty"`
+	// First is the first message a dead-letter ask covers (see Input.First).
+	First uint64 `json:"first,omitempty"`
 	// Rev is the record revision a step acted on (see Input.Rev).
 	Rev uint64 `json:"rev,omitempty"`
 	// Kind is EventExpire or EventClose (release).
@@ -75,7 +77,7 @@ func (p Proposal) op() Op {
 
 // Input returns the state machine input of a proposal by node proposer.
 func (p Proposal) Input(proposer string) Input {
-	return Input{Op: p.op(), By: proposer, Node: p.Node, Seq: p.Seq, Rev: p.Rev, Kind: p.Kind, Reason: p.Reason, Count: p.Count}
+	return Input{Op: p.op(), By: proposer, Node: p.Node, Seq: p.Seq, First: p.First, Rev: p.Rev, Kind: p.Kind, Reason: p.Reason, Count: p.Count}
 }
 
 // Validate checks one proposal's fields (not whether the handler will
@@ -103,8 +105,8 @@ func (p Proposal) Validate() error {
 			return fmt.Errorf("%s needs the revision it acts on", op)
 		}
 	case OpDeadLetter:
-		if p.Seq == 0 {
-			return fmt.Errorf("seq must be >= 1")
+		if p.Seq == 0 || p.First > p.Seq {
+			return fmt.Errorf("seq must be >= 1 and first <= seq")
 		}
 	}
 	if p.Node != "" && op != OpBind {
@@ -198,6 +200,10 @@ func (p Proposal) appendJSON(buf []byte) []byte {
 		buf = append(buf, `,"seq":`...)
 		buf = strconv.AppendUint(buf, p.Seq, 10)
 	}
+	if p.First != 0 {
+		buf = append(buf, `,"first":`...)
+		buf = strconv.AppendUint(buf, p.First, 10)
+	}
 	if p.Rev != 0 {
 		buf = append(buf, `,"rev":`...)
 		buf = strconv.AppendUint(buf, p.Rev, 10)
@@ -277,6 +283,8 @@ func scanRequest(data []byte) (Request, bool) {
 						p.Node, ok = d.Str()
 					case "seq":
 						p.Seq, ok = d.Uint()
+					case "first":
+						p.First, ok = d.Uint()
 					case "rev":
 						p.Rev, ok = d.Uint()
 					case "kind":

@@ -818,7 +818,7 @@ func (e *engine) failed(a *ask, err error, now time.Time) {
 			e.stats.noHandler++
 		}
 		e.emit(action{kind: actFailure, fail: &failure{group: ln.group, attempt: a.attempt, count: len(ln.msgs), err: err}})
-		if e.cfg.maxAttempts > 0 && a.attempt >= e.cfg.maxAttempts && e.isProposer(ln.group) {
+		if e.cfg.maxAttempts > 0 && a.attempt >= e.cfg.maxAttempts && e.isProposer(ln.group) && e.holdsFirst(ln) {
 			e.startDeadLetter(ln, fmt.Sprintf("no routing decision after %d attempts: %v", a.attempt, err), now)
 			return
 		}
@@ -826,6 +826,24 @@ func (e *engine) failed(a *ask, err error, now time.Time) {
 	a.due = now.Add(e.backoff(a.attempt))
 	heap.Push(&e.retryQ, a)
 	e.emit(action{kind: actRetry, at: a.due})
+}
+
+// holdsFirst reports whether this node holds the group's first message
+// that no record covers: the group has no record, or the lane starts right
+// after the end of its ended record. Otherwise other nodes may hold earlier
+// messages of the group (this node skipped them while another node owned
+// it), which a dead-letter record through this lane's messages would make
+// every node drop: the group then only waits, not dead-lettered.
+func (e *engine) holdsFirst(ln *lane) bool {
+	route, ok := e.recs.Lookup(ln.group)
+	if !ok || route.Invalid {
+		return true
+	}
+	switch route.State {
+	case kvbinding.StateReleased, kvbinding.StateDeadLettered:
+		return len(ln.msgs) > 0 && ln.msgs[0].seq == route.ThroughSeq+1
+	}
+	return false
 }
 
 // startDeadLetter puts a waiting group's held messages on the dead-letter
@@ -845,7 +863,7 @@ func (e *engine) startDeadLetter(ln *lane, reason string, now time.Time) {
 		e.emit(action{kind: actPublish, ln: ln, m: m, dlq: true, reason: reasonFull})
 	}
 	ln.ask = &ask{lane: ln, index: -1, p: proposals.Proposal{Op: proposals.OpDeadLetter, Group: ln.group,
-		Seq: ln.msgs[len(ln.msgs)-1].seq, Reason: reason, Count: len(ln.msgs)}}
+		First: ln.msgs[0].seq, Seq: ln.msgs[len(ln.msgs)-1].seq, Reason: reason, Count: len(ln.msgs)}}
 }
 
 // deadLettered asks for the dead-letter record once every held message is

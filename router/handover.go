@@ -336,6 +336,20 @@ func (r *Router) drainQueues(ctx context.Context, routes map[string]kvbinding.Ro
 	if err != nil {
 		return nil, err
 	}
+	// The handler paused the old queues before it wrote the records and
+	// renews the pauses while records say they are drained; this node
+	// renews them too while it drains, so that they hold also while no
+	// handler is active.
+	holdCtx, release := context.WithCancel(ctx)
+	var holding sync.WaitGroup
+	defer func() { release(); holding.Wait() }()
+	for node := range byNode {
+		holding.Add(1)
+		go func() {
+			defer holding.Done()
+			r.holdPaused(holdCtx, node)
+		}()
+	}
 	// Each old queue at once: one move may drain several (a group moved
 	// twice), and waiting for them in turn added their DrainWaits up.
 	var wg sync.WaitGroup
@@ -471,6 +485,28 @@ func (r *Router) current(group string, rev uint64) bool {
 // made for the record revision rev.
 func moveID(rev, seq uint64) string {
 	return "move:" + strconv.FormatUint(rev, 10) + ":" + strconv.FormatUint(seq, 10)
+}
+
+// drainPause is how long one pause a draining node takes lasts; it renews
+// it every third of that while it drains. The pause lapses by itself after
+// the drain (the handler resumes the queue when no record needs it paused).
+const drainPause = 10 * time.Second
+
+// holdPaused keeps node's queue consumer paused until ctx ends.
+func (r *Router) holdPaused(ctx context.Context, node string) {
+	t := time.NewTicker(drainPause / 3)
+	defer t.Stop()
+	for {
+		if _, err := r.js.PauseConsumer(ctx, QueueStream, QueueConsumer(node), time.Now().Add(drainPause)); err != nil &&
+			ctx.Err() == nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
+			r.log.Debug("cannot renew the pause of a queue being drained", "node", node, "err", err)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
 }
 
 // isGone reports whether a message get or delete failed only because the

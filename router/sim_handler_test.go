@@ -602,17 +602,14 @@ func (h *simHandler) keepPaused() {
 		h.pause(node, func(error) {})
 	}
 	for _, node := range sortedKeys(h.paused) {
-		if draining[node] > 0 {
+		// A write in flight that paused the queue keeps it paused: its
+		// record is not in the cache yet (Handler.pausingFor).
+		if draining[node] > 0 || h.pausing[node] > 0 {
 			continue
 		}
 		delete(h.paused, node)
 		if w.chance(w.p.pOpFail) {
 			continue // the pause lapses by itself
-		}
-		if h.pausing[node] > 0 {
-			if _, ok := w.chk.resumedEarly[node]; !ok {
-				w.chk.resumedEarly[node] = w.clock
-			}
 		}
 		w.after(h.api(node), func() {
 			w.q.consumer(node).pausedUntil = 0

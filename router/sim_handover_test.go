@@ -166,8 +166,13 @@ type simDrain struct {
 }
 
 func (n *simNode) drainQueues(routes map[string]kvbinding.Route, done func(map[string]int, error)) {
+	finished := false
 	d := &simDrain{n: n, routes: routes, byNode: map[string]map[string]bool{}, byGroup: map[string][]simFound{},
-		seen: map[string]map[uint64]bool{}, moved: map[string]int{}, done: done}
+		seen: map[string]map[uint64]bool{}, moved: map[string]int{}}
+	d.done = func(moved map[string]int, err error) {
+		finished = true
+		done(moved, err)
+	}
 	for _, g := range sortedKeys(routes) {
 		for _, node := range routes[g].Drain {
 			if d.byNode[node] == nil {
@@ -181,6 +186,25 @@ func (n *simNode) drainQueues(routes map[string]kvbinding.Route, done func(map[s
 		return
 	}
 	nodes := sortedKeys(d.byNode)
+	// Router.holdPaused: the drainer renews the old queues' pauses while
+	// it drains, also when no handler is active.
+	w := n.w
+	var hold func()
+	hold = func() {
+		if finished || !n.up() {
+			return
+		}
+		for _, node := range nodes {
+			w.after(w.lat(), func() {
+				if !finished && n.up() {
+					c := w.q.consumer(node)
+					c.pausedUntil = max(c.pausedUntil, w.clock+simPauseWindow)
+				}
+			})
+		}
+		w.after(simPauseWindow/3, hold)
+	}
+	hold()
 	left := len(nodes)
 	for _, node := range nodes {
 		n.waitDelivered(node, func() {
@@ -197,7 +221,7 @@ func (n *simNode) drainQueues(routes map[string]kvbinding.Route, done func(map[s
 func (n *simNode) waitDelivered(node string, done func()) {
 	w := n.w
 	deadline := w.clock + w.p.drainWait
-	stale := min(2*time.Second, w.p.drainWait)
+	stale := w.p.drainWait / 2
 	var lastAcks uint64
 	lastMove := w.clock
 	var poll func()

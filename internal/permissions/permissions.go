@@ -322,6 +322,10 @@ func (l Layout) node(node string, handler bool) User {
 		l.api("STREAM.MSG.GET."+router.QueueStream, "a move reads the group's messages waiting on the old queue"),
 		l.api("STREAM.MSG.DELETE."+router.QueueStream, "a move deletes each original once its copy is stored"),
 	)
+	for _, n := range l.Nodes {
+		pub = append(pub, l.api("CONSUMER.PAUSE."+router.QueueStream+"."+router.QueueConsumer(n),
+			"keep an old queue paused while it drains it; the handler pauses and resumes queues")...)
+	}
 	u.Subscribe.Allow = append(u.Subscribe.Allow, Grant{proposals.SubjectEventsPrefix + proposals.EventHandlerTakeover,
 		"a handler took over: retry asks at once; a crashed holder's node stops proposing (only LOCAL nodes may publish it)"})
 	if handler {
@@ -370,9 +374,7 @@ func (l Layout) handlerPublish(node string) []Grant {
 			pub = append(pub, l.kvGet(nodes, kvbinding.CheckpointKey(n), "fence a gone node's groups from its checkpoint")...)
 		}
 	}
-	for _, n := range l.Nodes {
-		pub = append(pub, l.api("CONSUMER.PAUSE."+router.QueueStream+"."+router.QueueConsumer(n), "pause and resume a queue during a move")...)
-	}
+	// Pausing and resuming queues (one API subject) is every node's right.
 	pub = append(pub, Grant{proposals.SubjectHandlerPrefix + l.Name + ".ping", "a standby probes the active handler"})
 	for _, k := range HandlerEvents {
 		pub = append(pub, Grant{proposals.SubjectEventsPrefix + k, "publish " + k + " events"})

@@ -169,9 +169,10 @@ func roleChecks() []check {
 		add(u, pub, local, kvSubj(b, "r.order-42"), kvSubj(nb, kvbinding.LeaseKey("grouping-handler")),
 			js("DIRECT.GET.KV_"+b+"."+kvSubj(b, "r.order-42")),
 			js("DIRECT.GET.KV_"+nb+"."+kvSubj(nb, kvbinding.CheckpointKey(other))),
-			js("CONSUMER.PAUSE."+q+"."+router.QueueConsumer("n2")), proposals.SubjectHandlerPrefix+"grouping-handler.ping",
+			proposals.SubjectHandlerPrefix+"grouping-handler.ping",
 			"_INBOX.node-n2.Zx.1", "_INBOX.operator.Zx", "_INBOX.Zx.1", "$JS.FC.KV_"+nb+".x.1")
 		add(u, pub, false, proposals.SubjectHandlerPrefix+"other.ping", js("CONSUMER.PAUSE."+q+"."+router.QueueConsumer("n3")))
+		add(u, pub, true, js("CONSUMER.PAUSE."+q+"."+router.QueueConsumer("n2")))
 	}
 
 	// Operator: move and unbind, read the state; writes nothing.
