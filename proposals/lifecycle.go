@@ -456,6 +456,15 @@ func (m *machine) evacuate() Result {
 		if cur.Node != "" && target == "" {
 			return Result{Outcome: Failed, Reason: "no eligible node is alive"}
 		}
+		if cur.Node == "" && in.Node != "" {
+			// An unbind the node never completed: the other nodes skipped
+			// the group's messages after the fence (the record named the
+			// node), and the node that would have proposed them is gone.
+			// Releasing here would leave them to the group's next message;
+			// a new node takes them over instead (the binding ends by
+			// idle expiry or the next unbind).
+			target = in.Node
+		}
 		return m.handOver(in.From, max(in.Seq, cur.FromSeq), target, nil, in.Reason)
 	case cur.State == kvbinding.StateBound && cur.Node == in.From && cur.Step == kvbinding.StepNone:
 		if in.Node == "" {

@@ -216,6 +216,11 @@ type engine struct {
 	// duties: the record revisions of takeovers handed to the shell, so
 	// that each is handed once.
 	duties map[string]uint64
+	// aliveUntil: until when this node's liveness record surely exists
+	// (zero: not known, not fenced); held: lanes that stopped while it was
+	// fenced.
+	aliveUntil time.Time
+	held       map[*lane]struct{}
 
 	stats engineStats
 }
@@ -229,6 +234,7 @@ func newEngine(cfg engineConfig, recs records, rnd *rand.Rand) *engine {
 		assigned:  make(map[string]int),
 		liveState: map[string]proposals.NodeState{},
 		duties:    make(map[string]uint64),
+		held:      make(map[*lane]struct{}),
 	}
 	if cfg.groupTimeout > 0 {
 		e.lastActive = make(map[string]int64)
@@ -326,6 +332,13 @@ func (e *engine) pump(ln *lane, now time.Time) {
 			e.stats.skipped++
 			continue
 		}
+		if e.fenced(now) {
+			// This node's liveness record may have lapsed: the handler may
+			// give its groups to others. It publishes nothing until an
+			// announcement is stored again (unfence pumps the lane).
+			e.held[ln] = struct{}{}
+			return
+		}
 		if ln.group == "" {
 			// Ungrouped: no order to keep, publish them all at once.
 			ln.msgs[0] = nil
@@ -356,6 +369,30 @@ func (e *engine) decided(ln *lane, now time.Time) {
 	if a := ln.ask; ln.waiting && a != nil && a.p.Op == "" && !a.sent.IsZero() {
 		e.emit(action{kind: actDecided, took: now.Sub(a.sent)})
 		a.sent = time.Time{}
+	}
+}
+
+// fenced reports whether this node must not publish its groups now: its
+// last stored announcement is too old for its liveness record to be sure
+// to exist (aliveUntil; zero: not fenced).
+func (e *engine) fenced(now time.Time) bool {
+	return !e.aliveUntil.IsZero() && !now.Before(e.aliveUntil)
+}
+
+// alive takes the time until which this node's liveness record is known
+// to exist (an announcement was stored), and routes what it held while it
+// was fenced.
+func (e *engine) alive(until, now time.Time) {
+	e.aliveUntil = until
+	if e.fenced(now) || len(e.held) == 0 {
+		return
+	}
+	held := e.held
+	e.held = make(map[*lane]struct{})
+	for ln := range held {
+		if e.lanes[ln.group] == ln {
+			e.pump(ln, now)
+		}
 	}
 }
 

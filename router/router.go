@@ -542,7 +542,17 @@ func (r *Router) announce(ctx context.Context, cons jetstream.Consumer) error {
 		QueuePending: pending, QueueUnacked: unacked,
 	}
 	info.Waiting, info.WaitingGroups = r.heldUndecided(info.Heartbeat)
-	return r.reg.Announce(ctx, info, r.nodeTTL())
+	sent := time.Now()
+	if err := r.reg.Announce(ctx, info, r.nodeTTL()); err != nil {
+		return err
+	}
+	// The record lives nodeTTL from when it was stored, after sent. A
+	// margin of one heartbeat keeps this node's publishes stopped before
+	// the record can have expired anywhere (the handler moves a node's
+	// groups only NodeGrace after that).
+	until := sent.Add(r.nodeTTL() - r.cfg.Heartbeat)
+	r.do(func(e *engine, now time.Time) { e.alive(until, now) })
+	return nil
 }
 
 // consumerPresent reports whether a node's queue has a consumer: one is

@@ -557,11 +557,15 @@ func (n *simNode) heartbeat() {
 	if w.clock < n.announceFailUntil {
 		return
 	}
+	sent := w.now()
 	w.after(w.lat(), func() {
 		if !n.up() || w.chance(w.p.pKVFail) {
 			return
 		}
 		w.reg.announce(n.id, has)
+		// Router.announce: the node routes until its record may lapse.
+		until := sent.Add(3*simHeartbeat - simHeartbeat)
+		w.after(w.lat(), func() { n.do(func(e *engine, now time.Time) { e.alive(until, now) }) })
 	})
 }
 
