@@ -99,6 +99,9 @@ type Config struct {
 	IngressMaxBytes    int64
 	QueueMaxBytes      int64
 	DeadLetterMaxBytes int64
+	// BindingsMaxBytes bounds the bindings bucket (0: no bound): past it
+	// new bindings are refused (and retried) until ended records expire.
+	BindingsMaxBytes int64
 	// DeadLetterMaxAge is how long dead letters are kept. Default 7 days.
 	DeadLetterMaxAge time.Duration
 	// MaxMessageSize is the largest message the ingress stream accepts
@@ -272,7 +275,7 @@ func (c Config) Validate() error {
 		return fmt.Errorf("%w: held/in-flight bounds must be > 0", ErrConfig)
 	case c.Replicas < 0 || c.Replicas > 5:
 		return fmt.Errorf("%w: replicas must be 0 (auto) to 5, got %d", ErrConfig, c.Replicas)
-	case c.IngressMaxBytes < 0, c.QueueMaxBytes < 0, c.DeadLetterMaxBytes < 0, c.MaxMessageSize < 0:
+	case c.IngressMaxBytes < 0, c.QueueMaxBytes < 0, c.DeadLetterMaxBytes < 0, c.BindingsMaxBytes < 0, c.MaxMessageSize < 0:
 		return fmt.Errorf("%w: size bounds must be >= 0 (0: none)", ErrConfig)
 	case c.Heartbeat < 0, c.LeaseTTL < 0, c.CheckpointInterval < 0, c.IngressMaxAge < 0, c.EventsMaxAge < 0, c.PinnedTTL < 0, c.DeadLetterMaxAge < 0:
 		return fmt.Errorf("%w: durations must be > 0", ErrConfig)

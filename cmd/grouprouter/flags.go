@@ -83,6 +83,12 @@ type runFlags struct {
 	nodeGrace    msDuration
 	rebindAfter  msDuration
 	eventsMaxAge msDuration
+	dlqMaxAge    msDuration
+	ingressBytes int64
+	queueBytes   int64
+	dlqBytes     int64
+	bindingBytes int64
+	maxMsgSize   int
 	name         string
 	groupHeader  string
 	localFirst   bool
@@ -104,6 +110,7 @@ func newRunFlags() *runFlags {
 		nodeGrace:    msDuration(defaultNodeGrace),
 		rebindAfter:  msDuration(defaultRebindAfter),
 		eventsMaxAge: msDuration(router.DefaultEventsMaxAge),
+		dlqMaxAge:    msDuration(router.DefaultDeadLetterMaxAge),
 	}
 	fs := f.fs
 	fs.StringVar(&f.config, "config", "", "read the `FILE` holding a <grouping-handler> element (flags override it)")
@@ -121,6 +128,12 @@ func newRunFlags() *runFlags {
 		"how long a node's queue may have no consumer while another node's has one before its groups move, waiting messages included: a `DURATION` (or milliseconds); negative = never")
 	fs.Var(&f.eventsMaxAge, "events-max-age",
 		"how long the stream "+router.EventsStream+" keeps events, when this node creates it: a `DURATION` (or milliseconds)")
+	fs.Var(&f.dlqMaxAge, "dlq-max-age", "how long "+router.DeadLetterStream+" keeps dead letters, when this node creates it: a `DURATION`")
+	fs.Int64Var(&f.ingressBytes, "ingress-max-bytes", 0, "bound "+router.IngressStream+" to `BYTES` when this node creates it (0: none); past it producers get an error, nothing is dropped")
+	fs.Int64Var(&f.queueBytes, "queue-max-bytes", 0, "bound "+router.QueueStream+" to `BYTES` (0: none); past it routing waits and retries")
+	fs.Int64Var(&f.dlqBytes, "dlq-max-bytes", 0, "bound "+router.DeadLetterStream+" to `BYTES` (0: none); past it the oldest dead letters go")
+	fs.Int64Var(&f.bindingBytes, "bindings-max-bytes", 0, "bound the bindings bucket to `BYTES` (0: none); past it new bindings wait until ended records expire")
+	fs.IntVar(&f.maxMsgSize, "max-msg-size", 0, "the largest message `BYTES` the ingress accepts (0: the server's max_payload)")
 	fs.StringVar(&f.name, "name", defaultName, "grouping-handler `NAME`; a LOCAL handler and its backup share it")
 	fs.StringVar(&f.groupHeader, "group-header", router.DefaultGroupHeader, "`HEADER` holding the group id")
 	fs.BoolVar(&f.localFirst, "local-first", false, "propose this node for new groups when its queue has a consumer")
@@ -239,8 +252,21 @@ func parseRunArgs(args []string, env environment) (runOptions, error) {
 		RebindAfter:  lc.rebindAfter,
 		EventsMaxAge: time.Duration(f.eventsMaxAge),
 
+		DeadLetterMaxAge:   time.Duration(f.dlqMaxAge),
+		IngressMaxBytes:    f.ingressBytes,
+		QueueMaxBytes:      f.queueBytes,
+		DeadLetterMaxBytes: f.dlqBytes,
+		BindingsMaxBytes:   f.bindingBytes,
+		MaxMessageSize:     int32(min(f.maxMsgSize, 1<<31-1)),
+
 		InboxPrefix: opts.conn.InboxPrefix,
 		JSDomain:    opts.conn.JSDomain,
+	}
+	if f.maxMsgSize < 0 {
+		return runOptions{}, fmt.Errorf("%w: max-msg-size must be >= 0, got %d", router.ErrConfig, f.maxMsgSize)
+	}
+	if opts.cfg.DeadLetterMaxAge <= 0 {
+		return runOptions{}, fmt.Errorf("%w: dlq-max-age must be > 0, got %v", router.ErrConfig, opts.cfg.DeadLetterMaxAge)
 	}
 	if opts.cfg.EventsMaxAge <= 0 {
 		return runOptions{}, fmt.Errorf("%w: events-max-age must be > 0, got %v", router.ErrConfig, opts.cfg.EventsMaxAge)

@@ -46,7 +46,7 @@ func TestParseRunArgsDefaults(t *testing.T) {
 		Name: "grouping-handler", Type: router.Local, Address: "jms", Timeout: 5 * time.Second,
 		Node: "broker-1-example-com", GroupHeader: "Group-Id", QueueMode: router.QueuePinned,
 		GroupTimeout: 0, ReaperPeriod: 30 * time.Second, NodeGrace: 15 * time.Second, RebindAfter: 30 * time.Second,
-		EventsMaxAge: router.DefaultEventsMaxAge,
+		EventsMaxAge: router.DefaultEventsMaxAge, DeadLetterMaxAge: router.DefaultDeadLetterMaxAge,
 	}
 	if opts.cfg != want {
 		t.Errorf("config\n got %+v\nwant %+v", opts.cfg, want)
@@ -116,7 +116,7 @@ func TestParseRunArgsMerge(t *testing.T) {
 			name: "events max age",
 			args: []string{"--node", "n7", "--events-max-age", "90m"},
 			want: router.Config{Name: "grouping-handler", Type: router.Local, Address: "jms", Timeout: 5 * time.Second, Node: "n7", GroupHeader: "Group-Id",
-				QueueMode: router.QueuePinned, EventsMaxAge: 90 * time.Minute},
+				QueueMode: router.QueuePinned, EventsMaxAge: 90 * time.Minute, DeadLetterMaxAge: router.DefaultDeadLetterMaxAge},
 		},
 	}
 	for _, tt := range tests {
@@ -154,6 +154,9 @@ func withLifecycleDefaults(c router.Config) router.Config {
 	}
 	if c.EventsMaxAge == 0 {
 		c.EventsMaxAge = router.DefaultEventsMaxAge
+	}
+	if c.DeadLetterMaxAge == 0 {
+		c.DeadLetterMaxAge = router.DefaultDeadLetterMaxAge
 	}
 	return c
 }
