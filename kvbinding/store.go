@@ -138,58 +138,15 @@ type CreateResult struct {
 	Err     error
 }
 
-// CreateMany is Create for many groups at once: the writes are pipelined
-// (each a KV create: a publish expecting no previous message on the key)
-// instead of one round trip each. Results are in the order of bs; a
-// group that has a record gets that record and an error wrapping ErrExists.
+// CreateMany is Create for many groups at once, pipelined (WriteMany
+// with no expected revision). Results are in the order of bs; a group that
+// has a record gets that record and an error wrapping ErrExists.
 func (s *Store) CreateMany(ctx context.Context, bs []Binding) []CreateResult {
-	out := make([]CreateResult, len(bs))
-	pub, err := s.publisher()
-	if err != nil {
-		for i := range out {
-			out[i].Err = err
-		}
-		return out
+	ws := make([]Write, len(bs))
+	for i, b := range bs {
+		ws[i] = Write{Binding: b}
 	}
-	var wg sync.WaitGroup
-	// One header for the batch: the publisher only reads it.
-	hdr := nats.Header{jetstream.ExpectedLastSubjSeqHeader: []string{"0"}}
-	prefix := "$KV." + s.bucket + "."
-	for i := range bs {
-		key, val, err := encode(bs[i])
-		if err != nil {
-			out[i].Err = err
-			continue
-		}
-		msg := &nats.Msg{Subject: prefix + key, Header: hdr, Data: val}
-		wg.Add(1)
-		err = pub.Publish(msg, func(ack jspub.Ack, err error) {
-			defer wg.Done()
-			if err != nil {
-				out[i].Err = err
-				return
-			}
-			out[i].Binding = bs[i]
-			out[i].Binding.Revision = ack.Sequence
-		})
-		if err != nil {
-			out[i].Err = err
-			wg.Done()
-		}
-	}
-	wg.Wait()
-	for i := range out {
-		if out[i].Err == nil {
-			continue
-		}
-		if errors.Is(out[i].Err, ErrInvalidGroupID) || errors.Is(out[i].Err, ErrInvalidBinding) {
-			continue
-		}
-		// The key has a record (or a delete marker, or the ack was lost):
-		// settle it with a plain create, which reports what stands.
-		out[i].Binding, out[i].Err = s.Create(ctx, bs[i])
-	}
-	return out
+	return s.WriteMany(ctx, ws)
 }
 
 // Write is one record write of WriteMany.
