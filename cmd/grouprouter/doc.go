@@ -131,7 +131,10 @@
 // Both print the record written (with --json as JSON) and return at once;
 // 'grouprouter bindings' shows when the hand-over is done. With --wait they
 // poll the record until it is (bound to NODE with the takeover finished,
-// or released), at most --timeout, and print the final record. An unknown
+// or released), at most --timeout, and print the final record; meanwhile
+// they show the step and, following the new node's progress events, the
+// messages moved off the old queues and routed from the ingress so far
+// (one line rewritten on a terminal, a line per change otherwise). An unknown
 // group, an ineligible node, a group being moved already, no LOCAL handler
 // answering or a timeout exit 1.
 //

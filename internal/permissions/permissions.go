@@ -414,6 +414,8 @@ func (l Layout) operator() User {
 		l.api("STREAM.MSG.GET."+router.QueueStream, "grouprouter groups, where: messages waiting on queues"),
 		l.events(),
 	)
+	u.Subscribe.Allow = append(u.Subscribe.Allow, Grant{proposals.SubjectEventsPrefix + proposals.EventProgress,
+		"grouprouter move --wait: follow the hand-over's progress"})
 	return u
 }
 
