@@ -28,6 +28,7 @@
 //	grouprouter permissions --nodes ID[,ID...] --handlers ID[,ID...]
 //	                        [--address ADDR] [--name NAME]
 //	                        [--inbox-prefix _INBOX] [--js-domain DOMAIN]
+//	grouprouter demo [--duration 30s] [--groups 200] [--rate 200] [--no-kill]
 //
 // CONNECTION is what every command takes to reach NATS, as the nats CLI
 // names it: --nats URL[,URL...] (NATS_URL), --user and --password
@@ -144,6 +145,14 @@
 // JSON object per line, and acknowledges it after printing (unless
 // --no-ack). It stops after --count messages, or at SIGINT/SIGTERM with
 // --count 0. The node's router must have run once to create the consumer.
+//
+// demo runs everything in this process, with no NATS needed: a 3-server
+// JetStream cluster on loopback, nodes n0 (LOCAL), n1 (LOCAL backup) and
+// n2 (REMOTE), producers and a consumer per node; halfway n2 is killed,
+// later it comes back and groups are moved back to it. It shows a live
+// view (redrawn in place on a terminal, plain lines otherwise) and ends
+// with a summary that checks that every message arrived exactly once and
+// in order per group; exit 1 if not (see docs/demo.md).
 //
 // Exit codes: 0 success (also for -h), 1 a runtime failure (cannot connect,
 // credentials refused, port in use, router error), 2 a usage or
