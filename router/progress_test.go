@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
+
 	"grouprouter/kvbinding"
 	"grouprouter/proposals"
 )
@@ -93,5 +95,50 @@ func TestDrainReportsProgress(t *testing.T) {
 		if got[i].Count < got[i-1].Count {
 			t.Errorf("event %d counts %d after %d", i, got[i].Count, got[i-1].Count)
 		}
+	}
+}
+
+// A catch-up of a batch of groups reports one event for the batch: the
+// number of groups and the totals, no group named.
+func TestCatchUpBatchReportsProgress(t *testing.T) {
+	r, js := testRouter(t, "n1")
+	r.nc = js.Conn()
+	events := progressEvents(t, r)
+	ctx := context.Background()
+	const perGroup = 120
+	for i := 0; i < perGroup; i++ {
+		for _, g := range []string{"a", "b"} {
+			m := nats.NewMsg("jms.x")
+			m.Header.Set(DefaultGroupHeader, g)
+			if _, err := js.PublishMsg(ctx, m); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	r.eng.resume = resumePoint{ckpt: kvbinding.Checkpoint{Next: 2*perGroup + 1}} // read past them
+	routes := map[string]kvbinding.Route{}
+	for i, g := range []string{"a", "b"} {
+		routes[g] = record(t, r, kvbinding.Binding{Group: g, State: kvbinding.StateBound, Node: "n1", FromSeq: 1, PrevNode: "n0",
+			Step: kvbinding.StepCatchUp, Revision: uint64(7 + i)})
+	}
+	pctx, prog := r.startProgress(ctx, proposals.DutyCatchUp, routes)
+	counts, err := r.catchUp(pctx, routes)
+	prog.end(err)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if counts["a"] != perGroup || counts["b"] != perGroup {
+		t.Fatalf("caught up %v, want %d each", counts, perGroup)
+	}
+	got := events()
+	if len(got) < 2 {
+		t.Fatalf("%d progress events, want at least 2: %+v", len(got), got)
+	}
+	last := got[len(got)-1]
+	last.ID, last.At = "", time.Time{}
+	want := proposals.Event{Kind: proposals.EventProgress, Node: "n1", By: "n1", Step: "catchup",
+		Count: 2 * perGroup, Total: 2 * perGroup, Groups: 2, Reason: "done"}
+	if last != want {
+		t.Errorf("last event\n got %+v\nwant %+v", last, want)
 	}
 }
