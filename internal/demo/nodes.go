@@ -50,6 +50,7 @@ func newNode(id string, typ router.HandlerType, server int, log *slog.Logger) *n
 // start connects the node and runs it until stop or kill, and returns
 // once it routes.
 func (n *node) start(ctx context.Context, c *cluster) error {
+	n.reap() // the run before a kill
 	nc, err := c.connect(n.server, "demo-node-"+n.id)
 	if err != nil {
 		return err
@@ -99,18 +100,32 @@ func (n *node) isKilled() bool {
 
 // kill stops the node as a crash would: its connection is closed first,
 // so it saves no checkpoint, withdraws nothing and releases nothing; then
-// its Run is cancelled and waited for.
+// its Run is cancelled. It does not wait for Run to return (the view goes
+// on meanwhile): start and stop do.
 func (n *node) kill() {
 	n.mu.Lock()
-	nc, cancel, done := n.nc, n.cancel, n.done
-	n.cancel, n.killed = nil, true
-	n.mu.Unlock()
-	if cancel == nil {
+	defer n.mu.Unlock()
+	if n.cancel == nil {
 		return
 	}
-	nc.Close()
-	cancel()
-	<-done
+	n.nc.Close()
+	n.cancel()
+	n.cancel, n.killed = nil, true
+}
+
+// reap waits for the Run of a killed node to return.
+func (n *node) reap() {
+	n.mu.Lock()
+	done, running := n.done, n.cancel != nil
+	n.mu.Unlock()
+	if done != nil && !running {
+		<-done
+		n.mu.Lock()
+		if n.done == done {
+			n.done = nil
+		}
+		n.mu.Unlock()
+	}
 }
 
 // stop stops the node gracefully (it drains, saves its checkpoint and
@@ -121,6 +136,7 @@ func (n *node) stop() {
 	n.cancel = nil
 	n.mu.Unlock()
 	if cancel == nil {
+		n.reap() // killed: its Run may still be returning
 		return
 	}
 	cancel()
