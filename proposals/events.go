@@ -25,6 +25,7 @@ const (
 	EventExpire          = "expire"     // an idle group's binding expired
 	EventClose           = "close"      // a group was closed by a Group-Seq: -1 message
 	EventUnbind          = "unbind"     // a group's binding was released by an operator
+	EventProgress        = "progress"   // how far a node is in a long takeover step (drain, catch-up)
 )
 
 // Event is the JSON body published on SubjectEventsPrefix + Kind.
@@ -44,6 +45,14 @@ type Event struct {
 	Reason   string    `json:"reason,omitempty"`
 	Attempt  int       `json:"attempt,omitempty"`
 	Count    int       `json:"count,omitempty"`
+	// Step, Total and Groups are set on progress events: Node has moved
+	// (Step "drain") or routed (Step "catchup") Count of the Total
+	// messages its step found so far (Total 0: not counted yet) for
+	// Groups groups; Group and PrevNode are set when the step is about one
+	// group. Reason is "done" on a step's last event, or why it stopped.
+	Step   string `json:"step,omitempty"`
+	Total  int    `json:"total,omitempty"`
+	Groups int    `json:"groups,omitempty"`
 }
 
 // Publish sends the event on core NATS (fire and forget: events are for
@@ -97,6 +106,18 @@ func (e Event) AppendJSON(buf []byte) []byte {
 	if e.Count != 0 {
 		buf = append(buf, `,"count":`...)
 		buf = strconv.AppendInt(buf, int64(e.Count), 10)
+	}
+	if e.Step != "" {
+		buf = append(buf, `,"step":`...)
+		buf = jsonx.AppendString(buf, e.Step)
+	}
+	if e.Total != 0 {
+		buf = append(buf, `,"total":`...)
+		buf = strconv.AppendInt(buf, int64(e.Total), 10)
+	}
+	if e.Groups != 0 {
+		buf = append(buf, `,"groups":`...)
+		buf = strconv.AppendInt(buf, int64(e.Groups), 10)
 	}
 	return append(buf, '}')
 }

@@ -166,6 +166,7 @@ func (r *Router) runSteps(ctx context.Context, jobs map[string]dutyJob) {
 		err    error
 		op     proposals.Op
 	)
+	ctx, prog := r.startProgress(ctx, duty, routes) // progress.go
 	if duty == proposals.DutyDrain {
 		op = proposals.OpDrained
 		counts, err = r.drainQueues(ctx, routes)
@@ -173,6 +174,7 @@ func (r *Router) runSteps(ctx context.Context, jobs map[string]dutyJob) {
 		op = proposals.OpCaughtUp
 		counts, err = r.catchUp(ctx, routes)
 	}
+	prog.end(err)
 	if err != nil {
 		if ctx.Err() == nil {
 			if errors.Is(err, errSuperseded) {
@@ -401,6 +403,7 @@ func (r *Router) drainQueues(ctx context.Context, routes map[string]kvbinding.Ro
 			byGroup[g] = append(byGroup[g], queued{msg: m, from: node, ingressSeq: is, group: g})
 		}
 	}
+	progressOf(ctx).found(countFound(byGroup))
 	// Groups in parallel; within a group, copies one after another in
 	// ingress order, each original deleted once its copy is stored.
 	var mu sync.Mutex
@@ -465,6 +468,7 @@ func (r *Router) moveGroup(ctx context.Context, stream jetstream.Stream, found [
 			continue
 		}
 		moved++
+		progressOf(ctx).add(1)
 	}
 	return moved, nil
 }
@@ -632,6 +636,7 @@ func (r *Router) catchUp(ctx context.Context, routes map[string]kvbinding.Route)
 	if err != nil {
 		return nil, err
 	}
+	progressOf(ctx).found(countFound(byGroup))
 	var mu sync.Mutex
 	work, wctx := errgroup.WithContext(ctx)
 	work.SetLimit(128)
@@ -644,6 +649,7 @@ func (r *Router) catchUp(ctx context.Context, routes map[string]kvbinding.Route)
 				if _, err := r.publishSync(wctx, m); err != nil {
 					return err
 				}
+				progressOf(ctx).add(1)
 			}
 			mu.Lock()
 			caught[g] = len(msgs)

@@ -28,6 +28,7 @@
 //	grouprouter permissions --nodes ID[,ID...] --handlers ID[,ID...]
 //	                        [--address ADDR] [--name NAME]
 //	                        [--inbox-prefix _INBOX] [--js-domain DOMAIN]
+//	grouprouter demo [--duration 30s] [--groups 200] [--rate 200] [--no-kill]
 //
 // CONNECTION is what every command takes to reach NATS, as the nats CLI
 // names it: --nats URL[,URL...] (NATS_URL), --user and --password
@@ -131,7 +132,10 @@
 // Both print the record written (with --json as JSON) and return at once;
 // 'grouprouter bindings' shows when the hand-over is done. With --wait they
 // poll the record until it is (bound to NODE with the takeover finished,
-// or released), at most --timeout, and print the final record. An unknown
+// or released), at most --timeout, and print the final record; meanwhile
+// they show the step and, following the new node's progress events, the
+// messages moved off the old queues and routed from the ingress so far
+// (one line rewritten on a terminal, a line per change otherwise). An unknown
 // group, an ineligible node, a group being moved already, no LOCAL handler
 // answering or a timeout exit 1.
 //
@@ -141,6 +145,14 @@
 // JSON object per line, and acknowledges it after printing (unless
 // --no-ack). It stops after --count messages, or at SIGINT/SIGTERM with
 // --count 0. The node's router must have run once to create the consumer.
+//
+// demo runs everything in this process, with no NATS needed: a 3-server
+// JetStream cluster on loopback, nodes n0 (LOCAL), n1 (LOCAL backup) and
+// n2 (REMOTE), producers and a consumer per node; halfway n2 is killed,
+// later it comes back and groups are moved back to it. It shows a live
+// view (redrawn in place on a terminal, plain lines otherwise) and ends
+// with a summary that checks that every message arrived exactly once and
+// in order per group; exit 1 if not (see docs/demo.md).
 //
 // Exit codes: 0 success (also for -h), 1 a runtime failure (cannot connect,
 // credentials refused, port in use, router error), 2 a usage or

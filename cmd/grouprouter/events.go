@@ -23,7 +23,7 @@ import (
 var eventKinds = []string{
 	proposals.EventBind, proposals.EventReject, proposals.EventTimeout, proposals.EventDeadLetter,
 	proposals.EventHandlerTakeover, proposals.EventMove, proposals.EventHandoff, proposals.EventExpire,
-	proposals.EventClose, proposals.EventUnbind,
+	proposals.EventClose, proposals.EventUnbind, proposals.EventProgress,
 }
 
 // eventsOptions is what the events subcommand was asked for.
@@ -210,6 +210,9 @@ func appendEventLine(buf []byte, e proposals.Event) []byte {
 	if e.Kind == proposals.EventHandlerTakeover {
 		group = "-" // not about a group
 	}
+	if e.Kind == proposals.EventProgress && e.Groups > 1 {
+		group = "(" + strconv.Itoa(e.Groups) + " groups)" // one event for a batch
+	}
 	nodes := orDash(e.Node)
 	if e.PrevNode != "" {
 		nodes = orDash(e.PrevNode) + "->" + nodes
@@ -229,8 +232,17 @@ func appendEventLine(buf []byte, e proposals.Event) []byte {
 	if e.FromSeq != 0 {
 		field("seq", strconv.FormatUint(e.FromSeq, 10))
 	}
+	if e.Step != "" {
+		field("step", e.Step)
+	}
 	if e.Count != 0 {
 		field("count", strconv.Itoa(e.Count))
+	}
+	if e.Total != 0 {
+		field("total", strconv.Itoa(e.Total))
+	}
+	if e.Groups != 0 {
+		field("groups", strconv.Itoa(e.Groups))
 	}
 	if e.Attempt != 0 {
 		field("attempt", strconv.Itoa(e.Attempt))

@@ -244,6 +244,10 @@ func TestAppendEventLine(t *testing.T) {
 			"2026-11-30T05:31:14.314Z  timeout     (ungrouped)           n3              count=5 attempt=2\n"},
 		{proposals.Event{Kind: "expire", Group: "g", PrevNode: "n1", FromSeq: 9},
 			"-                         expire      g                     n1->-           seq=9\n"},
+		{proposals.Event{Kind: "progress", Group: "g", Node: "n2", PrevNode: "n1", By: "n2", At: at, Step: "drain", Count: 120, Total: 400, Groups: 1},
+			"2026-11-30T05:31:14.314Z  progress    g                     n1->n2          step=drain count=120 total=400 groups=1 by=n2\n"},
+		{proposals.Event{Kind: "progress", Node: "n0", By: "n0", At: at, Step: "catchup", Count: 3000, Total: 3000, Groups: 66, Reason: "done"},
+			`2026-11-30T05:31:14.314Z  progress    (66 groups)           n0              step=catchup count=3000 total=3000 groups=66 by=n0 reason="done"` + "\n"},
 	} {
 		if got := string(appendEventLine(nil, tt.e)); got != tt.want {
 			t.Errorf("%+v:\n got %q\nwant %q", tt.e, got, tt.want)

@@ -69,6 +69,8 @@ func runEnv(ctx context.Context, args []string, env environment, stdout, stderr 
 		err = moveGroup(ctx, cmd, rest, env, stdout, stderr)
 	case "permissions":
 		err = printPermissions(rest, stdout)
+	case "demo":
+		err = runDemo(ctx, rest, env, stdout)
 	case "bench":
 		err = bench.Main(ctx, rest, stdout, stderr)
 		if errors.Is(err, bench.ErrUsage) {
@@ -121,6 +123,7 @@ Commands:
   move       move a group to another node, with its waiting messages, in order
   unbind     end a group's binding; its next message gets a new one
   permissions  print the NATS users and permissions of a deployment, one user per role
+  demo       run it all in this process: 3 NATS servers, 3 nodes, load, a node killed; checks the order
   bench      measure throughput, decisions and latency against baselines (own embedded NATS)
 
 Run 'grouprouter <command> -h' for the flags of a command.

@@ -86,7 +86,12 @@ the arguments.
 
 The command prints the record written; 'grouprouter bindings' shows when
 the hand-over is done. With --wait it waits for that and prints the final
-record instead.
+record instead; meanwhile it shows how far the hand-over is: the step
+(moving, drain, catchup, settled) and, in a long step, the messages moved
+off the old queues and routed from the ingress so far (from the new
+node's progress events). On a terminal that is one line rewritten in
+place, otherwise a line per change; with --json it goes to stderr, and
+only when that is a terminal.
 
 Exit codes: 0 done; 1 refused (the group is not bound, the node is not
 eligible, the group is being moved already) or failed (no LOCAL handler
@@ -171,6 +176,14 @@ func moveGroup(ctx context.Context, op string, args []string, env environment, s
 	defer nc.Close()
 
 	timeout := time.Duration(o.timeout)
+	var events <-chan proposals.Event
+	if o.wait {
+		// Before the request: a hand-over's progress events may come
+		// before its reply.
+		var unsubscribe func()
+		events, unsubscribe = followProgress(nc)
+		defer unsubscribe()
+	}
 	before := nc.LastError()
 	b, err := proposals.Move(ctx, nc, o.group, o.node, timeout)
 	if err != nil {
@@ -193,7 +206,19 @@ func moveGroup(ctx context.Context, op string, args []string, env environment, s
 	if err != nil {
 		return fmt.Errorf("%s: %w", o.what(), err)
 	}
-	final, err := o.waitDone(ctx, wctx, store, b)
+	// Progress goes to stdout before the final record, rewritten in place
+	// on a terminal; with --json (stdout is for the record) to stderr,
+	// and only when that is a terminal.
+	line := &progressLine{w: stdout, terminal: isTerminal(stdout, env)}
+	if o.asJSON {
+		line = &progressLine{w: stderr, terminal: isTerminal(stderr, env)}
+		if !line.terminal {
+			line.w = io.Discard
+		}
+	}
+	w := &moveWatch{o: o, written: b, start: time.Now(), line: line}
+	final, err := o.waitDone(ctx, wctx, store, b, events, w)
+	w.line.finish("")
 	if err != nil {
 		return err
 	}
@@ -233,19 +258,28 @@ func (o moveOptions) moveError(err error) error {
 // ends or the record shows it was overtaken. written is the record the
 // handler wrote. It returns the final record, nil when the group has no
 // record left (unbind).
-func (o moveOptions) waitDone(ctx, wctx context.Context, store *kvbinding.Store, written kvbinding.Binding) (*kvbinding.Binding, error) {
+func (o moveOptions) waitDone(ctx, wctx context.Context, store *kvbinding.Store, written kvbinding.Binding,
+	events <-chan proposals.Event, w *moveWatch) (*kvbinding.Binding, error) {
 	t := time.NewTicker(movePollInterval)
 	defer t.Stop()
 	cur := written
 	for {
 		done, err := o.doneBy(cur, written)
 		if done || err != nil {
+			w.drainEvents(events)
+			if done {
+				w.settled(cur)
+			}
 			if cur.State == "" { // not found
 				return nil, err
 			}
 			return &cur, err
 		}
+		w.record(cur)
 		select {
+		case e := <-events:
+			w.event(e)
+			continue
 		case <-t.C:
 		case <-wctx.Done():
 			if ctx.Err() != nil {

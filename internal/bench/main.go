@@ -347,6 +347,7 @@ func (b *bencher) runServers(ctx context.Context, servers int, first bool) (*ser
 		sr.steady3 = m[wlSteady]
 	}
 	// (D) Raw JetStream async publish, (E) raw KV Create.
+	b.phase("raw JetStream publish, raw KV creates")
 	if sr.raw, err = b.rawPublish(ctx, e); err != nil {
 		return nil, err
 	}
@@ -363,6 +364,7 @@ func (b *bencher) runServers(ctx context.Context, servers int, first bool) (*ser
 	}
 	// (F) Cache warm start, on the first set-up only.
 	if first && b.cfg.WarmStart > 0 {
+		b.phase("warm start of %d bindings", b.cfg.WarmStart)
 		if sr.warm, err = b.warmPhase(ctx, e); err != nil {
 			return nil, err
 		}
@@ -561,6 +563,7 @@ func (b *bencher) pace(peak float64) float64 {
 
 // routerPhase runs workloads on n fresh router nodes.
 func (b *bencher) routerPhase(ctx context.Context, e *env, n int, tag string, workloads []string, profile string, sr *serverResults, out map[string]*wlResult) error {
+	b.phase("router, %d node(s): %s", n, strings.Join(workloads, ", "))
 	if err := b.resetRouting(ctx, e); err != nil {
 		return err
 	}
@@ -658,6 +661,7 @@ func (b *bencher) routerPhase(ctx context.Context, e *env, n int, tag string, wo
 // relayPhase measures baseline (i): the relay in a child process, fed and
 // consumed exactly like the router (hot-group headers, node n0's queue).
 func (b *bencher) relayPhase(ctx context.Context, e *env, sr *serverResults, profile string) error {
+	b.phase("relay baseline")
 	if err := b.resetRouting(ctx, e); err != nil {
 		return err
 	}

@@ -279,7 +279,7 @@ func streams() []string {
 // NodeEvents are the event kinds a router node publishes itself; the
 // handler publishes HandlerEvents.
 var (
-	NodeEvents    = []string{proposals.EventTimeout, proposals.EventDeadLetter}
+	NodeEvents    = []string{proposals.EventTimeout, proposals.EventDeadLetter, proposals.EventProgress}
 	HandlerEvents = []string{proposals.EventBind, proposals.EventReject, proposals.EventHandlerTakeover, proposals.EventMove,
 		proposals.EventHandoff, proposals.EventExpire, proposals.EventClose, proposals.EventUnbind}
 )
@@ -416,6 +416,8 @@ func (l Layout) operator() User {
 		l.api("STREAM.MSG.GET."+router.QueueStream, "grouprouter groups, where: messages waiting on queues"),
 		l.events(),
 	)
+	u.Subscribe.Allow = append(u.Subscribe.Allow, Grant{proposals.SubjectEventsPrefix + proposals.EventProgress,
+		"grouprouter move --wait: follow the hand-over's progress"})
 	return u
 }
 

@@ -96,7 +96,8 @@ func roleChecks() []check {
 	add("producer", sub, false, "_INBOX.Zx", "_INBOX.node-n1.Zx", proposals.SubjectEventsPrefix+">", "jms.orders")
 
 	// Every role receives on its own inbox only; nobody but the observer
-	// subscribes to events, nobody but LOCAL nodes to requests.
+	// subscribes to events (and the operator to progress events: move
+	// --wait follows them), nobody but LOCAL nodes to requests.
 	for _, u := range everyone {
 		add(u, sub, true, "_INBOX."+u+".Zx.1")
 		for _, other := range everyone {
@@ -107,6 +108,7 @@ func roleChecks() []check {
 		add(u, sub, false, "_INBOX.Zx", "jms.orders", router.QueueSubject("n1", "jms.x"), kvSubj(b, "r.g"))
 		add(u, sub, u == "observer", proposals.SubjectEventsPrefix+proposals.EventBind)
 		add(u, sub, u == "observer" || strings.HasPrefix(u, "node-"), proposals.SubjectEventsPrefix+proposals.EventHandlerTakeover)
+		add(u, sub, u == "observer" || u == "operator", proposals.SubjectEventsPrefix+proposals.EventProgress)
 		add(u, sub, u == "node-n0" || u == "node-n1", proposals.ProposeSubject("n2"), proposals.SubjectAdmin,
 			proposals.SubjectHandlerPrefix+"grouping-handler.ping", "$SRV.PING", "$SRV.INFO."+proposals.ServiceName, "$SRV.STATS."+proposals.ServiceName+".ID")
 		// Nobody deletes or reshapes streams, purges, or creates consumers

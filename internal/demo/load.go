@@ -1,0 +1,214 @@
+package demo
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"grouprouter/router"
+)
+
+const (
+	// address is where the demo's producers publish: address.orders.
+	address = "jms"
+	subject = address + ".orders"
+	// headerSeq numbers a group's messages from 0.
+	headerSeq = "Demo-Seq"
+	// lanesPerProducer: each producer publishes from this many goroutines,
+	// each owning some groups and publishing them one message at a time.
+	lanesPerProducer = 4
+	// publishTimeout bounds one publish attempt; an attempt that fails is
+	// made again with the same message id (the ingress stream stores it
+	// once), until confirmed or stopRetrying after the producers stop.
+	publishTimeout = 5 * time.Second
+	stopRetrying   = 10 * time.Second
+)
+
+// producers publish numbered messages over the groups at a steady rate:
+// one producer per server, each with lanesPerProducer lanes; lane k owns
+// the groups whose index is k modulo the number of lanes, so that each
+// group is published in order by one goroutine that waits for each
+// PubAck before the next message of the group.
+type producers struct {
+	conns []*nats.Conn
+	stop  chan struct{}
+	wg    sync.WaitGroup
+	// errors counts publish attempts that failed (and were made again).
+	mu     sync.Mutex
+	errors int
+}
+
+func startProducers(c *cluster, groups []string, rate float64, l *ledger) (*producers, error) {
+	p := &producers{stop: make(chan struct{})}
+	lanes := min(len(c.urls)*lanesPerProducer, len(groups))
+	interval := time.Duration(float64(time.Second) * float64(lanes) / rate)
+	for s := range c.urls {
+		nc, err := c.connect(s, "demo-producer-"+strconv.Itoa(s+1))
+		if err != nil {
+			p.halt()
+			return nil, err
+		}
+		p.conns = append(p.conns, nc)
+		js, err := jetstream.New(nc)
+		if err != nil {
+			p.halt()
+			return nil, err
+		}
+		for k := s; k < lanes; k += len(c.urls) {
+			var own []int
+			for i := k; i < len(groups); i += lanes {
+				own = append(own, i)
+			}
+			p.wg.Add(1)
+			go func() {
+				defer p.wg.Done()
+				p.lane(js, groups, own, interval, l)
+			}()
+		}
+	}
+	return p, nil
+}
+
+// lane publishes its groups round-robin, one message every interval.
+func (p *producers) lane(js jetstream.JetStream, groups []string, own []int, interval time.Duration, l *ledger) {
+	next := time.Now()
+	seq := make([]int, len(own))
+	t := time.NewTimer(0)
+	defer t.Stop()
+	for k := 0; ; k++ {
+		next = next.Add(interval)
+		if late := time.Since(next); late > time.Second {
+			next = time.Now() // fell behind (a slow publish): no burst to catch up
+		}
+		t.Reset(time.Until(next))
+		select {
+		case <-p.stop:
+			return
+		case <-t.C:
+		}
+		j := k % len(own)
+		g, n := own[j], seq[j]
+		if !p.publish(js, groups[g], n) {
+			l.unconfirmedPublish(g, n)
+			return
+		}
+		l.published(g, n)
+		seq[j]++
+	}
+}
+
+// publish stores message n of group until its PubAck arrives, and reports
+// whether it did; after the producers are stopped it keeps trying for
+// stopRetrying.
+func (p *producers) publish(js jetstream.JetStream, group string, n int) bool {
+	m := nats.NewMsg(subject)
+	m.Header.Set(router.DefaultGroupHeader, group)
+	m.Header.Set(headerSeq, strconv.Itoa(n))
+	m.Header.Set(jetstream.MsgIDHeader, "demo:"+group+":"+strconv.Itoa(n))
+	m.Data = fmt.Appendf(nil, "%s #%d", group, n)
+	var giveUp time.Time
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), publishTimeout)
+		_, err := js.PublishMsg(ctx, m)
+		cancel()
+		if err == nil {
+			return true
+		}
+		p.mu.Lock()
+		p.errors++
+		p.mu.Unlock()
+		select {
+		case <-p.stop:
+			if giveUp.IsZero() {
+				giveUp = time.Now().Add(stopRetrying)
+			}
+			if time.Now().After(giveUp) {
+				return false
+			}
+		default:
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// halt stops the producers, waits for their last publishes and closes
+// their connections.
+func (p *producers) halt() {
+	select {
+	case <-p.stop:
+	default:
+		close(p.stop)
+	}
+	p.wg.Wait()
+	for _, nc := range p.conns {
+		nc.Close()
+	}
+	p.conns = nil
+}
+
+func (p *producers) publishErrors() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.errors
+}
+
+// consumer consumes one node's queue as an application would: the node's
+// durable consumer, pulled with the priority group, each message recorded
+// in the ledger and then acked.
+type consumer struct {
+	nc *nats.Conn
+	cc jetstream.ConsumeContext
+}
+
+func startConsumer(ctx context.Context, c *cluster, n *node, l *ledger) (*consumer, error) {
+	nc, err := c.connect(n.server, "demo-consumer-"+n.id)
+	if err != nil {
+		return nil, err
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		nc.Close()
+		return nil, err
+	}
+	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	var cons jetstream.Consumer
+	for {
+		cons, err = js.Consumer(cctx, router.QueueStream, router.QueueConsumer(n.id))
+		if err == nil || cctx.Err() != nil {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if err != nil {
+		nc.Close()
+		return nil, fmt.Errorf("demo: the queue consumer of %s: %w", n.id, err)
+	}
+	cc, err := cons.Consume(func(m jetstream.Msg) {
+		seq, err := strconv.Atoi(m.Headers().Get(headerSeq))
+		if err != nil {
+			seq = -1
+		}
+		l.processedMsg(m.Headers().Get(router.DefaultGroupHeader), seq, n.id)
+		_ = m.Ack()
+	}, jetstream.PullPriorityGroup(router.PriorityGroup), jetstream.PullExpiry(2*time.Second),
+		jetstream.ConsumeErrHandler(func(jetstream.ConsumeContext, error) {}))
+	if err != nil {
+		nc.Close()
+		return nil, fmt.Errorf("demo: consume the queue of %s: %w", n.id, err)
+	}
+	return &consumer{nc: nc, cc: cc}, nil
+}
+
+// stop stops pulling and closes the connection once the acks are out.
+func (c *consumer) stop() {
+	c.cc.Stop()
+	<-c.cc.Closed()
+	_ = c.nc.FlushTimeout(2 * time.Second) // the last acks; the demo is over either way
+	c.nc.Close()
+}
