@@ -307,6 +307,10 @@ func ValidateAddress(a string) error {
 	return nil
 }
 
+// ValidHeaderName reports whether h can name the group header: printable
+// ASCII without spaces or ':'.
+func ValidHeaderName(h string) bool { return validHeaderName(h) }
+
 func validHeaderName(h string) bool {
 	if h == "" {
 		return false

@@ -107,7 +107,7 @@ func parseConsumeArgs(args []string, env environment) (consumeOptions, error) {
 	if o.count < 0 {
 		return consumeOptions{}, fmt.Errorf("%w: --count must be >= 0, got %d", router.ErrConfig, o.count)
 	}
-	if !validHeaderName(o.groupHeader) {
+	if !router.ValidHeaderName(o.groupHeader) {
 		return consumeOptions{}, fmt.Errorf("%w: group header %q is not a valid header name", router.ErrConfig, o.groupHeader)
 	}
 	var err error
@@ -115,20 +115,6 @@ func parseConsumeArgs(args []string, env environment) (consumeOptions, error) {
 		return consumeOptions{}, err
 	}
 	return o, nil
-}
-
-// validHeaderName accepts what router.Config.Validate accepts for the
-// group header.
-func validHeaderName(h string) bool {
-	if h == "" {
-		return false
-	}
-	for i := 0; i < len(h); i++ {
-		if c := h[i]; c <= ' ' || c >= 0x7f || c == ':' {
-			return false
-		}
-	}
-	return true
 }
 
 // consume is the consume subcommand.
@@ -315,7 +301,8 @@ func (c *queueReader) print(msg jetstream.Msg) error {
 		}
 	}
 	subject := strings.TrimPrefix(msg.Subject(), c.queuePrefix)
-	group, hasGroup := headerValue(hdr, c.opts.groupHeader)
+	group, _ := router.GroupOf(hdr, c.opts.groupHeader) // as the router reads it
+	hasGroup := group != ""
 	seqText := hdr.Get(router.HeaderIngressSeq)
 	seq, seqErr := strconv.ParseUint(seqText, 10, 64)
 	data := msg.Data()
@@ -369,20 +356,6 @@ func quoteField(s string, last bool) string {
 		}
 	}
 	return s
-}
-
-// headerValue returns the first value of header name, matched exactly or,
-// failing that, in any letter case (as the router does).
-func headerValue(h nats.Header, name string) (string, bool) {
-	if v, ok := h[name]; ok && len(v) > 0 {
-		return v[0], true
-	}
-	for k, v := range h {
-		if len(v) > 0 && strings.EqualFold(k, name) {
-			return v[0], true
-		}
-	}
-	return "", false
 }
 
 // unpin releases this client's pin on the queue's priority group, so that

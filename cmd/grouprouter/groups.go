@@ -103,7 +103,7 @@ func parseGroupsArgs(args []string, env environment) (groupsOptions, error) {
 	default:
 		return o, &usageError{cmd: "groups", msg: fmt.Sprintf("unknown --state %q (want bound, moving, released, dead-lettered, unbound, current or all)", o.state)}
 	}
-	if !validHeaderName(o.groupHeader) {
+	if !router.ValidHeaderName(o.groupHeader) {
 		return o, fmt.Errorf("%w: group header %q is not a valid header name", router.ErrConfig, o.groupHeader)
 	}
 	var err error

@@ -78,7 +78,7 @@ func parseWhereArgs(args []string, env environment) (whereOptions, error) {
 		msg := strings.TrimPrefix(err.Error(), kvbinding.ErrInvalidGroupID.Error()+": ")
 		return o, &usageError{cmd: "where", msg: fmt.Sprintf("invalid GROUP %q: %s", clip(o.group), msg)}
 	}
-	if !validHeaderName(o.groupHeader) {
+	if !router.ValidHeaderName(o.groupHeader) {
 		return o, fmt.Errorf("%w: group header %q is not a valid header name", router.ErrConfig, o.groupHeader)
 	}
 	var err error
