@@ -44,6 +44,8 @@ type config struct {
 	ZipfS      float64
 	LatencyFor time.Duration
 	Repeat     int
+	Producers  int
+	Scaling    bool
 	Keep       bool
 	CPUProfile string
 }
@@ -61,6 +63,7 @@ const (
 	defaultZipfS      = 1.1
 	defaultLatencyFor = 3 * time.Second
 	defaultRepeat     = 3
+	defaultProducers  = 4
 	handlerName       = "bench"
 )
 
@@ -92,6 +95,8 @@ func parseFlags(args []string, stdout, stderr io.Writer) (config, error) {
 	fs.Float64Var(&c.ZipfS, "zipf-s", defaultZipfS, "exponent of the zipf workload (> 1)")
 	fs.DurationVar(&c.LatencyFor, "latency-duration", defaultLatencyFor, "length of each paced latency run")
 	fs.IntVar(&c.Repeat, "repeat", defaultRepeat, "runs of each figure a target compares (steady and relay throughput, decision service, KV creates); the median is reported")
+	fs.IntVar(&c.Producers, "producers", defaultProducers, "producer connections publishing the load (spread over the servers)")
+	fs.BoolVar(&c.Scaling, "scaling", true, "with steady: also measure a node that skips every message and the steady state with 3 nodes")
 	fs.BoolVar(&c.Keep, "keep", false, "keep the temporary directory (NATS stores) and print its path")
 	fs.StringVar(&c.CPUProfile, "cpuprofile", "", "write a CPU profile of router node n0's process to `file` (-s1/-s3 inserted when both set-ups run), of the relay's to file-relay and of the warm start's to file-warm")
 	fs.Usage = func() {
@@ -143,6 +148,8 @@ func parseFlags(args []string, stdout, stderr io.Writer) (config, error) {
 		return c, fmt.Errorf("%w: --rate and --warm-start must be >= 0", ErrUsage)
 	case c.ZipfGroups < 2 || c.ZipfS <= 1:
 		return c, fmt.Errorf("%w: --zipf-groups must be >= 2 and --zipf-s > 1", ErrUsage)
+	case c.Producers < 1 || c.Producers > 64:
+		return c, fmt.Errorf("%w: --producers %d: want 1 to 64", ErrUsage, c.Producers)
 	case c.Repeat < 1 || c.Repeat > 9:
 		return c, fmt.Errorf("%w: --repeat %d: want 1 to 9", ErrUsage, c.Repeat)
 	case c.LatencyFor <= 0:
@@ -242,22 +249,22 @@ func (b *bencher) logf(format string, args ...any) {
 
 // env is one NATS set-up and the parent's clients on it.
 type env struct {
-	ns       *natsSet
-	servers  int
-	replicas int
-	mon      *nats.Conn // sink consumers, events, admin
-	js       jetstream.JetStream
-	sink     *sink
-	prodConn *nats.Conn
-	prod     *producer
+	ns        *natsSet
+	servers   int
+	replicas  int
+	mon       *nats.Conn // sink consumers, events, admin
+	js        jetstream.JetStream
+	sink      *sink
+	prodConns []*nats.Conn
+	prod      *producer
 }
 
 func (e *env) close() {
 	if e.sink != nil {
 		e.sink.stop()
 	}
-	if e.prodConn != nil {
-		e.prodConn.Close()
+	for _, nc := range e.prodConns {
+		nc.Close()
 	}
 	if e.mon != nil {
 		e.mon.Close()
@@ -279,10 +286,11 @@ type serverResults struct {
 	wl             map[string]*wlResult // with cfg.Nodes nodes
 	steady3        *wlResult            // steady state with 3 nodes (when cfg.Nodes != 3)
 	relay          *wlResult
-	steadyRate     float64 // publish rate of the steady latency runs
-	raw            figure  // raw JetStream async publish, msgs/s
-	kvPipe, kvConc figure  // raw KV Create, pipelined / 32 goroutines, creates/s
-	kvWatched      figure  // pipelined KV Create into a watched copy of the bindings bucket
+	steadyRate     float64 // publish rate of the steady latency runs: half the relay's peak
+	skip           *skipResult
+	raw            figure // raw JetStream async publish, msgs/s
+	kvPipe, kvConc figure // raw KV Create, pipelined / 32 goroutines, creates/s
+	kvWatched      figure // pipelined KV Create into a watched copy of the bindings bucket
 	kvN, kvConcN   int
 	warm           *warmResult
 }
@@ -318,35 +326,48 @@ func (b *bencher) runServers(ctx context.Context, servers int, first bool) (*ser
 	if e.sink, err = newSink(e.mon); err != nil {
 		return nil, err
 	}
-	if e.prodConn, err = connect(e.ns.urlsFor(0), "bench-producer"); err != nil {
-		return nil, err
+	for i := range b.cfg.Producers {
+		nc, err := connect(e.ns.urlsFor(i), "bench-producer-"+strconv.Itoa(i))
+		if err != nil {
+			return nil, err
+		}
+		e.prodConns = append(e.prodConns, nc)
 	}
-	if e.prod, err = newProducer(e.prodConn, b.cfg.Payload); err != nil {
+	if e.prod, err = newProducer(e.prodConns, b.cfg.Payload); err != nil {
 		return nil, err
 	}
 	sr := &serverResults{servers: servers, nodes: b.cfg.Nodes, wl: map[string]*wlResult{}}
 
-	// (A) The router with cfg.Nodes nodes, every workload.
+	// (A) The relay baseline: its peak sets the rate of the paced runs.
 	profile := b.cfg.CPUProfile
 	if len(b.cfg.Servers) > 1 {
 		profile = profileName(profile, "s"+strconv.Itoa(servers))
 	}
-	if err := b.routerPhase(ctx, e, b.cfg.Nodes, "a", b.cfg.Workloads, profile, sr, sr.wl); err != nil {
-		return nil, err
-	}
-	// (B) The relay baseline on the same servers.
 	if err := b.relayPhase(ctx, e, sr, profileName(profile, "relay")); err != nil {
 		return nil, err
 	}
-	// (C) Steady state with 3 nodes.
-	if b.cfg.Nodes != 3 && slices.Contains(b.cfg.Workloads, wlSteady) {
+	scaling := b.cfg.Scaling && slices.Contains(b.cfg.Workloads, wlSteady)
+	if scaling {
+		// (B) What a node spends on messages it skips: n1 reads the
+		// steady state beside n0 and routes none of it (it runs before
+		// any phase consumes n1's queue).
+		if sr.skip, err = b.skipPhase(ctx, e, profileName(profile, "skip")); err != nil {
+			return nil, err
+		}
+	}
+	// (C) The router with cfg.Nodes nodes, every workload.
+	if err := b.routerPhase(ctx, e, b.cfg.Nodes, "a", b.cfg.Workloads, profile, sr, sr.wl); err != nil {
+		return nil, err
+	}
+	// (D) Steady state with 3 nodes.
+	if scaling && b.cfg.Nodes != 3 {
 		m := map[string]*wlResult{}
 		if err := b.routerPhase(ctx, e, 3, "c", []string{wlSteady}, "", sr, m); err != nil {
 			return nil, err
 		}
 		sr.steady3 = m[wlSteady]
 	}
-	// (D) Raw JetStream async publish, (E) raw KV Create.
+	// (E) Raw JetStream async publish (the write ceiling), (F) raw KV Create.
 	if sr.raw, err = b.rawPublish(ctx, e); err != nil {
 		return nil, err
 	}
@@ -361,7 +382,7 @@ func (b *bencher) runServers(ctx context.Context, servers int, first bool) (*ser
 	if sr.kvConc, err = b.kvCreateConcurrent(ctx, e, sr.kvConcN, 32); err != nil {
 		return nil, err
 	}
-	// (F) Cache warm start, on the first set-up only.
+	// (G) Cache warm start, on the first set-up only.
 	if first && b.cfg.WarmStart > 0 {
 		if sr.warm, err = b.warmPhase(ctx, e); err != nil {
 			return nil, err
@@ -408,10 +429,11 @@ func (b *bencher) resetRouting(ctx context.Context, e *env) error {
 }
 
 // startNodes starts n router nodes (n0 LOCAL, the others REMOTE), node i
-// connected to server i mod servers, and waits until they route, their
-// queues are consumed, the registry shows them with a consumer and the
-// handler holds its lease.
-func (b *bencher) startNodes(ctx context.Context, e *env, n int, profile string) ([]*child, error) {
+// connected to server i mod servers, and waits until they route, the
+// queues of the first consumed nodes are consumed, the registry shows them
+// with a consumer (the others live, without one) and the handler holds its
+// lease. profile names n0's CPU profile; with skipProfile also n1's.
+func (b *bencher) startNodes(ctx context.Context, e *env, n, consumed int, profile, skipProfile string) ([]*child, error) {
 	var kids []*child
 	fail := func(err error) ([]*child, error) {
 		for _, k := range kids {
@@ -430,6 +452,9 @@ func (b *bencher) startNodes(ctx context.Context, e *env, n int, profile string)
 		if i == 0 && profile != "" {
 			args = append(args, "--cpuprofile", profile)
 		}
+		if i == 1 && skipProfile != "" {
+			args = append(args, "--cpuprofile", skipProfile)
+		}
 		k, err := startChild(b.prefix, args, "router "+node, b.stderr)
 		if err != nil {
 			return fail(err)
@@ -444,19 +469,23 @@ func (b *bencher) startNodes(ctx context.Context, e *env, n int, profile string)
 	names := make([]string, n)
 	for i := range names {
 		names[i] = "n" + strconv.Itoa(i)
+		if i >= consumed {
+			continue
+		}
 		if err := e.sink.consume(ctx, names[i]); err != nil {
 			return fail(err)
 		}
 	}
-	if err := waitRegistry(ctx, e.js, names, 20*time.Second); err != nil {
+	if err := waitRegistry(ctx, e.js, names, consumed, 20*time.Second); err != nil {
 		return fail(err)
 	}
 	return kids, nil
 }
 
-// waitRegistry polls the node registry until every node is live with a
-// consumer and the handler lease is held.
-func waitRegistry(ctx context.Context, js jetstream.JetStream, nodes []string, d time.Duration) error {
+// waitRegistry polls the node registry until every node is live, the
+// first consumed of them with a consumer and the others without, and the
+// handler lease is held.
+func waitRegistry(ctx context.Context, js jetstream.JetStream, nodes []string, consumed int, d time.Duration) error {
 	deadline := time.Now().Add(d)
 	var last error
 	for {
@@ -467,7 +496,7 @@ func waitRegistry(ctx context.Context, js jetstream.JetStream, nodes []string, d
 			if err != nil {
 				return err
 			}
-			for _, n := range nodes {
+			for i, n := range nodes {
 				en, err := kv.Get(cctx, "live."+n)
 				if err != nil {
 					return fmt.Errorf("node %s: %w", n, err)
@@ -476,8 +505,8 @@ func waitRegistry(ctx context.Context, js jetstream.JetStream, nodes []string, d
 				if err := json.Unmarshal(en.Value(), &info); err != nil {
 					return err
 				}
-				if !info.HasConsumer {
-					return fmt.Errorf("node %s has no consumer yet", n)
+				if want := i < consumed; info.HasConsumer != want {
+					return fmt.Errorf("node %s: consumer %v, want %v", n, info.HasConsumer, want)
 				}
 			}
 			if _, err := kv.Get(cctx, "lease."+handlerName); err != nil {
@@ -540,6 +569,11 @@ func (b *bencher) medianRun(runs int, run func() (measure, error)) (measure, err
 	return median(runs, run, func(m measure) float64 { return m.Rate })
 }
 
+// medianLatency is median for paced runs, by p99.
+func (b *bencher) medianLatency(runs int, run func() (measure, error)) (measure, error) {
+	return median(runs, run, func(m measure) float64 { return float64(m.Lat.P99) })
+}
+
 // medianFigure is median for figures, cfg.Repeat runs.
 func (b *bencher) medianFigure(run func() (figure, error)) (figure, error) {
 	return median(b.cfg.Repeat, run, func(f figure) float64 { return f.V })
@@ -565,7 +599,7 @@ func (b *bencher) routerPhase(ctx context.Context, e *env, n int, tag string, wo
 		return err
 	}
 	t0 := time.Now()
-	kids, err := b.startNodes(ctx, e, n, profile)
+	kids, err := b.startNodes(ctx, e, n, n, profile, "")
 	if err != nil {
 		return err
 	}
@@ -583,27 +617,24 @@ func (b *bencher) routerPhase(ctx context.Context, e *env, n int, tag string, wo
 					groups: roundRobin(hot, true), newGroups: len(hot)}); err != nil {
 					return err
 				}
-				runs := 1 // only the figure with a target is a median
-				if n == b.cfg.Nodes {
-					runs = b.cfg.Repeat
-				}
-				if res.thr, err = b.medianRun(runs, func() (measure, error) {
+				if res.thr, err = b.medianRun(b.cfg.Repeat, func() (measure, error) {
 					return b.measureRun(ctx, e, kids, runSpec{label: label(wl, "throughput"), n: b.cfg.Messages,
 						groupPrefix: pref, groups: roundRobin(hot, false)})
 				}); err != nil {
 					return err
 				}
-				// The relay runs at the rate of the first steady state (n
-				// nodes) so that their latencies compare; other node counts
-				// at half their own peak.
-				rate := b.pace(res.thr.Rate)
-				if sr.steadyRate == 0 {
-					sr.steadyRate = rate
-				} else if n == b.cfg.Nodes {
-					rate = sr.steadyRate
+				// With cfg.Nodes nodes, the paced runs go at the relay's
+				// rate (half its peak) so that their latencies compare, and
+				// the p99 is a median; other node counts at half their own
+				// peak.
+				rate, runs := b.pace(res.thr.Rate), 1
+				if n == b.cfg.Nodes && sr.steadyRate > 0 {
+					rate, runs = sr.steadyRate, b.cfg.Repeat
 				}
-				if res.lat, err = b.measureRun(ctx, e, kids, runSpec{label: label(wl, "latency"), n: b.latencyCount(rate, b.cfg.Messages),
-					rate: rate, keepLat: true, groupPrefix: pref, groups: roundRobin(hot, false)}); err != nil {
+				if res.lat, err = b.medianLatency(runs, func() (measure, error) {
+					return b.measureRun(ctx, e, kids, runSpec{label: label(wl, "latency"), n: b.latencyCount(rate, b.cfg.Messages),
+						rate: rate, keepLat: true, groupPrefix: pref, groups: roundRobin(hot, false)})
+				}); err != nil {
 					return err
 				}
 			case wlCardinality:
@@ -655,9 +686,80 @@ func (b *bencher) routerPhase(ctx context.Context, e *env, n int, tag string, wo
 	return stopErr
 }
 
+// skipResult is what a node costs per ingress message when it routes all of
+// them (n0) and when it routes none (n1, whose queue has no consumer, so
+// that no group is bound to it).
+type skipResult struct {
+	thr            measure
+	routeCPU       time.Duration // n0's CPU per message
+	skipCPU        time.Duration // n1's CPU per message
+	routed, skiped uint64        // by n0, by n1
+}
+
+// skipPhase measures what a node spends on messages it skips: the steady
+// state with two nodes, n1 without a consumer (every group is bound to
+// n0), throughput runs, per-node CPU.
+func (b *bencher) skipPhase(ctx context.Context, e *env, skipProfile string) (*skipResult, error) {
+	if err := b.resetRouting(ctx, e); err != nil {
+		return nil, err
+	}
+	t0 := time.Now()
+	kids, err := b.startNodes(ctx, e, 2, 1, "", skipProfile)
+	if err != nil {
+		return nil, err
+	}
+	b.logf("2 router nodes (n1 without consumer) ready in %v", time.Since(t0).Round(time.Millisecond))
+	res := &skipResult{}
+	runErr := func() error {
+		hot := hotGroups("s", b.cfg.Groups)
+		pref := "hot-s-"
+		if _, err := b.measureRun(ctx, e, kids, runSpec{label: "skip warm-up", n: len(hot), groupPrefix: pref,
+			groups: roundRobin(hot, true), newGroups: len(hot)}); err != nil {
+			return err
+		}
+		before, err := snapshots(ctx, kids)
+		if err != nil {
+			return err
+		}
+		if res.thr, err = b.measureRun(ctx, e, kids, runSpec{label: "skip throughput", n: b.cfg.Messages,
+			groupPrefix: pref, groups: roundRobin(hot, false)}); err != nil {
+			return err
+		}
+		after, err := snapshots(ctx, kids)
+		if err != nil {
+			return err
+		}
+		n := time.Duration(b.cfg.Messages)
+		res.routeCPU = (after[0].Usage.CPU() - before[0].Usage.CPU()) / n
+		res.skipCPU = (after[1].Usage.CPU() - before[1].Usage.CPU()) / n
+		res.routed, res.skiped = after[0].Routed-before[0].Routed, after[1].Skipped-before[1].Skipped
+		if after[1].Routed != before[1].Routed {
+			return fmt.Errorf("bench: the skipping node routed %d messages", after[1].Routed-before[1].Routed)
+		}
+		b.logf("%-28s n0 %.2f µs/msg (routed %d), n1 %.2f µs/msg (skipped %d)", "skip CPU per message",
+			us(res.routeCPU), res.routed, us(res.skipCPU), res.skiped)
+		return nil
+	}()
+	stopErr := b.stopAll(kids)
+	if runErr != nil {
+		return nil, runErr
+	}
+	return res, stopErr
+}
+
 // relayPhase measures baseline (i): the relay in a child process, fed and
 // consumed exactly like the router (hot-group headers, node n0's queue).
 func (b *bencher) relayPhase(ctx context.Context, e *env, sr *serverResults, profile string) error {
+	if _, err := e.js.Stream(ctx, router.IngressStream); errors.Is(err, jetstream.ErrStreamNotFound) {
+		// The streams and n0's queue consumer come from a LOCAL node.
+		kids, err := b.startNodes(ctx, e, 1, 1, "", "")
+		if err != nil {
+			return err
+		}
+		if err := b.stopAll(kids); err != nil {
+			return err
+		}
+	}
 	if err := b.resetRouting(ctx, e); err != nil {
 		return err
 	}
@@ -697,11 +799,11 @@ func (b *bencher) relayPhase(ctx context.Context, e *env, sr *serverResults, pro
 		}); err != nil {
 			return err
 		}
-		if sr.steadyRate == 0 {
-			sr.steadyRate = b.pace(res.thr.Rate)
-		}
-		if res.lat, err = b.measureRun(ctx, e, kids, runSpec{label: "relay latency", n: b.latencyCount(sr.steadyRate, b.cfg.Messages),
-			rate: sr.steadyRate, keepLat: true, groups: roundRobin(hot, false)}); err != nil {
+		sr.steadyRate = b.pace(res.thr.Rate)
+		if res.lat, err = b.medianLatency(b.cfg.Repeat, func() (measure, error) {
+			return b.measureRun(ctx, e, kids, runSpec{label: "relay latency", n: b.latencyCount(sr.steadyRate, b.cfg.Messages),
+				rate: sr.steadyRate, keepLat: true, groups: roundRobin(hot, false)})
+		}); err != nil {
 			return err
 		}
 		sr.relay = res
