@@ -158,6 +158,16 @@ func (s *sink) handle(m jetstream.Msg) {
 	_ = m.Ack()
 }
 
+// forget stops consuming every queue (their consumers are about to go).
+func (s *sink) forget() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, cc := range s.nodes {
+		cc.Stop()
+	}
+	s.nodes = map[string]jetstream.ConsumeContext{}
+}
+
 func (s *sink) stop() {
 	s.mu.Lock()
 	defer s.mu.Unlock()

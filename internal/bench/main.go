@@ -10,6 +10,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
@@ -98,7 +99,7 @@ func parseFlags(args []string, stdout, stderr io.Writer) (config, error) {
 	fs.IntVar(&c.Producers, "producers", defaultProducers, "producer connections publishing the load (spread over the servers)")
 	fs.BoolVar(&c.Scaling, "scaling", true, "with steady: also measure a node that skips every message and the steady state with 3 nodes")
 	fs.BoolVar(&c.Keep, "keep", false, "keep the temporary directory (NATS stores) and print its path")
-	fs.StringVar(&c.CPUProfile, "cpuprofile", "", "write a CPU profile of router node n0's process to `file` (-s1/-s3 inserted when both set-ups run), of the relay's to file-relay and of the warm start's to file-warm")
+	fs.StringVar(&c.CPUProfile, "cpuprofile", "", "write a CPU profile of router node n0's process to `file` (-s1/-s3 inserted when both set-ups run), of the relay's to file-relay, of the node skipping every message to file-skip, of the warm start's to file-warm, and of this process (servers, producers, consumers) during the relay, the router and the 3-node phases to file-nats-relay, file-nats-router, file-nats-3nodes")
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "usage: grouprouter bench [flags]\n\n"+
 			"Starts its own NATS (in this process) and router nodes (child processes), runs the\n"+
@@ -343,7 +344,10 @@ func (b *bencher) runServers(ctx context.Context, servers int, first bool) (*ser
 	if len(b.cfg.Servers) > 1 {
 		profile = profileName(profile, "s"+strconv.Itoa(servers))
 	}
-	if err := b.relayPhase(ctx, e, sr, profileName(profile, "relay")); err != nil {
+	stop := b.profileSelf(profileName(profile, "nats-relay"))
+	err = b.relayPhase(ctx, e, sr, profileName(profile, "relay"))
+	stop()
+	if err != nil {
 		return nil, err
 	}
 	scaling := b.cfg.Scaling && slices.Contains(b.cfg.Workloads, wlSteady)
@@ -356,13 +360,19 @@ func (b *bencher) runServers(ctx context.Context, servers int, first bool) (*ser
 		}
 	}
 	// (C) The router with cfg.Nodes nodes, every workload.
-	if err := b.routerPhase(ctx, e, b.cfg.Nodes, "a", b.cfg.Workloads, profile, sr, sr.wl); err != nil {
+	stop = b.profileSelf(profileName(profile, "nats-router"))
+	err = b.routerPhase(ctx, e, b.cfg.Nodes, "a", b.cfg.Workloads, profile, sr, sr.wl)
+	stop()
+	if err != nil {
 		return nil, err
 	}
 	// (D) Steady state with 3 nodes.
 	if scaling && b.cfg.Nodes != 3 {
 		m := map[string]*wlResult{}
-		if err := b.routerPhase(ctx, e, 3, "c", []string{wlSteady}, "", sr, m); err != nil {
+		stop = b.profileSelf(profileName(profile, "nats-3nodes"))
+		err = b.routerPhase(ctx, e, 3, "c", []string{wlSteady}, "", sr, m)
+		stop()
+		if err != nil {
 			return nil, err
 		}
 		sr.steady3 = m[wlSteady]
@@ -391,6 +401,29 @@ func (b *bencher) runServers(ctx context.Context, servers int, first bool) (*ser
 	return sr, nil
 }
 
+// profileSelf writes a CPU profile of this process (the NATS servers, the
+// producers and the consumers) to file until the returned function is
+// called; "" does nothing.
+func (b *bencher) profileSelf(file string) (stop func()) {
+	if file == "" {
+		return func() {}
+	}
+	f, err := os.Create(file)
+	if err != nil {
+		b.logf("no profile %s: %v", file, err)
+		return func() {}
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		f.Close()
+		b.logf("no profile %s: %v", file, err)
+		return func() {}
+	}
+	return func() {
+		pprof.StopCPUProfile()
+		f.Close()
+	}
+}
+
 // profileName inserts "-"+suffix before file's extension ("" stays "").
 func profileName(file, suffix string) string {
 	if file == "" {
@@ -401,8 +434,12 @@ func profileName(file, suffix string) string {
 }
 
 // resetRouting clears what an earlier phase left: the ingress (purged; its
-// sequence numbers go on), every binding and the nodes' checkpoints, so
-// that every phase starts from the same state on the same servers.
+// sequence numbers go on), every binding, the nodes' checkpoints and the
+// queue stream (deleted with its consumers, which the sink stops pulling:
+// its duplicate window holds every message id of the last two minutes, a
+// heap that would make each later phase's server slower than the
+// earlier's), so that every phase starts from the same state on the same
+// servers. The next phase's LOCAL node creates the queue stream again.
 func (b *bencher) resetRouting(ctx context.Context, e *env) error {
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
@@ -424,6 +461,10 @@ func (b *bencher) resetRouting(ctx context.Context, e *env) error {
 	}
 	if err := purge("KV_"+kvbinding.DefaultNodesBucket, jetstream.WithPurgeSubject("$KV."+kvbinding.DefaultNodesBucket+".ckpt.>")); err != nil {
 		return fmt.Errorf("bench: purge checkpoints: %w", err)
+	}
+	e.sink.forget()
+	if err := e.js.DeleteStream(ctx, router.QueueStream); err != nil && !errors.Is(err, jetstream.ErrStreamNotFound) {
+		return fmt.Errorf("bench: delete the queue stream: %w", err)
 	}
 	return nil
 }
@@ -750,17 +791,15 @@ func (b *bencher) skipPhase(ctx context.Context, e *env, skipProfile string) (*s
 // relayPhase measures baseline (i): the relay in a child process, fed and
 // consumed exactly like the router (hot-group headers, node n0's queue).
 func (b *bencher) relayPhase(ctx context.Context, e *env, sr *serverResults, profile string) error {
-	if _, err := e.js.Stream(ctx, router.IngressStream); errors.Is(err, jetstream.ErrStreamNotFound) {
-		// The streams and n0's queue consumer come from a LOCAL node.
-		kids, err := b.startNodes(ctx, e, 1, 1, "", "")
-		if err != nil {
-			return err
-		}
-		if err := b.stopAll(kids); err != nil {
-			return err
-		}
-	}
 	if err := b.resetRouting(ctx, e); err != nil {
+		return err
+	}
+	// The streams and n0's queue consumer come from a LOCAL node.
+	kids, err := b.startNodes(ctx, e, 1, 1, "", "")
+	if err != nil {
+		return err
+	}
+	if err := b.stopAll(kids); err != nil {
 		return err
 	}
 	var start uint64 = 1
@@ -780,7 +819,7 @@ func (b *bencher) relayPhase(ctx context.Context, e *env, sr *serverResults, pro
 	if err != nil {
 		return err
 	}
-	kids := []*child{k}
+	kids = []*child{k}
 	runErr := func() error {
 		if _, err := k.next(ctx, "ready", 60*time.Second); err != nil {
 			return err
