@@ -289,9 +289,10 @@ type serverResults struct {
 	relay          *wlResult
 	steadyRate     float64 // publish rate of the steady latency runs: half the relay's peak
 	skip           *skipResult
-	raw            figure // raw JetStream async publish, msgs/s
-	kvPipe, kvConc figure // raw KV Create, pipelined / 32 goroutines, creates/s
-	kvWatched      figure // pipelined KV Create into a watched copy of the bindings bucket
+	raw            figure        // raw JetStream async publish, msgs/s
+	rawCPU         time.Duration // this process's CPU per raw publish (servers and producers)
+	kvPipe, kvConc figure        // raw KV Create, pipelined / 32 goroutines, creates/s
+	kvWatched      figure        // pipelined KV Create into a watched copy of the bindings bucket
 	kvN, kvConcN   int
 	warm           *warmResult
 }
@@ -378,7 +379,7 @@ func (b *bencher) runServers(ctx context.Context, servers int, first bool) (*ser
 		sr.steady3 = m[wlSteady]
 	}
 	// (E) Raw JetStream async publish (the write ceiling), (F) raw KV Create.
-	if sr.raw, err = b.rawPublish(ctx, e); err != nil {
+	if sr.raw, sr.rawCPU, err = b.rawPublish(ctx, e); err != nil {
 		return nil, err
 	}
 	sr.kvN = b.cfg.Creates

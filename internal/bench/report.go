@@ -310,6 +310,7 @@ func (sr *serverResults) rows(cfg config) []Row {
 		}
 		for _, f := range []memFig{
 			{"router CPU per msg (all nodes)", func(m measure) float64 { return us(m.CPUPerMsg()) }, unitUsPerMsg},
+			{"servers+load CPU per msg (bench process)", func(m measure) float64 { return us(m.SelfCPUPerMsg()) }, unitUsPerMsg},
 			{"router heap in use (max node)", func(m measure) float64 { return mib(float64(m.Heap)) }, unitMiB},
 			{"router max RSS (max node)", func(m measure) float64 { return mib(float64(m.RSS)) }, unitMiB},
 		} {
@@ -360,6 +361,7 @@ func (sr *serverResults) rows(cfg config) []Row {
 		rb.add("baseline", 0, "relay max RSS", mib(float64(relay.thr.RSS)), unitMiB).noise(relay.thr.Foreign)
 	}
 	rb.add("baseline", 0, "raw JetStream async publish", sr.raw.V, unitMsgs).noise(sr.raw.Foreign)
+	rb.add("baseline", 0, "raw publish CPU per msg (bench process)", us(sr.rawCPU), unitUsPerMsg).noise(sr.raw.Foreign)
 	rb.add("baseline", 0, "write ceiling (raw publish / 2)", ceiling, unitMsgs).noise(sr.raw.Foreign)
 	rb.add("baseline", 0, fmt.Sprintf("KV create pipelined (%d)", sr.kvN), sr.kvPipe.V, unitCreates).noise(sr.kvPipe.Foreign)
 	rb.add("baseline", 0, fmt.Sprintf("KV create 32 goroutines (%d)", sr.kvConcN), sr.kvConc.V, unitCreates).noise(sr.kvConc.Foreign)
