@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"time"
 
 	"github.com/nats-io/nats.go/micro"
@@ -197,8 +198,12 @@ func (h *Handler) settle(pl planned, p Proposal, b kvbinding.Binding, err error)
 	h.cache.Apply(b)
 	d.Outcome, d.Revision = Accepted, b.Revision
 	h.metrics.written(p.Group, pl.cause, b, time.Now())
-	h.log.Debug("record written", "group", p.Group, "op", p.op(), "by", pl.res.Write.ProposedBy, "state", b.State,
-		"step", b.Step, "node", b.Node, "prev_node", b.PrevNode, "from_seq", b.FromSeq, "through_seq", b.ThroughSeq, "revision", b.Revision)
+	if h.log.Enabled(context.Background(), slog.LevelDebug) {
+		// Guarded: the arguments alone cost a dozen allocations per
+		// decision when debug logging is off.
+		h.log.Debug("record written", "group", p.Group, "op", p.op(), "by", pl.res.Write.ProposedBy, "state", b.State,
+			"step", b.Step, "node", b.Node, "prev_node", b.PrevNode, "from_seq", b.FromSeq, "through_seq", b.ThroughSeq, "revision", b.Revision)
+	}
 	if ev := pl.res.Event; ev != nil {
 		h.publish(*ev)
 	}
