@@ -51,10 +51,11 @@ type config struct {
 	CPUProfile string
 }
 
-// Defaults, sized so that the default run (both server set-ups) ends in
-// under three minutes on a 2-core machine.
+// Defaults: the steady state runs the 100,000 messages; the whole
+// default run (both server set-ups) takes about five minutes on a 2-core
+// machine.
 const (
-	defaultMessages   = 40_000
+	defaultMessages   = 100_000
 	defaultDecisions  = 20_000
 	defaultCreates    = 50_000
 	defaultGroups     = 1_000
@@ -279,6 +280,9 @@ func (e *env) close() {
 type wlResult struct {
 	thr, lat measure
 	svc      figure // decision service alone (cardinality)
+	// svcNoEvents is the decision service while the events stream is
+	// deleted: the events are published, not stored.
+	svcNoEvents figure
 }
 
 // serverResults holds everything measured on one NATS set-up.
@@ -400,6 +404,28 @@ func (b *bencher) runServers(ctx context.Context, servers int, first bool) (*ser
 		}
 	}
 	return sr, nil
+}
+
+// withoutEventStore runs fn with the events stream deleted, then creates
+// it again as it was (empty).
+func (b *bencher) withoutEventStore(ctx context.Context, e *env, fn func() error) error {
+	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	st, err := e.js.Stream(cctx, router.EventsStream)
+	if err != nil {
+		return fmt.Errorf("bench: events stream: %w", err)
+	}
+	cfg := st.CachedInfo().Config
+	if err := e.js.DeleteStream(cctx, router.EventsStream); err != nil {
+		return fmt.Errorf("bench: delete the events stream: %w", err)
+	}
+	runErr := fn()
+	cctx, cancel = context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if _, err := e.js.CreateStream(cctx, cfg); err != nil {
+		return errors.Join(runErr, fmt.Errorf("bench: create the events stream again: %w", err))
+	}
+	return runErr
 }
 
 // profileSelf writes a CPU profile of this process (the NATS servers, the
@@ -697,6 +723,17 @@ func (b *bencher) routerPhase(ctx context.Context, e *env, n int, tag string, wo
 				cnt := b.latencyCount(rate, b.cfg.Decisions)
 				if res.lat, err = b.measureRun(ctx, e, kids, runSpec{label: label(wl, "latency"), n: cnt,
 					rate: rate, keepLat: true, groupPrefix: pref, groups: fresh(pref), newGroups: cnt}); err != nil {
+					return err
+				}
+				// What the events stream costs: the decision service with
+				// the bind events published but not stored.
+				if err := b.withoutEventStore(ctx, e, func() error {
+					res.svcNoEvents, err = b.medianFigure(func() (figure, error) {
+						rep++
+						return b.decisionService(ctx, e, kids, tag+strconv.Itoa(rep), b.cfg.Creates)
+					})
+					return err
+				}); err != nil {
 					return err
 				}
 			case wlZipf:

@@ -333,11 +333,14 @@ func (sr *serverResults) rows(cfg config) []Row {
 		common(wl, n, res)
 		switch wl {
 		case wlSteady:
-			latRows(wl, n, "latency", res.lat, false, relayLat, true)
+			latRows(wl, n, "latency", res.lat, false, relayLat, sr.servers >= 3) // the target is on replicated streams
 		case wlCardinality:
 			rb.add(wl, n, "decisions/s end to end", res.thr.BindRate, unitDecisions).noise(res.thr.Foreign).vs(kvName, kvBest.V).noise(kvBest.Foreign)
 			rb.add(wl, n, "decision service vs watched KV creates", res.svc.V, unitDecisions).noise(res.svc.Foreign).vs("kv-watched", sr.kvWatched.V).noise(sr.kvWatched.Foreign).atLeast(0.9)
 			rb.add(wl, n, "decisions/s, decision service alone", res.svc.V, unitDecisions).noise(res.svc.Foreign).vs(kvName, kvBest.V).noise(kvBest.Foreign)
+			if res.svcNoEvents.V > 0 {
+				rb.add(wl, n, "decision service, bind events not stored, vs watched KV creates", res.svcNoEvents.V, unitDecisions).noise(res.svcNoEvents.Foreign).vs("kv-watched", sr.kvWatched.V).noise(sr.kvWatched.Foreign)
+			}
 			latRows(wl, n, "decision latency", res.lat, true, nil, false)
 		case wlZipf:
 			rb.add(wl, n, "new groups in run", float64(res.thr.NewGroup), unitCount)
