@@ -96,10 +96,11 @@ func (h *Handler) DecideAll(ctx context.Context, req Request) []Decision {
 func (h *Handler) writeAll(ctx context.Context, plans []planned, ps []Proposal) []Decision {
 	out := make([]Decision, len(plans))
 	paused := map[string]error{}
-	var (
-		writes []kvbinding.Write
-		at     []int
-	)
+	// Presized: a Write holds a whole binding, and growing the slice
+	// copied each one again and again (the largest allocation of a
+	// decision, measured with BenchmarkDecisionService).
+	writes := make([]kvbinding.Write, 0, len(plans))
+	at := make([]int, 0, len(plans))
 	for k, pl := range plans {
 		res := pl.res
 		if res.Write == nil {

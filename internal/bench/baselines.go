@@ -203,7 +203,8 @@ func (b *bencher) kvCreatePipelined(ctx context.Context, e *env, n int, watched 
 	if watched {
 		name += ", watched"
 	}
-	b.logf("%-28s %7d in %6.2fs = %8.0f creates/s%s", name, n, el.Seconds(), f.V, f.noise())
+	b.logf("%-28s %7d in %6.2fs = %8.0f creates/s, bench process %.1f µs/create%s", name, n, el.Seconds(), f.V,
+		us((selfUsage().CPU()-w.self)/time.Duration(n)), f.noise())
 	return f, nil
 }
 
@@ -406,6 +407,7 @@ func (b *bencher) decisionService(ctx context.Context, e *env, kids []*child, ta
 		childCPU += after[i].Usage.CPU() - before[i].Usage.CPU()
 	}
 	f := b.figure(w, childCPU, float64(n)/el.Seconds())
-	b.logf("%-28s %7d in %6.2fs = %8.0f decisions/s%s", "decision service", n, el.Seconds(), f.V, f.noise())
+	b.logf("%-28s %7d in %6.2fs = %8.0f decisions/s, node CPU %.1f µs/decision, bench process %.1f µs/decision%s", "decision service", n, el.Seconds(), f.V,
+		us(childCPU/time.Duration(n)), us((selfUsage().CPU()-w.self)/time.Duration(n)), f.noise())
 	return f, nil
 }
