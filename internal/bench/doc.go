@@ -69,8 +69,8 @@
 // time from the first publish to the last event) and a paced latency run:
 // the steady state with --nodes nodes at the relay's rate (half its peak),
 // other runs at half their own peak (--rate overrides). Figures a target
-// compares are the median of --repeat runs: throughput by rate, the paced
-// runs of the relay and of the steady state by p99.
+// compares are the median of --repeat runs: throughput (and raw publish)
+// by rate, the paced runs of the relay and of the steady state by p99.
 // Latency is publish to consume: the producer writes its clock into the
 // body, the consumer (same process, same clock) subtracts. Decision
 // latency is the same for the first message of a new group. Router CPU per
