@@ -57,10 +57,12 @@ type ingressReader struct {
 
 	msgs  chan *nats.Msg
 	sub   *nats.Subscription
-	inbox string
+	inbox string // the subscription's stem: pulls of consumer generation g reply to inbox + g
 
 	consumer  string // the current consumer's name ("" before the first)
 	pullSubj  string // its pull request subject
+	gen       uint64 // generation of the current consumer (one per creation)
+	reply     string // its pulls' reply subject: inbox + gen
 	next      uint64 // next stream sequence to deliver
 	cseq      uint64 // last consumer sequence delivered
 	requested int    // messages requested, neither delivered nor expired
@@ -94,8 +96,12 @@ func (rd *ingressReader) run(ctx context.Context, start uint64, deliver func([]i
 	// Room for everything requested and the status messages beside it: a
 	// full channel drops a delivery (a gap, which recreates the consumer).
 	rd.msgs = make(chan *nats.Msg, readerWindow+readerMaxHand)
-	rd.inbox = rd.nc.NewInbox()
-	sub, err := rd.nc.ChanSubscribe(rd.inbox, rd.msgs)
+	// Each consumer's pulls reply to a subject of their own, so that the
+	// status messages of a replaced consumer's requests (the 409s sent
+	// when it is deleted) are told apart and dropped; its deliveries name
+	// it in their reply subjects.
+	rd.inbox = rd.nc.NewInbox() + "."
+	sub, err := rd.nc.ChanSubscribe(rd.inbox+"*", rd.msgs)
 	if err != nil {
 		return fmt.Errorf("grouping: ingress: subscribe: %w", err)
 	}
@@ -152,7 +158,12 @@ func (rd *ingressReader) run(ctx context.Context, start uint64, deliver func([]i
 func (rd *ingressReader) take(ctx context.Context, m *nats.Msg, batch []ingressMsg) []ingressMsg {
 	consumer, sseq, cseq, ok := deliveryInfo(m.Reply)
 	if !ok {
-		rd.status(ctx, m)
+		// A status message comes on its request's reply subject (a
+		// delivery comes on the message's own subject, and names its
+		// consumer in its reply subject).
+		if m.Subject == rd.reply {
+			rd.status(ctx, m)
+		}
 		return batch
 	}
 	if consumer != rd.consumer {
@@ -201,7 +212,7 @@ func (rd *ingressReader) status(ctx context.Context, m *nats.Msg) {
 // pull tops the requests up to readerWindow.
 func (rd *ingressReader) pull() {
 	for rd.consumer != "" && rd.requested+readerBatch <= readerWindow {
-		if err := rd.nc.PublishRequest(rd.pullSubj, rd.inbox, rd.pullBody); err != nil {
+		if err := rd.nc.PublishRequest(rd.pullSubj, rd.reply, rd.pullBody); err != nil {
 			return // the connection is down: check recreates the consumer once it is back
 		}
 		rd.requested += readerBatch
@@ -247,7 +258,11 @@ func (rd *ingressReader) reset(ctx context.Context, why string) bool {
 		cfg.OptStartSeq = rd.next
 	}
 	for attempt := 1; ; attempt++ {
-		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		// A creation sent while the stream elects a leader may go
+		// unanswered, or create a consumer on a server that is going
+		// away ("consumer is offline"): a short first wait, and a fresh
+		// consumer (placed anew) for every attempt.
+		cctx, cancel := context.WithTimeout(ctx, min(time.Duration(attempt)*time.Second, 5*time.Second))
 		_, err := rd.js.CreateConsumer(cctx, rd.stream, cfg)
 		cancel()
 		if err == nil {
@@ -256,6 +271,9 @@ func (rd *ingressReader) reset(ctx context.Context, why string) bool {
 		if ctx.Err() != nil {
 			return false
 		}
+		rd.consumer = cfg.Name // it may exist: delete it
+		rd.deleteConsumer()
+		cfg.Name = nuid.Next()
 		if attempt&(attempt-1) == 0 {
 			rd.log.Warn("ingress consumer not created, retrying", "err", err, "attempt", attempt)
 		}
@@ -267,6 +285,8 @@ func (rd *ingressReader) reset(ctx context.Context, why string) bool {
 	}
 	rd.consumer = cfg.Name
 	rd.pullSubj = rd.apiPrefix + "CONSUMER.MSG.NEXT." + rd.stream + "." + cfg.Name
+	rd.gen++
+	rd.reply = rd.inbox + strconv.FormatUint(rd.gen, 10)
 	rd.heard = time.Now()
 	if rd.onCreated != nil {
 		rd.onCreated()
