@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"time"
 
 	"github.com/nats-io/nats.go/micro"
@@ -95,11 +96,12 @@ func (h *Handler) DecideAll(ctx context.Context, req Request) []Decision {
 func (h *Handler) writeAll(ctx context.Context, plans []planned, ps []Proposal) []Decision {
 	out := make([]Decision, len(plans))
 	paused := map[string]error{}
-	var (
-		writes  []kvbinding.Write
-		at      []int
-		pausing []string
-	)
+	// Presized: a Write holds a whole binding, and growing the slice
+	// copied each one again and again (the largest allocation of a
+	// decision, measured with BenchmarkDecisionService).
+	writes := make([]kvbinding.Write, 0, len(plans))
+	at := make([]int, 0, len(plans))
+	var pausing []string
 	// The pause keeper must not lift a pause this batch takes before its
 	// records are in the cache.
 	for _, pl := range plans {
@@ -207,8 +209,12 @@ func (h *Handler) settle(pl planned, p Proposal, b kvbinding.Binding, err error)
 	h.cache.Apply(b)
 	d.Outcome, d.Revision = Accepted, b.Revision
 	h.metrics.written(p.Group, pl.cause, b, time.Now())
-	h.log.Debug("record written", "group", p.Group, "op", p.op(), "by", pl.res.Write.ProposedBy, "state", b.State,
-		"step", b.Step, "node", b.Node, "prev_node", b.PrevNode, "from_seq", b.FromSeq, "through_seq", b.ThroughSeq, "revision", b.Revision)
+	if h.log.Enabled(context.Background(), slog.LevelDebug) {
+		// Guarded: the arguments alone cost a dozen allocations per
+		// decision when debug logging is off.
+		h.log.Debug("record written", "group", p.Group, "op", p.op(), "by", pl.res.Write.ProposedBy, "state", b.State,
+			"step", b.Step, "node", b.Node, "prev_node", b.PrevNode, "from_seq", b.FromSeq, "through_seq", b.ThroughSeq, "revision", b.Revision)
+	}
 	if ev := pl.res.Event; ev != nil {
 		h.publish(*ev)
 	}

@@ -2,7 +2,6 @@ package router
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"strconv"
 	"time"
@@ -27,98 +26,75 @@ const controlLineMargin = 160
 // too long to republish (the original subject is in HeaderOrigSubject).
 const DeadLetterTooLong = DeadLetterSubjectPrefix + "subject-too-long"
 
-// held is what the router keeps of an ingress message to republish it.
+// held is an ingress message the router keeps to republish it: the
+// message as received, whose headers are rewritten in place when it is
+// first published (a node skips most messages: they are never touched).
 type held struct {
-	hdr  nats.Header
-	data []byte
-	out  *nats.Msg // prepared when first needed (a node skips most messages)
+	msg      *nats.Msg
+	prepared bool
 }
 
 // read consumes the ingress stream in order from the checkpoint.
 func (r *Router) read(ctx context.Context) error {
-	start := r.eng.resume.start()
-	cfg := jetstream.OrderedConsumerConfig{DeliverPolicy: jetstream.DeliverAllPolicy}
-	if start > 1 {
-		cfg.DeliverPolicy = jetstream.DeliverByStartSequencePolicy
-		cfg.OptStartSeq = start
-	}
-	var cons jetstream.Consumer
-	for attempt := 1; ; attempt++ {
-		var err error
-		cons, err = r.js.OrderedConsumer(ctx, IngressStream, cfg)
-		if err == nil {
-			break
-		}
-		if ctx.Err() != nil {
-			return nil
-		}
-		if attempt&(attempt-1) == 0 {
-			r.log.Warn("ingress consumer not created, retrying", "err", err, "attempt", attempt)
-		}
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-time.After(250 * time.Millisecond):
-		}
-	}
-	// Short heartbeats: when the stream leader's server dies, the ordered
-	// consumer is recreated after two missed heartbeats (the default expiry
-	// of 30 s made that a ~30 s stall, measured).
-	it, err := cons.Messages(jetstream.PullMaxMessages(1024), jetstream.PullExpiry(5*time.Second), jetstream.PullHeartbeat(time.Second))
-	if err != nil {
-		return fmt.Errorf("grouping: ingress: %w", err)
-	}
-	stop := context.AfterFunc(ctx, it.Stop)
-	defer stop()
-	r.readerUp.Store(true)
+	rd := newIngressReader(r.js, IngressStream, r.cfg.JSDomain, r.log)
+	rd.onCreated = func() { r.readerUp.Store(true) }
 	defer r.readerUp.Store(false)
-	for {
-		msg, err := it.Next()
-		if err != nil {
-			if ctx.Err() != nil || errors.Is(err, jetstream.ErrMsgIteratorClosed) {
-				return nil
-			}
-			r.log.Warn("ingress read error", "err", err)
-			continue
-		}
-		r.ingest(msg)
-	}
+	var recs []ingested
+	return rd.run(ctx, r.eng.resume.start(), func(batch []ingressMsg) {
+		recs = r.ingest(batch, recs[:0])
+		clear(recs)
+	})
 }
 
-// ingest takes one ingress message, in stream order.
-func (r *Router) ingest(msg jetstream.Msg) {
-	seq, _, ok := ackSeqs(msg.Reply())
-	if !ok {
-		meta, err := msg.Metadata()
-		if err != nil {
-			r.log.Warn("ingress message without metadata", "err", err)
-			return
-		}
-		seq = meta.Sequence.Stream
-	}
-	hdr := msg.Headers()
-	subject := msg.Subject()
-	group, invalid := r.classify(hdr, subject)
-	m := &msgRec{seq: seq, subject: subject, size: len(msg.Data()) + len(subject) + headerSize(hdr), invalid: invalid}
-	if v := hdr[HeaderGroupSeq]; len(v) > 0 && v[0] == "-1" {
-		m.close = true
-	}
-	m.payload = &held{hdr: hdr, data: msg.Data()}
+// ingested is an ingress message decoded for the engine.
+type ingested struct {
+	group string
+	m     *msgRec
+}
 
+// ingest takes a batch of ingress messages, in stream order: it decodes
+// them outside the router's lock, then hands them to the engine under one
+// lock, waiting (lock released) while the node is full. recs is scratch
+// space, returned for reuse.
+func (r *Router) ingest(batch []ingressMsg, recs []ingested) []ingested {
+	for _, in := range batch {
+		msg := in.msg
+		hdr := msg.Header
+		group, invalid := r.classify(hdr, msg.Subject)
+		m := &msgRec{seq: in.seq, subject: msg.Subject, size: len(msg.Data) + len(msg.Subject) + headerSize(hdr), invalid: invalid}
+		if v := hdr[HeaderGroupSeq]; len(v) > 0 && v[0] == "-1" {
+			m.close = true
+		}
+		m.payload = &held{msg: msg}
+		recs = append(recs, ingested{group: group, m: m})
+	}
+	now := time.Now()
 	r.mu.Lock()
-	r.reading = true
-	for !r.eng.closing && r.eng.full() {
-		r.cond.Wait()
+	for _, in := range recs {
+		if r.eng.full() && !r.eng.closing {
+			// Publish what this batch asked for before waiting: the
+			// room waited for comes from their acks too.
+			if acts := r.eng.take(); len(acts) > 0 {
+				r.mu.Unlock()
+				r.perform(acts)
+				r.mu.Lock()
+			}
+			r.reading = true
+			for !r.eng.closing && r.eng.full() {
+				r.cond.Wait()
+			}
+			r.reading = false
+			now = time.Now()
+		}
+		if r.eng.closing {
+			break
+		}
+		r.eng.ingest(in.group, in.m, now)
 	}
-	r.reading = false
-	if r.eng.closing {
-		r.mu.Unlock()
-		return
-	}
-	r.eng.ingest(group, m, time.Now())
 	acts := r.eng.take()
 	r.mu.Unlock()
 	r.perform(acts)
+	return recs
 }
 
 // classify returns the group a message is routed under and, when it
@@ -226,14 +202,35 @@ func prepare(seq uint64, hdr nats.Header, data []byte) *nats.Msg {
 	return out
 }
 
-// outMsg returns m's message to republish, preparing it on first use.
+// outMsg returns m's message to republish, preparing it on first use: the
+// received message itself, its headers rewritten as prepare does.
 func outMsg(m *msgRec) *nats.Msg {
 	h := m.payload.(*held)
-	if h.out == nil {
-		h.out = prepare(m.seq, h.hdr, h.data)
-		h.hdr, h.data = nil, nil
+	if !h.prepared {
+		prepareInPlace(m.seq, h.msg)
+		h.prepared = true
 	}
-	return h.out
+	return h.msg
+}
+
+// prepareInPlace turns msg, received from the ingress at seq, into the
+// message prepare builds: the producer's JetStream control headers renamed,
+// the dedup id and the ingress sequence added, the reply cleared.
+func prepareInPlace(seq uint64, msg *nats.Msg) {
+	if msg.Header == nil {
+		msg.Header = make(nats.Header, 3)
+	}
+	for k, v := range msg.Header {
+		if len(k) > 5 && equalFold(k[:5], "Nats-") {
+			delete(msg.Header, k)
+			msg.Header[HeaderOrigPrefix+k] = v
+		}
+	}
+	id := IngressStream + ":" + strconv.FormatUint(seq, 10)
+	vals := []string{id, id[len(IngressStream)+1:]}
+	msg.Header[jetstream.MsgIDHeader] = vals[0:1:1]
+	msg.Header[HeaderIngressSeq] = vals[1:2:2]
+	msg.Reply, msg.Sub = "", nil
 }
 
 // publish carries out an actPublish: onto a node's queue, or onto the
@@ -244,18 +241,60 @@ func (r *Router) publish(a action) {
 		r.toDeadLetter(out, a.m.subject, a.m.seq, a.reason)
 	} else {
 		out.Subject = QueueSubject(a.node, a.m.subject)
-		out.Header[jetstream.ExpectedStreamHeader] = []string{QueueStream}
+		out.Header[jetstream.ExpectedStreamHeader] = r.expectQueue
 	}
-	ln, m, dlq, reason := a.ln, a.m, a.dlq, a.reason
+	o := outcome{ln: a.ln, m: a.m, dlq: a.dlq, reason: a.reason}
 	done := func(_ jspub.Ack, err error) {
-		if err == nil && !dlq {
-			r.routed.Add(1)
-		}
-		r.do(func(e *engine, now time.Time) { e.acked(ln, m, dlq, reason, err, now) })
+		o.err = err
+		r.ackMu.Lock()
+		r.acks = append(r.acks, o)
+		r.ackMu.Unlock()
 	}
 	if err := r.pub.Publish(out, done); err != nil {
-		done(jspub.Ack{}, err)
+		o.err = err
+		r.do(func(e *engine, now time.Time) { r.apply(e, o, now) })
 	}
+}
+
+// outcome is the outcome of a publish the engine asked for.
+type outcome struct {
+	ln     *lane
+	m      *msgRec
+	dlq    bool
+	reason string
+	err    error
+}
+
+// ackBatch hands the engine the outcomes collected since the last batch,
+// under one lock (the publisher calls it after a run of callbacks).
+func (r *Router) ackBatch() {
+	r.ackMu.Lock()
+	batch := r.acks
+	r.acks = r.spareAcks[:0]
+	r.spareAcks = nil
+	r.ackMu.Unlock()
+	if len(batch) == 0 {
+		return
+	}
+	r.do(func(e *engine, now time.Time) {
+		for _, o := range batch {
+			r.apply(e, o, now)
+		}
+	})
+	clear(batch)
+	r.ackMu.Lock()
+	if r.spareAcks == nil {
+		r.spareAcks = batch[:0]
+	}
+	r.ackMu.Unlock()
+}
+
+// apply hands the engine one publish outcome.
+func (r *Router) apply(e *engine, o outcome, now time.Time) {
+	if o.err == nil && !o.dlq {
+		r.routed.Add(1)
+	}
+	e.acked(o.ln, o.m, o.dlq, o.reason, o.err, now)
 }
 
 // toDeadLetter addresses out, the prepared copy of the ingress message at

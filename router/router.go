@@ -77,6 +77,14 @@ type Router struct {
 
 	hasConsumer atomic.Bool
 	routed      atomic.Uint64
+	// Publish outcomes waiting to be handed to the engine (ackBatch).
+	ackMu     sync.Mutex
+	acks      []outcome
+	spareAcks []outcome
+
+	// expectQueue is the Nats-Expected-Stream value of every queue
+	// publish, shared by them (nats.go only reads a header).
+	expectQueue []string
 
 	// For metrics and readiness (metrics.go, status.go).
 	metrics     *nodeMetrics
@@ -119,6 +127,8 @@ func New(nc *nats.Conn, cfg Config) (*Router, error) {
 		timerWake: make(chan struct{}, 1),
 		duties:    newDutyQueue(),
 		metrics:   newNodeMetrics(cfg.Type),
+
+		expectQueue: []string{QueueStream},
 	}
 	r.cond = sync.NewCond(&r.mu)
 	if cfg.Metrics != nil {
@@ -371,20 +381,41 @@ func (r *Router) drain() {
 	r.log.Info("node stopped", "position", ckpt.Next, "routed", r.routed.Load())
 }
 
-// changeLoop feeds the engine the groups whose record changed.
+// changeLoop feeds the engine the groups whose record changed, whatever
+// has arrived under one lock (a burst of new bindings costs one lock, not
+// one per binding).
 func (r *Router) changeLoop(ctx context.Context) {
+	var batch []string
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case g := <-r.changes:
-			if r.eng == nil {
-				continue
-			}
-			r.do(func(e *engine, now time.Time) { e.changed(g, now) })
+			batch = append(batch[:0], g)
 		}
+	more:
+		for len(batch) < maxChangeBatch {
+			select {
+			case g := <-r.changes:
+				batch = append(batch, g)
+			default:
+				break more
+			}
+		}
+		if r.eng == nil {
+			continue
+		}
+		r.do(func(e *engine, now time.Time) {
+			for _, g := range batch {
+				e.changed(g, now)
+			}
+		})
+		clear(batch)
 	}
 }
+
+// maxChangeBatch bounds the record changes handed to the engine at once.
+const maxChangeBatch = 256
 
 // resumeDuties picks up, after a start, the changes in progress that
 // concern this node (hand-overs it owes, takeovers handed to it).

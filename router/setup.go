@@ -109,7 +109,7 @@ func (r *Router) setup(ctx context.Context) (queueCons jetstream.Consumer, relea
 		maxInFlight: r.cfg.MaxInFlight, maxAttempts: r.cfg.MaxAttempts, timeout: r.cfg.Timeout,
 		localFirst: r.cfg.LocalFirst, groupTimeout: r.cfg.GroupTimeout,
 	}, r.cache, rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64())))
-	if r.pub, err = jspub.New(r.nc, 5*time.Second); err != nil {
+	if r.pub, err = jspub.New(r.nc, 5*time.Second, jspub.WithBatchEnd(r.ackBatch)); err != nil {
 		return nil, nil, &SetupError{Step: "queue publisher", Err: err}
 	}
 	undo = append(undo, r.pub.Close)

@@ -20,13 +20,13 @@ import (
 // rawPublish is baseline (ii): the producer alone, PublishMsgAsync of the
 // same messages into one stream of the same replication, timed from the
 // first publish to the last PubAck.
-func (b *bencher) rawPublish(ctx context.Context, e *env) (figure, error) {
+func (b *bencher) rawPublish(ctx context.Context, e *env) (figure, time.Duration, error) {
 	const stream, subject = "BENCH_RAW", "bench.raw.x"
 	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	if _, err := e.js.CreateStream(cctx, jetstream.StreamConfig{Name: stream, Subjects: []string{"bench.raw.>"},
 		Storage: jetstream.FileStorage, Replicas: e.replicas}); err != nil {
-		return figure{}, fmt.Errorf("bench: raw stream: %w", err)
+		return figure{}, 0, fmt.Errorf("bench: raw stream: %w", err)
 	}
 	defer func() {
 		dctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -38,12 +38,13 @@ func (b *bencher) rawPublish(ctx context.Context, e *env) (figure, error) {
 	w := startCPUWatch()
 	start, err := e.prod.publish(ctx, subject, b.runID, b.cfg.Messages, 0, roundRobin(hot, false))
 	if err != nil {
-		return figure{}, err
+		return figure{}, 0, err
 	}
 	el := time.Since(start)
+	cpu := (selfUsage().CPU() - w.self) / time.Duration(b.cfg.Messages)
 	f := b.figure(w, 0, float64(b.cfg.Messages)/el.Seconds())
-	b.logf("%-28s %7d msgs in %6.2fs = %8.0f msgs/s%s", "raw JetStream publish", b.cfg.Messages, el.Seconds(), f.V, f.noise())
-	return f, nil
+	b.logf("%-28s %7d msgs in %6.2fs = %8.0f msgs/s, %.1f µs CPU/msg%s", "raw JetStream publish", b.cfg.Messages, el.Seconds(), f.V, us(cpu), f.noise())
+	return f, cpu, nil
 }
 
 // figure is a measured value and the share of the machine other
@@ -202,7 +203,8 @@ func (b *bencher) kvCreatePipelined(ctx context.Context, e *env, n int, watched 
 	if watched {
 		name += ", watched"
 	}
-	b.logf("%-28s %7d in %6.2fs = %8.0f creates/s%s", name, n, el.Seconds(), f.V, f.noise())
+	b.logf("%-28s %7d in %6.2fs = %8.0f creates/s, bench process %.1f µs/create%s", name, n, el.Seconds(), f.V,
+		us((selfUsage().CPU()-w.self)/time.Duration(n)), f.noise())
 	return f, nil
 }
 
@@ -405,6 +407,7 @@ func (b *bencher) decisionService(ctx context.Context, e *env, kids []*child, ta
 		childCPU += after[i].Usage.CPU() - before[i].Usage.CPU()
 	}
 	f := b.figure(w, childCPU, float64(n)/el.Seconds())
-	b.logf("%-28s %7d in %6.2fs = %8.0f decisions/s%s", "decision service", n, el.Seconds(), f.V, f.noise())
+	b.logf("%-28s %7d in %6.2fs = %8.0f decisions/s, node CPU %.1f µs/decision, bench process %.1f µs/decision%s", "decision service", n, el.Seconds(), f.V,
+		us(childCPU/time.Duration(n)), us((selfUsage().CPU()-w.self)/time.Duration(n)), f.noise())
 	return f, nil
 }

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"grouprouter/internal/natstest"
@@ -134,11 +135,11 @@ func BenchmarkSteadyState(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer sk.stop()
-	prod, err := newProducer(prodConn, defaultPayload)
+	prod, err := newProducer([]*nats.Conn{prodConn}, defaultPayload)
 	if err != nil {
 		b.Fatal(err)
 	}
-	e := &env{mon: mon, sink: sk, prodConn: prodConn, prod: prod}
+	e := &env{mon: mon, sink: sk, prodConns: []*nats.Conn{prodConn}, prod: prod}
 	if e.js, err = jetstream.New(mon); err != nil {
 		b.Fatal(err)
 	}
@@ -160,7 +161,7 @@ func BenchmarkSteadyState(b *testing.B) {
 	if err := sk.consume(ctx, "n0"); err != nil {
 		b.Fatal(err)
 	}
-	if err := waitRegistry(ctx, e.js, []string{"n0"}, 20*time.Second); err != nil {
+	if err := waitRegistry(ctx, e.js, []string{"n0"}, 1, 20*time.Second); err != nil {
 		b.Fatal(err)
 	}
 	hot := hotGroups("a", defaultGroups)
@@ -221,7 +222,7 @@ func TestRelayAndRouterInProcess(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer sk.stop()
-	prod, err := newProducer(srv.Connect(), 64)
+	prod, err := newProducer([]*nats.Conn{srv.Connect()}, 64)
 	if err != nil {
 		t.Fatal(err)
 	}

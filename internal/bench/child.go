@@ -13,7 +13,6 @@ import (
 	"os/signal"
 	"runtime"
 	"runtime/pprof"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -255,102 +254,6 @@ func routerReport(r *router.Router) report {
 		rep.Bindings = c.Len()
 	}
 	return rep
-}
-
-// relay is the baseline of the steady-state workload, the limit of this design: it
-// reads the ingress stream in order with an ordered consumer (as a router
-// node does) and republishes every message, asynchronously pipelined, onto
-// node's queue subject with Nats-Msg-Id from the ingress sequence — the
-// router's work minus grouping, decisions and per-group ordering.
-type relay struct {
-	node     string
-	startSeq uint64
-	log      *slog.Logger
-
-	relayed atomic.Uint64 // messages published (acked or not)
-	next    atomic.Uint64 // next ingress sequence to read
-	errs    atomic.Uint64 // failed publishes (each retried)
-}
-
-// run relays until ctx ends, calling ready once its consumer exists, and
-// then waits (bounded) for the publishes in flight.
-func (rl *relay) run(ctx context.Context, nc *nats.Conn, ready func()) error {
-	var js jetstream.JetStream
-	var err error
-	js, err = jetstream.New(nc,
-		jetstream.WithPublishAsyncMaxPending(router.DefaultMaxInFlight),
-		jetstream.WithPublishAsyncErrHandler(func(_ jetstream.JetStream, m *nats.Msg, err error) {
-			// Retry with the same Nats-Msg-Id (the queue stream dedups).
-			if n := rl.errs.Add(1); n&(n-1) == 0 {
-				rl.log.Warn("relay publish failed, retrying", "err", err, "failures", n)
-			}
-			go func() {
-				select {
-				case <-ctx.Done():
-				case <-time.After(100 * time.Millisecond):
-					_, _ = js.PublishMsgAsync(m)
-				}
-			}()
-		}))
-	if err != nil {
-		return err
-	}
-	cfg := jetstream.OrderedConsumerConfig{DeliverPolicy: jetstream.DeliverAllPolicy}
-	if rl.startSeq > 1 {
-		cfg.DeliverPolicy = jetstream.DeliverByStartSequencePolicy
-		cfg.OptStartSeq = rl.startSeq
-	}
-	cons, err := js.OrderedConsumer(ctx, router.IngressStream, cfg)
-	if err != nil {
-		return fmt.Errorf("relay: ingress consumer: %w", err)
-	}
-	it, err := cons.Messages(jetstream.PullMaxMessages(1024))
-	if err != nil {
-		return fmt.Errorf("relay: ingress: %w", err)
-	}
-	stop := context.AfterFunc(ctx, it.Stop)
-	defer stop()
-	rl.next.Store(max(rl.startSeq, 1))
-	ready()
-	prefix := router.QueueSubjectPrefix + rl.node + "."
-	for {
-		msg, err := it.Next()
-		if err != nil {
-			if ctx.Err() != nil || errors.Is(err, jetstream.ErrMsgIteratorClosed) {
-				break
-			}
-			continue
-		}
-		meta, err := msg.Metadata()
-		if err != nil {
-			continue
-		}
-		seq := meta.Sequence.Stream
-		h := msg.Headers()
-		hdr := make(nats.Header, len(h)+1)
-		for k, v := range h {
-			hdr[k] = v
-		}
-		hdr[jetstream.MsgIDHeader] = []string{router.IngressStream + ":" + strconv.FormatUint(seq, 10)}
-		out := &nats.Msg{Subject: prefix + msg.Subject(), Header: hdr, Data: msg.Data()}
-		for ctx.Err() == nil {
-			if _, err := js.PublishMsgAsync(out); err == nil {
-				break
-			}
-			// Stalled (too many pending) or disconnected: wait, try again.
-			select {
-			case <-ctx.Done():
-			case <-time.After(10 * time.Millisecond):
-			}
-		}
-		rl.relayed.Add(1)
-		rl.next.Store(seq + 1)
-	}
-	select {
-	case <-js.PublishAsyncComplete():
-	case <-time.After(5 * time.Second):
-	}
-	return nil
 }
 
 // warmStart measures how long a fresh binding cache takes to load the

@@ -5,9 +5,10 @@
 //
 // Main starts its own NATS in the calling process — one JetStream server
 // and/or a 3-server JetStream cluster on loopback, random ports, stores in
-// a temporary directory — together with the load generator (one producer
-// connection, PublishMsgAsync with a Group-Id header into jms.bench) and
-// the consumers (one per node: node N's durable queue consumer pulled with
+// a temporary directory — together with the load generator (--producers
+// connections, 4 by default, spread over the servers, each PublishMsgAsync
+// with a Group-Id header into jms.bench, up to 4,000 PubAcks outstanding)
+// and the consumers (one per node: node N's durable queue consumer pulled with
 // the priority group, every message acked).
 //
 // Router nodes run in child processes, one process per node (as they are
@@ -29,16 +30,26 @@
 // before each, the ingress is purged and the bindings and checkpoints are
 // cleared, so each starts from the same state:
 //
+//   - baseline (i), the relay, first: a durable pull consumer on the
+//     ingress (AckAll) whose messages are republished, asynchronously
+//     pipelined (at most 1,000 awaiting their PubAck), onto
+//     grouping.queue.n0.<subject> with Nats-Msg-Id from the ingress
+//     sequence, the ingress acked every 64 confirmed messages and when
+//     caught up — no grouping (see relay); its peak sets the rate of the
+//     paced runs: half of it;
+//   - with steady (unless --scaling=false), what a node spends on the
+//     messages it skips: n0 and n1 read the steady state, n1 without a
+//     consumer so that every group is bound to n0; the CPU time of each
+//     per ingress message;
 //   - the router with --nodes nodes: steady state (--groups hot groups
 //     bound by a warm-up run, then --messages round-robin over them), high
 //     cardinality (--decisions messages, each a new group) and Zipf
 //     (--messages over --zipf-groups groups, exponent --zipf-s);
-//   - baseline (i), the relay: an ordered consumer on the ingress that
-//     republishes every message, pipelined, onto grouping.queue.n0.<subject>
-//     with Nats-Msg-Id from the ingress sequence — no grouping;
-//   - the steady state again with 3 nodes;
-//   - baseline (ii), raw JetStream async publish of the same messages into
-//     one stream of the same replication (publisher only);
+//   - the steady state again with 3 nodes (unless --scaling=false);
+//   - baseline (ii), raw JetStream async publish of the same messages by
+//     the same producers into one stream of the same replication; half of
+//     it is the write ceiling of routing (every routed message is written
+//     twice, into the ingress and onto a queue), printed as a ratio;
 //   - baseline (iii), raw KV Create of binding-sized values at the same
 //     replication, pipelined (PublishMsgAsync to $KV.<bucket>.<key> with
 //     Nats-Expected-Last-Subject-Sequence: 0) and with 32 goroutines of
@@ -55,9 +66,11 @@
 // Every workload has a throughput run (published as fast as the producer's
 // async window allows; messages/s from the first publish to the last
 // message consumed; decisions/s = bind events on grouping.events.bind /
-// time from the first publish to the last event) and a paced latency run
-// at half the measured peak (--rate overrides; the relay and the 3-node
-// steady state run at the steady state's rate so that they compare).
+// time from the first publish to the last event) and a paced latency run:
+// the steady state with --nodes nodes at the relay's rate (half its peak),
+// other runs at half their own peak (--rate overrides). Figures a target
+// compares are the median of --repeat runs: throughput (and raw publish)
+// by rate, the paced runs of the relay and of the steady state by p99.
 // Latency is publish to consume: the producer writes its clock into the
 // body, the consumer (same process, same clock) subtracts. Decision
 // latency is the same for the first message of a new group. Router CPU per

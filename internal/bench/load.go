@@ -158,6 +158,16 @@ func (s *sink) handle(m jetstream.Msg) {
 	_ = m.Ack()
 }
 
+// forget stops consuming every queue (their consumers are about to go).
+func (s *sink) forget() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, cc := range s.nodes {
+		cc.Stop()
+	}
+	s.nodes = map[string]jetstream.ConsumeContext{}
+}
+
 func (s *sink) stop() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -172,36 +182,65 @@ func (s *sink) stop() {
 // message of its group.
 type groupFunc func(i int) (group string, first bool)
 
-// producer publishes the load into the ingress: PublishMsgAsync with the
-// Group-Id header, on its own connection.
+// producer publishes the load into the ingress as several independent
+// producers would: one connection each (spread over the servers), each
+// PublishMsgAsync with the Group-Id header and up to 4,000 PubAcks
+// outstanding; message i goes out on connection i mod len.
 type producer struct {
-	js      jetstream.JetStream
+	js      []jetstream.JetStream
 	payload int
 	errs    atomic.Int64
 }
 
-func newProducer(nc *nats.Conn, payload int) (*producer, error) {
+func newProducer(conns []*nats.Conn, payload int) (*producer, error) {
 	p := &producer{payload: max(payload, minBody)}
-	js, err := jetstream.New(nc, jetstream.WithPublishAsyncErrHandler(func(jetstream.JetStream, *nats.Msg, error) {
-		p.errs.Add(1)
-	}))
-	if err != nil {
-		return nil, err
+	for _, nc := range conns {
+		js, err := jetstream.New(nc, jetstream.WithPublishAsyncErrHandler(func(jetstream.JetStream, *nats.Msg, error) {
+			p.errs.Add(1)
+		}))
+		if err != nil {
+			return nil, err
+		}
+		p.js = append(p.js, js)
 	}
-	p.js = js
 	return p, nil
 }
 
 // publish sends n messages of run id on subject, at rate messages/s (0: as
-// fast as the async window allows), and returns when the first was sent
-// and once every PubAck is in (or after a minute).
+// fast as the async windows allow), and returns when it started and once
+// every PubAck is in (or after a minute).
 func (p *producer) publish(ctx context.Context, subject string, id uint32, n int, rate float64, group groupFunc) (time.Time, error) {
-	start := time.Now()
 	var interval time.Duration
 	if rate > 0 {
 		interval = time.Duration(float64(time.Second) / rate)
 	}
-	for i := 0; i < n; i++ {
+	start := time.Now()
+	errs := make(chan error, len(p.js))
+	var wg sync.WaitGroup
+	for k, js := range p.js {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs <- p.send(ctx, js, subject, id, k, len(p.js), n, start, interval, group)
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			return start, err
+		}
+	}
+	if e := p.errs.Swap(0); e > 0 {
+		return start, fmt.Errorf("bench: %d publishes failed", e)
+	}
+	return start, nil
+}
+
+// send publishes messages k, k+step, ... of n on js, message i not before
+// start + i*interval, and waits for their PubAcks.
+func (p *producer) send(ctx context.Context, js jetstream.JetStream, subject string, id uint32, k, step, n int, start time.Time, interval time.Duration, group groupFunc) error {
+	for i := k; i < n; i += step {
 		if interval > 0 {
 			// Pace in steps of at least a millisecond.
 			if ahead := time.Until(start.Add(time.Duration(i) * interval)); ahead > time.Millisecond {
@@ -217,30 +256,24 @@ func (p *producer) publish(ctx context.Context, subject string, id uint32, n int
 		msg := &nats.Msg{Subject: subject, Header: nats.Header{router.DefaultGroupHeader: []string{g}}, Data: body}
 		for {
 			binary.LittleEndian.PutUint64(body[offTime:], uint64(time.Now().UnixNano()))
-			_, err := p.js.PublishMsgAsync(msg)
+			_, err := js.PublishMsgAsync(msg)
 			if err == nil {
 				break
 			}
 			if ctx.Err() != nil {
-				return start, ctx.Err()
+				return ctx.Err()
 			}
 			// Stalled: too many PubAcks outstanding. Try again.
 		}
-		if i == 0 {
-			start = time.Now()
-		}
 	}
 	select {
-	case <-p.js.PublishAsyncComplete():
+	case <-js.PublishAsyncComplete():
+		return nil
 	case <-time.After(time.Minute):
-		return start, fmt.Errorf("bench: %d publishes still unacknowledged after a minute", p.js.PublishAsyncPending())
+		return fmt.Errorf("bench: %d publishes still unacknowledged after a minute", js.PublishAsyncPending())
 	case <-ctx.Done():
-		return start, ctx.Err()
+		return ctx.Err()
 	}
-	if e := p.errs.Swap(0); e > 0 {
-		return start, fmt.Errorf("bench: %d publishes failed", e)
-	}
-	return start, nil
 }
 
 // waitRun waits until r saw everything it wants, failing when nothing new

@@ -10,6 +10,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
@@ -44,14 +45,17 @@ type config struct {
 	ZipfS      float64
 	LatencyFor time.Duration
 	Repeat     int
+	Producers  int
+	Scaling    bool
 	Keep       bool
 	CPUProfile string
 }
 
-// Defaults, sized so that the default run (both server set-ups) ends in
-// under three minutes on a 2-core machine.
+// Defaults: the steady state runs the issue's 100,000 messages; the whole
+// default run (both server set-ups) takes about five minutes on a 2-core
+// machine.
 const (
-	defaultMessages   = 40_000
+	defaultMessages   = 100_000
 	defaultDecisions  = 20_000
 	defaultCreates    = 50_000
 	defaultGroups     = 1_000
@@ -61,6 +65,7 @@ const (
 	defaultZipfS      = 1.1
 	defaultLatencyFor = 3 * time.Second
 	defaultRepeat     = 3
+	defaultProducers  = 4
 	handlerName       = "bench"
 )
 
@@ -91,9 +96,11 @@ func parseFlags(args []string, stdout, stderr io.Writer) (config, error) {
 	fs.IntVar(&c.ZipfGroups, "zipf-groups", defaultZipfGroups, "distinct groups of the zipf workload")
 	fs.Float64Var(&c.ZipfS, "zipf-s", defaultZipfS, "exponent of the zipf workload (> 1)")
 	fs.DurationVar(&c.LatencyFor, "latency-duration", defaultLatencyFor, "length of each paced latency run")
-	fs.IntVar(&c.Repeat, "repeat", defaultRepeat, "runs of each figure a target compares (steady and relay throughput, decision service, KV creates); the median is reported")
+	fs.IntVar(&c.Repeat, "repeat", defaultRepeat, "runs of each figure a target compares (steady and relay throughput, their paced p99, raw publish, decision service, KV creates); the median is reported")
+	fs.IntVar(&c.Producers, "producers", defaultProducers, "producer connections publishing the load (spread over the servers)")
+	fs.BoolVar(&c.Scaling, "scaling", true, "with steady: also measure a node that skips every message and the steady state with 3 nodes")
 	fs.BoolVar(&c.Keep, "keep", false, "keep the temporary directory (NATS stores) and print its path")
-	fs.StringVar(&c.CPUProfile, "cpuprofile", "", "write a CPU profile of router node n0's process to `file` (-s1/-s3 inserted when both set-ups run), of the relay's to file-relay and of the warm start's to file-warm")
+	fs.StringVar(&c.CPUProfile, "cpuprofile", "", "write a CPU profile of router node n0's process to `file` (-s1/-s3 inserted when both set-ups run), of the relay's to file-relay, of the node skipping every message to file-skip, of the warm start's to file-warm, and of this process (servers, producers, consumers) during the relay, the router and the 3-node phases to file-nats-relay, file-nats-router, file-nats-3nodes")
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "usage: grouprouter bench [flags]\n\n"+
 			"Starts its own NATS (in this process) and router nodes (child processes), runs the\n"+
@@ -143,6 +150,8 @@ func parseFlags(args []string, stdout, stderr io.Writer) (config, error) {
 		return c, fmt.Errorf("%w: --rate and --warm-start must be >= 0", ErrUsage)
 	case c.ZipfGroups < 2 || c.ZipfS <= 1:
 		return c, fmt.Errorf("%w: --zipf-groups must be >= 2 and --zipf-s > 1", ErrUsage)
+	case c.Producers < 1 || c.Producers > 64:
+		return c, fmt.Errorf("%w: --producers %d: want 1 to 64", ErrUsage, c.Producers)
 	case c.Repeat < 1 || c.Repeat > 9:
 		return c, fmt.Errorf("%w: --repeat %d: want 1 to 9", ErrUsage, c.Repeat)
 	case c.LatencyFor <= 0:
@@ -242,22 +251,22 @@ func (b *bencher) logf(format string, args ...any) {
 
 // env is one NATS set-up and the parent's clients on it.
 type env struct {
-	ns       *natsSet
-	servers  int
-	replicas int
-	mon      *nats.Conn // sink consumers, events, admin
-	js       jetstream.JetStream
-	sink     *sink
-	prodConn *nats.Conn
-	prod     *producer
+	ns        *natsSet
+	servers   int
+	replicas  int
+	mon       *nats.Conn // sink consumers, events, admin
+	js        jetstream.JetStream
+	sink      *sink
+	prodConns []*nats.Conn
+	prod      *producer
 }
 
 func (e *env) close() {
 	if e.sink != nil {
 		e.sink.stop()
 	}
-	if e.prodConn != nil {
-		e.prodConn.Close()
+	for _, nc := range e.prodConns {
+		nc.Close()
 	}
 	if e.mon != nil {
 		e.mon.Close()
@@ -271,6 +280,9 @@ func (e *env) close() {
 type wlResult struct {
 	thr, lat measure
 	svc      figure // decision service alone (cardinality)
+	// svcNoEvents is the decision service while the events stream is
+	// deleted: the events are published, not stored.
+	svcNoEvents figure
 }
 
 // serverResults holds everything measured on one NATS set-up.
@@ -279,10 +291,12 @@ type serverResults struct {
 	wl             map[string]*wlResult // with cfg.Nodes nodes
 	steady3        *wlResult            // steady state with 3 nodes (when cfg.Nodes != 3)
 	relay          *wlResult
-	steadyRate     float64 // publish rate of the steady latency runs
-	raw            figure  // raw JetStream async publish, msgs/s
-	kvPipe, kvConc figure  // raw KV Create, pipelined / 32 goroutines, creates/s
-	kvWatched      figure  // pipelined KV Create into a watched copy of the bindings bucket
+	steadyRate     float64 // publish rate of the steady latency runs: half the relay's peak
+	skip           *skipResult
+	raw            figure        // raw JetStream async publish, msgs/s
+	rawCPU         time.Duration // this process's CPU per raw publish (servers and producers)
+	kvPipe, kvConc figure        // raw KV Create, pipelined / 32 goroutines, creates/s
+	kvWatched      figure        // pipelined KV Create into a watched copy of the bindings bucket
 	kvN, kvConcN   int
 	warm           *warmResult
 }
@@ -318,39 +332,71 @@ func (b *bencher) runServers(ctx context.Context, servers int, first bool) (*ser
 	if e.sink, err = newSink(e.mon); err != nil {
 		return nil, err
 	}
-	if e.prodConn, err = connect(e.ns.urlsFor(0), "bench-producer"); err != nil {
-		return nil, err
+	for i := range b.cfg.Producers {
+		nc, err := connect(e.ns.urlsFor(i), "bench-producer-"+strconv.Itoa(i))
+		if err != nil {
+			return nil, err
+		}
+		e.prodConns = append(e.prodConns, nc)
 	}
-	if e.prod, err = newProducer(e.prodConn, b.cfg.Payload); err != nil {
+	if e.prod, err = newProducer(e.prodConns, b.cfg.Payload); err != nil {
 		return nil, err
 	}
 	sr := &serverResults{servers: servers, nodes: b.cfg.Nodes, wl: map[string]*wlResult{}}
 
-	// (A) The router with cfg.Nodes nodes, every workload.
+	// (A) The relay baseline: its peak sets the rate of the paced runs.
 	profile := b.cfg.CPUProfile
 	if len(b.cfg.Servers) > 1 {
 		profile = profileName(profile, "s"+strconv.Itoa(servers))
 	}
-	if err := b.routerPhase(ctx, e, b.cfg.Nodes, "a", b.cfg.Workloads, profile, sr, sr.wl); err != nil {
+	stop := b.profileSelf(profileName(profile, "nats-relay"))
+	err = b.relayPhase(ctx, e, sr, profileName(profile, "relay"))
+	stop()
+	if err != nil {
 		return nil, err
 	}
-	// (B) The relay baseline on the same servers.
-	if err := b.relayPhase(ctx, e, sr, profileName(profile, "relay")); err != nil {
+	scaling := b.cfg.Scaling && slices.Contains(b.cfg.Workloads, wlSteady)
+	if scaling {
+		// (B) What a node spends on messages it skips: n1 reads the
+		// steady state beside n0 and routes none of it (it runs before
+		// any phase consumes n1's queue).
+		if sr.skip, err = b.skipPhase(ctx, e, profileName(profile, "skip")); err != nil {
+			return nil, err
+		}
+	}
+	// (C) The router with cfg.Nodes nodes, every workload.
+	stop = b.profileSelf(profileName(profile, "nats-router"))
+	err = b.routerPhase(ctx, e, b.cfg.Nodes, "a", b.cfg.Workloads, profile, sr, sr.wl)
+	stop()
+	if err != nil {
 		return nil, err
 	}
-	// (C) Steady state with 3 nodes.
-	if b.cfg.Nodes != 3 && slices.Contains(b.cfg.Workloads, wlSteady) {
+	// (D) Steady state with 3 nodes.
+	if scaling && b.cfg.Nodes != 3 {
 		m := map[string]*wlResult{}
-		if err := b.routerPhase(ctx, e, 3, "c", []string{wlSteady}, "", sr, m); err != nil {
+		stop = b.profileSelf(profileName(profile, "nats-3nodes"))
+		err = b.routerPhase(ctx, e, 3, "c", []string{wlSteady}, "", sr, m)
+		stop()
+		if err != nil {
 			return nil, err
 		}
 		sr.steady3 = m[wlSteady]
 	}
-	// (D) Raw JetStream async publish, (E) raw KV Create.
+	// (E) Raw JetStream async publish (the write ceiling), (F) raw KV Create.
 	b.phase("raw JetStream publish, raw KV creates")
-	if sr.raw, err = b.rawPublish(ctx, e); err != nil {
+	// The ceiling is compared with: the median of cfg.Repeat runs.
+	type rawRun struct {
+		f   figure
+		cpu time.Duration
+	}
+	raw, err := median(b.cfg.Repeat, func() (rawRun, error) {
+		f, cpu, err := b.rawPublish(ctx, e)
+		return rawRun{f, cpu}, err
+	}, func(r rawRun) float64 { return r.f.V })
+	if err != nil {
 		return nil, err
 	}
+	sr.raw, sr.rawCPU = raw.f, raw.cpu
 	sr.kvN = b.cfg.Creates
 	if sr.kvPipe, err = b.medianFigure(func() (figure, error) { return b.kvCreatePipelined(ctx, e, sr.kvN, false) }); err != nil {
 		return nil, err
@@ -362,7 +408,7 @@ func (b *bencher) runServers(ctx context.Context, servers int, first bool) (*ser
 	if sr.kvConc, err = b.kvCreateConcurrent(ctx, e, sr.kvConcN, 32); err != nil {
 		return nil, err
 	}
-	// (F) Cache warm start, on the first set-up only.
+	// (G) Cache warm start, on the first set-up only.
 	if first && b.cfg.WarmStart > 0 {
 		b.phase("warm start of %d bindings", b.cfg.WarmStart)
 		if sr.warm, err = b.warmPhase(ctx, e); err != nil {
@@ -370,6 +416,51 @@ func (b *bencher) runServers(ctx context.Context, servers int, first bool) (*ser
 		}
 	}
 	return sr, nil
+}
+
+// withoutEventStore runs fn with the events stream deleted, then creates
+// it again as it was (empty).
+func (b *bencher) withoutEventStore(ctx context.Context, e *env, fn func() error) error {
+	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	st, err := e.js.Stream(cctx, router.EventsStream)
+	if err != nil {
+		return fmt.Errorf("bench: events stream: %w", err)
+	}
+	cfg := st.CachedInfo().Config
+	if err := e.js.DeleteStream(cctx, router.EventsStream); err != nil {
+		return fmt.Errorf("bench: delete the events stream: %w", err)
+	}
+	runErr := fn()
+	cctx, cancel = context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if _, err := e.js.CreateStream(cctx, cfg); err != nil {
+		return errors.Join(runErr, fmt.Errorf("bench: create the events stream again: %w", err))
+	}
+	return runErr
+}
+
+// profileSelf writes a CPU profile of this process (the NATS servers, the
+// producers and the consumers) to file until the returned function is
+// called; "" does nothing.
+func (b *bencher) profileSelf(file string) (stop func()) {
+	if file == "" {
+		return func() {}
+	}
+	f, err := os.Create(file)
+	if err != nil {
+		b.logf("no profile %s: %v", file, err)
+		return func() {}
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		f.Close()
+		b.logf("no profile %s: %v", file, err)
+		return func() {}
+	}
+	return func() {
+		pprof.StopCPUProfile()
+		f.Close()
+	}
 }
 
 // profileName inserts "-"+suffix before file's extension ("" stays "").
@@ -382,8 +473,12 @@ func profileName(file, suffix string) string {
 }
 
 // resetRouting clears what an earlier phase left: the ingress (purged; its
-// sequence numbers go on), every binding and the nodes' checkpoints, so
-// that every phase starts from the same state on the same servers.
+// sequence numbers go on), every binding, the nodes' checkpoints and the
+// queue stream (deleted with its consumers, which the sink stops pulling:
+// its duplicate window holds every message id of the last two minutes, a
+// heap that would make each later phase's server slower than the
+// earlier's), so that every phase starts from the same state on the same
+// servers. The next phase's LOCAL node creates the queue stream again.
 func (b *bencher) resetRouting(ctx context.Context, e *env) error {
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
@@ -406,14 +501,19 @@ func (b *bencher) resetRouting(ctx context.Context, e *env) error {
 	if err := purge("KV_"+kvbinding.DefaultNodesBucket, jetstream.WithPurgeSubject("$KV."+kvbinding.DefaultNodesBucket+".ckpt.>")); err != nil {
 		return fmt.Errorf("bench: purge checkpoints: %w", err)
 	}
+	e.sink.forget()
+	if err := e.js.DeleteStream(ctx, router.QueueStream); err != nil && !errors.Is(err, jetstream.ErrStreamNotFound) {
+		return fmt.Errorf("bench: delete the queue stream: %w", err)
+	}
 	return nil
 }
 
 // startNodes starts n router nodes (n0 LOCAL, the others REMOTE), node i
-// connected to server i mod servers, and waits until they route, their
-// queues are consumed, the registry shows them with a consumer and the
-// handler holds its lease.
-func (b *bencher) startNodes(ctx context.Context, e *env, n int, profile string) ([]*child, error) {
+// connected to server i mod servers, and waits until they route, the
+// queues of the first consumed nodes are consumed, the registry shows them
+// with a consumer (the others live, without one) and the handler holds its
+// lease. profile names n0's CPU profile; with skipProfile also n1's.
+func (b *bencher) startNodes(ctx context.Context, e *env, n, consumed int, profile, skipProfile string) ([]*child, error) {
 	var kids []*child
 	fail := func(err error) ([]*child, error) {
 		for _, k := range kids {
@@ -432,6 +532,9 @@ func (b *bencher) startNodes(ctx context.Context, e *env, n int, profile string)
 		if i == 0 && profile != "" {
 			args = append(args, "--cpuprofile", profile)
 		}
+		if i == 1 && skipProfile != "" {
+			args = append(args, "--cpuprofile", skipProfile)
+		}
 		k, err := startChild(b.prefix, args, "router "+node, b.stderr)
 		if err != nil {
 			return fail(err)
@@ -446,19 +549,23 @@ func (b *bencher) startNodes(ctx context.Context, e *env, n int, profile string)
 	names := make([]string, n)
 	for i := range names {
 		names[i] = "n" + strconv.Itoa(i)
+		if i >= consumed {
+			continue
+		}
 		if err := e.sink.consume(ctx, names[i]); err != nil {
 			return fail(err)
 		}
 	}
-	if err := waitRegistry(ctx, e.js, names, 20*time.Second); err != nil {
+	if err := waitRegistry(ctx, e.js, names, consumed, 20*time.Second); err != nil {
 		return fail(err)
 	}
 	return kids, nil
 }
 
-// waitRegistry polls the node registry until every node is live with a
-// consumer and the handler lease is held.
-func waitRegistry(ctx context.Context, js jetstream.JetStream, nodes []string, d time.Duration) error {
+// waitRegistry polls the node registry until every node is live, the
+// first consumed of them with a consumer and the others without, and the
+// handler lease is held.
+func waitRegistry(ctx context.Context, js jetstream.JetStream, nodes []string, consumed int, d time.Duration) error {
 	deadline := time.Now().Add(d)
 	var last error
 	for {
@@ -469,7 +576,7 @@ func waitRegistry(ctx context.Context, js jetstream.JetStream, nodes []string, d
 			if err != nil {
 				return err
 			}
-			for _, n := range nodes {
+			for i, n := range nodes {
 				en, err := kv.Get(cctx, "live."+n)
 				if err != nil {
 					return fmt.Errorf("node %s: %w", n, err)
@@ -478,8 +585,8 @@ func waitRegistry(ctx context.Context, js jetstream.JetStream, nodes []string, d
 				if err := json.Unmarshal(en.Value(), &info); err != nil {
 					return err
 				}
-				if !info.HasConsumer {
-					return fmt.Errorf("node %s has no consumer yet", n)
+				if want := i < consumed; info.HasConsumer != want {
+					return fmt.Errorf("node %s: consumer %v, want %v", n, info.HasConsumer, want)
 				}
 			}
 			if _, err := kv.Get(cctx, "lease."+handlerName); err != nil {
@@ -542,6 +649,11 @@ func (b *bencher) medianRun(runs int, run func() (measure, error)) (measure, err
 	return median(runs, run, func(m measure) float64 { return m.Rate })
 }
 
+// medianLatency is median for paced runs, by p99.
+func (b *bencher) medianLatency(runs int, run func() (measure, error)) (measure, error) {
+	return median(runs, run, func(m measure) float64 { return float64(m.Lat.P99) })
+}
+
 // medianFigure is median for figures, cfg.Repeat runs.
 func (b *bencher) medianFigure(run func() (figure, error)) (figure, error) {
 	return median(b.cfg.Repeat, run, func(f figure) float64 { return f.V })
@@ -568,7 +680,7 @@ func (b *bencher) routerPhase(ctx context.Context, e *env, n int, tag string, wo
 		return err
 	}
 	t0 := time.Now()
-	kids, err := b.startNodes(ctx, e, n, profile)
+	kids, err := b.startNodes(ctx, e, n, n, profile, "")
 	if err != nil {
 		return err
 	}
@@ -586,27 +698,24 @@ func (b *bencher) routerPhase(ctx context.Context, e *env, n int, tag string, wo
 					groups: roundRobin(hot, true), newGroups: len(hot)}); err != nil {
 					return err
 				}
-				runs := 1 // only the figure with a target is a median
-				if n == b.cfg.Nodes {
-					runs = b.cfg.Repeat
-				}
-				if res.thr, err = b.medianRun(runs, func() (measure, error) {
+				if res.thr, err = b.medianRun(b.cfg.Repeat, func() (measure, error) {
 					return b.measureRun(ctx, e, kids, runSpec{label: label(wl, "throughput"), n: b.cfg.Messages,
 						groupPrefix: pref, groups: roundRobin(hot, false)})
 				}); err != nil {
 					return err
 				}
-				// The relay runs at the rate of the first steady state (n
-				// nodes) so that their latencies compare; other node counts
-				// at half their own peak.
-				rate := b.pace(res.thr.Rate)
-				if sr.steadyRate == 0 {
-					sr.steadyRate = rate
-				} else if n == b.cfg.Nodes {
-					rate = sr.steadyRate
+				// With cfg.Nodes nodes, the paced runs go at the relay's
+				// rate (half its peak) so that their latencies compare, and
+				// the p99 is a median; other node counts at half their own
+				// peak.
+				rate, runs := b.pace(res.thr.Rate), 1
+				if n == b.cfg.Nodes && sr.steadyRate > 0 {
+					rate, runs = sr.steadyRate, b.cfg.Repeat
 				}
-				if res.lat, err = b.measureRun(ctx, e, kids, runSpec{label: label(wl, "latency"), n: b.latencyCount(rate, b.cfg.Messages),
-					rate: rate, keepLat: true, groupPrefix: pref, groups: roundRobin(hot, false)}); err != nil {
+				if res.lat, err = b.medianLatency(runs, func() (measure, error) {
+					return b.measureRun(ctx, e, kids, runSpec{label: label(wl, "latency"), n: b.latencyCount(rate, b.cfg.Messages),
+						rate: rate, keepLat: true, groupPrefix: pref, groups: roundRobin(hot, false)})
+				}); err != nil {
 					return err
 				}
 			case wlCardinality:
@@ -627,6 +736,17 @@ func (b *bencher) routerPhase(ctx context.Context, e *env, n int, tag string, wo
 				cnt := b.latencyCount(rate, b.cfg.Decisions)
 				if res.lat, err = b.measureRun(ctx, e, kids, runSpec{label: label(wl, "latency"), n: cnt,
 					rate: rate, keepLat: true, groupPrefix: pref, groups: fresh(pref), newGroups: cnt}); err != nil {
+					return err
+				}
+				// What the events stream costs: the decision service with
+				// the bind events published but not stored.
+				if err := b.withoutEventStore(ctx, e, func() error {
+					res.svcNoEvents, err = b.medianFigure(func() (figure, error) {
+						rep++
+						return b.decisionService(ctx, e, kids, tag+strconv.Itoa(rep), b.cfg.Creates)
+					})
+					return err
+				}); err != nil {
 					return err
 				}
 			case wlZipf:
@@ -658,11 +778,81 @@ func (b *bencher) routerPhase(ctx context.Context, e *env, n int, tag string, wo
 	return stopErr
 }
 
+// skipResult is what a node costs per ingress message when it routes all of
+// them (n0) and when it routes none (n1, whose queue has no consumer, so
+// that no group is bound to it).
+type skipResult struct {
+	thr            measure
+	routeCPU       time.Duration // n0's CPU per message
+	skipCPU        time.Duration // n1's CPU per message
+	routed, skiped uint64        // by n0, by n1
+}
+
+// skipPhase measures what a node spends on messages it skips: the steady
+// state with two nodes, n1 without a consumer (every group is bound to
+// n0), throughput runs, per-node CPU.
+func (b *bencher) skipPhase(ctx context.Context, e *env, skipProfile string) (*skipResult, error) {
+	b.phase("skip cost: n1 reads beside n0 and routes nothing")
+	if err := b.resetRouting(ctx, e); err != nil {
+		return nil, err
+	}
+	t0 := time.Now()
+	kids, err := b.startNodes(ctx, e, 2, 1, "", skipProfile)
+	if err != nil {
+		return nil, err
+	}
+	b.logf("2 router nodes (n1 without consumer) ready in %v", time.Since(t0).Round(time.Millisecond))
+	res := &skipResult{}
+	runErr := func() error {
+		hot := hotGroups("s", b.cfg.Groups)
+		pref := "hot-s-"
+		if _, err := b.measureRun(ctx, e, kids, runSpec{label: "skip warm-up", n: len(hot), groupPrefix: pref,
+			groups: roundRobin(hot, true), newGroups: len(hot)}); err != nil {
+			return err
+		}
+		before, err := snapshots(ctx, kids)
+		if err != nil {
+			return err
+		}
+		if res.thr, err = b.measureRun(ctx, e, kids, runSpec{label: "skip throughput", n: b.cfg.Messages,
+			groupPrefix: pref, groups: roundRobin(hot, false)}); err != nil {
+			return err
+		}
+		after, err := snapshots(ctx, kids)
+		if err != nil {
+			return err
+		}
+		n := time.Duration(b.cfg.Messages)
+		res.routeCPU = (after[0].Usage.CPU() - before[0].Usage.CPU()) / n
+		res.skipCPU = (after[1].Usage.CPU() - before[1].Usage.CPU()) / n
+		res.routed, res.skiped = after[0].Routed-before[0].Routed, after[1].Skipped-before[1].Skipped
+		if after[1].Routed != before[1].Routed {
+			return fmt.Errorf("bench: the skipping node routed %d messages", after[1].Routed-before[1].Routed)
+		}
+		b.logf("%-28s n0 %.2f µs/msg (routed %d), n1 %.2f µs/msg (skipped %d)", "skip CPU per message",
+			us(res.routeCPU), res.routed, us(res.skipCPU), res.skiped)
+		return nil
+	}()
+	stopErr := b.stopAll(kids)
+	if runErr != nil {
+		return nil, runErr
+	}
+	return res, stopErr
+}
+
 // relayPhase measures baseline (i): the relay in a child process, fed and
 // consumed exactly like the router (hot-group headers, node n0's queue).
 func (b *bencher) relayPhase(ctx context.Context, e *env, sr *serverResults, profile string) error {
 	b.phase("relay baseline")
 	if err := b.resetRouting(ctx, e); err != nil {
+		return err
+	}
+	// The streams and n0's queue consumer come from a LOCAL node.
+	kids, err := b.startNodes(ctx, e, 1, 1, "", "")
+	if err != nil {
+		return err
+	}
+	if err := b.stopAll(kids); err != nil {
 		return err
 	}
 	var start uint64 = 1
@@ -682,7 +872,7 @@ func (b *bencher) relayPhase(ctx context.Context, e *env, sr *serverResults, pro
 	if err != nil {
 		return err
 	}
-	kids := []*child{k}
+	kids = []*child{k}
 	runErr := func() error {
 		if _, err := k.next(ctx, "ready", 60*time.Second); err != nil {
 			return err
@@ -701,11 +891,11 @@ func (b *bencher) relayPhase(ctx context.Context, e *env, sr *serverResults, pro
 		}); err != nil {
 			return err
 		}
-		if sr.steadyRate == 0 {
-			sr.steadyRate = b.pace(res.thr.Rate)
-		}
-		if res.lat, err = b.measureRun(ctx, e, kids, runSpec{label: "relay latency", n: b.latencyCount(sr.steadyRate, b.cfg.Messages),
-			rate: sr.steadyRate, keepLat: true, groups: roundRobin(hot, false)}); err != nil {
+		sr.steadyRate = b.pace(res.thr.Rate)
+		if res.lat, err = b.medianLatency(b.cfg.Repeat, func() (measure, error) {
+			return b.measureRun(ctx, e, kids, runSpec{label: "relay latency", n: b.latencyCount(sr.steadyRate, b.cfg.Messages),
+				rate: sr.steadyRate, keepLat: true, groups: roundRobin(hot, false)})
+		}); err != nil {
 			return err
 		}
 		sr.relay = res

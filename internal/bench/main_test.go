@@ -78,6 +78,8 @@ func TestMainRuns(t *testing.T) {
 		"baseline/0/relay end-to-end", "baseline/0/raw JetStream async publish",
 		"baseline/0/KV create pipelined (1000)", "baseline/0/KV create 32 goroutines (1000)", "baseline/0/KV create pipelined, watched (1000)",
 		"cardinality/1/decision service vs watched KV creates",
+		"steady/1/end-to-end vs write ceiling", "baseline/0/write ceiling (raw publish / 2)",
+		"steady/2/CPU per ingress msg, node routing all (n0)", "steady/2/CPU per ingress msg, node skipping all (n1)",
 		"warm-start/1/heap per cached binding (at 2,000)",
 	} {
 		r, ok := seen[key]
@@ -92,8 +94,11 @@ func TestMainRuns(t *testing.T) {
 	if r := seen["steady/1/end-to-end"]; r.BaselineName != "relay" || r.Ratio <= 0 || r.Met == nil {
 		t.Errorf("steady row has no relay ratio and target: %+v", r)
 	}
-	if r := seen["cardinality/1/decisions/s, decision service alone"]; r.Ratio <= 0 || r.Met == nil {
-		t.Errorf("decisions row has no KV ratio and target: %+v", r)
+	if r := seen["cardinality/1/decision service vs watched KV creates"]; r.Ratio <= 0 || r.Met == nil {
+		t.Errorf("decisions row has no watched-KV ratio and target: %+v", r)
+	}
+	if r := seen["steady/1/end-to-end vs write ceiling"]; r.BaselineName != "ceiling" || r.Ratio <= 0 || r.Met == nil {
+		t.Errorf("steady row has no write-ceiling ratio and target: %+v", r)
 	}
 	if t.Failed() {
 		t.Logf("stderr:\n%s", errOut.String())
@@ -113,6 +118,7 @@ func TestParseFlags(t *testing.T) {
 		{"tiny payload", []string{"--payload", "4"}, false},
 		{"zipf exponent", []string{"--zipf-s", "1"}, false},
 		{"stray argument", []string{"extra"}, false},
+		{"no producer", []string{"--producers", "0"}, false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -82,10 +82,19 @@ type measure struct {
 	Lat      percentiles   // publish -> consume, all messages
 	FirstLat percentiles   // publish -> consume, first message of a new group
 	CPU      time.Duration // CPU time of the measured processes during the run
+	SelfCPU  time.Duration // CPU time of this process (servers, producers, consumers) during the run
 	Routed   uint64        // messages republished by the measured processes
 	Heap     uint64        // largest HeapInuse of a measured process at the end
 	RSS      int64         // largest peak RSS of a measured process so far
 	Foreign  float64       // share of the machine other processes used (-1: unknown)
+}
+
+// SelfCPUPerMsg returns this process's CPU time per message.
+func (m measure) SelfCPUPerMsg() time.Duration {
+	if m.N == 0 {
+		return 0
+	}
+	return m.SelfCPU / time.Duration(m.N)
 }
 
 // CPUPerMsg returns the measured processes' CPU time per message.
@@ -165,6 +174,7 @@ func (b *bencher) measureRun(ctx context.Context, e *env, kids []*child, spec ru
 		m.Heap = max(m.Heap, after[i].HeapInuse)
 		m.RSS = max(m.RSS, after[i].Usage.MaxRSS)
 	}
+	m.SelfCPU = selfUsage().CPU() - watch.self
 	m.Foreign = watch.foreign(m.CPU, runtime.NumCPU())
 	b.noteForeign(m.Foreign)
 	b.logf("%-28s %7d msgs in %6.2fs = %8.0f msgs/s%s%s%s", spec.label, m.N, m.Elapsed.Seconds(), m.Rate,

@@ -54,10 +54,12 @@ type pending struct {
 
 // Publisher pipelines JetStream publishes. It is safe for concurrent use.
 type Publisher struct {
-	nc      *nats.Conn
-	prefix  string
-	timeout time.Duration
-	sub     *nats.Subscription
+	nc       *nats.Conn
+	prefix   string
+	timeout  time.Duration
+	sub      *nats.Subscription
+	batchEnd func()
+	run      int // callbacks since the last batch end (reply goroutine only)
 
 	mu      sync.Mutex
 	next    uint64
@@ -67,8 +69,18 @@ type Publisher struct {
 	done chan struct{}
 }
 
+// Option configures a Publisher.
+type Option func(*Publisher)
+
+// WithBatchEnd has fn called after a run of callbacks: on the reply
+// goroutine after a callback when no further reply waits in the
+// subscription, and after the callbacks of timed-out publishes (from the
+// sweeper or Close). A caller whose callbacks only collect outcomes can
+// process them there, as a batch. fn may run on two goroutines at once.
+func WithBatchEnd(fn func()) Option { return func(p *Publisher) { p.batchEnd = fn } }
+
 // New starts a publisher whose acks time out after timeout.
-func New(nc *nats.Conn, timeout time.Duration) (*Publisher, error) {
+func New(nc *nats.Conn, timeout time.Duration, opts ...Option) (*Publisher, error) {
 	p := &Publisher{
 		nc:      nc,
 		prefix:  nats.InboxPrefix, // "_INBOX."
@@ -76,6 +88,9 @@ func New(nc *nats.Conn, timeout time.Duration) (*Publisher, error) {
 		pending: make(map[uint64]pending),
 		stop:    make(chan struct{}),
 		done:    make(chan struct{}),
+	}
+	for _, o := range opts {
+		o(p)
 	}
 	if custom := nc.Opts.InboxPrefix; custom != "" {
 		// A custom prefix (nats.CustomInboxPrefix) has no trailing dot:
@@ -135,24 +150,37 @@ func (p *Publisher) Close() {
 	for _, pd := range rest {
 		pd.cb(Ack{}, ErrTimeout)
 	}
+	if p.batchEnd != nil && len(rest) > 0 {
+		p.batchEnd()
+	}
 }
 
 func (p *Publisher) onReply(m *nats.Msg) {
-	id, err := strconv.ParseUint(m.Subject[len(p.prefix):], 10, 64)
-	if err != nil {
-		return
+	if id, err := strconv.ParseUint(m.Subject[len(p.prefix):], 10, 64); err == nil {
+		p.mu.Lock()
+		pd, ok := p.pending[id]
+		if ok {
+			delete(p.pending, id)
+		}
+		p.mu.Unlock()
+		if ok { // else timed out already
+			pd.cb(ParseAck(m))
+			p.run++
+		}
 	}
-	p.mu.Lock()
-	pd, ok := p.pending[id]
-	if ok {
-		delete(p.pending, id)
+	if p.batchEnd != nil && p.run > 0 {
+		// nats.go counts the message being handled as pending until its
+		// callback returns: 1 means no other reply is waiting.
+		if n, _, err := p.sub.Pending(); err != nil || n <= 1 || p.run >= maxRun {
+			p.run = 0
+			p.batchEnd()
+		}
 	}
-	p.mu.Unlock()
-	if !ok {
-		return // timed out already
-	}
-	pd.cb(ParseAck(m))
 }
+
+// maxRun bounds a run of callbacks between two batch ends, so that a
+// steady stream of replies is processed as it comes.
+const maxRun = 256
 
 // ParseAck decodes a JetStream publish reply.
 func ParseAck(m *nats.Msg) (Ack, error) {
@@ -203,6 +231,9 @@ func (p *Publisher) sweep() {
 			for i, cb := range expired {
 				cb(Ack{}, ErrTimeout)
 				expired[i] = nil
+			}
+			if p.batchEnd != nil && len(expired) > 0 {
+				p.batchEnd()
 			}
 			expired = expired[:0]
 		}

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -105,5 +106,71 @@ func TestCustomInboxPrefix(t *testing.T) {
 		}
 	case <-ctx.Done():
 		t.Fatal("no ack")
+	}
+}
+
+// TestBatchEnd: with WithBatchEnd, every run of callbacks is followed by a
+// batch end, also when acks time out, so that outcomes collected in the
+// callbacks are never left waiting.
+func TestBatchEnd(t *testing.T) {
+	srv := natstest.RunServer(t)
+	nc := srv.Connect()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "Q", Subjects: []string{"q.>"}}); err != nil {
+		t.Fatal(err)
+	}
+	var (
+		mu        sync.Mutex
+		collected int
+		handed    int
+		ends      int
+	)
+	all := make(chan struct{})
+	const n = 3000
+	p, err := New(nc, 300*time.Millisecond, WithBatchEnd(func() {
+		mu.Lock()
+		defer mu.Unlock()
+		ends++
+		handed += collected
+		collected = 0
+		if handed == n+1 {
+			close(all)
+		}
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	cb := func(_ Ack, err error) {
+		mu.Lock()
+		collected++
+		mu.Unlock()
+	}
+	for i := 0; i < n; i++ {
+		if err := p.Publish(&nats.Msg{Subject: "q.x", Data: []byte("x")}, cb); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// One publish received but not answered: its timeout ends a batch too.
+	if _, err := nc.Subscribe("silent.x", func(*nats.Msg) {}); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Publish(&nats.Msg{Subject: "silent.x", Data: []byte("x")}, cb); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-all:
+	case <-ctx.Done():
+		mu.Lock()
+		defer mu.Unlock()
+		t.Fatalf("%d of %d outcomes handed over in %d batch ends, %d collected and waiting", handed, n+1, ends, collected)
+	}
+	if ends > n {
+		t.Errorf("%d batch ends for %d callbacks", ends, n+1)
 	}
 }

@@ -1,0 +1,123 @@
+package router
+
+import (
+	"context"
+	"log/slog"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"grouprouter/internal/natstest"
+)
+
+func TestDeliveryInfo(t *testing.T) {
+	for _, tt := range []struct {
+		name, reply string
+		consumer    string
+		sseq, cseq  uint64
+		ok          bool
+	}{
+		{"v1", "$JS.ACK.GROUPING_INGRESS.OC1.1.42.7.1700000000000000000.3", "OC1", 42, 7, true},
+		{"v2", "$JS.ACK.dom.ACCHASH.GROUPING_INGRESS.OC1.1.42.7.1700000000000000000.3.tok", "OC1", 42, 7, true},
+		{"v2 without token", "$JS.ACK.dom.ACCHASH.GROUPING_INGRESS.OC1.1.42.7.1700000000000000000.3", "OC1", 42, 7, true},
+		{"not an ack", "_INBOX.abc.1", "", 0, 0, false},
+		{"too few tokens", "$JS.ACK.S.C.1.2", "", 0, 0, false},
+		{"bad number", "$JS.ACK.S.C.1.x.7.1.3", "", 0, 0, false},
+		{"empty", "", "", 0, 0, false},
+		{"too many tokens", "$JS.ACK.a.b.c.d.e.f.g.h.i.j.k.l.m.n", "", 0, 0, false},
+	} {
+		c, s, q, ok := deliveryInfo(tt.reply)
+		if c != tt.consumer || s != tt.sseq || q != tt.cseq || ok != tt.ok {
+			t.Errorf("%s: deliveryInfo(%q) = %q, %d, %d, %v; want %q, %d, %d, %v", tt.name, tt.reply, c, s, q, ok, tt.consumer, tt.sseq, tt.cseq, tt.ok)
+		}
+	}
+}
+
+func TestParseUint(t *testing.T) {
+	for _, tt := range []struct {
+		in   string
+		want uint64
+		ok   bool
+	}{{"0", 0, true}, {"18446744073709551615", 0, false}, {"1234567890123456789", 1234567890123456789, true}, {"", 0, false}, {"-1", 0, false}} {
+		if got, ok := parseUint(tt.in); got != tt.want || ok != tt.ok {
+			t.Errorf("parseUint(%q) = %d, %v", tt.in, got, ok)
+		}
+	}
+}
+
+// TestIngressReaderRecreatesItsConsumer: the reader delivers every message
+// once, in order, across the deletion of its consumer (the server says so
+// with a 409, or the heartbeats stop) and from a start sequence.
+func TestIngressReaderRecreatesItsConsumer(t *testing.T) {
+	s := natstest.RunServer(t)
+	nc := s.Connect()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "IN", Subjects: []string{"in.>"}}); err != nil {
+		t.Fatal(err)
+	}
+	const n = 6000
+	for i := 0; i < n; i++ {
+		if _, err := js.PublishAsync("in.x", []byte(strconv.Itoa(i+1))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	<-js.PublishAsyncComplete()
+
+	for _, start := range []uint64{1, 1234} {
+		rd := newIngressReader(js, "IN", "", slog.New(slog.DiscardHandler))
+		created := make(chan struct{}, 16)
+		rd.onCreated = func() { created <- struct{}{} }
+		rctx, stop := context.WithCancel(ctx)
+		next := start
+		var got int
+		done := make(chan error, 1)
+		deleted := false
+		go func() {
+			done <- rd.run(rctx, start, func(batch []ingressMsg) {
+				for _, m := range batch {
+					if m.seq != next || string(m.msg.Data) != strconv.FormatUint(m.seq, 10) {
+						t.Errorf("start %d: got sequence %d (%q), want %d", start, m.seq, m.msg.Data, next)
+					}
+					next = m.seq + 1
+					got++
+				}
+				if !deleted && got > n/4 {
+					// Delete the consumer under the reader's feet.
+					deleted = true
+					st, err := js.Stream(ctx, "IN")
+					if err != nil {
+						t.Error(err)
+						return
+					}
+					for info := range st.ListConsumers(ctx).Info() {
+						_ = js.DeleteConsumer(ctx, "IN", info.Name)
+					}
+				}
+				if next > n {
+					stop()
+				}
+			})
+		}()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Fatal(err)
+			}
+		case <-ctx.Done():
+			t.Fatalf("start %d: read %d messages, next %d", start, got, next)
+		}
+		if want := n - int(start) + 1; got != want {
+			t.Errorf("start %d: %d messages, want %d", start, got, want)
+		}
+		if len(created) < 2 {
+			t.Errorf("start %d: consumer created %d times, want a re-creation", start, len(created))
+		}
+	}
+}
