@@ -87,6 +87,7 @@ func (r *run) observe(now int64, body []byte) {
 // puller that went away would hold the pin for PinnedTTL), and hand what
 // they receive to the current run.
 type sink struct {
+	nc  *nats.Conn
 	js  jetstream.JetStream
 	cur atomic.Pointer[run]
 
@@ -94,7 +95,7 @@ type sink struct {
 	nodes map[string]jetstream.ConsumeContext
 	stray atomic.Int64 // messages of no current run
 
-	bindSub *nats.Subscription
+	bindSub *nats.Subscription // while a run counts bindings
 }
 
 func newSink(nc *nats.Conn) (*sink, error) {
@@ -102,14 +103,34 @@ func newSink(nc *nats.Conn) (*sink, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &sink{js: js, nodes: map[string]jetstream.ConsumeContext{}}
-	// Count bindings as the LOCAL handler announces them.
-	s.bindSub, err = nc.Subscribe(proposals.SubjectEventsPrefix+proposals.EventBind, s.onBind)
+	return &sink{nc: nc, js: js, nodes: map[string]jetstream.ConsumeContext{}}, nil
+}
+
+// countBinds counts bindings as the LOCAL handler announces them, until
+// the returned function is called. Only runs that count bindings
+// subscribe: an observer of every bind event would otherwise be measured
+// as part of the decision service and the KV baselines, which have none.
+func (s *sink) countBinds() (func(), error) {
+	sub, err := s.nc.Subscribe(proposals.SubjectEventsPrefix+proposals.EventBind, s.onBind)
 	if err != nil {
 		return nil, err
 	}
-	_ = s.bindSub.SetPendingLimits(-1, -1)
-	return s, nc.Flush()
+	_ = sub.SetPendingLimits(-1, -1)
+	if err := s.nc.Flush(); err != nil {
+		_ = sub.Unsubscribe()
+		return nil, err
+	}
+	s.mu.Lock()
+	s.bindSub = sub
+	s.mu.Unlock()
+	return func() {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		if s.bindSub == sub {
+			s.bindSub = nil
+		}
+		_ = sub.Unsubscribe()
+	}, nil
 }
 
 func (s *sink) onBind(m *nats.Msg) {
@@ -175,7 +196,10 @@ func (s *sink) stop() {
 		cc.Stop()
 	}
 	s.nodes = map[string]jetstream.ConsumeContext{}
-	_ = s.bindSub.Unsubscribe()
+	if s.bindSub != nil {
+		_ = s.bindSub.Unsubscribe()
+		s.bindSub = nil
+	}
 }
 
 // groupFunc returns the group id of message i and whether it is the first

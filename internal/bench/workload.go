@@ -127,6 +127,13 @@ func (b *bencher) measureRun(ctx context.Context, e *env, kids []*child, spec ru
 	b.runID++
 	watch := startCPUWatch()
 	r := newRun(b.runID, spec.n, spec.keepLat, spec.groupPrefix)
+	if spec.groupPrefix != "" {
+		stop, err := e.sink.countBinds()
+		if err != nil {
+			return measure{}, fmt.Errorf("%s: %w", spec.label, err)
+		}
+		defer stop()
+	}
 	e.sink.cur.Store(r)
 	defer e.sink.cur.Store(nil)
 	start, err := e.prod.publish(ctx, benchSubject, r.id, spec.n, spec.rate, spec.groups)
