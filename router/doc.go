@@ -5,10 +5,10 @@
 // the groups moved to it, and runs the LOCAL handler when the node is of
 // type LOCAL.
 //
-// Every node reads the whole ingress stream with its own ordered consumer
-// from its checkpoint; at each ingress sequence, a group's binding names
-// the one node that routes it, so a group's messages are republished by
-// exactly one node, in order. Publishes of one group are strictly
+// Every node reads the whole ingress stream in order from its checkpoint,
+// with its own ephemeral unacked consumer (reader.go); at each ingress
+// sequence, a group's binding names the one node that routes it, so a
+// group's messages are republished by exactly one node, in order. Publishes of one group are strictly
 // sequential (the next waits for the previous PubAck, and a failed publish
 // is retried with the same Nats-Msg-Id), so no fault can reorder a group on
 // its queue; different groups are pipelined.
@@ -16,7 +16,7 @@
 // Inside, the lane engine (engine.go) holds the routing logic with no I/O
 // and no clock: messages, publish outcomes, record changes and replies go
 // in, publishes and asks come out. Shells do the I/O: the reader
-// (ingest.go), the asker (ask.go), the hand-over steps of moves
+// (reader.go, ingest.go), the asker (ask.go), the hand-over steps of moves
 // (handover.go) and liveness and checkpoints (router.go). Every goroutine
 // runs under Run's errgroup and has ended when Run returns.
 //
