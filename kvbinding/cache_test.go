@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strconv"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -205,48 +203,6 @@ func TestCacheOwnersCountsMovesInProgress(t *testing.T) {
 	if d, u := c.Draining(), c.Unsettled(); len(d) != 0 || len(u) != 0 {
 		t.Fatalf("after the hand-over Draining = %v, Unsettled = %v", d, u)
 	}
-}
-
-func TestAckSeqs(t *testing.T) {
-	for reply, want := range map[string][3]uint64{ // seq, pending, ok
-		"$JS.ACK.KV_b.c1.1.42.7.1700000000000000000.3":                 {42, 3, 1},
-		"$JS.ACK._.ACCHASH.KV_b.c1.1.42.7.1700000000000000000.0":       {42, 0, 1},
-		"$JS.ACK.dom.ACCHASH.KV_b.c1.1.42.7.1700000000000000000.5.tok": {42, 5, 1},
-		"$JS.ACK.KV_b.c1.1.x.7.1700000000000000000.3":                  {0, 0, 0},
-		"$JS.ACK.KV_b.c1.1.42.7.17.3.x":                                {0, 0, 0}, // 10 tokens
-		"$JS.NAK.KV_b.c1.1.42.7.1700000000000000000.3":                 {0, 0, 0},
-		"_INBOX.abc":                          {0, 0, 0},
-		"":                                    {0, 0, 0},
-		"$JS.ACK.a.b.c.d.e.f.g.h.i.j.k.l.m.n": {0, 0, 0},
-	} {
-		seq, pending, ok := AckSeqs(reply)
-		if got := [3]uint64{seq, pending, map[bool]uint64{true: 1}[ok]}; got != want {
-			t.Errorf("AckSeqs(%q) = %v, want %v", reply, got, want)
-		}
-	}
-}
-
-// FuzzAckSeqs: never panics, and what it reads agrees with splitting the
-// subject on dots.
-func FuzzAckSeqs(f *testing.F) {
-	f.Add("$JS.ACK.KV_b.c1.1.42.7.1700000000000000000.3")
-	f.Add("$JS.ACK._.H.KV_b.c1.1.42.7.17.0.t")
-	f.Fuzz(func(t *testing.T, reply string) {
-		seq, pending, ok := AckSeqs(reply)
-		if !ok {
-			return
-		}
-		tok := strings.Split(reply, ".")
-		at := 5
-		if len(tok) >= 11 {
-			at = 7
-		}
-		ws, _ := strconv.ParseUint(tok[at], 10, 64)
-		wp, _ := strconv.ParseUint(tok[at+3], 10, 64)
-		if tok[0] != "$JS" || tok[1] != "ACK" || (len(tok) != 9 && len(tok) < 11) || seq != ws || pending != wp {
-			t.Fatalf("AckSeqs(%q) = %d, %d", reply, seq, pending)
-		}
-	})
 }
 
 // TestCacheRefusesInvalidValues: a value that does not decode, does not

@@ -4,11 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strconv"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"grouprouter/internal/jsack"
 	"grouprouter/internal/retry"
 )
 
@@ -92,7 +92,8 @@ func watchBucket(ctx context.Context, js jetstream.JetStream, bucket, filter str
 			}
 			continue
 		}
-		seq, pending, ok := AckSeqs(msg.Reply())
+		d, ok := jsack.Parse(msg.Reply())
+		seq, pending := d.StreamSeq, d.Pending
 		if !ok {
 			meta, err := msg.Metadata()
 			if err != nil {
@@ -113,45 +114,4 @@ func watchBucket(ctx context.Context, js jetstream.JetStream, bucket, filter str
 			readyDone = true
 		}
 	}
-}
-
-// AckSeqs reads the stream sequence and the pending count from a
-// JetStream delivery's reply subject, in either of its forms:
-// $JS.ACK.<stream>.<consumer>.<delivered>.<sseq>.<dseq>.<ts>.<pending> or
-// $JS.ACK.<domain>.<account>.<stream>.<consumer>.<delivered>.<sseq>.<dseq>.<ts>.<pending>[.<token>...],
-// without allocating (jetstream's Msg.Metadata splits and copies it). It
-// returns false for anything else; the caller then asks Metadata.
-func AckSeqs(reply string) (seq, pending uint64, ok bool) {
-	const maxTokens = 13
-	var starts [maxTokens + 1]int
-	n := 1
-	for i := 0; i < len(reply); i++ {
-		if reply[i] == '.' {
-			if n == maxTokens {
-				return 0, 0, false
-			}
-			starts[n] = i + 1
-			n++
-		}
-	}
-	starts[n] = len(reply) + 1
-	tok := func(i int) string { return reply[starts[i] : starts[i+1]-1] }
-	if n < 2 || tok(0) != "$JS" || tok(1) != "ACK" {
-		return 0, 0, false
-	}
-	var seqAt, pendingAt int
-	switch {
-	case n == 9:
-		seqAt, pendingAt = 5, 8
-	case n >= 11:
-		seqAt, pendingAt = 7, 10
-	default:
-		return 0, 0, false
-	}
-	seq, err1 := strconv.ParseUint(tok(seqAt), 10, 64)
-	pending, err2 := strconv.ParseUint(tok(pendingAt), 10, 64)
-	if err1 != nil || err2 != nil {
-		return 0, 0, false
-	}
-	return seq, pending, true
 }

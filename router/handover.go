@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"golang.org/x/sync/errgroup"
 
+	"grouprouter/internal/jsack"
 	"grouprouter/kvbinding"
 	"grouprouter/proposals"
 )
@@ -706,7 +707,8 @@ func (r *Router) readIngress(ctx context.Context, lo, hi uint64, fn func(seq uin
 		n := 0
 		for msg := range batch.Messages() {
 			n++
-			seq, _, ok := ackSeqs(msg.Reply())
+			d, ok := jsack.Parse(msg.Reply())
+			seq := d.StreamSeq
 			if !ok {
 				meta, err := msg.Metadata()
 				if err != nil {

@@ -109,10 +109,6 @@ func (r *Router) classify(hdr nats.Header, subject string) (group, invalid strin
 	return group, invalid
 }
 
-// ackSeqs reads the stream sequence and the pending count from a
-// JetStream delivery's reply subject (see kvbinding).
-func ackSeqs(reply string) (seq, pending uint64, ok bool) { return kvbinding.AckSeqs(reply) }
-
 // headerSize is what a message's headers take on the wire, about.
 func headerSize(h nats.Header) int {
 	n := 0

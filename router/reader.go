@@ -13,6 +13,8 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nuid"
+
+	"grouprouter/internal/jsack"
 )
 
 // The ingress reader follows the ingress stream in order from a start
@@ -156,7 +158,7 @@ func (rd *ingressReader) run(ctx context.Context, start uint64, deliver func([]i
 // take adds m to batch if it is the next message of the current consumer;
 // it handles status messages and recreates the consumer after a gap.
 func (rd *ingressReader) take(ctx context.Context, m *nats.Msg, batch []ingressMsg) []ingressMsg {
-	consumer, sseq, cseq, ok := deliveryInfo(m.Reply)
+	d, ok := jsack.Parse(m.Reply)
 	if !ok {
 		// A status message comes on its request's reply subject (a
 		// delivery comes on the message's own subject, and names its
@@ -166,23 +168,23 @@ func (rd *ingressReader) take(ctx context.Context, m *nats.Msg, batch []ingressM
 		}
 		return batch
 	}
-	if consumer != rd.consumer {
+	if d.Consumer != rd.consumer {
 		return batch // from a consumer replaced since
 	}
 	rd.heard = time.Now()
 	if rd.requested > 0 {
 		rd.requested--
 	}
-	if cseq != rd.cseq+1 {
-		rd.reset(ctx, fmt.Sprintf("delivery gap: consumer sequence %d after %d", cseq, rd.cseq))
+	if d.ConsumerSeq != rd.cseq+1 {
+		rd.reset(ctx, fmt.Sprintf("delivery gap: consumer sequence %d after %d", d.ConsumerSeq, rd.cseq))
 		return batch
 	}
-	rd.cseq = cseq
-	if sseq < rd.next {
+	rd.cseq = d.ConsumerSeq
+	if d.StreamSeq < rd.next {
 		return batch // already delivered (cannot happen on a fresh consumer; cheap to check)
 	}
-	rd.next = sseq + 1
-	return append(batch, ingressMsg{seq: sseq, msg: m})
+	rd.next = d.StreamSeq + 1
+	return append(batch, ingressMsg{seq: d.StreamSeq, msg: m})
 }
 
 // status handles a message that is not a delivery: a heartbeat, an
@@ -311,60 +313,4 @@ func (rd *ingressReader) deleteConsumer() {
 			rd.log.Debug("replaced ingress consumer not deleted", "consumer", name, "err", err)
 		}
 	}()
-}
-
-// deliveryInfo reads a JetStream delivery's reply subject
-// ($JS.ACK.<stream>.<consumer>.<delivered>.<stream seq>.<consumer seq>.
-// <time>.<pending>, or the form with a domain and an account hash after
-// ACK), without allocating: the consumer name (a substring of reply) and
-// the stream and consumer sequences.
-func deliveryInfo(reply string) (consumer string, sseq, cseq uint64, ok bool) {
-	const maxTokens = 13
-	var starts [maxTokens + 1]int
-	n := 1
-	for i := 0; i < len(reply); i++ {
-		if reply[i] == '.' {
-			if n == maxTokens {
-				return "", 0, 0, false
-			}
-			starts[n] = i + 1
-			n++
-		}
-	}
-	starts[n] = len(reply) + 1
-	tok := func(i int) string { return reply[starts[i] : starts[i+1]-1] }
-	if n < 2 || tok(0) != "$JS" || tok(1) != "ACK" {
-		return "", 0, 0, false
-	}
-	var at int // index of the consumer token
-	switch {
-	case n == 9:
-		at = 3
-	case n >= 11:
-		at = 5
-	default:
-		return "", 0, 0, false
-	}
-	s, ok1 := parseUint(tok(at + 2))
-	c, ok2 := parseUint(tok(at + 3))
-	if !ok1 || !ok2 {
-		return "", 0, 0, false
-	}
-	return tok(at), s, c, true
-}
-
-// parseUint parses a decimal uint64 without allocating.
-func parseUint(s string) (uint64, bool) {
-	if len(s) == 0 || len(s) > 19 {
-		return 0, false
-	}
-	var v uint64
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		if c < '0' || c > '9' {
-			return 0, false
-		}
-		v = v*10 + uint64(c-'0')
-	}
-	return v, true
 }

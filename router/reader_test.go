@@ -12,41 +12,6 @@ import (
 	"grouprouter/internal/natstest"
 )
 
-func TestDeliveryInfo(t *testing.T) {
-	for _, tt := range []struct {
-		name, reply string
-		consumer    string
-		sseq, cseq  uint64
-		ok          bool
-	}{
-		{"v1", "$JS.ACK.GROUPING_INGRESS.OC1.1.42.7.1700000000000000000.3", "OC1", 42, 7, true},
-		{"v2", "$JS.ACK.dom.ACCHASH.GROUPING_INGRESS.OC1.1.42.7.1700000000000000000.3.tok", "OC1", 42, 7, true},
-		{"v2 without token", "$JS.ACK.dom.ACCHASH.GROUPING_INGRESS.OC1.1.42.7.1700000000000000000.3", "OC1", 42, 7, true},
-		{"not an ack", "_INBOX.abc.1", "", 0, 0, false},
-		{"too few tokens", "$JS.ACK.S.C.1.2", "", 0, 0, false},
-		{"bad number", "$JS.ACK.S.C.1.x.7.1.3", "", 0, 0, false},
-		{"empty", "", "", 0, 0, false},
-		{"too many tokens", "$JS.ACK.a.b.c.d.e.f.g.h.i.j.k.l.m.n", "", 0, 0, false},
-	} {
-		c, s, q, ok := deliveryInfo(tt.reply)
-		if c != tt.consumer || s != tt.sseq || q != tt.cseq || ok != tt.ok {
-			t.Errorf("%s: deliveryInfo(%q) = %q, %d, %d, %v; want %q, %d, %d, %v", tt.name, tt.reply, c, s, q, ok, tt.consumer, tt.sseq, tt.cseq, tt.ok)
-		}
-	}
-}
-
-func TestParseUint(t *testing.T) {
-	for _, tt := range []struct {
-		in   string
-		want uint64
-		ok   bool
-	}{{"0", 0, true}, {"18446744073709551615", 0, false}, {"1234567890123456789", 1234567890123456789, true}, {"", 0, false}, {"-1", 0, false}} {
-		if got, ok := parseUint(tt.in); got != tt.want || ok != tt.ok {
-			t.Errorf("parseUint(%q) = %d, %v", tt.in, got, ok)
-		}
-	}
-}
-
 // TestIngressReaderRecreatesItsConsumer: the reader delivers every message
 // once, in order, across the deletion of its consumer (the server says so
 // with a 409, or the heartbeats stop) and from a start sequence.

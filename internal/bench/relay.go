@@ -12,8 +12,8 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"grouprouter/internal/jsack"
 	"grouprouter/internal/jspub"
-	"grouprouter/kvbinding"
 	"grouprouter/router"
 )
 
@@ -106,7 +106,8 @@ func (rl *relay) run(ctx context.Context, nc *nats.Conn, ready func()) error {
 	prefix := router.QueueSubjectPrefix + rl.node + "."
 	rl.next.Store(max(rl.startSeq, 1))
 	cc, err := cons.Consume(func(msg jetstream.Msg) {
-		seq, pending, ok := kvbinding.AckSeqs(msg.Reply())
+		d, ok := jsack.Parse(msg.Reply())
+		seq, pending := d.StreamSeq, d.Pending
 		if !ok {
 			meta, err := msg.Metadata()
 			if err != nil {
