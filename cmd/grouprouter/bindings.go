@@ -1,6 +1,8 @@
 package main
 
 import (
+	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -90,15 +92,34 @@ type bindingJSON struct {
 	Revision uint64 `json:"revision"`
 }
 
+// writeBindingsJSON writes list as one indented JSON array, an element at
+// a time: the whole array encoded at once took as much memory again as the
+// list (over a gigabyte for a million bindings).
 func writeBindingsJSON(w io.Writer, list []kvbinding.Binding) error {
-	out := make([]bindingJSON, 0, len(list)) // [] rather than null when empty
-	for _, b := range list {
-		out = append(out, bindingJSON{Binding: b, Revision: b.Revision})
+	if len(list) == 0 {
+		_, err := io.WriteString(w, "[]\n")
+		return err
 	}
-	enc := json.NewEncoder(w)
-	enc.SetIndent("", "  ")
+	bw := bufio.NewWriter(w)
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetIndent("  ", "  ")
 	enc.SetEscapeHTML(false)
-	return enc.Encode(out)
+	bw.WriteString("[\n")
+	for i, b := range list {
+		buf.Reset()
+		if err := enc.Encode(bindingJSON{Binding: b, Revision: b.Revision}); err != nil {
+			return err
+		}
+		bw.WriteString("  ")
+		bw.Write(bytes.TrimSuffix(buf.Bytes(), []byte("\n")))
+		if i < len(list)-1 {
+			bw.WriteString(",")
+		}
+		bw.WriteString("\n")
+	}
+	bw.WriteString("]\n")
+	return bw.Flush()
 }
 
 func writeBindingsTable(w io.Writer, list []kvbinding.Binding) error {

@@ -202,3 +202,26 @@ func TestDisplayGroup(t *testing.T) {
 		}
 	}
 }
+
+// TestWriteBindingsJSONSameAsWholeArray: written an element at a time, the
+// output is what encoding the whole array at once printed.
+func TestWriteBindingsJSONSameAsWholeArray(t *testing.T) {
+	for _, list := range [][]kvbinding.Binding{nil, {{Group: "a<b>&", Node: "n1", State: kvbinding.StateBound, FromSeq: 3, DecidedAt: time.Unix(5, 0).UTC(), Revision: 7}},
+		{{Group: "a", Node: "n1", State: kvbinding.StateBound}, {Group: "b", State: kvbinding.StateMoving, Drain: []string{"n2", "n0"}}}} {
+		var got, want bytes.Buffer
+		if err := writeBindingsJSON(&got, list); err != nil {
+			t.Fatal(err)
+		}
+		out := make([]bindingJSON, 0, len(list))
+		for _, b := range list {
+			out = append(out, bindingJSON{Binding: b, Revision: b.Revision})
+		}
+		enc := json.NewEncoder(&want)
+		enc.SetIndent("", "  ")
+		enc.SetEscapeHTML(false)
+		_ = enc.Encode(out)
+		if got.String() != want.String() {
+			t.Errorf("got\n%s\nwant\n%s", got.String(), want.String())
+		}
+	}
+}
