@@ -50,16 +50,55 @@ func (r *ring) newest() []rawEvent {
 
 // eventRings are the latest events of every kind and the latest moves
 // (kinds move, handoff, unbind: rare, so kept apart from the binds that
-// would push them out).
+// would push them out), and the latest progress of each hand-over step.
+// Progress events are not among the latest events: a long takeover
+// reports every second, and would push everything else out.
 type eventRings struct {
 	mu        sync.Mutex
 	all       ring
 	moves     ring
+	steps     []stepProgress // newest first, at most maxSteps
 	following bool
 }
 
+// stepProgress is the latest progress event of one step: a node's drain or
+// catch-up of one group (or of a batch of groups).
+type stepProgress struct {
+	key string
+	ev  rawEvent
+}
+
+// maxSteps bounds the steps listed.
+const maxSteps = 32
+
 func newEventRings(n int) eventRings {
 	return eventRings{all: ring{buf: make([]rawEvent, n)}, moves: ring{buf: make([]rawEvent, n)}}
+}
+
+// stepKey names the step a progress event reports on; ok is false for an
+// event that does not decode.
+func stepKey(data []byte) (string, bool) {
+	var ev proposals.Event
+	if json.Unmarshal(data, &ev) != nil {
+		return "", false
+	}
+	return ev.Node + "\x00" + ev.Step + "\x00" + ev.Group + "\x00" + ev.PrevNode, true
+}
+
+// addStep keeps ev as the latest progress of its step.
+func (e *eventRings) addStep(key string, ev rawEvent) {
+	i := 0
+	for i < len(e.steps) && e.steps[i].key != key {
+		i++
+	}
+	if i == len(e.steps) {
+		if len(e.steps) < maxSteps {
+			e.steps = append(e.steps, stepProgress{})
+		}
+		i = len(e.steps) - 1 // the oldest goes when full
+	}
+	copy(e.steps[1:i+1], e.steps[:i])
+	e.steps[0] = stepProgress{key: key, ev: ev}
 }
 
 // isMove reports whether an event of kind belongs to a move.
@@ -70,6 +109,14 @@ func isMove(kind string) bool {
 func (e *eventRings) add(subject string, data []byte) {
 	kind := strings.TrimPrefix(subject, proposals.SubjectEventsPrefix)
 	ev := rawEvent{kind: kind, data: data}
+	if kind == proposals.EventProgress {
+		if key, ok := stepKey(data); ok {
+			e.mu.Lock()
+			e.addStep(key, ev)
+			e.mu.Unlock()
+			return
+		}
+	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	e.all.add(ev)
@@ -85,6 +132,7 @@ func (e *eventRings) start() {
 	clear(e.all.buf)
 	clear(e.moves.buf)
 	e.all.next, e.all.n, e.moves.next, e.moves.n = 0, 0, 0, 0
+	e.steps = nil
 	e.following = true
 }
 
@@ -94,12 +142,16 @@ func (e *eventRings) stop() {
 	e.mu.Unlock()
 }
 
-// latest returns the events and moves kept, newest first, decoded.
-func (e *eventRings) latest() (all, moves []eventV, following bool) {
+// latest returns the events, moves and steps kept, newest first, decoded.
+func (e *eventRings) latest() (all, moves, steps []eventV, following bool) {
 	e.mu.Lock()
 	rawAll, rawMoves, following := e.all.newest(), e.moves.newest(), e.following
+	rawSteps := make([]rawEvent, len(e.steps))
+	for i, st := range e.steps {
+		rawSteps[i] = st.ev
+	}
 	e.mu.Unlock()
-	return decodeEvents(rawAll), decodeEvents(rawMoves), following
+	return decodeEvents(rawAll), decodeEvents(rawMoves), decodeEvents(rawSteps), following
 }
 
 func decodeEvents(raw []rawEvent) []eventV {

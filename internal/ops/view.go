@@ -36,7 +36,11 @@ type view struct {
 	// Events are the latest events of every kind, newest first; Moves
 	// those of kinds move, handoff and unbind. Following says whether the
 	// events stream is being read now.
-	Events    []eventV `json:"events"`
+	Events []eventV `json:"events"`
+	// Steps are the latest progress events of the hand-over steps (a
+	// node draining or catching up groups it took over), one per step,
+	// newest first.
+	Steps     []eventV `json:"steps"`
 	Following bool     `json:"events_following"`
 }
 
@@ -117,7 +121,7 @@ func (s *Server) build(st router.Status) view {
 		}
 		v.Nodes = append(v.Nodes, row)
 	}
-	v.Events, v.Moves, v.Following = s.events.latest()
+	v.Events, v.Moves, v.Steps, v.Following = s.events.latest()
 	return v
 }
 
@@ -218,6 +222,12 @@ func pageFuncs() template.FuncMap {
 			return fmt.Sprintf("%d B", n)
 		},
 		"clock": func(t time.Time) string { return t.UTC().Format("15:04:05.000") },
+		"progress": func(count, total int) string {
+			if total == 0 {
+				return fmt.Sprintf("%d", count)
+			}
+			return fmt.Sprintf("%d of %d (%.0f%%)", count, total, 100*float64(count)/float64(total))
+		},
 		"yesno": func(b bool) string {
 			if b {
 				return "yes"

@@ -55,7 +55,14 @@ func TestEventRings(t *testing.T) {
 		e.add("grouping.events."+kind, fmt.Appendf(nil, `{"id":"%d","kind":"%s","group":"g%d","by":"h/n0","at":"2026-12-01T10:00:0%d.000Z"}`, i, kind, i, i))
 	}
 	e.add("grouping.events.handoff", []byte("{not json"))
-	all, moves, following := e.latest()
+	// Progress events: the latest per step, not among the latest events.
+	for i, p := range []struct{ node, step, group string }{
+		{"n1", "catchup", ""}, {"n2", "drain", "g1"}, {"n1", "catchup", ""}, {"n2", "drain", "g2"}, {"n1", "catchup", ""},
+	} {
+		e.add("grouping.events.progress", fmt.Appendf(nil, `{"id":"p%d","kind":"progress","group":%q,"node":%q,"step":%q,"count":%d,"total":50,"groups":3,"by":%q,"at":"2026-12-01T10:00:1%d.000Z"}`,
+			i, p.group, p.node, p.step, 10*(i+1), p.node, i))
+	}
+	all, moves, steps, following := e.latest()
 	var got []string
 	for _, ev := range all {
 		got = append(got, ev.Kind+":"+ev.Group)
@@ -73,9 +80,22 @@ func TestEventRings(t *testing.T) {
 	if moves[0].Reason == "" {
 		t.Error("an undecodable event is listed without saying so")
 	}
+	got = got[:0]
+	for _, ev := range steps {
+		got = append(got, fmt.Sprintf("%s/%s/%s:%d", ev.Node, ev.Step, ev.Group, ev.Count))
+	}
+	if fmt.Sprint(got) != "[n1/catchup/:50 n2/drain/g2:40 n2/drain/g1:20]" {
+		t.Errorf("steps %v: want the latest progress of each step, newest first", got)
+	}
+	for i := range 2 * maxSteps {
+		e.add("grouping.events.progress", fmt.Appendf(nil, `{"id":"q%d","kind":"progress","group":"x%d","node":"n3","step":"drain","count":1}`, i, i))
+	}
+	if _, _, steps, _ := e.latest(); len(steps) != maxSteps || steps[0].Group != fmt.Sprintf("x%d", 2*maxSteps-1) {
+		t.Errorf("%d steps kept (newest %q), want the %d newest", len(steps), steps[0].Group, maxSteps)
+	}
 	e.stop()
 	e.start()
-	if all, moves, _ := e.latest(); len(all) != 0 || len(moves) != 0 {
-		t.Errorf("restarted follower kept %d events, %d moves", len(all), len(moves))
+	if all, moves, steps, _ := e.latest(); len(all) != 0 || len(moves) != 0 || len(steps) != 0 {
+		t.Errorf("restarted follower kept %d events, %d moves, %d steps", len(all), len(moves), len(steps))
 	}
 }
