@@ -2,6 +2,8 @@ package ops
 
 import (
 	"fmt"
+	"html/template"
+	"strings"
 	"testing"
 	"time"
 )
@@ -97,5 +99,28 @@ func TestEventRings(t *testing.T) {
 	e.start()
 	if all, moves, steps, _ := e.latest(); len(all) != 0 || len(moves) != 0 || len(steps) != 0 {
 		t.Errorf("restarted follower kept %d events, %d moves, %d steps", len(all), len(moves), len(steps))
+	}
+}
+
+// TestPageListsSteps: the page renders the steps table from the steps kept.
+func TestPageListsSteps(t *testing.T) {
+	page, err := template.New("status").Funcs(pageFuncs()).Parse(statusPage)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := newEventRings(5)
+	e.start()
+	e.add("grouping.events.progress", []byte(`{"id":"1","kind":"progress","node":"n2","step":"catchup","count":300,"total":1200,"groups":66,"by":"n2","at":"2026-12-01T10:00:00Z"}`))
+	e.add("grouping.events.progress", []byte(`{"id":"2","kind":"progress","group":"g7","node":"n1","prev_node":"n0","step":"drain","count":40,"by":"n1","reason":"done","at":"2026-12-01T10:00:01Z"}`))
+	var v view
+	v.Events, v.Moves, v.Steps, v.Following = e.latest()
+	var out strings.Builder
+	if err := page.Execute(&out, v); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{`data-step="catchup"`, "300 of 1200 (25%)", "<td>running</td>", `data-step="drain"`, "<td>g7</td><td>n0</td>", "<td>done</td>"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("page lacks %q", want)
+		}
 	}
 }
