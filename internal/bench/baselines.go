@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"grouprouter/internal/localnats"
 	"grouprouter/kvbinding"
 	"grouprouter/proposals"
 )
@@ -119,7 +120,7 @@ func (b *bencher) kvCreatePipelined(ctx context.Context, e *env, n int, watched 
 		}
 		// The watcher only counts deliveries: decoding is the watching
 		// node's business, and a node skips the records it wrote itself.
-		wnc, err := connect(e.ns.urlsFor(0), "bench-kv-watcher")
+		wnc, err := localnats.Connect(e.ns.URLsFor(0), "bench-kv-watcher")
 		if err != nil {
 			drop()
 			return figure{}, err
@@ -149,7 +150,7 @@ func (b *bencher) kvCreatePipelined(ctx context.Context, e *env, n int, watched 
 		return figure{}, err
 	}
 	defer drop()
-	nc, err := connect(e.ns.urlsFor(0), "bench-kv-pipelined")
+	nc, err := localnats.Connect(e.ns.URLsFor(0), "bench-kv-pipelined")
 	if err != nil {
 		return figure{}, err
 	}
@@ -275,7 +276,7 @@ func (b *bencher) warmPhase(ctx context.Context, e *env) (*warmResult, error) {
 	if err != nil {
 		return nil, err
 	}
-	nc, err := connect(e.ns.urlsFor(0), "bench-warm-fill")
+	nc, err := localnats.Connect(e.ns.URLsFor(0), "bench-warm-fill")
 	if err != nil {
 		return nil, err
 	}
@@ -321,7 +322,7 @@ func (b *bencher) warmPhase(ctx context.Context, e *env) (*warmResult, error) {
 	fill := time.Since(start)
 	b.logf("%-28s %7d in %6.2fs = %8.0f writes/s", "warm-start fill", n, fill.Seconds(), float64(n)/fill.Seconds())
 
-	args := []string{"--mode", modeWarm, "--nats", strings.Join(e.ns.urlsFor(0), ","), "--node", "warm"}
+	args := []string{"--mode", modeWarm, "--nats", strings.Join(e.ns.URLsFor(0), ","), "--node", "warm"}
 	if b.cfg.CPUProfile != "" {
 		args = append(args, "--cpuprofile", profileName(b.cfg.CPUProfile, "warm"))
 	}
@@ -352,7 +353,7 @@ func (b *bencher) warmPhase(ctx context.Context, e *env) (*warmResult, error) {
 // once its binding is written — to compare with raw pipelined KV creates.
 // The handler runs in the router child; its CPU counts as ours, not foreign.
 func (b *bencher) decisionService(ctx context.Context, e *env, kids []*child, tag string, n int) (figure, error) {
-	nc, err := connect(e.ns.urlsFor(0), "bench-proposer")
+	nc, err := localnats.Connect(e.ns.URLsFor(0), "bench-proposer")
 	if err != nil {
 		return figure{}, err
 	}

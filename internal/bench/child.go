@@ -21,6 +21,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"grouprouter/internal/localnats"
 	"grouprouter/kvbinding"
 	"grouprouter/router"
 )
@@ -147,7 +148,7 @@ func NodeMain(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	}
 
 	out := &reporter{enc: json.NewEncoder(stdout)}
-	nc, err := connect(list, "bench-"+*mode+"-"+*node)
+	nc, err := localnats.Connect(list, "bench-"+*mode+"-"+*node)
 	if err != nil {
 		return err
 	}

@@ -20,6 +20,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"grouprouter/internal/localnats"
 	"grouprouter/kvbinding"
 	"grouprouter/router"
 )
@@ -251,7 +252,7 @@ func (b *bencher) logf(format string, args ...any) {
 
 // env is one NATS set-up and the parent's clients on it.
 type env struct {
-	ns        *natsSet
+	ns        *localnats.Cluster
 	servers   int
 	replicas  int
 	mon       *nats.Conn // sink consumers, events, admin
@@ -319,11 +320,11 @@ func (b *bencher) runServers(ctx context.Context, servers int, first bool) (*ser
 	defer e.close()
 	t0 := time.Now()
 	var err error
-	if e.ns, err = startNATS(ctx, filepath.Join(b.tmp, "s"+strconv.Itoa(servers)), servers); err != nil {
-		return nil, err
+	if e.ns, err = localnats.Start(ctx, filepath.Join(b.tmp, "s"+strconv.Itoa(servers)), "bench", servers); err != nil {
+		return nil, fmt.Errorf("bench: %w", err)
 	}
-	b.logf("NATS up in %v: %s", time.Since(t0).Round(time.Millisecond), strings.Join(e.ns.urls, ","))
-	if e.mon, err = connect(e.ns.urlsFor(0), "bench-consumers"); err != nil {
+	b.logf("NATS up in %v: %s", time.Since(t0).Round(time.Millisecond), strings.Join(e.ns.URLs(), ","))
+	if e.mon, err = localnats.Connect(e.ns.URLsFor(0), "bench-consumers"); err != nil {
 		return nil, err
 	}
 	if e.js, err = jetstream.New(e.mon); err != nil {
@@ -333,7 +334,7 @@ func (b *bencher) runServers(ctx context.Context, servers int, first bool) (*ser
 		return nil, err
 	}
 	for i := range b.cfg.Producers {
-		nc, err := connect(e.ns.urlsFor(i), "bench-producer-"+strconv.Itoa(i))
+		nc, err := localnats.Connect(e.ns.URLsFor(i), "bench-producer-"+strconv.Itoa(i))
 		if err != nil {
 			return nil, err
 		}
@@ -527,7 +528,7 @@ func (b *bencher) startNodes(ctx context.Context, e *env, n, consumed int, profi
 		if i == 0 {
 			typ = router.Local
 		}
-		args := []string{"--mode", modeRouter, "--nats", strings.Join(e.ns.urlsFor(i), ","), "--node", node,
+		args := []string{"--mode", modeRouter, "--nats", strings.Join(e.ns.URLsFor(i), ","), "--node", node,
 			"--type", string(typ), "--name", handlerName, "--address", benchAddress}
 		if i == 0 && profile != "" {
 			args = append(args, "--cpuprofile", profile)
@@ -863,7 +864,7 @@ func (b *bencher) relayPhase(ctx context.Context, e *env, sr *serverResults, pro
 		}
 		start = info.State.LastSeq + 1
 	}
-	args := []string{"--mode", modeRelay, "--nats", strings.Join(e.ns.urlsFor(0), ","),
+	args := []string{"--mode", modeRelay, "--nats", strings.Join(e.ns.URLsFor(0), ","),
 		"--node", "n0", "--start-seq", strconv.FormatUint(start, 10)}
 	if profile != "" {
 		args = append(args, "--cpuprofile", profile)

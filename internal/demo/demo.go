@@ -10,6 +10,7 @@ import (
 	"sort"
 	"time"
 
+	"grouprouter/internal/localnats"
 	"grouprouter/kvbinding"
 	"grouprouter/proposals"
 	"grouprouter/router"
@@ -103,7 +104,7 @@ const (
 // run is one demo run.
 type run struct {
 	cfg    Config
-	c      *cluster
+	c      *localnats.Cluster
 	nodes  []*node
 	groups []string
 	l      *ledger
@@ -173,10 +174,10 @@ func (d *run) run(ctx context.Context) (Summary, error) {
 
 	t0 := time.Now()
 	d.say("Starting 3 NATS servers (a JetStream cluster on 127.0.0.1, random ports, stores in %s)...", dir)
-	if d.c, err = startCluster(ctx, dir, 3); err != nil {
-		return Summary{}, err
+	if d.c, err = localnats.Start(ctx, dir, "demo", 3); err != nil {
+		return Summary{}, fmt.Errorf("demo: %w", err)
 	}
-	defer d.c.close()
+	defer d.c.Close()
 	log := d.cfg.Logger
 	d.nodes = []*node{
 		newNode("n0", router.Local, 0, log),  // the active LOCAL handler

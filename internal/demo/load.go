@@ -10,6 +10,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"grouprouter/internal/localnats"
 	"grouprouter/router"
 )
 
@@ -43,12 +44,12 @@ type producers struct {
 	errors int
 }
 
-func startProducers(c *cluster, groups []string, rate float64, l *ledger) (*producers, error) {
+func startProducers(c *localnats.Cluster, groups []string, rate float64, l *ledger) (*producers, error) {
 	p := &producers{stop: make(chan struct{})}
-	lanes := min(len(c.urls)*lanesPerProducer, len(groups))
+	lanes := min(len(c.URLs())*lanesPerProducer, len(groups))
 	interval := time.Duration(float64(time.Second) * float64(lanes) / rate)
-	for s := range c.urls {
-		nc, err := c.connect(s, "demo-producer-"+strconv.Itoa(s+1))
+	for s := range c.URLs() {
+		nc, err := c.Connect(s, "demo-producer-"+strconv.Itoa(s+1))
 		if err != nil {
 			p.halt()
 			return nil, err
@@ -59,7 +60,7 @@ func startProducers(c *cluster, groups []string, rate float64, l *ledger) (*prod
 			p.halt()
 			return nil, err
 		}
-		for k := s; k < lanes; k += len(c.urls) {
+		for k := s; k < lanes; k += len(c.URLs()) {
 			var own []int
 			for i := k; i < len(groups); i += lanes {
 				own = append(own, i)
@@ -165,8 +166,8 @@ type consumer struct {
 	cc jetstream.ConsumeContext
 }
 
-func startConsumer(ctx context.Context, c *cluster, n *node, l *ledger) (*consumer, error) {
-	nc, err := c.connect(n.server, "demo-consumer-"+n.id)
+func startConsumer(ctx context.Context, c *localnats.Cluster, n *node, l *ledger) (*consumer, error) {
+	nc, err := c.Connect(n.server, "demo-consumer-"+n.id)
 	if err != nil {
 		return nil, err
 	}

@@ -9,6 +9,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"grouprouter/internal/localnats"
 	"grouprouter/router"
 )
 
@@ -49,9 +50,9 @@ func newNode(id string, typ router.HandlerType, server int, log *slog.Logger) *n
 
 // start connects the node and runs it until stop or kill, and returns
 // once it routes.
-func (n *node) start(ctx context.Context, c *cluster) error {
+func (n *node) start(ctx context.Context, c *localnats.Cluster) error {
 	n.reap() // the run before a kill
-	nc, err := c.connect(n.server, "demo-node-"+n.id)
+	nc, err := c.Connect(n.server, "demo-node-"+n.id)
 	if err != nil {
 		return err
 	}

@@ -9,6 +9,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"grouprouter/internal/localnats"
 	"grouprouter/kvbinding"
 	"grouprouter/proposals"
 )
@@ -30,8 +31,8 @@ type watcher struct {
 	latest map[string]proposals.Event // each node's latest progress event
 }
 
-func startWatcher(ctx context.Context, c *cluster) (*watcher, error) {
-	nc, err := c.connect(0, "demo-watcher")
+func startWatcher(ctx context.Context, c *localnats.Cluster) (*watcher, error) {
+	nc, err := c.Connect(0, "demo-watcher")
 	if err != nil {
 		return nil, err
 	}
