@@ -200,3 +200,50 @@ func TestSetupStopsOnPermanentErrors(t *testing.T) {
 		})
 	}
 }
+
+// TestAutoReplicas: with auto replicas, a node on a cluster whose servers
+// do not advertise each other to clients (cluster no_advertise, as behind
+// a load balancer) still gets three replicas, since the servers place
+// them; a node on a cluster of two, which cannot place three, waits for it
+// to form, then settles for one, and routes.
+func TestAutoReplicas(t *testing.T) {
+	for _, tt := range []struct {
+		name    string
+		servers int
+		want    int
+	}{
+		{"3 servers, no_advertise", 3, 3},
+		{"2 servers", 2, 1},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			c := natstest.RunClusterWith(t, tt.servers, func(o *server.Options) { o.Cluster.NoAdvertise = true })
+			n := launchNode(t, c.Servers[0].URL(), testConfig("n0", router.Local))
+			n.waitReady(time.Minute)
+			if known := len(n.nc.Servers()); known != 1 {
+				t.Errorf("the node's connection knows %d servers, want only its own (no_advertise)", known)
+			}
+			nc := c.Servers[0].Connect()
+			js, err := jetstream.New(nc)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, s := range []string{router.IngressStream, router.QueueStream, "KV_grouping-bindings", "KV_grouping-nodes"} {
+				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+				st, err := js.Stream(ctx, s)
+				cancel()
+				if err != nil {
+					t.Fatalf("stream %s: %v", s, err)
+				}
+				if r := st.CachedInfo().Config.Replicas; r != tt.want {
+					t.Errorf("stream %s has %d replicas, want %d", s, r, tt.want)
+				}
+			}
+			var col collector
+			startConsumer(t, n.url, n.id, &col)
+			waitEligible(t, nc, []string{"n0"}, []string{"n0"})
+			want := map[string][]string{}
+			sendBatch(t, js, "g1", "a", 5, want)
+			checkGrouping(t, col.waitCount(t, 5, 30*time.Second), want)
+		})
+	}
+}

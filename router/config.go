@@ -78,8 +78,10 @@ type Config struct {
 	MaxHeldBytes    int64
 	// MaxInFlight bounds the queue publishes awaiting their ack.
 	MaxInFlight int
-	// Replicas of the streams and buckets; 0 picks 3 in a cluster of three
-	// or more servers and 1 otherwise. Existing streams keep theirs.
+	// Replicas of the streams and buckets; 0 (auto) asks for 3 when the
+	// node's server is in a cluster and 1 otherwise, and settles for 1 when
+	// the cluster cannot place 3 within clusterFormingWait (see Replicas).
+	// Existing streams keep theirs.
 	Replicas int
 	// Heartbeat is how often the node announces itself; it is considered
 	// gone 3 heartbeats (at least 1s) after its last announcement.

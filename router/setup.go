@@ -42,6 +42,10 @@ const (
 	// setupBackoffMin and setupBackoffMax bound the pause between attempts.
 	setupBackoffMin = 100 * time.Millisecond
 	setupBackoffMax = 5 * time.Second
+	// clusterFormingWait is how long a LOCAL node in a cluster that
+	// cannot place three replicas yet waits for it to form before it
+	// creates the streams with one replica (auto replicas only).
+	clusterFormingWait = 10 * time.Second
 )
 
 // setup runs the node's setup steps, each waiting for NATS as long as ctx
@@ -65,10 +69,25 @@ func (r *Router) setup(ctx context.Context) (queueCons jetstream.Consumer, relea
 		return nil, nil, err
 	}
 	replicas := r.cfg.Replicas
+	forming, fallback := time.Now(), false
 	if err := r.setupStep(ctx, "streams", func(ctx context.Context) error {
-		// Auto replicas follow what the connection knows of the cluster at
-		// this attempt: the server list grows while servers join.
-		if err := ensureStreams(ctx, r.js, r.cfg, Replicas(r.nc, r.cfg.Replicas)); err != nil {
+		want := Replicas(r.nc, r.cfg.Replicas)
+		if fallback {
+			want = 1
+		}
+		err := ensureStreams(ctx, r.js, r.cfg, want)
+		if err != nil && r.cfg.Replicas == 0 && want > 1 && cannotPlace(err) {
+			// Auto replicas in a cluster that cannot place three: one
+			// still forming (wait for it), or one of fewer servers.
+			if time.Since(forming) < clusterFormingWait {
+				return fmt.Errorf("waiting for the cluster to place 3 replicas (auto): %v", err)
+			}
+			fallback = true
+			r.log.Warn("auto replicas: the cluster cannot place 3 replicas; the streams and buckets this node creates get 1",
+				"cluster", r.nc.ConnectedClusterName(), "err", err, "hint", "--replicas sets it")
+			err = ensureStreams(ctx, r.js, r.cfg, 1)
+		}
+		if err != nil {
 			return err
 		}
 		if r.cfg.Replicas > 0 {

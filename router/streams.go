@@ -77,20 +77,35 @@ func QueueFilter(node string) string { return QueueSubjectPrefix + node + ".>" }
 // QueueConsumer returns the durable consumer name of node's queue.
 func QueueConsumer(node string) string { return QueueConsumerPrefix + node }
 
-// Replicas returns the replica count the router uses on connection nc:
-// want if > 0, else 3 when connected to a cluster of at least three
-// servers, else 1.
+// Replicas returns the replica count the router asks for on connection
+// nc: want if > 0, else (auto) 3 when nc's server is in a cluster, 1
+// otherwise. The servers place the replicas: a cluster that cannot place
+// three refuses (see cannotPlace), and the node falls back to one after
+// waiting clusterFormingWait for the cluster to form.
 func Replicas(nc *nats.Conn, want int) int {
-	if want > 0 {
+	switch {
+	case want > 0:
 		return want
-	}
-	if nc.ConnectedClusterName() == "" {
-		return 1
-	}
-	if n := len(nc.Servers()); n >= 3 {
+	case nc.ConnectedClusterName() != "":
 		return 3
 	}
 	return 1
+}
+
+// cannotPlace reports whether err is the servers' refusal to place a
+// stream's replicas: not enough servers in the cluster (yet), or none.
+func cannotPlace(err error) bool {
+	var apiErr *jetstream.APIError
+	if !errors.As(err, &apiErr) {
+		return false
+	}
+	switch apiErr.ErrorCode {
+	case 10005, // no suitable peers for placement
+		10023, // insufficient resources
+		10074: // replicas > 1 not supported in non-clustered mode
+		return true
+	}
+	return false
 }
 
 // ensureStreams creates the ingress, queue, dead-letter and events streams

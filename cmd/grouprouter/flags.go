@@ -138,7 +138,7 @@ func newRunFlags() *runFlags {
 	fs.StringVar(&f.groupHeader, "group-header", router.DefaultGroupHeader, "`HEADER` holding the group id")
 	fs.BoolVar(&f.localFirst, "local-first", false, "propose this node for new groups when its queue has a consumer")
 	fs.IntVar(&f.maxAttempts, "max-attempts", 0, "dead-letter a group's held messages after `N` failed decisions (0 = never)")
-	fs.IntVar(&f.replicas, "replicas", 0, "`N` replicas of streams and buckets (0 = 3 in a cluster of 3 or more servers, else 1)")
+	fs.IntVar(&f.replicas, "replicas", 0, "`N` replicas of streams and buckets (0 = 3 on a clustered server, 1 if the cluster cannot place 3 within 10 s or the server is standalone)")
 	fs.StringVar(&f.queueMode, "queue-mode", string(defaultQueue),
 		"how the node's queue is consumed: `MODE` pinned (pull with priority group \""+router.PriorityGroup+"\"; one pinned consumer process, others stand by) or plain (no priority group, for clients that cannot pull with one; run one consumer process per node)")
 	fs.StringVar(&f.logLevel, "log-level", defaultLogLevel, "`LEVEL`: debug, info, warn or error")
