@@ -13,6 +13,7 @@ package integration
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"strconv"
@@ -1045,6 +1046,72 @@ func TestServerRestartUnderLoad(t *testing.T) {
 	}
 	t.Logf("%d messages in %d groups (per node %v); %d publish retries, %d of them answered as duplicates by the ingress; longest ingress read stall per node: %v",
 		total, len(want), perNode, retries, dups, stalls)
+}
+
+// TestLeaderStepdownsUnderLoad: the leaders of every stream the routers
+// use, and of the nodes' queue consumers, are made to step down again and
+// again while producers publish (a leader election with no server lost):
+// every acknowledged message is delivered exactly once, in order per
+// group, and no node stops.
+func TestLeaderStepdownsUnderLoad(t *testing.T) {
+	c, nodes, col, admin, js := loadedCluster(t, "LRR")
+	stalls := watchReadStalls(t, nodes...)
+	var ps []*loadProducer
+	for i, s := range c.Servers {
+		ps = append(ps, startLoad(t, s.URL(), fmt.Sprintf("p%d", i), 6, 40, 5*time.Millisecond))
+	}
+	natstest.Eventually(t, 30*time.Second, func() error {
+		if n := col.len(); n < 200 {
+			return fmt.Errorf("%d of 200 consumed", n)
+		}
+		return nil
+	})
+	subjects := []string{}
+	for _, stream := range append(streamsOfTheRouter, router.EventsStream) {
+		subjects = append(subjects, "$JS.API.STREAM.LEADER.STEPDOWN."+stream)
+	}
+	for _, id := range all3 {
+		subjects = append(subjects, "$JS.API.CONSUMER.LEADER.STEPDOWN."+router.QueueStream+"."+router.QueueConsumer(id))
+	}
+	stepped, refused := 0, 0
+	for round := 0; round < 4; round++ {
+		for _, subj := range subjects {
+			// A stepdown asked while the previous election still runs is
+			// refused; that is fine, the next round asks again.
+			m, err := admin.Request(subj, nil, 2*time.Second)
+			var res struct {
+				Success bool `json:"success"`
+			}
+			if err == nil && json.Unmarshal(m.Data, &res) == nil && res.Success {
+				stepped++
+			} else {
+				refused++
+			}
+			time.Sleep(150 * time.Millisecond)
+		}
+	}
+	if stepped < len(subjects) {
+		t.Fatalf("only %d stepdowns done (%d refused): the test did not elect leaders again", stepped, refused)
+	}
+	for _, n := range nodes {
+		select {
+		case err := <-n.done:
+			t.Fatalf("node %s stopped during the elections: %v", n.id, err)
+		default:
+		}
+	}
+	time.Sleep(500 * time.Millisecond)
+	haltAll(t, ps...)
+	want, total := sentAll(ps...)
+	col.waitConsumed(t, want, 90*time.Second)
+	got := col.all()
+	checkDelivered(t, got, want, true, true)
+	checkQueuedOnce(t, js, total)
+	waitQueuesEmpty(t, js, 20*time.Second)
+	stalls.halt()
+	retries, dups := retriesOf(ps...)
+	t.Logf("%d leader elections asked (%d refused while one ran), %d messages in %d groups; %d publish retries (%d duplicates); longest ingress read stall per node: %v",
+		stepped, refused, total, len(want), retries, dups, stalls)
 }
 
 // ---------------------------------------------------------------------------
