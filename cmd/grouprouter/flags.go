@@ -89,6 +89,8 @@ type runFlags struct {
 	dlqBytes     int64
 	bindingBytes int64
 	maxMsgSize   int
+	maxHeld      int
+	maxHeldBytes int64
 	name         string
 	groupHeader  string
 	localFirst   bool
@@ -134,6 +136,8 @@ func newRunFlags() *runFlags {
 	fs.Int64Var(&f.dlqBytes, "dlq-max-bytes", 0, "bound "+router.DeadLetterStream+" to `BYTES` (0: none); past it the oldest dead letters go")
 	fs.Int64Var(&f.bindingBytes, "bindings-max-bytes", 0, "bound the bindings bucket to `BYTES` (0: none); past it new bindings wait until ended records expire")
 	fs.IntVar(&f.maxMsgSize, "max-msg-size", 0, "the largest message `BYTES` the ingress accepts (0: the server's max_payload)")
+	fs.IntVar(&f.maxHeld, "max-held", router.DefaultMaxHeldMessages, "at most `N` messages held in memory (read ahead, awaiting a decision or their group's previous publish); past it the node stops reading: back-pressure, no loss")
+	fs.Int64Var(&f.maxHeldBytes, "max-held-bytes", router.DefaultMaxHeldBytes, "at most `BYTES` of messages held in memory (the process's heap grows to about 2-3 times this under full read-ahead)")
 	fs.StringVar(&f.name, "name", defaultName, "grouping-handler `NAME`; a LOCAL handler and its backup share it")
 	fs.StringVar(&f.groupHeader, "group-header", router.DefaultGroupHeader, "`HEADER` holding the group id")
 	fs.BoolVar(&f.localFirst, "local-first", false, "propose this node for new groups when its queue has a consumer")
@@ -258,12 +262,17 @@ func parseRunArgs(args []string, env environment) (runOptions, error) {
 		DeadLetterMaxBytes: f.dlqBytes,
 		BindingsMaxBytes:   f.bindingBytes,
 		MaxMessageSize:     int32(min(f.maxMsgSize, 1<<31-1)),
+		MaxHeldMessages:    f.maxHeld,
+		MaxHeldBytes:       f.maxHeldBytes,
 
 		InboxPrefix: opts.conn.InboxPrefix,
 		JSDomain:    opts.conn.JSDomain,
 	}
 	if f.maxMsgSize < 0 {
 		return runOptions{}, fmt.Errorf("%w: max-msg-size must be >= 0, got %d", router.ErrConfig, f.maxMsgSize)
+	}
+	if f.maxHeld <= 0 || f.maxHeldBytes <= 0 {
+		return runOptions{}, fmt.Errorf("%w: max-held and max-held-bytes must be > 0, got %d and %d", router.ErrConfig, f.maxHeld, f.maxHeldBytes)
 	}
 	if opts.cfg.DeadLetterMaxAge <= 0 {
 		return runOptions{}, fmt.Errorf("%w: dlq-max-age must be > 0, got %v", router.ErrConfig, opts.cfg.DeadLetterMaxAge)

@@ -47,6 +47,7 @@ func TestParseRunArgsDefaults(t *testing.T) {
 		Node: "broker-1-example-com", GroupHeader: "Group-Id", QueueMode: router.QueuePinned,
 		GroupTimeout: 0, ReaperPeriod: 30 * time.Second, NodeGrace: 15 * time.Second, RebindAfter: 30 * time.Second,
 		EventsMaxAge: router.DefaultEventsMaxAge, DeadLetterMaxAge: router.DefaultDeadLetterMaxAge,
+		MaxHeldMessages: router.DefaultMaxHeldMessages, MaxHeldBytes: router.DefaultMaxHeldBytes,
 	}
 	if opts.cfg != want {
 		t.Errorf("config\n got %+v\nwant %+v", opts.cfg, want)
@@ -108,9 +109,10 @@ func TestParseRunArgsMerge(t *testing.T) {
 		},
 		{
 			name: "the remaining flags",
-			args: []string{"--node", "n5", "--local-first", "--max-attempts", "3", "--replicas", "3", "--nats", "nats://a:4222,nats://b:4222"},
+			args: []string{"--node", "n5", "--local-first", "--max-attempts", "3", "--replicas", "3", "--nats", "nats://a:4222,nats://b:4222",
+				"--max-held", "5000", "--max-held-bytes", "1048576"},
 			want: router.Config{Name: "grouping-handler", Type: router.Local, Address: "jms", Timeout: 5 * time.Second, Node: "n5", GroupHeader: "Group-Id",
-				LocalFirst: true, MaxAttempts: 3, Replicas: 3, QueueMode: router.QueuePinned},
+				LocalFirst: true, MaxAttempts: 3, Replicas: 3, QueueMode: router.QueuePinned, MaxHeldMessages: 5000, MaxHeldBytes: 1 << 20},
 		},
 		{
 			name: "events max age",
@@ -157,6 +159,12 @@ func withLifecycleDefaults(c router.Config) router.Config {
 	}
 	if c.DeadLetterMaxAge == 0 {
 		c.DeadLetterMaxAge = router.DefaultDeadLetterMaxAge
+	}
+	if c.MaxHeldMessages == 0 {
+		c.MaxHeldMessages = router.DefaultMaxHeldMessages
+	}
+	if c.MaxHeldBytes == 0 {
+		c.MaxHeldBytes = router.DefaultMaxHeldBytes
 	}
 	return c
 }
@@ -294,6 +302,8 @@ func TestParseRunArgsErrors(t *testing.T) {
 		{"bad name", []string{"--name", "my handler"}, false, "name:"},
 		{"negative max attempts", []string{"--max-attempts", "-1"}, false, "max attempts must be >= 0"},
 		{"too many replicas", []string{"--replicas", "7"}, false, "replicas must be 0 (auto) to 5"},
+		{"no held messages", []string{"--max-held", "0"}, false, "max-held and max-held-bytes must be > 0, got 0 and"},
+		{"negative held bytes", []string{"--max-held-bytes", "-1"}, false, "max-held and max-held-bytes must be > 0, got 100000 and -1"},
 		{"bad log level", []string{"--log-level", "loud"}, false, `unknown log level "loud"`},
 		{"bad queue mode", []string{"--queue-mode", "shared"}, false, `queue mode "shared" (want pinned or plain)`},
 		{"empty queue mode", []string{"--queue-mode", ""}, false, `queue mode "" (want pinned or plain)`},
