@@ -38,6 +38,10 @@ type usage struct {
 	User   time.Duration `json:"user_ns"`
 	Sys    time.Duration `json:"sys_ns"`
 	MaxRSS int64         `json:"max_rss"` // bytes (VmHWM where there is /proc)
+	// Syscalls counts the read and write system calls the process made
+	// (syscr + syscw of /proc/self/io; 0 where there is none): how many
+	// socket reads and writes its messages took.
+	Syscalls uint64 `json:"syscalls,omitempty"`
 }
 
 // CPU is user + system time.
@@ -90,6 +94,7 @@ func processFigures(rep *report) {
 	var ms runtime.MemStats
 	runtime.ReadMemStats(&ms)
 	rep.Usage = selfUsage()
+	rep.Usage.Syscalls = ioSyscalls()
 	if rss, ok := peakRSS(); ok {
 		rep.Usage.MaxRSS = rss
 	}

@@ -42,15 +42,34 @@ func machineBusy() (time.Duration, bool) {
 // cpuWatch measures, over an interval, the CPU time of the machine, of this
 // process and of measured children.
 type cpuWatch struct {
-	machine time.Duration
-	ok      bool
-	self    time.Duration
-	start   time.Time
+	machine  time.Duration
+	ok       bool
+	self     time.Duration
+	syscalls uint64 // this process's read and write system calls
+	start    time.Time
 }
 
 func startCPUWatch() cpuWatch {
 	m, ok := machineBusy()
-	return cpuWatch{machine: m, ok: ok, self: selfUsage().CPU(), start: time.Now()}
+	return cpuWatch{machine: m, ok: ok, self: selfUsage().CPU(), syscalls: ioSyscalls(), start: time.Now()}
+}
+
+// ioSyscalls returns the read and write system calls this process made so
+// far (syscr + syscw of /proc/self/io), 0 where there is no such file.
+func ioSyscalls() uint64 {
+	b, err := os.ReadFile("/proc/self/io")
+	if err != nil {
+		return 0
+	}
+	var n uint64
+	for _, line := range strings.Split(string(b), "\n") {
+		k, v, ok := strings.Cut(line, ": ")
+		if ok && (k == "syscr" || k == "syscw") {
+			c, _ := strconv.ParseUint(strings.TrimSpace(v), 10, 64)
+			n += c
+		}
+	}
+	return n
 }
 
 // foreign returns the share of the machine's capacity (0..1) used by other

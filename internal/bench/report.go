@@ -129,6 +129,7 @@ const (
 	unitWrites    = "writes/s"
 	unitMs        = "ms"
 	unitUsPerMsg  = "µs/msg"
+	unitPerMsg    = "/msg"
 	unitMiB       = "MiB"
 	unitBytes     = "B/binding"
 	unitSec       = "s"
@@ -149,7 +150,7 @@ func formatValue(v float64, unit string) string {
 	switch unit {
 	case unitMsgs, unitDecisions, unitCreates, unitWrites, unitCount:
 		s = thousands(int64(math.Round(v)))
-	case unitMs, unitUsPerMsg, unitSec:
+	case unitMs, unitUsPerMsg, unitSec, unitPerMsg:
 		switch {
 		case v >= 100:
 			s = strconv.FormatFloat(v, 'f', 0, 64)
@@ -311,6 +312,8 @@ func (sr *serverResults) rows(cfg config) []Row {
 		for _, f := range []memFig{
 			{"router CPU per msg (all nodes)", func(m measure) float64 { return us(m.CPUPerMsg()) }, unitUsPerMsg},
 			{"servers+load CPU per msg (bench process)", func(m measure) float64 { return us(m.SelfCPUPerMsg()) }, unitUsPerMsg},
+			{"router read+write syscalls per msg (all nodes)", func(m measure) float64 { return m.perMsg(m.Syscalls) }, unitPerMsg},
+			{"servers+load read+write syscalls per msg (bench process)", func(m measure) float64 { return m.perMsg(m.SelfSys) }, unitPerMsg},
 			{"router heap in use (max node)", func(m measure) float64 { return mib(float64(m.Heap)) }, unitMiB},
 			{"router max RSS (max node)", func(m measure) float64 { return mib(float64(m.RSS)) }, unitMiB},
 		} {

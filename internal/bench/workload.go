@@ -83,6 +83,8 @@ type measure struct {
 	FirstLat percentiles   // publish -> consume, first message of a new group
 	CPU      time.Duration // CPU time of the measured processes during the run
 	SelfCPU  time.Duration // CPU time of this process (servers, producers, consumers) during the run
+	Syscalls uint64        // read and write system calls of the measured processes during the run
+	SelfSys  uint64        // the same of this process
 	Routed   uint64        // messages republished by the measured processes
 	Heap     uint64        // largest HeapInuse of a measured process at the end
 	RSS      int64         // largest peak RSS of a measured process so far
@@ -95,6 +97,14 @@ func (m measure) SelfCPUPerMsg() time.Duration {
 		return 0
 	}
 	return m.SelfCPU / time.Duration(m.N)
+}
+
+// perMsg returns n per message of the run (0 without messages).
+func (m measure) perMsg(n uint64) float64 {
+	if m.N == 0 {
+		return 0
+	}
+	return float64(n) / float64(m.N)
 }
 
 // CPUPerMsg returns the measured processes' CPU time per message.
@@ -177,11 +187,13 @@ func (b *bencher) measureRun(ctx context.Context, e *env, kids []*child, spec ru
 	r.mu.Unlock()
 	for i := range after {
 		m.CPU += after[i].Usage.CPU() - before[i].Usage.CPU()
+		m.Syscalls += after[i].Usage.Syscalls - before[i].Usage.Syscalls
 		m.Routed += after[i].Routed - before[i].Routed
 		m.Heap = max(m.Heap, after[i].HeapInuse)
 		m.RSS = max(m.RSS, after[i].Usage.MaxRSS)
 	}
 	m.SelfCPU = selfUsage().CPU() - watch.self
+	m.SelfSys = ioSyscalls() - watch.syscalls
 	m.Foreign = watch.foreign(m.CPU, runtime.NumCPU())
 	b.noteForeign(m.Foreign)
 	b.logf("%-28s %7d msgs in %6.2fs = %8.0f msgs/s%s%s%s", spec.label, m.N, m.Elapsed.Seconds(), m.Rate,
