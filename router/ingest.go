@@ -38,6 +38,7 @@ type held struct {
 func (r *Router) read(ctx context.Context) error {
 	rd := newIngressReader(r.js, IngressStream, r.cfg.JSDomain, r.log)
 	rd.onCreated = func() { r.readerUp.Store(true) }
+	rd.onReset = func(cause int) { r.readerResets[cause].Add(1) }
 	defer r.readerUp.Store(false)
 	var recs []ingested
 	return rd.run(ctx, r.eng.resume.start(), func(batch []ingressMsg) {
@@ -80,11 +81,15 @@ func (r *Router) ingest(batch []ingressMsg, recs []ingested) []ingested {
 				r.mu.Lock()
 			}
 			r.reading = true
+			waitFrom := time.Now()
+			r.fullSince.Store(waitFrom.UnixNano())
 			for !r.eng.closing && r.eng.full() {
 				r.cond.Wait()
 			}
 			r.reading = false
 			now = time.Now()
+			r.fullNanos.Add(int64(now.Sub(waitFrom)))
+			r.fullSince.Store(0)
 		}
 		if r.eng.closing {
 			break

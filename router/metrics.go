@@ -67,7 +67,7 @@ type collector struct {
 
 	info, ready, reconnects                                           *prometheus.Desc
 	routed, skipped, deadLettered, publishErrors, proposals, failures *prometheus.Desc
-	held, heldBytes, lag                                              *prometheus.Desc
+	held, heldBytes, lag, full, resets                                *prometheus.Desc
 	invalid, records, unsettled                                       *prometheus.Desc
 	liveNodes, bindings, consumer, backlog                            *prometheus.Desc
 }
@@ -93,6 +93,11 @@ func newCollector(r *Router) *collector {
 		held:      d("held_messages", "Messages this node holds in memory: undecided, or queued behind their group's publish."),
 		heldBytes: d("held_bytes", "Size of the held messages, headers included."),
 		lag:       d("ingress_lag_messages", "Ingress messages stored after the last one this node read (stream last sequence minus the node's position)."),
+		full: d("ingress_full_seconds_total",
+			"Time this node's ingress reader waited for room because the held messages reached their bound (back-pressure: every group waits)."),
+		resets: d("ingress_consumer_resets_total",
+			"Re-creations of this node's ingress consumer, by reason: gap (a delivery lost), status (the server dropped the consumer), heartbeat (silence), reconnect.",
+			"reason"),
 
 		invalid:   d("invalid_records_ignored_total", "Binding records the cache ignored as invalid."),
 		records:   d("binding_records", "Records in this node's binding cache, ended ones included."),
@@ -110,7 +115,7 @@ func newCollector(r *Router) *collector {
 // Describe implements prometheus.Collector.
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.info, c.ready, c.reconnects, c.routed, c.skipped, c.deadLettered,
-		c.publishErrors, c.proposals, c.failures, c.held, c.heldBytes, c.lag, c.invalid, c.records, c.unsettled,
+		c.publishErrors, c.proposals, c.failures, c.held, c.heldBytes, c.lag, c.full, c.resets, c.invalid, c.records, c.unsettled,
 		c.liveNodes, c.bindings, c.consumer, c.backlog} {
 		ch <- d
 	}
@@ -145,6 +150,10 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	gauge(c.heldBytes, float64(st.HeldBytes))
 	if last, ok := r.ingressLastCached(context.Background()); ok {
 		gauge(c.lag, float64(lag(last, st.Position)))
+	}
+	ch <- prometheus.MustNewConstMetric(c.full, prometheus.CounterValue, r.fullTime().Seconds())
+	for i, reason := range resetCauses {
+		counter(c.resets, r.readerResets[i].Load(), reason)
 	}
 
 	cache := r.cache
@@ -224,4 +233,14 @@ func (r *Router) ingressLastCached(ctx context.Context) (uint64, bool) {
 	}
 	c.last, c.ok = s.CachedInfo().State.LastSeq, true
 	return c.last, true
+}
+
+// fullTime is how long the ingress reader has waited for room, the wait
+// under way included.
+func (r *Router) fullTime() time.Duration {
+	d := time.Duration(r.fullNanos.Load())
+	if since := r.fullSince.Load(); since != 0 {
+		d += max(time.Since(time.Unix(0, since)), 0)
+	}
+	return d
 }

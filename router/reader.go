@@ -71,9 +71,21 @@ type ingressReader struct {
 	heard     time.Time
 	reconns   uint64
 	pullBody  []byte
-	cleanup   sync.WaitGroup // deletions of replaced consumers
-	onCreated func()         // called after each consumer creation
+	cleanup   sync.WaitGroup  // deletions of replaced consumers
+	onCreated func()          // called after each consumer creation
+	onReset   func(cause int) // called when a consumer is replaced: an index of resetCauses
 }
+
+// Why the reader replaces its consumer (the metric's reason label).
+const (
+	resetGap       = iota // a delivery out of sequence (one was lost)
+	resetStatus           // the server said the consumer is gone (409, 400, 503)
+	resetHeartbeat        // no message nor heartbeat for two heartbeats
+	resetReconnect        // the connection reconnected
+)
+
+// resetCauses names the causes, by index.
+var resetCauses = [...]string{resetGap: "gap", resetStatus: "status", resetHeartbeat: "heartbeat", resetReconnect: "reconnect"}
 
 // newIngressReader returns a reader of stream on js's connection, through
 // the JetStream API under domain ("" for none).
@@ -113,7 +125,7 @@ func (rd *ingressReader) run(ctx context.Context, start uint64, deliver func([]i
 		rd.deleteConsumer()
 		rd.cleanup.Wait()
 	}()
-	if !rd.reset(ctx, "start") {
+	if !rd.reset(ctx, -1, "start") {
 		return nil
 	}
 	tick := time.NewTicker(readerHeartbeat / 4)
@@ -176,7 +188,7 @@ func (rd *ingressReader) take(ctx context.Context, m *nats.Msg, batch []ingressM
 		rd.requested--
 	}
 	if d.ConsumerSeq != rd.cseq+1 {
-		rd.reset(ctx, fmt.Sprintf("delivery gap: consumer sequence %d after %d", d.ConsumerSeq, rd.cseq))
+		rd.reset(ctx, resetGap, fmt.Sprintf("delivery gap: consumer sequence %d after %d", d.ConsumerSeq, rd.cseq))
 		return batch
 	}
 	rd.cseq = d.ConsumerSeq
@@ -207,7 +219,7 @@ func (rd *ingressReader) status(ctx context.Context, m *nats.Msg) {
 		// Not a status message: no reply subject of a delivery (cannot
 		// come from the consumer); ignore it.
 	default: // 409 (consumer deleted, leader change, server shutdown, ...), 400, 503
-		rd.reset(ctx, "status "+code+" "+m.Header.Get("Description"))
+		rd.reset(ctx, resetStatus, "status "+code+" "+m.Header.Get("Description"))
 	}
 }
 
@@ -230,19 +242,23 @@ func (rd *ingressReader) check(ctx context.Context) bool {
 	}
 	if n := rd.nc.Stats().Reconnects; n != rd.reconns {
 		rd.reconns = n
-		return rd.reset(ctx, "reconnected")
+		return rd.reset(ctx, resetReconnect, "reconnected")
 	}
 	if rd.requested > 0 && time.Since(rd.heard) > 2*readerHeartbeat+readerHeartbeat/2 {
-		return rd.reset(ctx, "no heartbeat")
+		return rd.reset(ctx, resetHeartbeat, "no heartbeat")
 	}
 	return true
 }
 
 // reset replaces the consumer by a new one starting after the last message
-// delivered, retrying until ctx ends (then it returns false).
-func (rd *ingressReader) reset(ctx context.Context, why string) bool {
+// delivered, retrying until ctx ends (then it returns false). cause is an
+// index of resetCauses (-1 for the first creation), why the detail.
+func (rd *ingressReader) reset(ctx context.Context, cause int, why string) bool {
 	if rd.consumer != "" {
 		rd.log.Info("ingress consumer recreated", "reason", why, "next", rd.next)
+	}
+	if cause >= 0 && rd.onReset != nil {
+		rd.onReset(cause)
 	}
 	rd.deleteConsumer()
 	rd.requested, rd.cseq = 0, 0

@@ -39,6 +39,8 @@ func TestIngressReaderRecreatesItsConsumer(t *testing.T) {
 		rd := newIngressReader(js, "IN", "", slog.New(slog.DiscardHandler))
 		created := make(chan struct{}, 16)
 		rd.onCreated = func() { created <- struct{}{} }
+		resets := make(chan int, 16)
+		rd.onReset = func(cause int) { resets <- cause }
 		rctx, stop := context.WithCancel(ctx)
 		next := start
 		var got int
@@ -83,6 +85,14 @@ func TestIngressReaderRecreatesItsConsumer(t *testing.T) {
 		}
 		if len(created) < 2 {
 			t.Errorf("start %d: consumer created %d times, want a re-creation", start, len(created))
+		}
+		if len(resets) != len(created)-1 {
+			t.Errorf("start %d: %d re-creations counted, %d made", start, len(resets), len(created)-1)
+		}
+		for len(resets) > 0 {
+			if c := <-resets; c != resetStatus && c != resetHeartbeat {
+				t.Errorf("start %d: a deleted consumer counted as %q", start, resetCauses[c])
+			}
 		}
 	}
 }

@@ -87,10 +87,16 @@ type Router struct {
 	expectQueue []string
 
 	// For metrics and readiness (metrics.go, status.go).
-	metrics     *nodeMetrics
-	readerUp    atomic.Bool // the ingress reader's iterator is open
-	stopped     atomic.Bool // Run returned
-	ingressInfo ingressInfo
+	metrics  *nodeMetrics
+	readerUp atomic.Bool // the ingress reader's iterator is open
+	// fullNanos is how long the reader has waited for room (held bounds
+	// reached: back-pressure); readerResets counts its consumer
+	// re-creations by cause (resetCauses).
+	fullNanos    atomic.Int64
+	fullSince    atomic.Int64 // unix nanos the current wait began; 0: not waiting
+	readerResets [len(resetCauses)]atomic.Uint64
+	stopped      atomic.Bool // Run returned
+	ingressInfo  ingressInfo
 }
 
 // New returns a router node for cfg on connection nc (which the caller
@@ -245,6 +251,18 @@ func (r *Router) Run(ctx context.Context) error {
 	runCtx, stopRun := context.WithCancel(ctx)
 	defer stopRun()
 	g, gctx := errgroup.WithContext(runCtx)
+	// Stopping starts the drain at once: a reader waiting for room (the
+	// held messages at their bound: a full queue, decisions not coming)
+	// must wake up, or the routing goroutines would never all return. A
+	// message it did not hand over is read again after a restart (the
+	// checkpoint covers only what was routed).
+	stopWaiting := context.AfterFunc(gctx, func() {
+		r.mu.Lock()
+		r.eng.closing = true
+		r.cond.Broadcast()
+		r.mu.Unlock()
+	})
+	defer stopWaiting()
 	if r.handler != nil {
 		g.Go(func() error { return ignoreCanceled(r.handler.Run(gctx)) })
 	}
