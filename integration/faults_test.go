@@ -959,9 +959,11 @@ func loadedCluster(t *testing.T, layout string) (*natstest.Cluster, []*node, *ti
 	return c, nodes, col, admin, js
 }
 
-func TestServerRestartUnderLoad(t *testing.T) {
-	c, nodes, col, _, js := loadedCluster(t, "LRR")
-	stalls := watchReadStalls(t, nodes...)
+// loadEveryServer starts a producer on every server of c (6 groups, 40
+// messages each, one every 5 ms) and waits until 200 messages were
+// consumed: the cluster is routing under load.
+func loadEveryServer(t *testing.T, c *natstest.Cluster, col *timedCollector) []*loadProducer {
+	t.Helper()
 	var ps []*loadProducer
 	for i, s := range c.Servers {
 		ps = append(ps, startLoad(t, s.URL(), fmt.Sprintf("p%d", i), 6, 40, 5*time.Millisecond))
@@ -972,6 +974,13 @@ func TestServerRestartUnderLoad(t *testing.T) {
 		}
 		return nil
 	})
+	return ps
+}
+
+func TestServerRestartUnderLoad(t *testing.T) {
+	c, nodes, col, _, js := loadedCluster(t, "LRR")
+	stalls := watchReadStalls(t, nodes...)
+	ps := loadEveryServer(t, c, col)
 	for _, stream := range []string{router.IngressStream, router.QueueStream, "KV_" + kvbinding.DefaultBucket} {
 		waitStreamsCurrent(t, js, 30*time.Second, streamsOfTheRouter...)
 		i := streamLeader(t, c, js, stream)
@@ -1056,16 +1065,7 @@ func TestServerRestartUnderLoad(t *testing.T) {
 func TestLeaderStepdownsUnderLoad(t *testing.T) {
 	c, nodes, col, admin, js := loadedCluster(t, "LRR")
 	stalls := watchReadStalls(t, nodes...)
-	var ps []*loadProducer
-	for i, s := range c.Servers {
-		ps = append(ps, startLoad(t, s.URL(), fmt.Sprintf("p%d", i), 6, 40, 5*time.Millisecond))
-	}
-	natstest.Eventually(t, 30*time.Second, func() error {
-		if n := col.len(); n < 200 {
-			return fmt.Errorf("%d of 200 consumed", n)
-		}
-		return nil
-	})
+	ps := loadEveryServer(t, c, col)
 	subjects := []string{}
 	for _, stream := range append(streamsOfTheRouter, router.EventsStream) {
 		subjects = append(subjects, "$JS.API.STREAM.LEADER.STEPDOWN."+stream)

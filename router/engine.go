@@ -699,6 +699,19 @@ func (e *engine) nextDue() time.Time {
 	return next
 }
 
+// abandonRetries drops the publish retries not yet made, as a closing
+// engine drops a publish that fails: those messages are not routed, the
+// checkpoint does not cover them, and they are read again after a
+// restart. It is called when the node stops.
+func (e *engine) abandonRetries() {
+	for _, r := range e.pubRetry {
+		r.ln.inflight--
+		e.inflight--
+	}
+	clear(e.pubRetry)
+	e.pubRetry = e.pubRetry[:0]
+}
+
 // due runs what is due at now: publish retries, asks whose reply named a
 // revision that never came.
 func (e *engine) due(now time.Time) {

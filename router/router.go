@@ -259,6 +259,7 @@ func (r *Router) Run(ctx context.Context) error {
 	stopWaiting := context.AfterFunc(gctx, func() {
 		r.mu.Lock()
 		r.eng.closing = true
+		r.eng.abandonRetries()
 		r.cond.Broadcast()
 		r.mu.Unlock()
 	})
@@ -378,6 +379,7 @@ func (r *Router) drain() {
 	deadline := time.Now().Add(5 * time.Second)
 	r.mu.Lock()
 	r.eng.closing = true
+	r.eng.abandonRetries()
 	r.cond.Broadcast()
 	for r.eng.inflight > 0 && time.Now().Before(deadline) {
 		r.mu.Unlock()
