@@ -32,7 +32,13 @@ func startRouter(t *testing.T, srv *natstest.Server, mode router.QueueMode) *rou
 // and waits until it routes.
 func runTestRouter(t *testing.T, srv *natstest.Server, cfg router.Config) *router.Router {
 	t.Helper()
-	r, err := router.New(srv.Connect(), cfg)
+	return runTestRouterOn(t, srv.Connect(), cfg)
+}
+
+// runTestRouterOn is runTestRouter on connection nc.
+func runTestRouterOn(t *testing.T, nc *nats.Conn, cfg router.Config) *router.Router {
+	t.Helper()
+	r, err := router.New(nc, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,0 +1,185 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"grouprouter/internal/natstest"
+	"grouprouter/internal/permissions"
+	"grouprouter/router"
+)
+
+// TestCommandsUnderLeastPrivilege runs the commands themselves, not the
+// library functions under them, with the users of the generated
+// permissions block: the operator lists nodes, bindings and groups, looks a
+// group up, reads the events, moves the group and unbinds it; a consumer
+// consumes its node's queue; no command is refused anything, and nothing
+// is lost.
+func TestCommandsUnderLeastPrivilege(t *testing.T) {
+	layout := permissions.Layout{Address: "jms", Nodes: []string{"n0", "n1"}, Handlers: []string{"n0"}, Name: "h"}
+	var block bytes.Buffer
+	if err := layout.WriteConfig(&block); err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), "auth.conf")
+	if err := os.WriteFile(path, block.Bytes(), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	users, err := layout.Users()
+	if err != nil {
+		t.Fatal(err)
+	}
+	pass := map[string]string{}
+	inbox := map[string]string{}
+	for _, u := range users {
+		b := make([]byte, 12)
+		_, _ = rand.Read(b)
+		pass[u.Name], inbox[u.Name] = "p"+hex.EncodeToString(b), u.InboxPrefix
+		t.Setenv(u.PasswordEnv, pass[u.Name])
+	}
+	srv := natstest.RunServerWith(t, func(o *server.Options) {
+		parsed, err := server.ProcessConfigFile(path)
+		if err != nil {
+			t.Fatalf("nats-server does not parse the generated block: %v", err)
+		}
+		o.Users = parsed.Users
+	})
+	url := srv.URL()
+	connect := func(user string) *nats.Conn {
+		return natstest.Connect(t, url, nats.UserInfo(user, pass[user]), nats.CustomInboxPrefix(inbox[user]))
+	}
+	for _, n := range []struct {
+		id  string
+		typ router.HandlerType
+	}{{"n0", router.Local}, {"n1", router.Remote}} {
+		user := "node-" + n.id
+		runTestRouterOn(t, connect(user), router.Config{
+			Name: "h", Type: n.typ, Address: "jms", Timeout: time.Second, Node: n.id,
+			Heartbeat: 100 * time.Millisecond, LeaseTTL: time.Second, InboxPrefix: inbox[user],
+		})
+	}
+	// The commands' connection flags, per user (as an operator types them).
+	as := func(user string, args ...string) []string {
+		return append([]string{args[0], "--nats", url, "--user", user, "--password", pass[user], "--inbox-prefix", inbox[user]}, args[1:]...)
+	}
+	ok := func(args []string) string {
+		t.Helper()
+		code, stdout, stderr := runCommand(t, args...)
+		if code != exitOK {
+			t.Fatalf("%s: exit %d\nstdout %s\nstderr %s", args[0], code, stdout, stderr)
+		}
+		if strings.Contains(stderr, "ermission") {
+			t.Errorf("%s: %s", args[0], stderr)
+		}
+		return stdout
+	}
+
+	// Both queues have a consumer (the consume command, as consumer-nX),
+	// so that both nodes are eligible and the move has somewhere to go.
+	consumed := make(chan string, 64)
+	for _, node := range layout.Nodes {
+		go func() {
+			ctx, cancel := context.WithCancel(context.Background())
+			t.Cleanup(cancel)
+			var errOut bytes.Buffer
+			args := as("consumer-"+node, "consume", "--node", node, "--json")
+			if code := runContext(ctx, args, &lineWriter{prefix: node + " ", lines: consumed}, &errOut); code != exitOK && ctx.Err() == nil {
+				t.Errorf("consume %s: exit %d: %s", node, code, errOut.String())
+			}
+		}()
+	}
+	natstest.Eventually(t, 30*time.Second, func() error {
+		var got nodesJSON
+		if err := json.Unmarshal([]byte(ok(as("operator", "nodes", "--json", "--name", "h"))), &got); err != nil {
+			return err
+		}
+		with := 0
+		for _, n := range got.Nodes {
+			if n.HasConsumer {
+				with++
+			}
+		}
+		if with != 2 {
+			return fmt.Errorf("%d nodes with a consumer", with)
+		}
+		return nil
+	})
+
+	producer := connect("producer")
+	js, err := jetstream.New(producer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	publish(t, js, "jms.orders", []byte("first"), "Group-Id", "g")
+	var bound struct {
+		Node string `json:"node"`
+	}
+	natstest.Eventually(t, 30*time.Second, func() error {
+		out := ok(as("operator", "where", "--json", "g"))
+		if err := json.Unmarshal([]byte(out), &bound); err != nil || bound.Node == "" {
+			return fmt.Errorf("where g: %v %s", err, out)
+		}
+		return nil
+	})
+	for _, args := range [][]string{
+		as("operator", "bindings"), as("operator", "groups", "--json"), as("operator", "events", "--kind", "bind"),
+	} {
+		ok(args)
+	}
+	other := map[string]string{"n0": "n1", "n1": "n0"}[bound.Node]
+	// An observer may not move a group: the command says so and fails.
+	if code, _, stderr := runCommand(t, as("observer", "move", "--timeout", "1s", "g", other)...); code == exitOK || !strings.Contains(stderr, "ermission") {
+		t.Errorf("move as observer: exit %d, stderr %q; want refused for permissions", code, stderr)
+	}
+	ok(as("operator", "move", "--wait", "g", other))
+	publish(t, js, "jms.orders", []byte("second"), "Group-Id", "g")
+	ok(as("operator", "unbind", "--wait", "g"))
+	publish(t, js, "jms.orders", []byte("third"), "Group-Id", "g")
+	var got []string
+	for len(got) < 3 {
+		select {
+		case line := <-consumed:
+			got = append(got, line)
+		case <-time.After(30 * time.Second):
+			t.Fatalf("consumed %d of 3: %q", len(got), got)
+		}
+	}
+	t.Logf("consumed: %q", got)
+	for i, want := range []string{"first", "second", "third"} {
+		if !strings.Contains(got[i], `"`+want+`"`) && !strings.Contains(got[i], want) {
+			t.Errorf("message %d: %s, want %q", i, got[i], want)
+		}
+	}
+}
+
+// lineWriter sends every complete line written to it, prefixed, on lines.
+type lineWriter struct {
+	prefix string
+	buf    []byte
+	lines  chan<- string
+}
+
+func (w *lineWriter) Write(p []byte) (int, error) {
+	w.buf = append(w.buf, p...)
+	for {
+		i := bytes.IndexByte(w.buf, '\n')
+		if i < 0 {
+			return len(p), nil
+		}
+		w.lines <- w.prefix + string(w.buf[:i])
+		w.buf = w.buf[i+1:]
+	}
+}
