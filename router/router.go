@@ -227,9 +227,12 @@ func wake(ch chan struct{}) {
 }
 
 // Run sets up the streams and buckets, then routes until ctx ends; then it
-// drains (finishes in-flight publishes, saves its checkpoint, withdraws its
-// liveness record, releases a handler lease) and returns nil. Every
-// goroutine it starts has ended when it returns.
+// drains (stops reading, waits up to 5 s for in-flight publishes, drops
+// the publishes it would have retried, saves its checkpoint, withdraws its
+// liveness record, releases a handler lease) and returns nil. Messages it
+// read but did not route are past its checkpoint: whoever routes their
+// group next routes them. Every goroutine it starts has ended when it
+// returns.
 //
 // Setting up waits for NATS as long as ctx lasts (see setup.go): the
 // connection may still be trying its servers, and every setup step retries
