@@ -3,26 +3,22 @@ package integration
 import (
 	"bytes"
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
-	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"grouprouter/internal/natstest"
 	"grouprouter/internal/permissions"
+	"grouprouter/internal/permissions/permtest"
 	"grouprouter/kvbinding"
 	"grouprouter/proposals"
 	"grouprouter/router"
@@ -45,25 +41,8 @@ type authCluster struct {
 // users nats-server's own parser read from that file, and nothing else.
 func runAuthCluster(t *testing.T, layout permissions.Layout) *authCluster {
 	t.Helper()
-	var block bytes.Buffer
-	if err := layout.WriteConfig(&block); err != nil {
-		t.Fatal(err)
-	}
-	path := filepath.Join(t.TempDir(), "grouprouter-auth.conf")
-	if err := os.WriteFile(path, block.Bytes(), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	us, err := layout.Users()
-	if err != nil {
-		t.Fatal(err)
-	}
-	a := &authCluster{users: map[string]permissions.User{}, pass: map[string]string{}, errs: map[string][]error{}}
-	for _, u := range us {
-		b := make([]byte, 12)
-		_, _ = rand.Read(b)
-		a.users[u.Name], a.pass[u.Name] = u, "p"+hex.EncodeToString(b)
-		t.Setenv(u.PasswordEnv, a.pass[u.Name])
-	}
+	auth := permtest.NewAuth(t, layout)
+	a := &authCluster{users: auth.Users, pass: auth.Pass, errs: map[string][]error{}}
 	t.Cleanup(func() {
 		if t.Failed() {
 			a.errsMu.Lock()
@@ -73,13 +52,7 @@ func runAuthCluster(t *testing.T, layout permissions.Layout) *authCluster {
 			}
 		}
 	})
-	a.c = natstest.RunClusterWith(t, 3, func(o *server.Options) {
-		parsed, err := server.ProcessConfigFile(path)
-		if err != nil {
-			t.Fatalf("nats-server does not parse the generated block: %v", err)
-		}
-		o.Users = parsed.Users
-	})
+	a.c = natstest.RunClusterWith(t, 3, auth.Configure)
 	return a
 }
 

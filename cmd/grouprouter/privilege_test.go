@@ -3,22 +3,18 @@ package main
 import (
 	"bytes"
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 	"fmt"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"grouprouter/internal/natstest"
 	"grouprouter/internal/permissions"
+	"grouprouter/internal/permissions/permtest"
 	"grouprouter/router"
 )
 
@@ -30,33 +26,13 @@ import (
 // is lost.
 func TestCommandsUnderLeastPrivilege(t *testing.T) {
 	layout := permissions.Layout{Address: "jms", Nodes: []string{"n0", "n1"}, Handlers: []string{"n0"}, Name: "h"}
-	var block bytes.Buffer
-	if err := layout.WriteConfig(&block); err != nil {
-		t.Fatal(err)
-	}
-	path := filepath.Join(t.TempDir(), "auth.conf")
-	if err := os.WriteFile(path, block.Bytes(), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	users, err := layout.Users()
-	if err != nil {
-		t.Fatal(err)
-	}
-	pass := map[string]string{}
+	auth := permtest.NewAuth(t, layout)
+	pass := auth.Pass
 	inbox := map[string]string{}
-	for _, u := range users {
-		b := make([]byte, 12)
-		_, _ = rand.Read(b)
-		pass[u.Name], inbox[u.Name] = "p"+hex.EncodeToString(b), u.InboxPrefix
-		t.Setenv(u.PasswordEnv, pass[u.Name])
+	for name, u := range auth.Users {
+		inbox[name] = u.InboxPrefix
 	}
-	srv := natstest.RunServerWith(t, func(o *server.Options) {
-		parsed, err := server.ProcessConfigFile(path)
-		if err != nil {
-			t.Fatalf("nats-server does not parse the generated block: %v", err)
-		}
-		o.Users = parsed.Users
-	})
+	srv := natstest.RunServerWith(t, auth.Configure)
 	url := srv.URL()
 	connect := func(user string) *nats.Conn {
 		return natstest.Connect(t, url, nats.UserInfo(user, pass[user]), nats.CustomInboxPrefix(inbox[user]))
