@@ -977,6 +977,23 @@ func loadEveryServer(t *testing.T, c *natstest.Cluster, col *timedCollector) []*
 	return ps
 }
 
+// endLoad stops the producers, waits up to consumed for every message they
+// had acknowledged to be processed, checks the deliveries (checkDelivered,
+// with oneNode and lostDeliveries), that each message was queued once,
+// and that the queues empty within empty. It returns checkDelivered's
+// nodes per group, what was sent and how many.
+func endLoad(t *testing.T, js jetstream.JetStream, col *timedCollector, ps []*loadProducer, oneNode, lostDeliveries bool,
+	consumed, empty time.Duration) (where, want map[string][]string, total int) {
+	t.Helper()
+	haltAll(t, ps...)
+	want, total = sentAll(ps...)
+	col.waitConsumed(t, want, consumed)
+	where = checkDelivered(t, col.all(), want, oneNode, lostDeliveries)
+	checkQueuedOnce(t, js, total)
+	waitQueuesEmpty(t, js, empty)
+	return where, want, total
+}
+
 func TestServerRestartUnderLoad(t *testing.T) {
 	c, nodes, col, _, js := loadedCluster(t, "LRR")
 	stalls := watchReadStalls(t, nodes...)
@@ -1026,13 +1043,7 @@ func TestServerRestartUnderLoad(t *testing.T) {
 			time.Since(restartedAt).Round(time.Millisecond), retries, stalls)
 	}
 	time.Sleep(500 * time.Millisecond)
-	haltAll(t, ps...)
-	want, total := sentAll(ps...)
-	col.waitConsumed(t, want, 60*time.Second)
-	got := col.all()
-	where := checkDelivered(t, got, want, true, true)
-	checkQueuedOnce(t, js, total)
-	waitQueuesEmpty(t, js, 10*time.Second)
+	where, want, total := endLoad(t, js, col, ps, true, true, 60*time.Second, 10*time.Second)
 	stalls.halt()
 	stalls.mu.Lock()
 	// The bound catches the ~30 s stall of the library's default pull
@@ -1101,13 +1112,7 @@ func TestLeaderStepdownsUnderLoad(t *testing.T) {
 		}
 	}
 	time.Sleep(500 * time.Millisecond)
-	haltAll(t, ps...)
-	want, total := sentAll(ps...)
-	col.waitConsumed(t, want, 90*time.Second)
-	got := col.all()
-	checkDelivered(t, got, want, true, true)
-	checkQueuedOnce(t, js, total)
-	waitQueuesEmpty(t, js, 20*time.Second)
+	_, want, total := endLoad(t, js, col, ps, true, true, 90*time.Second, 20*time.Second)
 	stalls.halt()
 	retries, dups := retriesOf(ps...)
 	t.Logf("%d leader elections asked (%d refused while one ran), %d messages in %d groups; %d publish retries (%d duplicates); longest ingress read stall per node: %v",
@@ -1201,13 +1206,7 @@ func TestActiveHandlerKilledUnderLoad(t *testing.T) {
 	}
 	t.Logf("longest decision stall after crash of active LOCAL handler: %v", longest.Round(time.Millisecond))
 	time.Sleep(500 * time.Millisecond)
-	haltAll(t, ps...)
-	want, total := sentAll(ps...)
-	col.waitConsumed(t, want, 60*time.Second)
-	got := col.all()
-	checkDelivered(t, got, want, true, false)
-	checkQueuedOnce(t, js, total)
-	waitQueuesEmpty(t, js, 10*time.Second)
+	_, want, total := endLoad(t, js, col, ps, true, false, 60*time.Second, 10*time.Second)
 	compareBindings(t, bound, listBindings(t, st), "after both crashes")
 	t.Logf("%d messages in %d groups", total, len(want))
 }
