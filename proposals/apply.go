@@ -53,6 +53,11 @@ type planned struct {
 // returns, in one pipelined round of compare-and-set writes.
 func (h *Handler) DecideAll(ctx context.Context, req Request) []Decision {
 	out := make([]Decision, len(req.Proposals))
+	groups := make([]string, len(req.Proposals))
+	for i, p := range req.Proposals {
+		groups[i] = p.Group
+	}
+	defer h.locks.lock(groups)()
 	env := Env{Now: time.Now(), Handler: h.id, Live: h.liveState()}
 	plans := make([]planned, 0, len(req.Proposals))
 	ps := make([]Proposal, 0, len(req.Proposals))
@@ -225,6 +230,7 @@ func (h *Handler) settle(pl planned, p Proposal, b kvbinding.Binding, err error)
 // (move, unbind, evacuate), on the group's cached record; cause says why
 // the group moves.
 func (h *Handler) apply(ctx context.Context, group string, in Input, live map[string]NodeState, cause string) (Result, kvbinding.Binding, error) {
+	defer h.locks.lock([]string{group})()
 	var cur *kvbinding.Route
 	if r, ok := h.cache.Lookup(group); ok {
 		cur = &r

@@ -124,6 +124,7 @@ func pingSubject(name string) string { return SubjectHandlerPrefix + name + ".pi
 // before the reply, so even two overlapping handlers converge on one
 // record per group.
 type Handler struct {
+	locks *groupLocks // one decision at a time per group
 	nc    *nats.Conn
 	store *kvbinding.Store
 	cache *kvbinding.Cache
@@ -156,7 +157,8 @@ type Handler struct {
 func NewHandler(nc *nats.Conn, store *kvbinding.Store, cache *kvbinding.Cache, reg *kvbinding.Registry, cfg HandlerConfig) *Handler {
 	cfg = cfg.withDefaults()
 	h := &Handler{
-		nc: nc, store: store, cache: cache, reg: reg, cfg: cfg,
+		locks: newGroupLocks(),
+		nc:    nc, store: store, cache: cache, reg: reg, cfg: cfg,
 		log: cfg.Logger.With("component", "handler"),
 		id:  cfg.Name + "/" + cfg.Node,
 

@@ -161,6 +161,11 @@ func (h *Handler) restoreBad(ctx context.Context) {
 	if len(bad) == 0 {
 		return
 	}
+	groups := make([]string, 0, len(bad))
+	for g := range bad {
+		groups = append(groups, g)
+	}
+	defer h.locks.lock(groups)()
 	var writes []kvbinding.Write
 	for g, rev := range bad {
 		r, ok := h.cache.Lookup(g)
@@ -255,6 +260,7 @@ func (h *Handler) evacuate(ctx context.Context, node string, groups []string, re
 // at once (one pipelined round of writes), and counts the records written
 // and the groups that could not be moved.
 func (h *Handler) applyMany(ctx context.Context, groups []string, inputs []Input, live map[string]NodeState, cause string) (written, failed int) {
+	defer h.locks.lock(groups)()
 	env := Env{Now: time.Now(), Handler: h.id, Live: live}
 	plans := make([]planned, 0, len(groups))
 	ps := make([]Proposal, 0, len(groups))
