@@ -69,7 +69,16 @@ type NodeInfo struct {
 	// consumer info read for this announcement said.
 	QueuePending uint64 `json:"queue_pending,omitempty"`
 	QueueUnacked uint64 `json:"queue_unacked,omitempty"`
+	// Busy lists groups bound to the node that had a message routed
+	// recently or have messages held, at most MaxBusyListed; BusyMore is
+	// set when there were more (then every group of the node may be
+	// busy). Rebalancing moves the other groups first.
+	Busy     []string `json:"busy,omitempty"`
+	BusyMore bool     `json:"busy_more,omitempty"`
 }
+
+// MaxBusyListed bounds NodeInfo.Busy.
+const MaxBusyListed = 100
 
 // MaxWaitingListed bounds NodeInfo.Waiting.
 const MaxWaitingListed = 100

@@ -55,15 +55,13 @@ func isEligible(live map[string]NodeState, node string, ungrouped bool) bool {
 // is eligible, else the eligible node with the fewest groups (ties by
 // node id), with redirected set; "" when no node is eligible.
 func Choose(live map[string]NodeState, proposed string, ungrouped bool) (node string, redirected bool) {
-	best := ""
-	for _, id := range Eligible(live, ungrouped) {
+	eligible := Eligible(live, ungrouped)
+	for _, id := range eligible {
 		if id == proposed {
 			return id, false
 		}
-		if best == "" || live[id].Groups < live[best].Groups {
-			best = id
-		}
 	}
+	best := LeastLoaded(eligible, func(id string) int { return live[id].Groups }, 0)
 	return best, best != ""
 }
 
@@ -74,20 +72,17 @@ func Choose(live map[string]NodeState, proposed string, ungrouped bool) (node st
 // spread when picked one after another).
 func PickTarget(live map[string]NodeState, group, current string) string {
 	eligible := Eligible(live, group == "")
-	if len(eligible) == 0 {
-		return ""
-	}
 	best := ""
 	for _, n := range eligible {
 		if n == current {
 			best = n
 			break
 		}
-		if best == "" || live[n].Groups < live[best].Groups {
-			best = n
-		}
 	}
-	if group != "" {
+	if best == "" {
+		best = LeastLoaded(eligible, func(id string) int { return live[id].Groups }, 0)
+	}
+	if best != "" && group != "" {
 		s := live[best]
 		s.Groups++
 		live[best] = s

@@ -64,6 +64,10 @@ type HandlerConfig struct {
 	// Queues pauses and resumes queue consumers during moves; nil disables
 	// pausing and the ingress sequence check (tests of the protocol alone).
 	Queues Queues
+	// Rebalance tunes the moves that spread groups over the nodes whose
+	// queue has a consumer; nil: DefaultRebalance. Zero MaxMoves,
+	// MaxInFlight and CoolDown take DefaultRebalance's.
+	Rebalance *RebalanceConfig
 	// Workers bounds how many requests are decided at once. Default 16.
 	Workers int
 	// Version is reported by the NATS micro service. Default "0.0.0-dev".
@@ -97,6 +101,21 @@ func (c HandlerConfig) withDefaults() HandlerConfig {
 	if c.Workers <= 0 {
 		c.Workers = 16
 	}
+	rb := DefaultRebalance
+	if c.Rebalance != nil {
+		rb = *c.Rebalance
+		if rb.MaxMoves <= 0 {
+			rb.MaxMoves = DefaultRebalance.MaxMoves
+		}
+		if rb.MaxInFlight <= 0 {
+			rb.MaxInFlight = DefaultRebalance.MaxInFlight
+		}
+		if rb.CoolDown <= 0 {
+			rb.CoolDown = DefaultRebalance.CoolDown
+		}
+		rb.Tolerance = max(rb.Tolerance, 0)
+	}
+	c.Rebalance = &rb
 	if c.Version == "" {
 		c.Version = "0.0.0-dev"
 	}
@@ -138,9 +157,13 @@ type Handler struct {
 	dropped   atomic.Uint64 // requests dropped: reply subject not an inbox
 	busy      atomic.Uint64 // requests refused: too many in progress
 	mon       monitor
-	ingress   ingressLast
-	metrics   *Metrics
-	svcStats  serviceStats
+	// pauses carries requests to the pauser goroutine (pauser.go), which
+	// runs while pauserRunning.
+	pauses        chan pauseReq
+	pauserRunning atomic.Bool
+	ingress       ingressLast
+	metrics       *Metrics
+	svcStats      serviceStats
 
 	// lastHolder is the last other holder of the lease seen; suspect is
 	// the node of a holder whose lease expired or that stopped answering
@@ -163,6 +186,7 @@ func NewHandler(nc *nats.Conn, store *kvbinding.Store, cache *kvbinding.Cache, r
 		id:  cfg.Name + "/" + cfg.Node,
 
 		metrics: cfg.Metrics,
+		pauses:  make(chan pauseReq, 64),
 	}
 	if h.metrics == nil {
 		h.metrics = NewMetrics()
@@ -206,6 +230,13 @@ func (h *Handler) Run(ctx context.Context) error {
 	defer bg.Wait()
 	watchCtx, stopWatch := context.WithCancel(ctx)
 	defer stopWatch()
+	bg.Add(1)
+	h.pauserRunning.Store(true)
+	go func() {
+		defer bg.Done()
+		defer h.pauserRunning.Store(false)
+		h.runPauser(watchCtx)
+	}()
 	if err := h.reg.WatchLease(watchCtx, h.cfg.Name, notify, &bg); err != nil {
 		return fmt.Errorf("proposals: watch lease: %w", err)
 	}

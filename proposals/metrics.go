@@ -16,6 +16,7 @@ const (
 	causeNodeGone     = "node_gone"     // the node was gone longer than NodeGrace
 	causeNoConsumer   = "no_consumer"   // the node's queue had no consumer for RebindAfter
 	causeFenceOverdue = "fence_overdue" // the old node did not fence within FenceDeadline
+	causeRebalance    = "rebalance"     // the handler spread groups over the nodes with a consumer
 )
 
 // The label values the handler's metrics take, in a fixed order so that
@@ -24,7 +25,7 @@ const (
 var (
 	metricOps      = [...]Op{OpBind, OpFence, OpDrained, OpCaughtUp, OpRelease, OpDeadLetter, OpMove, OpUnbind, OpEvacuate}
 	metricOutcomes = [...]Outcome{Accepted, Rejected, Refused, Failed}
-	moveCauses     = [...]string{causeOperator, causeNodeGone, causeNoConsumer, causeFenceOverdue}
+	moveCauses     = [...]string{causeOperator, causeNodeGone, causeNoConsumer, causeFenceOverdue, causeRebalance}
 )
 
 // Metrics are a LOCAL handler's metrics, a prometheus.Collector: whether

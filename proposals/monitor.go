@@ -3,6 +3,7 @@ package proposals
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"time"
 
@@ -14,143 +15,140 @@ import (
 // pause outlives a handler crash by this much and no more.
 const pauseWindow = 10 * time.Second
 
-// monitor is the active handler's view over time: since when a node with
-// groups has been gone or without a queue consumer, since when a move has
-// waited for its fence, and which queue consumers it keeps paused.
+// monitor is the active handler's view over time: the planner's state
+// (MonitorState: since when nodes have been gone or without a consumer,
+// moves waiting for a fence, the rebalancing cool-down) and which queue
+// consumers it keeps paused. mu guards it and is never held across I/O:
+// Pause and Resume calls are made by the pauser goroutine alone (pauser.go).
 type monitor struct {
-	mu         sync.Mutex
-	goneSince  map[string]time.Time
-	noConsumer map[string]time.Time
-	evacuating map[string]bool
-	// moving: when this handler first saw each moving record (by group
-	// and revision) that waits for its old node's fence.
-	moving map[string]seenRev
+	mu    sync.Mutex
+	state MonitorState
 	// paused: until when each queue consumer was last paused by us.
 	paused map[string]time.Time
 	// pausing: record writes in flight that paused each node's queue (the
 	// record is not in the cache yet): its pause must not be lifted.
 	pausing map[string]int
-	// pauseMu serializes pausing and resuming queue consumers, so that a
-	// resume never lands after a pause it did not see.
-	pauseMu sync.Mutex
-}
-
-type seenRev struct {
-	rev  uint64
-	seen time.Time
 }
 
 func (m *monitor) reset() {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	m.goneSince, m.noConsumer, m.evacuating, m.moving, m.paused, m.pausing = nil, nil, nil, nil, nil, nil
+	m.state, m.paused, m.pausing = MonitorState{}, nil, nil
 }
 
 func (m *monitor) init() {
-	if m.goneSince == nil {
-		m.goneSince, m.noConsumer, m.evacuating = map[string]time.Time{}, map[string]time.Time{}, map[string]bool{}
-		m.moving, m.paused, m.pausing = map[string]seenRev{}, map[string]time.Time{}, map[string]int{}
+	if m.paused == nil {
+		m.paused, m.pausing = map[string]time.Time{}, map[string]int{}
 	}
 }
 
-// watchNodes runs on every lease tick of the active handler: it moves the
-// groups of nodes gone longer than NodeGrace, and of live nodes whose queue
-// has had no consumer for RebindAfter while another node's queue has one;
-// it fences from the checkpoint moves whose old node did not fence within
-// FenceDeadline; and it keeps paused the queues that records say are being
-// drained.
+// monitorConfig is the planner's configuration.
+func (h *Handler) monitorConfig() MonitorConfig {
+	return MonitorConfig{NodeGrace: h.cfg.NodeGrace, RebindAfter: h.cfg.RebindAfter, FenceDeadline: h.cfg.FenceDeadline,
+		Rebalance: *h.cfg.Rebalance}
+}
+
+// watchNodes runs on every lease tick of the active handler: it gathers
+// what the planner needs (Plan), and carries out what it decides: moves
+// the groups of nodes gone longer than NodeGrace, and of live nodes whose
+// queue has had no consumer for RebindAfter while another node's queue
+// has one; fences from the checkpoint moves whose old node did not fence
+// within FenceDeadline; moves groups to spread them over the nodes with a
+// consumer (rebalancing); and keeps paused the queues that records say are
+// being drained.
 func (h *Handler) watchNodes(ctx context.Context, t *term) {
-	now := time.Now()
-	live := h.reg.Live()
-	owners := h.cache.Owners()
-	unsettled := h.cache.Unsettled()
-	someConsumer := false
-	for _, info := range live {
-		if info.HasConsumer {
-			someConsumer = true
-		}
-	}
+	in := h.monitorInput(time.Now())
 	m := &h.mon
 	m.mu.Lock()
-	m.init()
-	var dead, idle []string
-	for node := range owners {
-		info, alive := live[node]
-		if !alive {
-			delete(m.noConsumer, node)
-			since, ok := m.goneSince[node]
-			if !ok {
-				// Gone since its last announcement, if this process saw
-				// one: the grace counts from there, not from when its
-				// liveness record expired.
-				since = now
-				if seen := h.reg.LastSeen(node); !seen.IsZero() && seen.Before(now) {
-					since = seen
-				}
-				m.goneSince[node] = since
-			}
-			if now.Sub(since) >= h.cfg.NodeGrace && !m.evacuating[node] {
-				dead = append(dead, node)
-				m.evacuating[node] = true
-			}
-			continue
-		}
-		delete(m.goneSince, node)
-		if info.HasConsumer || !someConsumer || h.cfg.RebindAfter < 0 {
-			delete(m.noConsumer, node)
-			continue
-		}
-		since, ok := m.noConsumer[node]
-		if !ok {
-			m.noConsumer[node] = now
-			continue
-		}
-		if now.Sub(since) >= h.cfg.RebindAfter && !m.evacuating[node] {
-			idle = append(idle, node)
-			m.evacuating[node] = true
-		}
-	}
-	// Moves waiting for a fence.
-	overdue := map[string][]string{} // old node -> groups
-	for g, r := range unsettled {
-		if r.State != kvbinding.StateMoving {
-			continue
-		}
-		s, ok := m.moving[g]
-		if !ok || s.rev != r.Revision {
-			m.moving[g] = seenRev{rev: r.Revision, seen: now}
-			continue
-		}
-		if now.Sub(s.seen) >= h.cfg.FenceDeadline && !m.evacuating[r.PrevNode] {
-			overdue[r.PrevNode] = append(overdue[r.PrevNode], g)
-		}
-	}
-	for g := range m.moving {
-		if r, ok := unsettled[g]; !ok || r.State != kvbinding.StateMoving {
-			delete(m.moving, g)
-		}
-	}
-	for node := range overdue {
-		m.evacuating[node] = true
-	}
+	acts := m.state.Plan(h.monitorConfig(), in)
 	m.mu.Unlock()
 
-	for _, node := range dead {
+	for _, ev := range acts.Evacuate {
+		if ev.Groups == nil {
+			t.goFn(func() {
+				h.evacuate(t.ctx, ev.Node, nil, "node "+ev.Node+" gone for "+h.cfg.NodeGrace.String(), causeNodeGone)
+			})
+			continue
+		}
 		t.goFn(func() {
-			h.evacuate(t.ctx, node, nil, "node "+node+" gone for "+h.cfg.NodeGrace.String(), causeNodeGone)
+			h.evacuate(t.ctx, ev.Node, ev.Groups, "node "+ev.Node+" did not fence within "+h.cfg.FenceDeadline.String(), causeFenceOverdue)
 		})
 	}
-	for _, node := range idle {
+	for _, node := range acts.Rebind {
 		t.goFn(func() { h.rebind(t.ctx, node) })
 	}
-	for node, groups := range overdue {
-		t.goFn(func() {
-			h.evacuate(t.ctx, node, groups, "node "+node+" did not fence within "+h.cfg.FenceDeadline.String(), causeFenceOverdue)
-		})
+	if len(acts.Rebalance) > 0 {
+		t.goFn(func() { h.rebalance(t.ctx, acts.Rebalance, in.Nodes) })
 	}
-	h.metrics.prune(unsettled, now)
-	h.keepPaused(ctx)
+	h.metrics.prune(in.Unsettled, in.Now)
+	h.keepPaused()
 	h.restoreBad(ctx)
+}
+
+// monitorInput gathers what the planner needs at now.
+func (h *Handler) monitorInput(now time.Time) MonitorInput {
+	in := MonitorInput{Now: now, Live: map[string]bool{}, LastSeen: map[string]time.Time{},
+		Owners: h.cache.Owners(), Unsettled: h.cache.Unsettled()}
+	live := h.reg.Live()
+	for id, info := range live {
+		in.Live[id] = info.HasConsumer
+	}
+	for node := range in.Owners {
+		if _, ok := live[node]; !ok {
+			in.LastSeen[node] = h.reg.LastSeen(node)
+		}
+	}
+	rb := h.cfg.Rebalance
+	if !rb.Enabled {
+		return in
+	}
+	in.Nodes = h.liveState()
+	over := Overloaded(*rb, in.Nodes, incoming(in.Unsettled))
+	if len(over) == 0 {
+		return in
+	}
+	in.Candidates = make(map[string][]Candidate, len(over))
+	for _, node := range over {
+		busy := map[string]bool{}
+		for _, g := range live[node].Busy {
+			busy[g] = true
+		}
+		for _, g := range h.cache.GroupsOf(node) {
+			if r, ok := h.cache.Lookup(g); ok && r.Settled() && r.Node == node && g != "" {
+				in.Candidates[node] = append(in.Candidates[node], Candidate{Group: g, Busy: busy[g] || live[node].BusyMore})
+			}
+		}
+	}
+	return in
+}
+
+// rebalance moves groups as the planner decided, each with the same
+// hand-over as an operator's move.
+func (h *Handler) rebalance(ctx context.Context, moves []RebalanceMove, nodes map[string]NodeState) {
+	defer func() {
+		h.mon.mu.Lock()
+		h.mon.state.RebalanceDone()
+		h.mon.mu.Unlock()
+	}()
+	groups := make([]string, 0, len(moves))
+	inputs := make([]Input, 0, len(moves))
+	for _, mv := range moves {
+		reason := fmt.Sprintf("rebalance: %s holds %d of %d groups over %d nodes with a consumer", mv.From,
+			nodes[mv.From].Groups, totalGroups(nodes), len(Eligible(nodes, false)))
+		groups = append(groups, mv.Group)
+		inputs = append(inputs, Input{Op: OpMove, By: h.id, Node: mv.To, Reason: reason})
+		h.log.Debug("rebalancing a group", "group", mv.Group, "from", mv.From, "to", mv.To)
+	}
+	moved, failed := h.applyMany(ctx, groups, inputs, h.liveState(), causeRebalance)
+	h.log.Info("groups moved to rebalance", "moved", moved, "failed", failed)
+}
+
+func totalGroups(nodes map[string]NodeState) int {
+	total := 0
+	for _, id := range Eligible(nodes, false) {
+		total += nodes[id].Groups
+	}
+	return total
 }
 
 // restoreBad writes the last valid record of a group back over a value
@@ -191,14 +189,12 @@ func (h *Handler) restoreBad(ctx context.Context) {
 	}
 }
 
-// done clears a node's evacuation in progress.
-func (m *monitor) done(node string, clear map[string]time.Time) {
+// done clears a node's evacuation in progress (gone, noConsumer: and the
+// node's clock, see MonitorState.Done).
+func (m *monitor) done(node string, gone, noConsumer bool) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	delete(m.evacuating, node)
-	if clear != nil {
-		delete(clear, node)
-	}
+	m.state.Done(node, gone, noConsumer)
 }
 
 // evacuate takes groups off node (all of the node's groups when groups is
@@ -208,16 +204,7 @@ func (m *monitor) done(node string, clear map[string]time.Time) {
 // the moves (metrics).
 func (h *Handler) evacuate(ctx context.Context, node string, groups []string, reason, cause string) {
 	all := groups == nil
-	defer func() {
-		if all {
-			h.mon.mu.Lock()
-			clear := h.mon.goneSince
-			h.mon.mu.Unlock()
-			h.mon.done(node, clear)
-		} else {
-			h.mon.done(node, nil)
-		}
-	}()
+	defer h.mon.done(node, all, false)
 	var (
 		fence  uint64
 		caught map[string]uint64
@@ -294,12 +281,7 @@ func (h *Handler) applyMany(ctx context.Context, groups []string, inputs []Input
 // rebind asks a live node whose queue has no consumer to hand its groups
 // over to nodes that have one (it fences them itself).
 func (h *Handler) rebind(ctx context.Context, node string) {
-	defer func() {
-		h.mon.mu.Lock()
-		clear := h.mon.noConsumer
-		h.mon.mu.Unlock()
-		h.mon.done(node, clear)
-	}()
+	defer h.mon.done(node, false, true)
 	live := h.liveState()
 	delete(live, node)
 	reason := "node " + node + " has had no queue consumer for " + h.cfg.RebindAfter.String()
@@ -323,97 +305,4 @@ func (h *Handler) rebind(ctx context.Context, node string) {
 	h.log.Warn("moving groups off node", "node", node, "groups", len(groups), "reason", reason)
 	moved, failed := h.applyMany(ctx, groups, inputs, live, causeNoConsumer)
 	h.log.Info("groups asked to move off node", "node", node, "moved", moved, "failed", failed)
-}
-
-// pause pauses node's queue consumer for pauseWindow, unless this handler
-// did so recently enough.
-func (h *Handler) pause(ctx context.Context, node string) error {
-	q := h.cfg.Queues
-	if q == nil {
-		return nil
-	}
-	m := &h.mon
-	m.pauseMu.Lock()
-	defer m.pauseMu.Unlock()
-	now := time.Now()
-	m.mu.Lock()
-	m.init()
-	until, ok := m.paused[node]
-	m.mu.Unlock()
-	if ok && until.Sub(now) > 2*pauseWindow/3 {
-		return nil
-	}
-	until = now.Add(pauseWindow)
-	if err := q.Pause(ctx, node, until); err != nil {
-		return err
-	}
-	m.mu.Lock()
-	m.init()
-	m.paused[node] = until
-	m.mu.Unlock()
-	h.log.Debug("queue consumer paused for a drain", "node", node, "until", until)
-	return nil
-}
-
-// keepPaused renews the pause of every queue a record says is being
-// drained, and resumes the queues it paused that no record needs paused
-// any more.
-func (h *Handler) keepPaused(ctx context.Context) {
-	q := h.cfg.Queues
-	if q == nil {
-		return
-	}
-	for node := range h.cache.Draining() {
-		if err := h.pause(ctx, node); err != nil && ctx.Err() == nil {
-			h.log.Warn("cannot renew the pause of a queue being drained", "node", node, "err", err)
-		}
-	}
-	m := &h.mon
-	m.pauseMu.Lock()
-	defer m.pauseMu.Unlock()
-	m.mu.Lock()
-	var candidates []string
-	for node := range m.paused {
-		if m.pausing[node] == 0 {
-			candidates = append(candidates, node)
-		}
-	}
-	m.mu.Unlock()
-	if len(candidates) == 0 {
-		return
-	}
-	// Read after the writes in flight were counted: a write that paused a
-	// queue and is done has its record in the cache by now.
-	draining := h.cache.Draining()
-	for _, node := range candidates {
-		if draining[node] > 0 {
-			continue
-		}
-		if err := q.Resume(ctx, node); err != nil && ctx.Err() == nil {
-			h.log.Warn("cannot resume a drained queue; its pause lapses by itself", "node", node, "err", err)
-			continue
-		}
-		m.mu.Lock()
-		delete(m.paused, node)
-		m.mu.Unlock()
-		h.log.Debug("queue consumer resumed: no drain of it left", "node", node)
-	}
-}
-
-// pausingFor counts a record write in flight that pauses nodes' queues
-// (delta 1 before the pause, -1 once the record is in the cache).
-func (h *Handler) pausingFor(nodes []string, delta int) {
-	if len(nodes) == 0 {
-		return
-	}
-	m := &h.mon
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	m.init()
-	for _, n := range nodes {
-		m.pausing[n] += delta
-		if m.pausing[n] <= 0 {
-			delete(m.pausing, n)
-		}
-	}
 }

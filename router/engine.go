@@ -213,6 +213,11 @@ type engine struct {
 	// lastActive: when each group bound here last had a message routed
 	// (only with a group timeout).
 	lastActive map[string]int64
+	// recent: the groups that had a message routed since the last
+	// announcement (busyGroups), at most MaxBusyListed; recentMore: more
+	// did.
+	recent     map[string]struct{}
+	recentMore bool
 	// duties: the record revisions of takeovers handed to the shell, so
 	// that each is handed once.
 	duties map[string]uint64
@@ -235,6 +240,7 @@ func newEngine(cfg engineConfig, recs records, rnd *rand.Rand) *engine {
 		liveState: map[string]proposals.NodeState{},
 		duties:    make(map[string]uint64),
 		held:      make(map[*lane]struct{}),
+		recent:    make(map[string]struct{}),
 	}
 	if cfg.groupTimeout > 0 {
 		e.lastActive = make(map[string]int64)
@@ -756,15 +762,7 @@ func (e *engine) chooseNode(group string) string {
 		}
 	}
 	e.rr++
-	best, bestLoad := "", 0
-	for i := range eligible {
-		n := eligible[(e.rr+i)%len(eligible)]
-		load := e.groupCount(n) + e.assigned[n]
-		if best == "" || load < bestLoad {
-			best, bestLoad = n, load
-		}
-	}
-	return best
+	return proposals.LeastLoaded(eligible, func(n string) int { return e.groupCount(n) + e.assigned[n] }, e.rr)
 }
 
 // groupCount is the engine's view of how many groups node has (the
@@ -948,6 +946,37 @@ func (e *engine) touch(group string, now time.Time) {
 	if e.lastActive != nil {
 		e.lastActive[group] = now.UnixNano()
 	}
+	if _, ok := e.recent[group]; !ok && !e.recentMore {
+		if len(e.recent) < kvbinding.MaxBusyListed {
+			e.recent[group] = struct{}{}
+		} else {
+			e.recentMore = true
+		}
+	}
+}
+
+// busyGroups returns the groups that had a message routed since the last
+// call, or have messages held or in flight, at most kvbinding.MaxBusyListed
+// (more: there were more), and starts the next period.
+func (e *engine) busyGroups() (busy []string, more bool) {
+	for g := range e.recent {
+		busy = append(busy, g)
+	}
+	more = e.recentMore
+	for g, ln := range e.lanes {
+		if _, listed := e.recent[g]; listed || g == "" || (len(ln.msgs) == 0 && ln.inflight == 0) {
+			continue
+		}
+		if len(busy) == kvbinding.MaxBusyListed {
+			more = true
+			break
+		}
+		busy = append(busy, g)
+	}
+	clear(e.recent)
+	e.recentMore = false
+	sort.Strings(busy)
+	return busy, more
 }
 
 // reap asks to release this node's groups idle for the group timeout.

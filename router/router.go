@@ -596,6 +596,9 @@ func (r *Router) announce(ctx context.Context, cons jetstream.Consumer) error {
 		QueuePending: pending, QueueUnacked: unacked,
 	}
 	info.Waiting, info.WaitingGroups = r.heldUndecided(info.Heartbeat)
+	r.mu.Lock()
+	info.Busy, info.BusyMore = r.eng.busyGroups()
+	r.mu.Unlock()
 	sent := time.Now()
 	if err := r.reg.Announce(ctx, info, r.nodeTTL()); err != nil {
 		return err

@@ -25,22 +25,15 @@ type simHandler struct {
 	suspect      string
 	suspectSince time.Duration
 
-	goneSince  map[string]time.Duration
-	noConsumer map[string]time.Duration
-	evacuating map[string]bool
-	moving     map[string]simSeenRev
-	paused     map[string]time.Duration
+	// mon is the real monitor planner's state (proposals.MonitorState).
+	mon    proposals.MonitorState
+	paused map[string]time.Duration
 	// pausing: per node, the writes in flight that paused it (from
 	// their pause until they settle), for the checker.
 	pausing map[string]int
 	// apiTail: per node, when this term's last pause or resume call
 	// reaches the server: calls on one connection are applied in order.
 	apiTail map[string]time.Duration
-}
-
-type simSeenRev struct {
-	rev  uint64
-	seen time.Duration
 }
 
 // simProbeGone is how long a standby takes to find, by probing, that the
@@ -106,8 +99,7 @@ func (n *simNode) standbyTick() {
 	if w.chance(w.p.pKVFail) {
 		return // acquire failed; next tick
 	}
-	t := &simHandler{w: w, host: n, id: "grouping-handler/" + n.id, goneSince: map[string]time.Duration{},
-		noConsumer: map[string]time.Duration{}, evacuating: map[string]bool{}, moving: map[string]simSeenRev{}, paused: map[string]time.Duration{},
+	t := &simHandler{w: w, host: n, id: "grouping-handler/" + n.id, paused: map[string]time.Duration{},
 		apiTail: map[string]time.Duration{}, pausing: map[string]int{}}
 	if prev := w.lease.last; prev != "" && prev != n.id {
 		// suspectPrevious: the previous holder's node is ineligible until it
@@ -350,7 +342,11 @@ func (h *simHandler) kvWrite(b kvbinding.Binding, create bool, rev uint64, ended
 // window, unless this term did so recently enough.
 func (h *simHandler) pause(node string, cb func(error)) {
 	w := h.w
-	if until, ok := h.paused[node]; ok && until-w.clock > 2*simPauseWindow/3 {
+	paused := map[string]time.Time{}
+	if until, ok := h.paused[node]; ok {
+		paused[node] = simEpoch().Add(until)
+	}
+	if !proposals.NeedsPause(paused, node, w.now(), simPauseWindow) {
 		cb(nil)
 		return
 	}
@@ -385,80 +381,30 @@ func (h *simHandler) api(node string) time.Duration {
 	return at - h.w.clock
 }
 
-// watchNodes is Handler.watchNodes.
+// watchNodes is Handler.watchNodes: the real planner decides.
 func (h *simHandler) watchNodes() {
 	w := h.w
-	now := w.clock
-	live := h.host.view.live
 	cache := h.host.cache
-	someConsumer := false
-	for _, has := range live {
-		someConsumer = someConsumer || has
-	}
-	var dead, idle []string
+	in := proposals.MonitorInput{Now: w.now(), Live: h.host.view.live, Owners: map[string]bool{}, Unsettled: map[string]kvbinding.Route{}}
 	for _, node := range cache.owners() {
-		has, alive := live[node]
-		if !alive {
-			delete(h.noConsumer, node)
-			since, ok := h.goneSince[node]
-			if !ok {
-				h.goneSince[node] = now
-				continue
-			}
-			if now-since >= w.p.nodeGrace && !h.evacuating[node] {
-				dead = append(dead, node)
-				h.evacuating[node] = true
-			}
-			continue
-		}
-		delete(h.goneSince, node)
-		if has || !someConsumer || w.p.rebindAfter < 0 {
-			delete(h.noConsumer, node)
-			continue
-		}
-		since, ok := h.noConsumer[node]
-		if !ok {
-			h.noConsumer[node] = now
-			continue
-		}
-		if now-since >= w.p.rebindAfter && !h.evacuating[node] {
-			idle = append(idle, node)
-			h.evacuating[node] = true
-		}
+		in.Owners[node] = true
 	}
-	overdue := map[string][]string{}
-	unsettled := map[string]bool{}
 	for _, g := range cache.unsettled() {
-		r := cache.m[g]
-		if r.State != kvbinding.StateMoving {
-			continue
-		}
-		unsettled[g] = true
-		s, ok := h.moving[g]
-		if !ok || s.rev != r.Revision {
-			h.moving[g] = simSeenRev{rev: r.Revision, seen: now}
-			continue
-		}
-		if now-s.seen >= w.p.fence && !h.evacuating[r.PrevNode] {
-			overdue[r.PrevNode] = append(overdue[r.PrevNode], g)
+		in.Unsettled[g] = cache.m[g]
+	}
+	acts := h.mon.Plan(proposals.MonitorConfig{NodeGrace: w.p.nodeGrace, RebindAfter: w.p.rebindAfter, FenceDeadline: w.p.fence}, in)
+	for _, ev := range acts.Evacuate {
+		if ev.Groups == nil {
+			h.evacuate(ev.Node, nil, "node "+ev.Node+" gone")
 		}
 	}
-	for g := range h.moving {
-		if !unsettled[g] {
-			delete(h.moving, g)
-		}
-	}
-	for node := range overdue {
-		h.evacuating[node] = true
-	}
-	for _, node := range dead {
-		h.evacuate(node, nil, "node "+node+" gone")
-	}
-	for _, node := range idle {
+	for _, node := range acts.Rebind {
 		h.rebind(node)
 	}
-	for _, node := range sortedKeys(overdue) {
-		h.evacuate(node, overdue[node], "node "+node+" did not fence in time")
+	for _, ev := range acts.Evacuate {
+		if ev.Groups != nil {
+			h.evacuate(ev.Node, ev.Groups, "node "+ev.Node+" did not fence in time")
+		}
 	}
 	h.keepPaused()
 }
@@ -471,10 +417,7 @@ func (h *simHandler) evacuate(node string, groups []string, reason string) {
 		if h.dead {
 			return
 		}
-		delete(h.evacuating, node)
-		if all {
-			delete(h.goneSince, node)
-		}
+		h.mon.Done(node, all, false)
 	}
 	w.after(w.lat(), func() {
 		if h.dead {
@@ -537,8 +480,7 @@ func (h *simHandler) rebind(node string) {
 	one := func() {
 		left--
 		if left == 0 && !h.dead {
-			delete(h.evacuating, node)
-			delete(h.noConsumer, node)
+			h.mon.Done(node, false, true)
 		}
 	}
 	for _, g := range groups {
@@ -594,19 +536,19 @@ func (h *simHandler) apply(group string, in proposals.Input, live map[string]pro
 	h.carryOut(cur, res, proposals.Proposal{Op: in.Op, Group: group}, stored, func(proposals.Decision) { done() })
 }
 
-// keepPaused is Handler.keepPaused.
+// keepPaused is Handler.keepPausedNow: the real PlanPauses decides.
 func (h *simHandler) keepPaused() {
 	w := h.w
-	draining := h.host.cache.draining()
-	for _, node := range sortedKeys(draining) {
+	in := proposals.PauseInput{Now: w.now(), Paused: map[string]time.Time{}, Pausing: h.pausing,
+		Draining: h.host.cache.draining(), Window: simPauseWindow}
+	for node, until := range h.paused {
+		in.Paused[node] = simEpoch().Add(until)
+	}
+	renew, resume := proposals.PlanPauses(in)
+	for _, node := range renew {
 		h.pause(node, func(error) {})
 	}
-	for _, node := range sortedKeys(h.paused) {
-		// A write in flight that paused the queue keeps it paused: its
-		// record is not in the cache yet (Handler.pausingFor).
-		if draining[node] > 0 || h.pausing[node] > 0 {
-			continue
-		}
+	for _, node := range resume {
 		delete(h.paused, node)
 		if w.chance(w.p.pOpFail) {
 			continue // the pause lapses by itself
