@@ -23,4 +23,19 @@
 // back to encoding/json otherwise (the fast paths are fuzzed against it).
 // A version other than 3 is refused. The group "" names the routing
 // binding for messages without a group id.
+//
+// The handler monitor (monitor.go) is a thin shell around a pure planner
+// (plan.go: MonitorState.Plan, PlanPauses; balance.go: PlanRebalance,
+// LeastLoaded), which the simulation in router/ drives as well.
+//
+// Lock order in the handler: the group locks (grouplock.go; a caller takes
+// all its groups at once, in sorted order), then monitor.mu, then the
+// leaves: the binding cache's and the registry's locks, suspectMu,
+// ingressLast.mu, Metrics.mu. Only the group locks are held across I/O:
+// a decision holds its groups' locks from reading their records, through
+// the pause of the queues it drains and its record writes, to its event
+// (one decision at a time per group). No other lock is held across a
+// JetStream call: Pause and Resume are made by the pauser goroutine alone
+// (pauser.go), which takes monitor.mu only between its calls and never a
+// group lock; a decision waiting for its pause waits on a channel.
 package proposals

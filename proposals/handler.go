@@ -594,17 +594,20 @@ func (h *Handler) liveState() map[string]NodeState {
 func (h *Handler) publish(e Event) { e.Publish(h.nc) }
 
 // ingressLast caches the ingress stream's last sequence for checking the
-// sequences nodes report: refreshed when a report is past it.
+// sequences nodes report: refreshed when a report is past it. mu is not
+// held across the stream read: one caller reads (fetching), the others
+// use the cached value meanwhile.
 type ingressLast struct {
-	mu   sync.Mutex
-	last uint64
-	at   time.Time
+	mu       sync.Mutex
+	last     uint64
+	at       time.Time
+	fetching bool
 }
 
 // ingressLastFor returns the ingress stream's last sequence, to check a
 // dead-letter ask through seq: the cached one when it covers seq, else a
-// fresh one (the stream is asked at most every 50 ms); 0 when unknown (the
-// ask then fails and is asked again).
+// fresh one (the stream is asked at most every 50 ms, by one caller at a
+// time); 0 when unknown (the ask then fails and is asked again).
 func (h *Handler) ingressLastFor(ctx context.Context, seq uint64) uint64 {
 	q := h.cfg.Queues
 	if q == nil {
@@ -612,11 +615,16 @@ func (h *Handler) ingressLastFor(ctx context.Context, seq uint64) uint64 {
 	}
 	il := &h.ingress
 	il.mu.Lock()
-	defer il.mu.Unlock()
-	if seq <= il.last || time.Since(il.at) < 50*time.Millisecond {
+	if seq <= il.last || time.Since(il.at) < 50*time.Millisecond || il.fetching {
+		defer il.mu.Unlock()
 		return il.last
 	}
+	il.fetching = true
+	il.mu.Unlock()
 	last, err := q.IngressLast(ctx)
+	il.mu.Lock()
+	defer il.mu.Unlock()
+	il.fetching = false
 	if err != nil {
 		h.log.Warn("cannot read the ingress stream's last sequence to check a dead-letter ask", "err", err)
 		return il.last
