@@ -9,6 +9,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"grouprouter/kvbinding"
+	"grouprouter/proposals"
 )
 
 // HandlerType is the grouping-handler type of a node.
@@ -133,6 +134,12 @@ type Config struct {
 	// away from it before the active LOCAL handler fences it from the
 	// node's checkpoint, as for a gone node. Default 10s.
 	FenceDeadline time.Duration
+	// Rebalance tunes how the active LOCAL handler spreads groups over
+	// the nodes whose queue has a consumer (idle groups first, a bounded
+	// number per tick, never a group moved within the cool-down); nil:
+	// proposals.DefaultRebalance (on, tolerance 1, 4 moves per tick, 16
+	// moves in flight, cool-down 30s). Enabled false turns it off.
+	Rebalance *proposals.RebalanceConfig
 	// DrainWait bounds how long a move waits for the old node's consumer
 	// to ack what it was delivered before moving the rest. Default 10s.
 	DrainWait time.Duration

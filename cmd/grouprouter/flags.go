@@ -16,6 +16,7 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 
 	"grouprouter/kvbinding"
+	"grouprouter/proposals"
 	"grouprouter/router"
 )
 
@@ -35,6 +36,13 @@ const (
 	defaultReaperPeriod = 30 * time.Second
 	defaultNodeGrace    = 15 * time.Second
 	defaultRebindAfter  = 30 * time.Second
+)
+
+// Rebalancing defaults, as proposals.DefaultRebalance's.
+var (
+	defaultRebalanceTolerance = proposals.DefaultRebalance.Tolerance
+	defaultRebalanceMoves     = proposals.DefaultRebalance.MaxMoves
+	defaultRebalanceCoolDown  = proposals.DefaultRebalance.CoolDown
 )
 
 // usageError is a command-line mistake (unknown flag, stray argument,
@@ -82,6 +90,10 @@ type runFlags struct {
 	reaperPeriod msDuration
 	nodeGrace    msDuration
 	rebindAfter  msDuration
+	rebalance    bool
+	rbTolerance  int
+	rbMoves      int
+	rbCoolDown   msDuration
 	eventsMaxAge msDuration
 	dlqMaxAge    msDuration
 	ingressBytes int64
@@ -111,6 +123,7 @@ func newRunFlags() *runFlags {
 		reaperPeriod: msDuration(defaultReaperPeriod),
 		nodeGrace:    msDuration(defaultNodeGrace),
 		rebindAfter:  msDuration(defaultRebindAfter),
+		rbCoolDown:   msDuration(defaultRebalanceCoolDown),
 		eventsMaxAge: msDuration(router.DefaultEventsMaxAge),
 		dlqMaxAge:    msDuration(router.DefaultDeadLetterMaxAge),
 	}
@@ -128,6 +141,11 @@ func newRunFlags() *runFlags {
 		"how long a node may be gone before the LOCAL handler moves its groups to live nodes: a `DURATION` (or milliseconds); keep it well under 2m")
 	fs.Var(&f.rebindAfter, "rebind-after",
 		"how long a node's queue may have no consumer while another node's has one before its groups move, waiting messages included: a `DURATION` (or milliseconds); negative = never")
+	fs.BoolVar(&f.rebalance, "rebalance", true,
+		"the LOCAL handler moves groups, idle ones first, from nodes above their share (groups / nodes with a queue consumer) plus the tolerance to nodes below it; --rebalance=false: groups move only when a node is gone or has no consumer, or by the operator")
+	fs.IntVar(&f.rbTolerance, "rebalance-tolerance", defaultRebalanceTolerance, "rebalancing: how many `N` groups a node may hold above or below its share")
+	fs.IntVar(&f.rbMoves, "rebalance-rate", defaultRebalanceMoves, "rebalancing: at most `N` groups moved per handler tick (a quarter of the lease TTL, 0.5s by default)")
+	fs.Var(&f.rbCoolDown, "rebalance-cool-down", "rebalancing: a group is not moved again within this `DURATION` (or milliseconds) of its last move")
 	fs.Var(&f.eventsMaxAge, "events-max-age",
 		"how long the stream "+router.EventsStream+" keeps events, when this node creates it: a `DURATION` (or milliseconds)")
 	fs.Var(&f.dlqMaxAge, "dlq-max-age", "how long "+router.DeadLetterStream+" keeps dead letters, when this node creates it: a `DURATION`")
@@ -254,6 +272,8 @@ func parseRunArgs(args []string, env environment) (runOptions, error) {
 		ReaperPeriod: lc.reaperPeriod,
 		NodeGrace:    lc.nodeGrace,
 		RebindAfter:  lc.rebindAfter,
+		Rebalance: &proposals.RebalanceConfig{Enabled: f.rebalance, Tolerance: f.rbTolerance, MaxMoves: f.rbMoves,
+			CoolDown: time.Duration(f.rbCoolDown)},
 		EventsMaxAge: time.Duration(f.eventsMaxAge),
 
 		DeadLetterMaxAge:   time.Duration(f.dlqMaxAge),
@@ -267,6 +287,10 @@ func parseRunArgs(args []string, env environment) (runOptions, error) {
 
 		InboxPrefix: opts.conn.InboxPrefix,
 		JSDomain:    opts.conn.JSDomain,
+	}
+	if f.rbTolerance < 0 || f.rbMoves <= 0 || f.rbCoolDown <= 0 {
+		return runOptions{}, fmt.Errorf("%w: rebalance-tolerance must be >= 0, rebalance-rate and rebalance-cool-down > 0, got %d, %d and %v",
+			router.ErrConfig, f.rbTolerance, f.rbMoves, time.Duration(f.rbCoolDown))
 	}
 	if f.maxMsgSize < 0 {
 		return runOptions{}, fmt.Errorf("%w: max-msg-size must be >= 0, got %d", router.ErrConfig, f.maxMsgSize)

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"grouprouter/proposals"
 	"grouprouter/router"
 )
 
@@ -482,6 +483,42 @@ func TestDefaultStoreDir(t *testing.T) {
 			}
 			if err != nil || got != tt.want {
 				t.Fatalf("got %q, %v; want %q", got, err, tt.want)
+			}
+		})
+	}
+}
+
+func TestRebalanceFlags(t *testing.T) {
+	tests := []struct {
+		name string
+		args []string
+		want proposals.RebalanceConfig
+		err  string
+	}{
+		{name: "defaults", want: proposals.RebalanceConfig{Enabled: true, Tolerance: 1, MaxMoves: 4, CoolDown: 30 * time.Second}},
+		{name: "off", args: []string{"--rebalance=false"}, want: proposals.RebalanceConfig{Tolerance: 1, MaxMoves: 4, CoolDown: 30 * time.Second}},
+		{name: "tuned", args: []string{"--rebalance-tolerance", "0", "--rebalance-rate", "10", "--rebalance-cool-down", "5s"},
+			want: proposals.RebalanceConfig{Enabled: true, MaxMoves: 10, CoolDown: 5 * time.Second}},
+		{name: "cool-down in milliseconds", args: []string{"--rebalance-cool-down", "1500"},
+			want: proposals.RebalanceConfig{Enabled: true, Tolerance: 1, MaxMoves: 4, CoolDown: 1500 * time.Millisecond}},
+		{name: "negative tolerance", args: []string{"--rebalance-tolerance", "-1"}, err: "rebalance-tolerance must be >= 0"},
+		{name: "zero rate", args: []string{"--rebalance-rate", "0"}, err: "rebalance-rate and rebalance-cool-down > 0"},
+		{name: "zero cool-down", args: []string{"--rebalance-cool-down", "0s"}, err: "rebalance-rate and rebalance-cool-down > 0"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			opts, err := parseRunArgs(append([]string{"--node", "n1"}, tt.args...), testEnv("h"))
+			if tt.err != "" {
+				if err == nil || !errors.Is(err, router.ErrConfig) || !strings.Contains(err.Error(), tt.err) {
+					t.Fatalf("err %v, want ErrConfig with %q", err, tt.err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := *opts.cfg.Rebalance; got != tt.want {
+				t.Fatalf("got %+v, want %+v", got, tt.want)
 			}
 		})
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"flag"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/url"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"grouprouter/proposals"
 	"grouprouter/router"
 )
 
@@ -102,7 +104,7 @@ func runNode(ctx context.Context, args []string, env environment, stdout, stderr
 		"node", opts.cfg.Node, "name", opts.cfg.Name, "type", string(opts.cfg.Type),
 		"address", opts.cfg.Address, "timeout", opts.cfg.Timeout, "queue_mode", string(opts.cfg.QueueMode),
 		"group_timeout", neverOr(opts.cfg.GroupTimeout), "node_grace", opts.cfg.NodeGrace, "rebind_after", neverOr(max(opts.cfg.RebindAfter, 0)),
-		"nats", nc.ConnectedUrlRedacted())
+		"rebalance", rebalanceSummary(opts.cfg.Rebalance), "nats", nc.ConnectedUrlRedacted())
 	if err := r.Run(ctx); err != nil {
 		return setupError(err, conn)
 	}
@@ -146,4 +148,16 @@ func redactURLs(servers string) string {
 		parts[i] = p
 	}
 	return strings.Join(parts, ",")
+}
+
+// rebalanceSummary says how rebalancing is set, for the start line.
+func rebalanceSummary(rb *proposals.RebalanceConfig) string {
+	if rb == nil {
+		d := proposals.DefaultRebalance
+		rb = &d
+	}
+	if !rb.Enabled {
+		return "off"
+	}
+	return fmt.Sprintf("tolerance %d, %d per tick, cool-down %v", rb.Tolerance, rb.MaxMoves, rb.CoolDown)
 }
