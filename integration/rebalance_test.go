@@ -328,3 +328,21 @@ func TestNodeJoinGetsItsShare(t *testing.T) {
 	t.Logf("before %s; n2 had %d %v after it joined (%s); %d rebalance moves; settled %s; %d messages processed once, in order (%d drain copies)",
 		describeSpread(before), per["n2"], took.Round(time.Millisecond), describeSpread(per), len(rb), describeSpread(final), total, copies)
 }
+
+// TestConsumerPresenceAnnouncedAtOnce starts a node whose heartbeat is a
+// minute, then a consumer of its queue: the node announces the consumer
+// without waiting for its next heartbeat (it looks for one every 100 ms
+// while it has none).
+func TestConsumerPresenceAnnouncedAtOnce(t *testing.T) {
+	s := natstest.RunServer(t)
+	cfg := testConfig("n0", router.Local)
+	cfg.Heartbeat = time.Minute
+	startNode(t, s.URL(), cfg)
+	admin := natstest.Connect(t, s.URL(), nats.Name("test-admin"))
+	waitEligible(t, admin, []string{"n0"}, nil)
+	col := &timedCollector{}
+	started := time.Now()
+	startAppConsumer(t, s.URL(), "n0", col)
+	waitEligible(t, admin, []string{"n0"}, []string{"n0"})
+	t.Logf("consumer announced %v after it started (heartbeat 1m)", time.Since(started).Round(time.Millisecond))
+}

@@ -542,14 +542,45 @@ func (r *Router) timers(ctx context.Context) {
 	}
 }
 
+// presencePoll is how often a node without a queue consumer looks for one
+// (consumer info), so that a consumer's first pull is announced within
+// about this much instead of at the next heartbeat.
+const presencePoll = 100 * time.Millisecond
+
 // heartbeat announces the node every cfg.Heartbeat, with whether its queue
-// consumer has an active puller.
+// consumer has an active puller; while it has none, it looks every
+// presencePoll and announces at once when one appears (the handler then
+// counts the node eligible for new groups and rebalancing).
 func (r *Router) heartbeat(ctx context.Context, cons jetstream.Consumer) {
-	every(ctx, r.cfg.Heartbeat, func() {
+	tick := min(presencePoll, r.cfg.Heartbeat)
+	var last time.Time
+	every(ctx, tick, func() {
+		now := time.Now()
+		due := now.Sub(last)+tick/2 >= r.cfg.Heartbeat
+		if !due && !r.hasConsumer.Load() {
+			due = r.consumerAppeared(ctx, cons)
+		}
+		if !due {
+			return
+		}
+		last = now
 		if err := r.announce(ctx, cons); err != nil && ctx.Err() == nil {
 			r.log.Warn("announce failed", "err", err)
 		}
 	})
+}
+
+// consumerAppeared reports whether the node's queue, which had no consumer
+// at the last announcement, has one now.
+func (r *Router) consumerAppeared(ctx context.Context, cons jetstream.Consumer) bool {
+	ctx, cancel := context.WithTimeout(ctx, presencePoll)
+	defer cancel()
+	info, err := cons.Info(ctx)
+	if err != nil || !consumerPresent(info, time.Now()) {
+		return false
+	}
+	r.log.Debug("queue consumer appeared; announcing now")
+	return true
 }
 
 // every calls fn every d until ctx ends.
