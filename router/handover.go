@@ -514,6 +514,7 @@ func (r *Router) awaitConsumers(ctx context.Context, stream jetstream.Stream, by
 				if m.gone = isGone(err); !m.gone {
 					break
 				}
+				progressOf(ctx).add(1) // done by the old consumer
 			}
 			checked[g] = now
 			plan := planDrain(msgs, views, now)
@@ -529,6 +530,15 @@ func (r *Router) awaitConsumers(ctx context.Context, stream jetstream.Stream, by
 				r.log.Debug("hand-over: the old consumer is done with the group", "group", g, "revision", route.Revision,
 					"lapsed", plan.lapsed, "to_move", len(plan.move))
 			}
+			// What the old consumer acked without this drain looking is
+			// done too (the progress counts every message found).
+			acked := 0
+			for _, m := range msgs {
+				if !m.gone && fateOf(m, views[m.node], now) == fateDone {
+					acked++
+				}
+			}
+			progressOf(ctx).add(acked)
 			delete(plans, g)
 			start(g, plan)
 		}
