@@ -49,7 +49,7 @@ func lifecycleConfig(node string, typ router.HandlerType) router.Config {
 	cfg := testConfig(node, typ)
 	cfg.NodeGrace = 2 * time.Second
 	cfg.RebindAfter = time.Second
-	cfg.DrainWait = 2 * time.Second
+	cfg.QueueAckWait = 2 * time.Second
 	return cfg
 }
 

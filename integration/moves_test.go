@@ -59,7 +59,7 @@ func TestConsumerLeavesOnClusterGroupsMove(t *testing.T) {
 		cfg := testConfig(fmt.Sprintf("n%d", i), typ)
 		cfg.RebindAfter = 2 * time.Second
 		cfg.NodeGrace = 2 * time.Second
-		cfg.DrainWait = 2 * time.Second
+		cfg.QueueAckWait = 2 * time.Second
 		startNode(t, s.URL(), cfg)
 	}
 	col := &timedCollector{}
@@ -129,7 +129,7 @@ func TestTakeoverOfManyGroups(t *testing.T) {
 		}
 		cfg := testConfig(fmt.Sprintf("n%d", i), typ)
 		cfg.NodeGrace = 2 * time.Second
-		cfg.DrainWait = 2 * time.Second
+		cfg.QueueAckWait = 2 * time.Second
 		// Heartbeats of 100 ms (liveness TTL 1 s) let a live node look
 		// gone on a loaded machine while 3,000 groups are decided.
 		cfg.Heartbeat = 500 * time.Millisecond

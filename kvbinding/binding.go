@@ -79,6 +79,15 @@ type Binding struct {
 	// waiting messages (StepDrain only); the new owner moves them to its
 	// own queue, in ingress order, before routing anything else of it.
 	Drain []string `json:"drain,omitempty"`
+	// Epoch is the group's epoch under this record: the KV revision of the
+	// record that made Node its owner (a bind, a fence, an evacuation).
+	// The record that changes the owner does not know its own revision
+	// and leaves it 0, meaning "this record's revision"; every later
+	// revision with the same owner carries it on. Every message a node
+	// puts on a queue carries its group's epoch (HeaderEpoch), so a
+	// consumer can tell a copy made before a move from a current one:
+	// epochs only grow, and are the same for every node. Use OwnerEpoch.
+	Epoch uint64 `json:"epoch,omitempty"`
 
 	// Revision is the KV revision of the record; not part of the value.
 	Revision uint64 `json:"-"`
@@ -152,6 +161,15 @@ func (b Binding) Validate() error {
 		return fmt.Errorf("%w: unknown state %q", ErrInvalidBinding, b.State)
 	}
 	return nil
+}
+
+// OwnerEpoch returns the group's epoch under b (see Binding.Epoch): Epoch,
+// or b's own revision when b is the record that made Node the owner.
+func (b Binding) OwnerEpoch() uint64 {
+	if b.Epoch != 0 {
+		return b.Epoch
+	}
+	return b.Revision
 }
 
 // MaxDrain bounds a record's Drain list: a group moved again and again

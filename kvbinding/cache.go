@@ -3,6 +3,7 @@ package kvbinding
 import (
 	"context"
 	"log/slog"
+	"strconv"
 	"sync"
 	"sync/atomic"
 )
@@ -17,7 +18,10 @@ type Route struct {
 	Step       Step   // how far Node has taken the group over (StateBound)
 	Drain      []string
 	Routed     uint64 // what an earlier taker routed (in a step)
-	Revision   uint64
+	// Epoch is the group's epoch (Binding.OwnerEpoch): the revision of
+	// the record that made Node the owner.
+	Epoch    uint64
+	Revision uint64
 	// Invalid is set on the entry of a key whose latest value is not a
 	// usable record (malformed, or its group is not the key's): the group
 	// counts as unbound, and Revision is the bad value's, so that the
@@ -32,12 +36,13 @@ func (r Route) Settled() bool { return r.State == StateBound && r.Step == StepNo
 // RouteOf returns the cache's view of a stored record.
 func RouteOf(b Binding) Route {
 	return Route{State: b.State, Node: b.Node, FromSeq: b.FromSeq, ThroughSeq: b.ThroughSeq,
-		PrevNode: b.PrevNode, Step: b.Step, Drain: b.Drain, Routed: b.Routed, Revision: b.Revision}
+		PrevNode: b.PrevNode, Step: b.Step, Drain: b.Drain, Routed: b.Routed, Epoch: b.OwnerEpoch(), Revision: b.Revision}
 }
 
 // entry is the compact cached form of a record: node names are interned.
 type entry struct {
 	rev   uint64
+	epoch uint64 // Binding.OwnerEpoch
 	seq   uint64 // FromSeq, or ThroughSeq when released or dead-lettered
 	node  uint32 // index into Cache.names; 0 = none
 	prev  uint32
@@ -150,7 +155,7 @@ func (c *Cache) Lookup(group string) (Route, bool) {
 }
 
 func (c *Cache) routeLocked(group string, e entry) Route {
-	r := Route{Revision: e.rev, PrevNode: c.names[e.prev], Node: c.names[e.node]}
+	r := Route{Revision: e.rev, Epoch: e.epoch, PrevNode: c.names[e.prev], Node: c.names[e.node]}
 	switch e.state {
 	case stateDead:
 		r.State, r.ThroughSeq = StateDeadLettered, e.seq
@@ -252,7 +257,7 @@ func (c *Cache) applyLocked(b Binding, fromWatch bool) bool {
 	if had {
 		c.uncount(b.Group, old)
 	}
-	e := entry{rev: b.Revision, prev: c.intern(b.PrevNode), node: c.intern(b.Node)}
+	e := entry{rev: b.Revision, epoch: b.OwnerEpoch(), prev: c.intern(b.PrevNode), node: c.intern(b.Node)}
 	switch b.State {
 	case StateDeadLettered:
 		e.state, e.seq = stateDead, b.ThroughSeq
@@ -484,6 +489,12 @@ func (c *Cache) applyEntry(key string, op entryOp, value []byte, rev uint64) {
 	}
 	if b.Group != group {
 		c.refuse(key, group, rev, "the value is the record of group "+quote(b.Group))
+		return
+	}
+	if b.Epoch > rev {
+		// An epoch is the revision of an earlier record: one from the
+		// future was not written by a handler.
+		c.refuse(key, group, rev, "epoch "+strconv.FormatUint(b.Epoch, 10)+" is past the record's revision")
 		return
 	}
 	b.Revision = rev

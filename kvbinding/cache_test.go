@@ -237,6 +237,7 @@ func TestCacheRefusesInvalidValues(t *testing.T) {
 		`{"group":"other","state":"bound","node":"n1","from_seq":3}`, // another group's record
 		`{"group":"g","state":"exploded"}`,
 		`not json`,
+		`{"group":"g","state":"bound","node":"n1","from_seq":3,"epoch":99999}`, // an epoch past its revision
 	} {
 		rev := uint64(4 + i)
 		c.applyEntry("r.g", opPut, []byte(bad), rev)
@@ -248,14 +249,37 @@ func TestCacheRefusesInvalidValues(t *testing.T) {
 			t.Fatalf("%s: an invalid record still counts as bound", bad)
 		}
 	}
-	if c.Ignored() != 7 {
-		t.Fatalf("Ignored = %d, want 7", c.Ignored())
+	if c.Ignored() != 8 {
+		t.Fatalf("Ignored = %d, want 8", c.Ignored())
 	}
 	c.applyEntry("r.g", opPut, good, 20)
 	if r, _ := c.Lookup("g"); r.Invalid || r.Node != "n1" || r.Revision != 20 {
 		t.Fatalf("a valid revision did not replace the invalid one: %+v", r)
 	}
-	if len(notify) != 8 {
-		t.Fatalf("%d notifications, want 8 (one per applied change)", len(notify))
+	if len(notify) != 9 {
+		t.Fatalf("%d notifications, want 9 (one per applied change)", len(notify))
+	}
+}
+
+// TestCacheEpochs: a record that makes a node the owner has its own
+// revision as the group's epoch; later records of the same owner carry it.
+func TestCacheEpochs(t *testing.T) {
+	c := NewCache(CacheConfig{})
+	c.warm.Store(true)
+	put := func(b Binding, rev uint64) {
+		data, err := b.Marshal()
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.applyEntry("r.g", opPut, data, rev)
+	}
+	put(Binding{Group: "g", State: StateBound, Node: "n1", FromSeq: 3, DecidedBy: "h"}, 5)
+	if r, _ := c.Lookup("g"); r.Epoch != 5 {
+		t.Fatalf("epoch of a bind = %d, want its revision 5", r.Epoch)
+	}
+	put(Binding{Group: "g", State: StateBound, Node: "n2", FromSeq: 9, PrevNode: "n1", Step: StepCatchUp, DecidedBy: "h"}, 9)
+	put(Binding{Group: "g", State: StateBound, Node: "n2", FromSeq: 9, PrevNode: "n1", Epoch: 9, DecidedBy: "h"}, 11)
+	if r, _ := c.Lookup("g"); r.Epoch != 9 || r.Revision != 11 {
+		t.Fatalf("settled after a move: epoch %d revision %d, want 9 and 11", r.Epoch, r.Revision)
 	}
 }

@@ -67,6 +67,8 @@ func scanBinding(d *jsonx.Scanner, all bool) (Binding, bool) {
 			b.Reason, ok = d.Str()
 		case "routed":
 			b.Routed, ok = d.Uint()
+		case "epoch":
+			b.Epoch, ok = d.Uint()
 		case "drain":
 			b.Drain, ok = d.Strings()
 		}

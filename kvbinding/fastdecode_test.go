@@ -13,7 +13,8 @@ func TestFastBindingMatchesJSON(t *testing.T) {
 		{Group: "order-42", State: StateBound, Node: "n1", FromSeq: 17, DecidedAt: time.Now(), DecidedBy: "h/n0", ProposedBy: "n2"},
 		{Group: "Zürich ✓ a.b > *", State: StateBound, Node: "n1", FromSeq: 1, PrevNode: "n0", Step: StepDrain, Drain: []string{"n0", "n3"}, Reason: "node n0 gone"},
 		{Group: "g", State: StateReleased, ThroughSeq: 99, PrevNode: "n1"},
-		{Group: "g", State: StateMoving, Node: "n2", PrevNode: "n1", FromSeq: 4},
+		{Group: "g", State: StateMoving, Node: "n2", PrevNode: "n1", FromSeq: 4, Epoch: 12},
+		{Group: "g", State: StateBound, Node: "n2", PrevNode: "n1", FromSeq: 4, Step: StepCatchUp, Epoch: 13},
 		{Group: "", State: StateBound, Node: "n1", FromSeq: 3},
 		{Group: "x", State: StateDeadLettered, ThroughSeq: 5, Reason: `quoted "reason"`},
 	}
@@ -38,7 +39,7 @@ func TestFastBindingMatchesJSON(t *testing.T) {
 			continue
 		}
 		if got.Group != slow.Group || got.State != slow.State || got.Node != slow.Node || got.FromSeq != slow.FromSeq ||
-			got.ThroughSeq != slow.ThroughSeq || got.PrevNode != slow.PrevNode || got.Step != slow.Step || !reflect.DeepEqual(got.Drain, slow.Drain) {
+			got.ThroughSeq != slow.ThroughSeq || got.PrevNode != slow.PrevNode || got.Step != slow.Step || got.Epoch != slow.Epoch || !reflect.DeepEqual(got.Drain, slow.Drain) {
 			t.Errorf("fast %+v != json %+v", got, slow)
 		}
 	}
@@ -60,7 +61,7 @@ func FuzzFastBinding(f *testing.F) {
 			t.Fatalf("fast path accepted %q, encoding/json: %v", data, err)
 		}
 		if got.Group != slow.Group || got.State != slow.State || got.Node != slow.Node || got.FromSeq != slow.FromSeq ||
-			got.ThroughSeq != slow.ThroughSeq || got.PrevNode != slow.PrevNode || got.Step != slow.Step || !reflect.DeepEqual(got.Drain, slow.Drain) {
+			got.ThroughSeq != slow.ThroughSeq || got.PrevNode != slow.PrevNode || got.Step != slow.Step || got.Epoch != slow.Epoch || !reflect.DeepEqual(got.Drain, slow.Drain) {
 			t.Fatalf("fast %+v != json %+v for %q", got, slow, data)
 		}
 	})

@@ -51,6 +51,10 @@ func (b Binding) AppendJSON(buf []byte) []byte {
 		buf = append(buf, `,"routed":`...)
 		buf = strconv.AppendUint(buf, b.Routed, 10)
 	}
+	if b.Epoch != 0 {
+		buf = append(buf, `,"epoch":`...)
+		buf = strconv.AppendUint(buf, b.Epoch, 10)
+	}
 	if len(b.Drain) > 0 {
 		buf = append(buf, `,"drain":[`...)
 		for i, n := range b.Drain {

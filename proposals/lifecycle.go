@@ -303,6 +303,16 @@ func (m *machine) bind() Result {
 	return res
 }
 
+// epochOf returns the epoch a record carries on when it keeps cur's
+// owner (see kvbinding.Binding.Epoch): a record that changes the owner
+// leaves Epoch 0, and its own revision becomes the epoch.
+func epochOf(cur *kvbinding.Route) uint64 {
+	if cur.Epoch != 0 {
+		return cur.Epoch
+	}
+	return cur.Revision
+}
+
 // reporter checks that a node's report concerns the record as it stands.
 func (m *machine) reporter(role string, ok bool) (Result, bool) {
 	if m.cur == nil {
@@ -358,6 +368,7 @@ func (m *machine) drained() Result {
 	}
 	b := m.record(kvbinding.StateBound)
 	b.Node, b.FromSeq, b.PrevNode, b.Step, b.Routed = cur.Node, cur.FromSeq, cur.PrevNode, kvbinding.StepCatchUp, cur.Routed
+	b.Epoch = epochOf(cur)
 	return m.write(b, nil)
 }
 
@@ -368,6 +379,7 @@ func (m *machine) caughtUp() Result {
 	}
 	b := m.record(kvbinding.StateBound)
 	b.Node, b.FromSeq, b.PrevNode = cur.Node, cur.FromSeq, cur.PrevNode
+	b.Epoch = epochOf(cur)
 	return m.write(b, &Event{Kind: EventHandoff, Node: cur.Node, PrevNode: cur.PrevNode, FromSeq: cur.FromSeq, Count: in.Count})
 }
 
@@ -438,6 +450,7 @@ func (m *machine) move() Result {
 	}
 	b := m.record(kvbinding.StateMoving)
 	b.Node, b.PrevNode, b.FromSeq, b.Reason = target, cur.Node, cur.FromSeq, in.Reason
+	b.Epoch = epochOf(cur) // the old owner's, until the fence
 	return m.write(b, &Event{Kind: EventMove, Node: target, PrevNode: cur.Node, Reason: in.Reason})
 }
 

@@ -26,7 +26,7 @@ var rewrite = flag.Bool("rewrite", false, "rewrite the expected output of testda
 //	live n1+ n2+:5 n3     live nodes: + has a queue consumer, :N bound groups
 //	group NAME            the group (default g; "ungrouped" is "")
 //	record none           the group has no record
-//	record STATE k=v...   the record: node, from, through, prev, step, drain (a,b), rev, invalid
+//	record STATE k=v...   the record: node, from, through, prev, step, drain (a,b), rev, epoch, invalid
 //	ingress N             the ingress stream's last sequence
 //	OP k=v...             an input: by, node, from, seq, rev, kind, reason, count
 //
@@ -183,7 +183,10 @@ func (st *scriptState) run(cmd string) (string, error) {
 		}
 		r := &kvbinding.Route{State: kvbinding.State(state), Node: kv["node"], FromSeq: num("from"), ThroughSeq: num("through"),
 			PrevNode: kv["prev"], Step: kvbinding.Step(kv["step"]), Revision: num("rev"), Invalid: kv["invalid"] == "true",
-			Routed: num("routed")}
+			Routed: num("routed"), Epoch: num("epoch")}
+		if r.Epoch == 0 {
+			r.Epoch = r.Revision
+		}
 		if kv["drain"] != "" {
 			r.Drain = strings.Split(kv["drain"], ",")
 		}
@@ -215,8 +218,9 @@ func (st *scriptState) run(cmd string) (string, error) {
 		if st.cur != nil {
 			rev = st.cur.Revision + 1
 		}
-		r := kvbinding.RouteOf(*res.Write)
-		r.Revision = rev
+		w := *res.Write
+		w.Revision = rev
+		r := kvbinding.RouteOf(w)
 		st.cur = &r
 	}
 	return line, nil
@@ -269,6 +273,7 @@ func recordString(w *kvbinding.Binding) string {
 	add("prev", w.PrevNode)
 	add("step", string(w.Step))
 	add("routed", strconv.FormatUint(w.Routed, 10))
+	add("epoch", strconv.FormatUint(w.Epoch, 10))
 	if len(w.Drain) > 0 {
 		d := append([]string(nil), w.Drain...)
 		sort.Strings(d)

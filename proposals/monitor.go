@@ -171,7 +171,7 @@ func (h *Handler) restoreBad(ctx context.Context) {
 			continue
 		}
 		b := kvbinding.Binding{Group: g, State: r.State, Node: r.Node, FromSeq: r.FromSeq, ThroughSeq: r.ThroughSeq,
-			PrevNode: r.PrevNode, Step: r.Step, Drain: r.Drain, Routed: r.Routed,
+			PrevNode: r.PrevNode, Step: r.Step, Drain: r.Drain, Routed: r.Routed, Epoch: r.Epoch,
 			DecidedAt: time.Now().UTC(), DecidedBy: h.id, Reason: "restored over an invalid value"}
 		w := kvbinding.Write{Binding: b, Rev: rev}
 		if b.State == kvbinding.StateReleased || b.State == kvbinding.StateDeadLettered {

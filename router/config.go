@@ -46,6 +46,7 @@ const (
 	DefaultEventsMaxAge     = 24 * time.Hour
 	DefaultDeadLetterMaxAge = 7 * 24 * time.Hour
 	DefaultPinnedTTL        = 5 * time.Second
+	DefaultQueueAckWait     = 30 * time.Second
 )
 
 // Config configures a router node. The first four fields are the
@@ -140,9 +141,14 @@ type Config struct {
 	// proposals.DefaultRebalance (on, tolerance 1, 4 moves per tick, 16
 	// moves in flight, cool-down 30s). Enabled false turns it off.
 	Rebalance *proposals.RebalanceConfig
-	// DrainWait bounds how long a move waits for the old node's consumer
-	// to ack what it was delivered before moving the rest. Default 10s.
-	DrainWait time.Duration
+	// QueueAckWait is the ack wait of the node queues' consumers: a
+	// message delivered and neither acked nor marked in progress within it
+	// is delivered again. A move also waits on it: the group's messages
+	// the old node's consumer was delivered stay its own until it acks
+	// them, for as long as it keeps acknowledging; once it has made no
+	// progress for QueueAckWait they are moved (see docs/protocol.md,
+	// "Hand-over and epochs"). Default 30s (JetStream's default).
+	QueueAckWait time.Duration
 	// RecordTTL is how long ended records (released, dead-lettered) stay
 	// in the bindings bucket. Default 10m.
 	RecordTTL time.Duration
@@ -233,8 +239,8 @@ func (c Config) withDefaults() Config {
 	if c.RebindAfter == 0 {
 		c.RebindAfter = 30 * time.Second
 	}
-	if c.DrainWait <= 0 {
-		c.DrainWait = 10 * time.Second
+	if c.QueueAckWait <= 0 {
+		c.QueueAckWait = DefaultQueueAckWait
 	}
 	if c.RecordTTL <= 0 {
 		c.RecordTTL = 10 * time.Minute

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"sort"
+	"strconv"
 	"time"
 
 	"grouprouter/kvbinding"
@@ -64,6 +65,19 @@ type lane struct {
 	changing      bool
 	deadLettering bool
 	dlqPending    int // dead-letter publishes in flight
+	// epoch is the group's epoch the lane last published under, and
+	// epochHdr its header value, shared by the lane's publishes.
+	epoch    uint64
+	epochHdr []string
+}
+
+// epochHeader returns the header value of the group's epoch under route,
+// reusing the lane's while the epoch stays the same.
+func (ln *lane) epochHeader(epoch uint64) []string {
+	if ln.epochHdr == nil || ln.epoch != epoch {
+		ln.epoch, ln.epochHdr = epoch, []string{strconv.FormatUint(epoch, 10)}
+	}
+	return ln.epochHdr
 }
 
 // ask is one request of the handler for a lane's group.
@@ -160,11 +174,13 @@ const (
 
 // action is one thing the engine asks its shells to do.
 type action struct {
-	kind  actKind
-	ln    *lane
-	m     *msgRec
-	node  string // actPublish: destination queue's node
-	dlq   bool   // actPublish: to the dead-letter stream, reason in reason
+	kind actKind
+	ln   *lane
+	m    *msgRec
+	node string // actPublish: destination queue's node
+	dlq  bool   // actPublish: to the dead-letter stream, reason in reason
+	// epoch: actPublish to a queue: the HeaderEpoch value.
+	epoch []string
 	group string // actDuty
 	duty  proposals.Duty
 	rev   uint64    // actDuty: the record revision
@@ -355,12 +371,12 @@ func (e *engine) pump(ln *lane, now time.Time) {
 				e.emit(action{kind: actPublish, ln: ln, m: m, dlq: true, reason: m.invalid})
 				continue
 			}
-			e.emit(action{kind: actPublish, ln: ln, m: m, node: e.ungroupedDestination()})
+			e.emit(action{kind: actPublish, ln: ln, m: m, node: e.ungroupedDestination(), epoch: ln.epochHeader(route.Epoch)})
 			continue
 		}
 		ln.inflight = 1
 		e.inflight++
-		e.emit(action{kind: actPublish, ln: ln, m: m, node: e.cfg.node})
+		e.emit(action{kind: actPublish, ln: ln, m: m, node: e.cfg.node, epoch: ln.epochHeader(route.Epoch)})
 		return
 	}
 	if len(ln.msgs) == 0 && ln.inflight == 0 && ln.ask == nil {
@@ -488,7 +504,11 @@ func (e *engine) retryPublish(r retry, now time.Time) {
 	if r.ln.group == "" && !r.dlq {
 		node = e.ungroupedDestination()
 	}
-	e.emit(action{kind: actPublish, ln: r.ln, m: r.m, node: node, dlq: r.dlq, reason: r.reason})
+	epoch := r.ln.epochHdr
+	if route, ok := e.recs.Lookup(r.ln.group); ok && !r.dlq {
+		epoch = r.ln.epochHeader(route.Epoch)
+	}
+	e.emit(action{kind: actPublish, ln: r.ln, m: r.m, node: node, dlq: r.dlq, reason: r.reason, epoch: epoch})
 }
 
 // changed takes a change of group's record.

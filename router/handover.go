@@ -314,8 +314,11 @@ type queued struct {
 
 // drainQueues moves the groups' messages waiting on the queues named in
 // their records' Drain lists to this node's queue, in ingress order, each
-// deleted from the old queue once its copy is stored. It waits (at most
-// DrainWait) for an old consumer to ack what it was already delivered.
+// deleted from the old queue once its copy is stored. A group is moved
+// only once none of its messages is delivered and unacked on an old queue
+// whose consumer is alive and acknowledging (see drainplan.go): until
+// then the old consumer works on the group and no message of it reaches
+// this node's queue.
 func (r *Router) drainQueues(ctx context.Context, routes map[string]kvbinding.Route) (map[string]int, error) {
 	byNode := map[string]map[string]bool{}
 	for g, route := range routes {
@@ -342,28 +345,77 @@ func (r *Router) drainQueues(ctx context.Context, routes map[string]kvbinding.Ro
 	// The handler paused the old queues before it wrote the records and
 	// renews the pauses while records say they are drained; this node
 	// renews them too while it drains, so that they hold also while no
-	// handler is active.
+	// handler is active. The first renewal is made before the drain
+	// looks at the queues.
 	holdCtx, release := context.WithCancel(ctx)
 	var holding sync.WaitGroup
 	defer func() { release(); holding.Wait() }()
 	for node := range byNode {
+		r.pauseQueue(ctx, node)
 		holding.Add(1)
 		go func() {
 			defer holding.Done()
 			r.holdPaused(holdCtx, node)
 		}()
 	}
-	// Each old queue at once: one move may drain several (a group moved
-	// twice), and waiting for them in turn added their DrainWaits up.
-	var wg sync.WaitGroup
-	for node := range byNode {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			r.waitDelivered(ctx, node)
-		}()
+	byGroup, err := r.scanQueues(ctx, stream, byNode, routes)
+	if err != nil {
+		return nil, err
 	}
-	wg.Wait()
+	progressOf(ctx).found(countFound(byGroup))
+	plans := make(map[string][]drainMsg, len(byGroup))
+	for g, found := range byGroup {
+		sort.Slice(found, func(i, j int) bool { return found[i].ingressSeq < found[j].ingressSeq })
+		msgs := make([]drainMsg, len(found))
+		for i, q := range found {
+			msgs[i] = drainMsg{node: q.from, seq: q.msg.Sequence, ingressSeq: q.ingressSeq, ref: i}
+		}
+		plans[g] = msgs
+	}
+	// Groups in parallel, each as soon as its old consumers are done with
+	// it; within a group, copies one after another in ingress order, each
+	// original deleted once its copy is stored.
+	var mu sync.Mutex
+	work, wctx := errgroup.WithContext(ctx)
+	work.SetLimit(128)
+	start := func(g string, plan drainPlan) {
+		found := byGroup[g]
+		todo := make([]queued, len(plan.move))
+		for i, m := range plan.move {
+			todo[i] = found[m.ref]
+		}
+		route := routes[g]
+		if plan.lapsed > 0 {
+			r.log.Warn("moving messages the old consumer was delivered and did not ack: it made no progress for its ack wait; it may still process them (the epoch tells the copies apart)",
+				"group", g, "messages", plan.lapsed, "revision", route.Revision)
+		}
+		work.Go(func() error {
+			n, err := r.moveGroup(wctx, stream, todo, route.Revision, route.Epoch)
+			mu.Lock()
+			moved[g] = n
+			mu.Unlock()
+			if err == nil && len(found) > 0 {
+				r.duties.mu.Lock()
+				r.duties.movedThrough[g] = found[len(found)-1].ingressSeq
+				r.duties.mu.Unlock()
+			}
+			return err
+		})
+	}
+	if err := r.awaitConsumers(wctx, stream, byNode, routes, plans, start); err != nil {
+		_ = work.Wait()
+		return nil, err
+	}
+	if err := work.Wait(); err != nil {
+		return nil, err
+	}
+	return moved, nil
+}
+
+// scanQueues reads the old queues and returns, per group, its messages
+// found there (a copy this step made before on this node's own queue is
+// left out: it is in place already).
+func (r *Router) scanQueues(ctx context.Context, stream jetstream.Stream, byNode map[string]map[string]bool, routes map[string]kvbinding.Route) (map[string][]queued, error) {
 	info, err := stream.Info(ctx)
 	if err != nil {
 		return nil, err
@@ -404,37 +456,124 @@ func (r *Router) drainQueues(ctx context.Context, routes map[string]kvbinding.Ro
 			byGroup[g] = append(byGroup[g], queued{msg: m, from: node, ingressSeq: is, group: g})
 		}
 	}
-	progressOf(ctx).found(countFound(byGroup))
-	// Groups in parallel; within a group, copies one after another in
-	// ingress order, each original deleted once its copy is stored.
-	var mu sync.Mutex
-	work, wctx := errgroup.WithContext(ctx)
-	work.SetLimit(128)
-	for g, found := range byGroup {
-		sort.Slice(found, func(i, j int) bool { return found[i].ingressSeq < found[j].ingressSeq })
-		rev := routes[g].Revision
-		work.Go(func() error {
-			n, err := r.moveGroup(wctx, stream, found, rev)
-			mu.Lock()
-			moved[g] = n
-			mu.Unlock()
-			if err == nil && len(found) > 0 {
-				r.duties.mu.Lock()
-				r.duties.movedThrough[g] = found[len(found)-1].ingressSeq
-				r.duties.mu.Unlock()
+	return byGroup, nil
+}
+
+// drainPoll is how often a drain that waits for an old consumer looks at
+// it again.
+const drainPoll = 100 * time.Millisecond
+
+// awaitConsumers waits, group by group, until no message of the group is
+// delivered and unacked on an old queue whose consumer is alive and
+// acknowledging (planDrain), and calls start for each group then, with
+// what to move. It reads each old queue's consumer every drainPoll, and
+// looks whether an awaited message is still there only after its consumer
+// made progress.
+func (r *Router) awaitConsumers(ctx context.Context, stream jetstream.Stream, byNode map[string]map[string]bool,
+	routes map[string]kvbinding.Route, plans map[string][]drainMsg, start func(string, drainPlan)) error {
+	views := map[string]consumerView{}
+	checked := map[string]time.Time{} // per group: when its awaited messages were last looked at
+	logged := map[string]bool{}
+	for first := true; len(plans) > 0; first = false {
+		if !first {
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-time.After(drainPoll):
 			}
-			return err
-		})
+		}
+		for node := range byNode {
+			read, err := r.readConsumer(ctx, node)
+			if err != nil {
+				return err
+			}
+			views[node] = views[node].observe(read, time.Now())
+		}
+		now := time.Now()
+		for g, msgs := range plans {
+			route := routes[g]
+			if !r.current(g, route.Revision) {
+				return errSuperseded
+			}
+			// Look whether the awaited messages are still there, in order,
+			// up to the first one that is: acks come mostly in delivery
+			// order, and this is asked again after the next progress.
+			for i := range msgs {
+				m := &msgs[i]
+				v := views[m.node]
+				if fateOf(*m, v, now) != fateAwait {
+					continue
+				}
+				if !v.progress.After(checked[g]) {
+					break
+				}
+				_, err := stream.GetMsg(ctx, m.seq)
+				if err != nil && !isGone(err) {
+					return err
+				}
+				if m.gone = isGone(err); !m.gone {
+					break
+				}
+				progressOf(ctx).add(1) // done by the old consumer
+			}
+			checked[g] = now
+			plan := planDrain(msgs, views, now)
+			if !plan.ready {
+				if !logged[g] {
+					logged[g] = true
+					r.log.Debug("hand-over waits for the old consumer to ack what it was delivered", "group", g,
+						"messages", plan.awaited, "node", route.Node, "drain", route.Drain, "revision", route.Revision)
+				}
+				continue
+			}
+			if logged[g] {
+				r.log.Debug("hand-over: the old consumer is done with the group", "group", g, "revision", route.Revision,
+					"lapsed", plan.lapsed, "to_move", len(plan.move))
+			}
+			// What the old consumer acked without this drain looking is
+			// done too (the progress counts every message found).
+			acked := 0
+			for _, m := range msgs {
+				if !m.gone && fateOf(m, views[m.node], now) == fateDone {
+					acked++
+				}
+			}
+			progressOf(ctx).add(acked)
+			delete(plans, g)
+			start(g, plan)
+		}
 	}
-	if err := work.Wait(); err != nil {
-		return nil, err
+	return nil
+}
+
+// readConsumer reads what a drain needs of node's queue consumer.
+func (r *Router) readConsumer(ctx context.Context, node string) (consumerView, error) {
+	cons, err := r.js.Consumer(ctx, QueueStream, QueueConsumer(node))
+	if errors.Is(err, jetstream.ErrConsumerNotFound) {
+		return consumerView{}, nil
 	}
-	return moved, nil
+	if err != nil {
+		return consumerView{}, err
+	}
+	info, err := cons.Info(ctx)
+	if errors.Is(err, jetstream.ErrConsumerNotFound) {
+		return consumerView{}, nil
+	}
+	if err != nil {
+		return consumerView{}, err
+	}
+	wait := info.Config.AckWait
+	if wait <= 0 {
+		wait = DefaultQueueAckWait
+	}
+	return consumerView{exists: true, delivered: info.Delivered.Stream, ackFloor: info.AckFloor.Stream,
+		pending: info.NumAckPending, ackWait: wait}, nil
 }
 
 // moveGroup copies one group's found messages to this node's queue in
 // order and deletes the originals.
-func (r *Router) moveGroup(ctx context.Context, stream jetstream.Stream, found []queued, rev uint64) (int, error) {
+func (r *Router) moveGroup(ctx context.Context, stream jetstream.Stream, found []queued, rev, epoch uint64) (int, error) {
+	epochHdr := []string{strconv.FormatUint(epoch, 10)}
 	moved := 0
 	for _, q := range found {
 		if !r.current(q.group, rev) {
@@ -450,6 +589,7 @@ func (r *Router) moveGroup(ctx context.Context, stream jetstream.Stream, found [
 		out.Header.Set(jetstream.MsgIDHeader, moveID(rev, q.ingressSeq))
 		out.Header.Set(HeaderMovedFrom, q.from)
 		out.Header.Set(jetstream.ExpectedStreamHeader, QueueStream)
+		out.Header[HeaderEpoch] = epochHdr
 		copySeq, err := r.publishSync(ctx, out)
 		if err != nil {
 			return moved, err
@@ -458,9 +598,9 @@ func (r *Router) moveGroup(ctx context.Context, stream jetstream.Stream, found [
 			if !isGone(err) {
 				return moved, err
 			}
-			// The old consumer acked the original after all (its ack came
-			// after waitDelivered gave up on it): the copy would deliver
-			// the message twice. Take the copy back.
+			// The old consumer acked the original after all (a lapsed
+			// message: it came back after its ack wait): the copy would
+			// deliver the message twice. Take the copy back.
 			if err := stream.DeleteMsg(ctx, copySeq); err != nil && !isGone(err) {
 				return moved, err
 			}
@@ -497,20 +637,26 @@ func moveID(rev, seq uint64) string {
 // the drain (the handler resumes the queue when no record needs it paused).
 const drainPause = 10 * time.Second
 
-// holdPaused keeps node's queue consumer paused until ctx ends.
+// holdPaused keeps node's queue consumer paused until ctx ends, renewing
+// the pause every third of drainPause (the first renewal after that).
 func (r *Router) holdPaused(ctx context.Context, node string) {
 	t := time.NewTicker(drainPause / 3)
 	defer t.Stop()
 	for {
-		if _, err := r.js.PauseConsumer(ctx, QueueStream, QueueConsumer(node), time.Now().Add(drainPause)); err != nil &&
-			ctx.Err() == nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
-			r.log.Debug("cannot renew the pause of a queue being drained", "node", node, "err", err)
-		}
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
 		}
+		r.pauseQueue(ctx, node)
+	}
+}
+
+// pauseQueue pauses node's queue consumer for drainPause.
+func (r *Router) pauseQueue(ctx context.Context, node string) {
+	if _, err := r.js.PauseConsumer(ctx, QueueStream, QueueConsumer(node), time.Now().Add(drainPause)); err != nil &&
+		ctx.Err() == nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
+		r.log.Debug("cannot renew the pause of a queue being drained", "node", node, "err", err)
 	}
 }
 
@@ -533,39 +679,6 @@ func isGone(err error) bool {
 	// deletion unsuccessful: nats: API error: code=500 err_code=10057
 	// description=no message found"): the API error is not wrapped.
 	return errors.Is(err, jetstream.ErrMsgDeleteUnsuccessful) && strings.Contains(err.Error(), "no message found")
-}
-
-// waitDelivered waits (at most DrainWait) until a node's queue consumer has
-// acked everything it was delivered, so that a move does not take messages
-// its consumer is processing. A consumer whose acks stopped coming for half
-// of DrainWait is taken as gone: what it holds would come back only after
-// the ack wait, so it is moved now (a consumer that was only slow then
-// processes those messages twice: JetStream's at-least-once delivery).
-func (r *Router) waitDelivered(ctx context.Context, node string) {
-	deadline := time.Now().Add(r.cfg.DrainWait)
-	stale := r.cfg.DrainWait / 2
-	var lastFloor uint64
-	lastMove := time.Now()
-	for time.Now().Before(deadline) {
-		cons, err := r.js.Consumer(ctx, QueueStream, QueueConsumer(node))
-		if err != nil {
-			return
-		}
-		info, err := cons.Info(ctx)
-		if err != nil || info.NumAckPending == 0 {
-			return
-		}
-		if info.AckFloor.Stream != lastFloor {
-			lastFloor, lastMove = info.AckFloor.Stream, time.Now()
-		} else if time.Since(lastMove) >= stale {
-			return
-		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-time.After(100 * time.Millisecond):
-		}
-	}
 }
 
 // catchUp routes, from the ingress, the groups' messages from their fence
@@ -632,6 +745,7 @@ func (r *Router) catchUp(ctx context.Context, routes map[string]kvbinding.Route)
 		}
 		out.Subject = QueueSubject(dest, msg.Subject())
 		out.Header.Set(jetstream.ExpectedStreamHeader, QueueStream)
+		out.Header[HeaderEpoch] = []string{strconv.FormatUint(routes[g].Epoch, 10)}
 		byGroup[g] = append(byGroup[g], out)
 	})
 	if err != nil {

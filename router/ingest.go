@@ -243,6 +243,7 @@ func (r *Router) publish(a action) {
 	} else {
 		out.Subject = QueueSubject(a.node, a.m.subject)
 		out.Header[jetstream.ExpectedStreamHeader] = r.expectQueue
+		out.Header[HeaderEpoch] = a.epoch
 	}
 	o := outcome{ln: a.ln, m: a.m, dlq: a.dlq, reason: a.reason}
 	done := func(_ jspub.Ack, err error) {

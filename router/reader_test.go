@@ -18,7 +18,10 @@ import (
 func TestIngressReaderRecreatesItsConsumer(t *testing.T) {
 	s := natstest.RunServer(t)
 	nc := s.Connect()
-	js, err := jetstream.New(nc)
+	const n = 6000
+	// Room for every publish in flight: the default bound (4,000) stalls
+	// them on a loaded machine, and PublishAsync then fails.
+	js, err := jetstream.New(nc, jetstream.WithPublishAsyncMaxPending(2*n))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -27,7 +30,6 @@ func TestIngressReaderRecreatesItsConsumer(t *testing.T) {
 	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "IN", Subjects: []string{"in.>"}}); err != nil {
 		t.Fatal(err)
 	}
-	const n = 6000
 	for i := 0; i < n; i++ {
 		if _, err := js.PublishAsync("in.x", []byte(strconv.Itoa(i+1))); err != nil {
 			t.Fatal(err)

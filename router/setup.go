@@ -104,7 +104,7 @@ func (r *Router) setup(ctx context.Context) (queueCons jetstream.Consumer, relea
 		return nil, nil, err
 	}
 	if err := r.setupStep(ctx, "queue consumer", func(ctx context.Context) (err error) {
-		queueCons, err = ensureQueueConsumer(ctx, r.js, r.cfg.Node, r.cfg.QueueMode, r.cfg.PinnedTTL)
+		queueCons, err = ensureQueueConsumer(ctx, r.js, r.cfg.Node, r.cfg.QueueMode, r.cfg.PinnedTTL, r.cfg.QueueAckWait)
 		return err
 	}); err != nil {
 		return nil, nil, err

@@ -35,8 +35,9 @@ import (
 //     server restart lost it (the README says so for consumed messages),
 //     or its 2 min had passed; the entry stored again says so;
 //     - a drain copied a message its old consumer had been delivered
-//     before the copy was stored (DrainWait ran out, or the consumer's
-//     acks stopped for 2 s: the README says it may be processed twice);
+//     and had not acked, because that consumer made no progress for its
+//     ack wait (planDrain's fateLapsed: JetStream would have delivered it
+//     again then too; the README says it may be processed twice);
 //     - a mover crashed after publishing a copy and before deleting the
 //     original (the split issue 9 lists as open);
 //     and a message both on a queue and dead-lettered only when the node
@@ -475,8 +476,10 @@ func (c *simChecker) delivered(e *simEntry) {
 func (c *simChecker) excuse(a, b *simEntry) string {
 	// b was copied (perhaps through other copies) from a, which its
 	// consumer had been delivered before the copy was stored.
-	for o := b.origin; o != nil; o = o.origin {
-		if o == a && a.deliveries > 0 && a.firstDelivery <= b.stored {
+	// Only a copy the drain made as lapsed (its consumer made no progress
+	// for its ack wait) may be consumed beside its delivered original.
+	for x, o := b, b.origin; o != nil; x, o = o, o.origin {
+		if o == a && a.deliveries > 0 && a.firstDelivery <= b.stored && x.lapsedMove {
 			return "drain"
 		}
 	}

@@ -10,8 +10,10 @@ import (
 )
 
 // The hand-over shell of handover.go over the simulated queues, step by
-// step as it makes its calls: handOverLoop, runSteps, drainQueues (with
-// waitDelivered, the scan by GetMsg, moveGroup), catchUp and report.
+// step as it makes its calls: handOverLoop, runSteps, drainQueues (the
+// scan by GetMsg, awaitConsumers, moveGroup), catchUp and report. What to
+// wait for and what to move is decided by the real planner (drainplan.go:
+// consumerView.observe, fateOf, planDrain).
 
 // addDuty is dutyQueue.add plus handOverLoop's wake and 20 ms wait.
 func (n *simNode) addDuty(group string, duty proposals.Duty, rev uint64) {
@@ -151,6 +153,9 @@ func (n *simNode) report(ps []proposals.Proposal, done func(refused map[string]b
 type simFound struct {
 	e    *simEntry
 	from string
+	// lapsed: delivered to the old consumer and moved because it made no
+	// progress for its ack wait (fateLapsed).
+	lapsed bool
 }
 
 // simDrain is one drainQueues call.
@@ -205,54 +210,7 @@ func (n *simNode) drainQueues(routes map[string]kvbinding.Route, done func(map[s
 		w.after(simPauseWindow/3, hold)
 	}
 	hold()
-	left := len(nodes)
-	for _, node := range nodes {
-		n.waitDelivered(node, func() {
-			left--
-			if left == 0 {
-				d.scan()
-			}
-		})
-	}
-}
-
-// waitDelivered waits, at most DrainWait, for node's consumer to ack what
-// it was delivered; a consumer whose acks stopped for 2 s counts as gone.
-func (n *simNode) waitDelivered(node string, done func()) {
-	w := n.w
-	deadline := w.clock + w.p.drainWait
-	stale := w.p.drainWait / 2
-	var lastAcks uint64
-	lastMove := w.clock
-	var poll func()
-	poll = func() {
-		if !n.up() {
-			return
-		}
-		if w.clock >= deadline {
-			done()
-			return
-		}
-		w.after(w.lat(), func() {
-			if !n.up() {
-				return
-			}
-			c := w.q.consumer(node)
-			if c.ackPending() == 0 {
-				done()
-				return
-			}
-			if c.acks != lastAcks {
-				lastAcks, lastMove = c.acks, w.clock
-			} else if w.clock-lastMove >= stale {
-				n.logf("drain: %s's consumer holds unacked messages; moving them anyway", node)
-				done()
-				return
-			}
-			w.after(100*time.Millisecond, poll)
-		})
-	}
-	poll()
+	d.scan()
 }
 
 // scan reads the old queues by GetMsg, one message per call, from the
@@ -274,7 +232,7 @@ func (d *simDrain) scan() {
 		var scanNode func(i int)
 		scanNode = func(i int) {
 			if i == len(nodes) {
-				d.move()
+				d.await()
 				return
 			}
 			node, groups := nodes[i], d.byNode[nodes[i]]
@@ -326,40 +284,111 @@ func (d *simDrain) scan() {
 	})
 }
 
-// move runs moveGroup for every group at once (an errgroup: the first
-// error cancels the others).
-func (d *simDrain) move() {
-	n := d.n
+// await is awaitConsumers: every drainPoll it reads the old queues'
+// consumers (one call each) and looks at the groups' awaited messages,
+// and starts moving each group once planDrain says it is ready. The moves
+// run at once (an errgroup: the first error cancels the others).
+func (d *simDrain) await() {
+	n, w := d.n, d.n.w
 	groups := sortedKeys(d.byGroup)
 	if len(groups) == 0 {
 		d.done(d.moved, nil)
 		return
 	}
-	left := len(groups)
-	canceled := func() bool { return d.err != nil }
+	plans := map[string][]drainMsg{}
 	for _, g := range groups {
 		found := d.byGroup[g]
 		slices.SortFunc(found, func(a, b simFound) int { return int(a.e.seq) - int(b.e.seq) })
-		rev := d.routes[g].Revision
-		n.moveGroup(g, found, rev, canceled, func(moved int, err error) {
-			d.moved[g] = moved
-			if err == nil && len(found) > 0 {
-				n.movedThrough[g] = found[len(found)-1].e.seq
+		msgs := make([]drainMsg, len(found))
+		for i, f := range found {
+			msgs[i] = drainMsg{node: f.from, seq: f.e.sseq, ingressSeq: f.e.seq, ref: i}
+		}
+		plans[g] = msgs
+	}
+	nodes := sortedKeys(d.byNode)
+	views := map[string]consumerView{}
+	running := 0
+	waiting := len(groups)
+	canceled := func() bool { return d.err != nil }
+	finished := func() {
+		if running > 0 || (waiting > 0 && d.err == nil) {
+			return
+		}
+		if d.err != nil {
+			d.done(nil, d.err)
+			return
+		}
+		d.done(d.moved, nil)
+	}
+	var poll func()
+	poll = func() {
+		if !n.up() || d.err != nil {
+			return
+		}
+		w.after(w.lat(), func() {
+			if !n.up() || d.err != nil {
+				return
 			}
-			if err != nil && d.err == nil {
-				d.err = err
+			if w.chance(w.p.pOpFail) {
+				d.err = fmt.Errorf("consumer info: %w", errSimOp)
+				finished()
+				return
 			}
-			left--
-			if left == 0 {
-				if d.err != nil {
-					d.done(nil, d.err)
+			now := simTime(w.clock)
+			for _, node := range nodes {
+				views[node] = views[node].observe(w.q.consumer(node).view(), now)
+			}
+			for _, g := range sortedKeys(plans) {
+				msgs := plans[g]
+				if r, _ := n.cache.Lookup(g); r.Revision != d.routes[g].Revision {
+					d.err = errSimSuperseded
+					finished()
 					return
 				}
-				d.done(d.moved, nil)
+				for i := range msgs {
+					msgs[i].gone = d.byGroup[g][msgs[i].ref].e.removed
+				}
+				plan := planDrain(msgs, views, now)
+				if !plan.ready {
+					continue
+				}
+				delete(plans, g)
+				waiting--
+				found := d.byGroup[g]
+				todo := make([]simFound, len(plan.move))
+				for i, m := range plan.move {
+					todo[i] = found[m.ref]
+					todo[i].lapsed = fateOf(m, views[m.node], now) == fateLapsed
+				}
+				if plan.lapsed > 0 {
+					n.logf("drain: moving %d messages of %q its old consumer was delivered: it made no progress for its ack wait", plan.lapsed, g)
+				}
+				running++
+				rev := d.routes[g].Revision
+				n.moveGroup(g, todo, rev, canceled, func(moved int, err error) {
+					running--
+					d.moved[g] = moved
+					if err == nil && len(found) > 0 {
+						n.movedThrough[g] = found[len(found)-1].e.seq
+					}
+					if err != nil && d.err == nil {
+						d.err = err
+					}
+					finished()
+				})
+			}
+			if waiting > 0 {
+				w.after(drainPoll, poll)
+			} else {
+				finished()
 			}
 		})
 	}
+	poll()
 }
+
+// simTime is the virtual clock as a time.Time, for the planner.
+func simTime(d time.Duration) time.Time { return time.Unix(0, 0).Add(d) }
 
 // moveGroup copies one group's found messages to this node's queue in
 // order, deleting each original once its copy is stored, and withdrawing
@@ -389,7 +418,7 @@ func (n *simNode) moveGroup(group string, found []simFound, rev uint64, canceled
 		// Should this node crash before the original is deleted, the
 		// message may be on two queues (the checker names the window).
 		n.moving[f.e.seq] = true
-		p := simPub{node: n.id, seq: f.e.seq, group: group, id: moveID(rev, f.e.seq), kind: simCopy, origin: f.e}
+		p := simPub{node: n.id, seq: f.e.seq, group: group, id: moveID(rev, f.e.seq), kind: simCopy, origin: f.e, lapsedMove: f.lapsed}
 		n.publishSync(p, canceled, func(copySeq uint64, err error) {
 			if err != nil {
 				done(moved, err)

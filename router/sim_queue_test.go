@@ -56,6 +56,9 @@ type simEntry struct {
 	// lapsed: first delivered from a queue being drained whose pause had
 	// lapsed without a handler.
 	lapsed bool
+	// lapsedMove: a copy the drain made of a delivered message because its
+	// consumer made no progress for its ack wait (simPub.lapsedMove).
+	lapsedMove bool
 }
 
 func (e *simEntry) String() string {
@@ -99,6 +102,10 @@ type simPub struct {
 	dlq    bool
 	reason string
 	view   uint64 // the revision of the group's record the publishing node saw
+	// lapsedMove: a drain's copy of a message its old consumer had been
+	// delivered and not acked, moved because that consumer made no
+	// progress for its ack wait.
+	lapsedMove bool
 }
 
 // store stores a publish that reached the server; it returns the stream
@@ -119,7 +126,7 @@ func (q *simQueues) store(by string, p simPub) (uint64, bool) {
 		return r.sseq, true
 	}
 	e := &simEntry{node: p.node, seq: p.seq, group: p.group, id: p.id, kind: p.kind, by: by, origin: p.origin, stored: w.clock,
-		rec: w.kv.recs[p.group], view: p.view}
+		rec: w.kv.recs[p.group], view: p.view, lapsedMove: p.lapsedMove}
 	switch {
 	case known:
 		e.excuse = "the first copy's id had left the queue stream's 2 min duplicate window"
@@ -217,6 +224,26 @@ type simConsumer struct {
 // hasConsumer is what the node announces (num_waiting > 0).
 func (c *simConsumer) hasConsumer() bool {
 	return (c.present && !c.leaving) || c.q.w.clock < c.lagUntil
+}
+
+// view is what JetStream's consumer info tells a drain (consumerView):
+// the last stream sequence delivered, the ack floor (every message of the
+// queue at or below it acked or removed), the messages ack pending, and
+// the ack wait. The durable consumer exists from the start.
+func (c *simConsumer) view() consumerView {
+	v := consumerView{exists: true, ackWait: c.q.w.p.ackWait, pending: c.ackPending()}
+	floorDone := true
+	for _, e := range c.q.byNode[c.node] {
+		if e.deliveries > 0 {
+			v.delivered = max(v.delivered, e.sseq)
+		}
+		if floorDone && e.removed {
+			v.ackFloor = e.sseq
+		} else {
+			floorDone = false
+		}
+	}
+	return v
 }
 
 // ackPending is the consumer's NumAckPending.

@@ -79,7 +79,6 @@ type simProfile struct {
 	nodeGrace    time.Duration
 	rebindAfter  time.Duration
 	fence        time.Duration // FenceDeadline
-	drainWait    time.Duration
 	recordTTL    time.Duration
 	ackWait      time.Duration
 	prefetch     int
@@ -115,7 +114,6 @@ func newSimProfile(rng *rand.Rand) simProfile {
 		nodeGrace:    ms(1500, 5000),
 		rebindAfter:  ms(2000, 6000),
 		fence:        ms(1500, 5000),
-		drainWait:    ms(300, 3000),
 		recordTTL:    ms(20000, 60000),
 		ackWait:      ms(3000, 10000),
 		prefetch:     1 + rng.IntN(4),

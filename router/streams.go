@@ -45,6 +45,13 @@ const (
 const (
 	// HeaderIngressSeq carries the ingress stream sequence of the message.
 	HeaderIngressSeq = "Grouping-Ingress-Seq"
+	// HeaderEpoch carries the group's epoch on every message a node puts
+	// on a queue (kvbinding.Binding.Epoch): the revision of the binding
+	// record that made the node the group's owner. It grows with every
+	// move and is the same for every node, so a consumer that sees a
+	// message of a lower epoch than one it processed knows it for a copy
+	// made before a move (see docs/protocol.md, "Hand-over and epochs").
+	HeaderEpoch = "Grouping-Epoch"
 	// HeaderGroupSeq set to -1 on a message closes its group after it (the
 	// JMS JMSXGroupSeq convention): the binding is released cluster-wide.
 	HeaderGroupSeq = "Group-Seq"
@@ -265,7 +272,7 @@ func ensureStream(ctx context.Context, js jetstream.JetStream, spec jetstream.St
 }
 
 // ensureQueueConsumer creates or updates node's durable queue consumer.
-func ensureQueueConsumer(ctx context.Context, js jetstream.JetStream, node string, mode QueueMode, pinnedTTL time.Duration) (jetstream.Consumer, error) {
+func ensureQueueConsumer(ctx context.Context, js jetstream.JetStream, node string, mode QueueMode, pinnedTTL, ackWait time.Duration) (jetstream.Consumer, error) {
 	cfg := jetstream.ConsumerConfig{
 		Durable:       QueueConsumer(node),
 		Description:   "grouprouter queue of node " + node + " (one consumer process at a time)",
@@ -273,6 +280,7 @@ func ensureQueueConsumer(ctx context.Context, js jetstream.JetStream, node strin
 		AckPolicy:     jetstream.AckExplicitPolicy,
 		DeliverPolicy: jetstream.DeliverAllPolicy,
 		MaxAckPending: 1000,
+		AckWait:       ackWait,
 	}
 	if mode != QueuePlain {
 		cfg.Description = "grouprouter queue of node " + node + ": pull with priority group " + PriorityGroup

@@ -109,6 +109,7 @@ type runFlags struct {
 	maxAttempts  int
 	replicas     int
 	queueMode    string
+	queueAckWait msDuration
 	logLevel     string
 	logJSON      bool
 	listen       string
@@ -163,6 +164,9 @@ func newRunFlags() *runFlags {
 	fs.IntVar(&f.replicas, "replicas", 0, "`N` replicas of streams and buckets (0 = 3 on a clustered server, 1 if the cluster cannot place 3 within 10 s or the server is standalone)")
 	fs.StringVar(&f.queueMode, "queue-mode", string(defaultQueue),
 		"how the node's queue is consumed: `MODE` pinned (pull with priority group \""+router.PriorityGroup+"\"; one pinned consumer process, others stand by) or plain (no priority group, for clients that cannot pull with one; run one consumer process per node)")
+	f.queueAckWait = msDuration(router.DefaultQueueAckWait)
+	fs.Var(&f.queueAckWait, "queue-ack-wait",
+		"the queue consumers' ack wait (`DURATION`): a delivered message neither acked nor marked in progress within it is delivered again; a move waits for the old consumer while it acks, and takes what it holds once it made no progress for this long")
 	fs.StringVar(&f.logLevel, "log-level", defaultLogLevel, "`LEVEL`: debug, info, warn or error")
 	fs.BoolVar(&f.logJSON, "log-json", false, "log JSON lines instead of text")
 	fs.StringVar(&f.listen, "listen", defaultListen, "embedded server: listen on `HOST:PORT`")
@@ -245,6 +249,9 @@ func parseRunArgs(args []string, env environment) (runOptions, error) {
 	if err != nil {
 		return runOptions{}, err
 	}
+	if f.queueAckWait < msDuration(time.Second) {
+		return runOptions{}, fmt.Errorf("%w: queue-ack-wait must be at least 1s, got %v", router.ErrConfig, time.Duration(f.queueAckWait))
+	}
 	queueMode := router.QueueMode(strings.ToLower(strings.TrimSpace(f.queueMode)))
 	if queueMode == "" { // Validate would take it for the default
 		return runOptions{}, fmt.Errorf("%w: queue mode %q (want pinned or plain)", router.ErrConfig, f.queueMode)
@@ -267,6 +274,8 @@ func parseRunArgs(args []string, env environment) (runOptions, error) {
 		MaxAttempts: f.maxAttempts,
 		Replicas:    f.replicas,
 		QueueMode:   queueMode,
+
+		QueueAckWait: time.Duration(f.queueAckWait),
 
 		GroupTimeout: lc.groupTimeout,
 		ReaperPeriod: lc.reaperPeriod,

@@ -48,7 +48,7 @@ func TestParseRunArgsDefaults(t *testing.T) {
 		Node: "broker-1-example-com", GroupHeader: "Group-Id", QueueMode: router.QueuePinned,
 		GroupTimeout: 0, ReaperPeriod: 30 * time.Second, NodeGrace: 15 * time.Second, RebindAfter: 30 * time.Second,
 		EventsMaxAge: router.DefaultEventsMaxAge, DeadLetterMaxAge: router.DefaultDeadLetterMaxAge,
-		MaxHeldMessages: router.DefaultMaxHeldMessages, MaxHeldBytes: router.DefaultMaxHeldBytes,
+		MaxHeldMessages: router.DefaultMaxHeldMessages, MaxHeldBytes: router.DefaultMaxHeldBytes, QueueAckWait: router.DefaultQueueAckWait,
 	}
 	if opts.cfg != want {
 		t.Errorf("config\n got %+v\nwant %+v", opts.cfg, want)
@@ -167,6 +167,9 @@ func withLifecycleDefaults(c router.Config) router.Config {
 	if c.MaxHeldBytes == 0 {
 		c.MaxHeldBytes = router.DefaultMaxHeldBytes
 	}
+	if c.QueueAckWait == 0 {
+		c.QueueAckWait = router.DefaultQueueAckWait
+	}
 	return c
 }
 
@@ -238,6 +241,7 @@ func TestParseRunArgsLifecycle(t *testing.T) {
 		{"zero node grace", []string{"--node-grace", "0"}, false, "node-grace must be > 0, got 0s"},
 		{"negative node grace", []string{"--node-grace", "-1s"}, false, "node-grace must be > 0, got -1s"},
 		{"zero rebind after", []string{"--rebind-after", "0s"}, false, "rebind-after must be > 0, or negative for never"},
+		{"queue ack wait under a second", []string{"--queue-ack-wait", "500ms"}, false, "queue-ack-wait must be at least 1s, got 500ms"},
 		{"zero events max age", []string{"--events-max-age", "0"}, false, "events-max-age must be > 0, got 0s"},
 		{"negative events max age", []string{"--events-max-age", "-1h"}, false, "events-max-age must be > 0, got -1h0m0s"},
 		{"malformed group timeout", []string{"--group-timeout", "soon"}, true, `invalid value "soon" for flag -group-timeout`},

@@ -18,7 +18,7 @@ import (
 const (
 	nodeGrace  = 2 * time.Second
 	heartbeat  = 250 * time.Millisecond
-	drainWait  = 3 * time.Second
+	ackWait    = 3 * time.Second // queue consumers: a stopped one's messages move after it
 	nodeReady  = 60 * time.Second
 	handlerTTL = 2 * time.Second
 )
@@ -43,7 +43,7 @@ func newNode(id string, typ router.HandlerType, server int, log *slog.Logger) *n
 	return &node{id: id, typ: typ, server: server, cfg: router.Config{
 		Name: "demo", Type: typ, Address: address, Timeout: 2 * time.Second, Node: id,
 		Heartbeat: heartbeat, LeaseTTL: handlerTTL, CheckpointInterval: 250 * time.Millisecond,
-		PinnedTTL: 2 * time.Second, NodeGrace: nodeGrace, DrainWait: drainWait,
+		PinnedTTL: 2 * time.Second, NodeGrace: nodeGrace, QueueAckWait: ackWait,
 		Logger: log.With("node", id),
 	}}
 }

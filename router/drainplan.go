@@ -1,0 +1,144 @@
+package router
+
+import "time"
+
+// The drain's decisions, with no I/O and no clock: which of a moving
+// group's messages on the old queues its new node may move now, which it
+// must leave to the old queue's consumer, and when the wait for that
+// consumer ends. The hand-over shell (handover.go) and the simulation
+// (sim_handover_test.go) both decide with these functions.
+//
+// A message the old consumer was delivered belongs to that consumer until
+// it acks it: moving it earlier gives two consumers the group at once, and
+// the old one then processes it a second time (seen: 40 ms a message,
+// default prefetch, a move: 195 of 600 processed twice). So the new node
+// moves the group's messages only once none of them is delivered and
+// unacked on an old queue whose consumer is alive and acknowledging. A
+// consumer is taken as gone once it has made no progress (no ack, as
+// JetStream reports it) for its ack wait: what it holds would be delivered
+// again by then anyway, so it is moved (at-least-once; the epoch tells the
+// copies apart). The old queues' consumers are paused while their records
+// say they are drained, so "not delivered yet" stays true while the drain
+// looks.
+
+// consumerView is what a drain knows of an old queue's consumer.
+type consumerView struct {
+	// exists is false when the queue has no consumer: nothing on it was
+	// delivered to anyone.
+	exists bool
+	// delivered is the last stream sequence delivered (Delivered.Stream):
+	// a message after it was not delivered; one at or before it and still
+	// on the queue was delivered and is not acked.
+	delivered uint64
+	// ackFloor is the stream sequence at or below which every message is
+	// acked (AckFloor.Stream).
+	ackFloor uint64
+	// pending is how many messages are delivered and not acked
+	// (NumAckPending).
+	pending int
+	// ackWait is the consumer's ack wait.
+	ackWait time.Duration
+	// progress is when the drain last saw the consumer make progress (its
+	// ack floor or its pending count moved), or when it began watching it.
+	progress time.Time
+}
+
+// observe returns the view after a new reading of the consumer, taken at
+// now: progress moves when the consumer acked anything since the last
+// reading (its ack floor or its pending count changed). The first reading
+// (v.progress zero) starts the clock.
+func (v consumerView) observe(read consumerView, now time.Time) consumerView {
+	read.progress = v.progress
+	if v.progress.IsZero() || read.ackFloor != v.ackFloor || read.pending != v.pending || read.exists != v.exists {
+		read.progress = now
+	}
+	return read
+}
+
+// stalled reports whether the consumer has made no progress for its ack
+// wait: what it was delivered and has not acked is taken as lapsed.
+func (v consumerView) stalled(now time.Time) bool {
+	return v.exists && v.ackWait > 0 && now.Sub(v.progress) >= v.ackWait
+}
+
+// drainMsg is one of a group's messages found on an old queue.
+type drainMsg struct {
+	node       string // the old queue's node
+	seq        uint64 // its stream sequence in the queue stream
+	ingressSeq uint64
+	// gone: the message is no longer on the queue (acked meanwhile).
+	gone bool
+	// ref is the caller's index of the message.
+	ref int
+}
+
+// Fate of a group's message on an old queue, as planDrain sees it.
+type drainFate uint8
+
+const (
+	// fateMove: not delivered to the old consumer (or the consumer is
+	// gone, or stalled past its ack wait): the new node moves it.
+	fateMove drainFate = iota + 1
+	// fateAwait: delivered to a live old consumer and not acked: the
+	// group waits for it.
+	fateAwait
+	// fateDone: acked by the old consumer: nothing to move.
+	fateDone
+	// fateLapsed: delivered, not acked, and the consumer made no progress
+	// for its ack wait: moved (the old consumer may still process it).
+	fateLapsed
+)
+
+// fateOf decides what becomes of one message, given its queue's consumer.
+func fateOf(m drainMsg, v consumerView, now time.Time) drainFate {
+	switch {
+	case m.gone:
+		return fateDone
+	case !v.exists:
+		return fateMove
+	case m.seq <= v.ackFloor:
+		return fateDone
+	case m.seq > v.delivered:
+		return fateMove
+	case v.stalled(now):
+		return fateLapsed
+	}
+	return fateAwait
+}
+
+// drainPlan is what planDrain decides for one group.
+type drainPlan struct {
+	// ready: nothing of the group is awaited: move Move now.
+	ready bool
+	// move: the messages to move, in the order given (ingress order).
+	move []drainMsg
+	// awaited counts the messages delivered to a live old consumer and
+	// not acked; lapsed those moved although delivered (at-least-once).
+	awaited, lapsed int
+}
+
+// planDrain decides, for one group's messages on the old queues (msgs, in
+// ingress order), whether the group can be moved now and what to move.
+// The group waits while any of its messages is delivered and unacked on a
+// queue whose consumer is alive and acknowledging: moving the later ones
+// first would hand the group to the new node's consumer while the old one
+// still works on it.
+func planDrain(msgs []drainMsg, views map[string]consumerView, now time.Time) drainPlan {
+	var p drainPlan
+	for _, m := range msgs {
+		switch fateOf(m, views[m.node], now) {
+		case fateAwait:
+			p.awaited++
+		case fateLapsed:
+			p.lapsed++
+			p.move = append(p.move, m)
+		case fateMove:
+			p.move = append(p.move, m)
+		}
+	}
+	p.ready = p.awaited == 0
+	if !p.ready {
+		p.move, p.lapsed = nil, 0
+	}
+	return p
+}

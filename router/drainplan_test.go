@@ -1,0 +1,90 @@
+package router
+
+import (
+	"testing"
+	"time"
+)
+
+func TestConsumerViewProgress(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	var v consumerView
+	v = v.observe(consumerView{exists: true, delivered: 10, ackFloor: 2, pending: 8, ackWait: 30 * time.Second}, t0)
+	if !v.progress.Equal(t0) {
+		t.Fatalf("first reading: progress %v, want %v", v.progress, t0)
+	}
+	// Nothing acked: the clock runs.
+	v = v.observe(consumerView{exists: true, delivered: 10, ackFloor: 2, pending: 8, ackWait: 30 * time.Second}, t0.Add(29*time.Second))
+	if v.stalled(t0.Add(29 * time.Second)) {
+		t.Fatal("stalled before its ack wait")
+	}
+	if !v.stalled(t0.Add(30 * time.Second)) {
+		t.Fatal("not stalled after its ack wait without progress")
+	}
+	// An ack out of order (pending down, floor still): progress.
+	t1 := t0.Add(31 * time.Second)
+	v = v.observe(consumerView{exists: true, delivered: 10, ackFloor: 2, pending: 7, ackWait: 30 * time.Second}, t1)
+	if !v.progress.Equal(t1) || v.stalled(t1) {
+		t.Fatalf("an ack did not count as progress: %+v", v)
+	}
+	// The floor moving counts too.
+	t2 := t1.Add(time.Second)
+	v = v.observe(consumerView{exists: true, delivered: 10, ackFloor: 3, pending: 7, ackWait: 30 * time.Second}, t2)
+	if !v.progress.Equal(t2) {
+		t.Fatalf("a moved ack floor did not count as progress: %+v", v)
+	}
+	if (consumerView{}).stalled(t2.Add(time.Hour)) {
+		t.Fatal("a queue without consumer counts as stalled")
+	}
+}
+
+func TestPlanDrain(t *testing.T) {
+	now := time.Unix(1000, 0)
+	alive := consumerView{exists: true, delivered: 20, ackFloor: 10, pending: 5, ackWait: 30 * time.Second, progress: now.Add(-time.Second)}
+	stalled := alive
+	stalled.progress = now.Add(-30 * time.Second)
+	tests := []struct {
+		name    string
+		msgs    []drainMsg
+		views   map[string]consumerView
+		ready   bool
+		move    []uint64 // stream sequences
+		awaited int
+		lapsed  int
+	}{
+		{"nothing found", nil, nil, true, nil, 0, 0},
+		{"not delivered: moved", []drainMsg{{node: "a", seq: 21}, {node: "a", seq: 25}}, map[string]consumerView{"a": alive}, true, []uint64{21, 25}, 0, 0},
+		{"delivered to a live consumer: the group waits, nothing moves",
+			[]drainMsg{{node: "a", seq: 15}, {node: "a", seq: 21}}, map[string]consumerView{"a": alive}, false, nil, 1, 0},
+		{"delivered and acked meanwhile", []drainMsg{{node: "a", seq: 15, gone: true}, {node: "a", seq: 21}}, map[string]consumerView{"a": alive}, true, []uint64{21}, 0, 0},
+		{"at or below the ack floor: acked", []drainMsg{{node: "a", seq: 10}, {node: "a", seq: 21}}, map[string]consumerView{"a": alive}, true, []uint64{21}, 0, 0},
+		{"a consumer silent for its ack wait: lapsed, moved", []drainMsg{{node: "a", seq: 15}, {node: "a", seq: 21}}, map[string]consumerView{"a": stalled}, true, []uint64{15, 21}, 0, 1},
+		{"no consumer: nothing was delivered", []drainMsg{{node: "a", seq: 1}}, map[string]consumerView{}, true, []uint64{1}, 0, 0},
+		{"two old queues, one still working on the group",
+			[]drainMsg{{node: "a", seq: 15}, {node: "b", seq: 16}}, map[string]consumerView{"a": stalled, "b": alive}, false, nil, 1, 0},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p := planDrain(tt.msgs, tt.views, now)
+			var move []uint64
+			for _, m := range p.move {
+				move = append(move, m.seq)
+			}
+			if p.ready != tt.ready || p.awaited != tt.awaited || p.lapsed != tt.lapsed || !equalSeqs(move, tt.move) {
+				t.Fatalf("planDrain = ready %v move %v awaited %d lapsed %d; want ready %v move %v awaited %d lapsed %d",
+					p.ready, move, p.awaited, p.lapsed, tt.ready, tt.move, tt.awaited, tt.lapsed)
+			}
+		})
+	}
+}
+
+func equalSeqs(a, b []uint64) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}
