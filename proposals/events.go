@@ -20,7 +20,7 @@ const (
 	EventTimeout         = "timeout"    // a proposal got no decision in time
 	EventDeadLetter      = "deadletter" // messages went to the dead-letter stream
 	EventHandlerTakeover = "handler"    // a LOCAL handler became active
-	EventMove            = "move"       // a group is moving to another node (operator, node loss, no consumer)
+	EventMove            = "move"       // a group is moving to another node (operator, node loss, no consumer, rebalance)
 	EventHandoff         = "handoff"    // a moved group's new node took it over and routes it
 	EventExpire          = "expire"     // an idle group's binding expired
 	EventClose           = "close"      // a group was closed by a Group-Seq: -1 message

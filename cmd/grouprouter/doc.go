@@ -11,6 +11,8 @@
 //	                [--max-attempts N] [--replicas N] [--queue-mode pinned|plain]
 //	                [--group-timeout DURATION] [--reaper-period 30s]
 //	                [--node-grace 15s] [--rebind-after 30s] [--events-max-age 24h]
+//	                [--rebalance=true|false] [--rebalance-tolerance 1]
+//	                [--rebalance-rate 4] [--rebalance-cool-down 30s]
 //	                [--log-level debug|info|warn|error] [--log-json]
 //	                [--listen HOST:PORT] [--store-dir DIR] [--server-config FILE]
 //	                [--http HOST:PORT]
@@ -75,7 +77,11 @@
 // keep it well under the queue stream's 2 minute duplicate window) to live
 // nodes, and those of a node whose queue has had no consumer for
 // --rebind-after (default 30s; negative = never) while another node's
-// queue has one, waiting messages included, in order.
+// queue has one, waiting messages included, in order. With --rebalance
+// (the default) it also moves groups, idle ones first, at most
+// --rebalance-rate per tick, from nodes above their share (groups / nodes
+// whose queue has a consumer) plus --rebalance-tolerance to nodes below
+// it, never a group moved within --rebalance-cool-down.
 //
 // --queue-mode says how the node's queue (the durable consumer
 // grouping-node-<node> on stream GROUPING_QUEUE) is set up: pinned (the
