@@ -34,6 +34,9 @@ func testConfig(node string, typ router.HandlerType) router.Config {
 		LeaseTTL:           time.Second,
 		CheckpointInterval: 200 * time.Millisecond,
 		PinnedTTL:          time.Second,
+		// Rebalancing off: these tests check where groups stay; the
+		// rebalancing tests turn it on (rebalanceConfig).
+		Rebalance: &proposals.RebalanceConfig{},
 	}
 	if os.Getenv("GROUPROUTER_TEST_LOG") != "" {
 		cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))

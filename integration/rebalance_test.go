@@ -18,6 +18,14 @@ import (
 	"grouprouter/router"
 )
 
+// rebalancing returns a node configuration with rebalancing on, as a
+// deployment has it by default.
+func rebalancing(node string, typ router.HandlerType) router.Config {
+	cfg := testConfig(node, typ)
+	cfg.Rebalance = nil
+	return cfg
+}
+
 // boundPerNode counts the groups of want bound to each node (any step), and
 // how many of want have no bound record.
 func boundPerNode(t testing.TB, st *kvbinding.Store, want []string) (map[string]int, int) {
@@ -177,7 +185,7 @@ func TestStartedTogetherSpreads(t *testing.T) {
 		if i == 0 {
 			typ = router.Local
 		}
-		cfg := testConfig(fmt.Sprintf("n%d", i), typ)
+		cfg := rebalancing(fmt.Sprintf("n%d", i), typ)
 		// Presence as a deployment has it: the default heartbeat.
 		cfg.Heartbeat = 0
 		if os.Getenv("GROUPROUTER_TEST_NO_REBALANCE") != "" {
@@ -255,8 +263,8 @@ func TestNodeJoinGetsItsShare(t *testing.T) {
 	c := natstest.RunCluster(t, 3)
 	admin := natstest.Connect(t, c.URLs(), nats.Name("test-admin"))
 	moves := watchEvents(t, admin, proposals.EventMove)
-	startNode(t, c.Servers[0].URL(), testConfig("n0", router.Local))
-	startNode(t, c.Servers[1].URL(), testConfig("n1", router.Remote))
+	startNode(t, c.Servers[0].URL(), rebalancing("n0", router.Local))
+	startNode(t, c.Servers[1].URL(), rebalancing("n1", router.Remote))
 	col := &timedCollector{}
 	startAppConsumer(t, c.Servers[0].URL(), "n0", col)
 	startAppConsumer(t, c.Servers[1].URL(), "n1", col)
@@ -282,7 +290,7 @@ func TestNodeJoinGetsItsShare(t *testing.T) {
 	before, _ := boundPerNode(t, st, groups)
 
 	joined := time.Now()
-	startNode(t, c.Servers[2].URL(), testConfig("n2", router.Remote))
+	startNode(t, c.Servers[2].URL(), rebalancing("n2", router.Remote))
 	startAppConsumer(t, c.Servers[2].URL(), "n2", col)
 	share := 40.0 / 3
 	want := int(share - float64(proposals.DefaultRebalance.Tolerance) + 0.999) // 13

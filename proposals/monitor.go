@@ -103,7 +103,7 @@ func (h *Handler) monitorInput(now time.Time) MonitorInput {
 		return in
 	}
 	in.Nodes = h.liveState()
-	over := Overloaded(*rb, in.Nodes, incoming(in.Unsettled))
+	over := Overloaded(*rb, in.Nodes, Incoming(in.Unsettled))
 	if len(over) == 0 {
 		return in
 	}

@@ -192,7 +192,7 @@ func (s *MonitorState) Plan(cfg MonitorConfig, in MonitorInput) MonitorActions {
 		// Nodes being emptied come first: their groups land where the
 		// balance is counted next tick.
 		out.Rebalance = PlanRebalance(cfg.Rebalance, RebalanceInput{
-			Now: now, Nodes: in.Nodes, Incoming: incoming(in.Unsettled), Candidates: in.Candidates, LastMove: s.Unsettled,
+			Now: now, Nodes: in.Nodes, Incoming: Incoming(in.Unsettled), Candidates: in.Candidates, LastMove: s.Unsettled,
 			InFlight: len(in.Unsettled),
 		})
 		for _, mv := range out.Rebalance {
@@ -225,8 +225,9 @@ func (s *MonitorState) Done(node string, gone, noConsumer bool) {
 // tick that planned some have been written (or failed).
 func (s *MonitorState) RebalanceDone() { s.Rebalancing = false }
 
-// incoming counts, per target node, the groups moving to it.
-func incoming(unsettled map[string]kvbinding.Route) map[string]int {
+// Incoming counts, per target node, the groups moving to it (for
+// Overloaded and PlanRebalance: they count for their target).
+func Incoming(unsettled map[string]kvbinding.Route) map[string]int {
 	out := map[string]int{}
 	for g, r := range unsettled {
 		if r.State == kvbinding.StateMoving && r.Node != "" && g != "" {

@@ -556,7 +556,7 @@ func (r *Router) heartbeat(ctx context.Context, cons jetstream.Consumer) {
 	var last time.Time
 	every(ctx, tick, func() {
 		now := time.Now()
-		due := now.Sub(last)+tick/2 >= r.cfg.Heartbeat
+		due := last.IsZero() || now.Sub(last)+tick/2 >= r.cfg.Heartbeat
 		if !due && !r.hasConsumer.Load() {
 			due = r.consumerAppeared(ctx, cons)
 		}

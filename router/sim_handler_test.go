@@ -392,7 +392,22 @@ func (h *simHandler) watchNodes() {
 	for _, g := range cache.unsettled() {
 		in.Unsettled[g] = cache.m[g]
 	}
-	acts := h.mon.Plan(proposals.MonitorConfig{NodeGrace: w.p.nodeGrace, RebindAfter: w.p.rebindAfter, FenceDeadline: w.p.fence}, in)
+	rb := w.p.rebalance
+	if rb.Enabled {
+		in.Nodes = h.liveState()
+		if over := proposals.Overloaded(rb, in.Nodes, proposals.Incoming(in.Unsettled)); len(over) > 0 {
+			in.Candidates = map[string][]proposals.Candidate{}
+			for _, node := range over {
+				for _, g := range cache.groupsOf(node) {
+					if r, ok := cache.Lookup(g); ok && r.Settled() && r.Node == node && g != "" {
+						in.Candidates[node] = append(in.Candidates[node], proposals.Candidate{Group: g})
+					}
+				}
+			}
+		}
+	}
+	acts := h.mon.Plan(proposals.MonitorConfig{NodeGrace: w.p.nodeGrace, RebindAfter: w.p.rebindAfter, FenceDeadline: w.p.fence,
+		Rebalance: rb}, in)
 	for _, ev := range acts.Evacuate {
 		if ev.Groups == nil {
 			h.evacuate(ev.Node, nil, "node "+ev.Node+" gone")
@@ -406,7 +421,32 @@ func (h *simHandler) watchNodes() {
 			h.evacuate(ev.Node, ev.Groups, "node "+ev.Node+" did not fence in time")
 		}
 	}
+	if len(acts.Rebalance) > 0 {
+		h.rebalance(acts.Rebalance)
+	}
 	h.keepPaused()
+}
+
+// rebalance is Handler.rebalance: move each group as an operator would.
+func (h *simHandler) rebalance(moves []proposals.RebalanceMove) {
+	w := h.w
+	live := h.liveState()
+	left := 1
+	one := func() {
+		left--
+		if left == 0 && !h.dead {
+			h.mon.RebalanceDone()
+		}
+	}
+	for _, mv := range moves {
+		w.logf(h.host.id, "handler rebalances %q from %s to %s", mv.Group, mv.From, mv.To)
+		left++
+		in := proposals.Input{Op: proposals.OpMove, By: h.id, Node: mv.To, Reason: "rebalance: " + mv.From + " holds more than its share"}
+		snapshot := maps.Clone(live)
+		g := mv.Group
+		w.after(w.between(0, time.Millisecond), func() { h.apply(g, in, snapshot, one) })
+	}
+	one()
 }
 
 // evacuate is Handler.evacuate: take groups off node from its checkpoint.

@@ -8,6 +8,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"grouprouter/proposals"
 )
 
 // The deterministic simulation (TestSimulation): the record state machine
@@ -82,6 +84,8 @@ type simProfile struct {
 	recordTTL    time.Duration
 	ackWait      time.Duration
 	prefetch     int
+	// rebalance: the handler's rebalancing (on in odd seeds).
+	rebalance proposals.RebalanceConfig
 
 	// Per-operation fault probabilities.
 	pDrop     float64 // an ask, reply or step report is lost (the asker times out)
@@ -245,6 +249,12 @@ func newSimWorld(seed uint64, tracing, strict bool) *simWorld {
 	rng := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
 	w := &simWorld{seed: seed, rng: rng, tracing: tracing, strict: strict}
 	w.p = newSimProfile(rng)
+	if seed%2 == 1 {
+		// Without a draw from rng: the even seeds run as they did
+		// before rebalancing was simulated.
+		w.p.rebalance = proposals.RebalanceConfig{Enabled: true, Tolerance: int(seed / 2 % 2), MaxMoves: 2, MaxInFlight: 4,
+			CoolDown: 3 * time.Second}
+	}
 	w.kv = newSimKV(w)
 	w.reg = newSimRegistry(w)
 	w.q = newSimQueues(w)

@@ -37,7 +37,7 @@ func TestDemo(t *testing.T) {
 	for _, want := range []*regexp.Regexp{
 		regexp.MustCompile(`n2 killed +halfway, with \d+ groups: they flowed again [\d.]+s after the kill`),
 		regexp.MustCompile(`n2 back +\d+ groups moved back to it`),
-		regexp.MustCompile(`moves +\d+ \(\d+ node n2 gone for 2s, \d+ operator move\)`),
+		regexp.MustCompile(`moves +\d+ \(\d+ node n2 gone for 2s, \d+ operator move(, \d+ rebalance)?\)`),
 		regexp.MustCompile(`result +OK: every message arrived exactly once and in order per group`),
 	} {
 		if !want.MatchString(summary) {

@@ -50,6 +50,10 @@ func TestParseRunArgsDefaults(t *testing.T) {
 		EventsMaxAge: router.DefaultEventsMaxAge, DeadLetterMaxAge: router.DefaultDeadLetterMaxAge,
 		MaxHeldMessages: router.DefaultMaxHeldMessages, MaxHeldBytes: router.DefaultMaxHeldBytes, QueueAckWait: router.DefaultQueueAckWait,
 	}
+	if rb := opts.cfg.Rebalance; rb == nil || *rb != (proposals.RebalanceConfig{Enabled: true, Tolerance: 1, MaxMoves: 4, CoolDown: 30 * time.Second}) {
+		t.Errorf("rebalance %+v, want on, tolerance 1, 4 per tick, cool-down 30s", rb)
+	}
+	opts.cfg.Rebalance = nil
 	if opts.cfg != want {
 		t.Errorf("config\n got %+v\nwant %+v", opts.cfg, want)
 	}
@@ -128,6 +132,13 @@ func TestParseRunArgsMerge(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
+			// Rebalancing is compared by value (TestRebalanceFlags
+			// covers its flags): the defaults here.
+			wantRB := proposals.RebalanceConfig{Enabled: true, Tolerance: 1, MaxMoves: 4, CoolDown: 30 * time.Second}
+			if opts.cfg.Rebalance == nil || *opts.cfg.Rebalance != wantRB {
+				t.Errorf("rebalance %+v, want %+v", opts.cfg.Rebalance, wantRB)
+			}
+			opts.cfg.Rebalance = nil
 			if want := withLifecycleDefaults(tt.want); opts.cfg != want {
 				t.Errorf("config\n got %+v\nwant %+v", opts.cfg, want)
 			}

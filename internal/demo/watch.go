@@ -3,6 +3,7 @@ package demo
 import (
 	"context"
 	"encoding/json"
+	"strings"
 	"sync"
 	"time"
 
@@ -85,7 +86,11 @@ func (w *watcher) onEvent(m *nats.Msg) {
 		w.latest[e.Node] = e
 		w.fresh = append(w.fresh, e)
 	case proposals.EventMove:
-		w.why[e.Reason]++
+		why := e.Reason
+		if cause, _, ok := strings.Cut(why, ":"); ok && cause == "rebalance" {
+			why = cause // its reason says the counts of the moment
+		}
+		w.why[why]++
 		w.fresh = append(w.fresh, e)
 	default:
 		w.fresh = append(w.fresh, e)
