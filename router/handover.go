@@ -690,21 +690,13 @@ func (r *Router) catchUp(ctx context.Context, routes map[string]kvbinding.Route)
 	spans := map[string]span{}
 	var lo, hi uint64
 	r.mu.Lock()
-	for g, route := range routes {
-		s := span{from: route.FromSeq, until: r.eng.takeoverFrom(g)}
-		spans[g] = s
+	for g := range routes {
+		spans[g] = span{until: r.eng.takeoverFrom(g)}
 	}
 	r.mu.Unlock()
 	r.duties.mu.Lock()
 	for g, s := range spans {
-		// Start after what is known to be routed: what the drain found on
-		// another queue, what an earlier taker caught up (the record's
-		// Routed, from its checkpoint), what this node caught up before.
-		for _, t := range []uint64{r.duties.movedThrough[g], routes[g].Routed, r.duties.caught[g]} {
-			if t >= s.from {
-				s.from = t + 1
-			}
-		}
+		s.from, s.until = catchUpSpan(routes[g], s.until, r.duties.movedThrough[g], r.duties.caught[g])
 		spans[g] = s
 		delete(r.duties.movedThrough, g)
 	}

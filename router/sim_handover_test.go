@@ -464,14 +464,10 @@ func (n *simNode) catchUp(routes map[string]kvbinding.Route, done func(map[strin
 	type span struct{ from, until uint64 }
 	spans := map[string]span{}
 	for _, g := range sortedKeys(routes) {
-		spans[g] = span{from: routes[g].FromSeq, until: n.eng.takeoverFrom(g)}
-	}
-	for _, g := range sortedKeys(spans) {
-		s := spans[g]
-		if t := n.movedThrough[g]; t >= s.from {
-			s.from = t + 1
-			spans[g] = s
-		}
+		var s span
+		// The sim's node keeps no catch-up progress of its own (caught).
+		s.from, s.until = catchUpSpan(routes[g], n.eng.takeoverFrom(g), n.movedThrough[g], 0)
+		spans[g] = s
 		delete(n.movedThrough, g)
 	}
 	var lo, hi uint64
