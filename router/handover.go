@@ -386,8 +386,7 @@ func (r *Router) drainQueues(ctx context.Context, routes map[string]kvbinding.Ro
 		}
 		route := routes[g]
 		if plan.lapsed > 0 {
-			r.log.Warn("moving messages the old consumer was delivered and did not ack: it made no progress for its ack wait; it may still process them (the epoch tells the copies apart)",
-				"group", g, "messages", plan.lapsed, "revision", route.Revision)
+			r.warnLapsed.Warn(g, "messages", plan.lapsed, "revision", route.Revision)
 		}
 		work.Go(func() error {
 			n, err := r.moveGroup(wctx, stream, todo, route.Revision, route.Epoch)
