@@ -154,7 +154,7 @@ func planDrain(msgs []drainMsg, views map[string]consumerView, now time.Time) dr
 // queue (movedThrough), what an earlier taker caught up (route.Routed, from
 // its checkpoint), what this node caught up before (caught). from >= until
 // means nothing is left to catch up.
-func catchUpSpan(route kvbinding.Route, laneFrom, movedThrough, caught uint64) (from, until uint64) {
+func catchUpSpan(route kvbinding.Binding, laneFrom, movedThrough, caught uint64) (from, until uint64) {
 	from, until = route.FromSeq, laneFrom
 	for _, t := range []uint64{movedThrough, route.Routed, caught} {
 		if t >= from {

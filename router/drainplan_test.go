@@ -94,15 +94,15 @@ func equalSeqs(a, b []uint64) bool {
 func TestCatchUpSpan(t *testing.T) {
 	tests := []struct {
 		name                           string
-		route                          kvbinding.Route
+		route                          kvbinding.Binding
 		laneFrom, movedThrough, caught uint64
 		from, until                    uint64
 	}{
-		{"from the fence to the lane", kvbinding.Route{FromSeq: 10}, 20, 0, 0, 10, 20},
-		{"after what the drain found on the old queue", kvbinding.Route{FromSeq: 10}, 20, 14, 0, 15, 20},
-		{"after what an earlier taker routed", kvbinding.Route{FromSeq: 10, Routed: 17}, 20, 14, 0, 18, 20},
-		{"after what this node caught up before", kvbinding.Route{FromSeq: 10, Routed: 12}, 20, 0, 19, 20, 20},
-		{"marks below the fence do not count", kvbinding.Route{FromSeq: 10, Routed: 5}, 20, 3, 9, 10, 20},
+		{"from the fence to the lane", kvbinding.Binding{FromSeq: 10}, 20, 0, 0, 10, 20},
+		{"after what the drain found on the old queue", kvbinding.Binding{FromSeq: 10}, 20, 14, 0, 15, 20},
+		{"after what an earlier taker routed", kvbinding.Binding{FromSeq: 10, Routed: 17}, 20, 14, 0, 18, 20},
+		{"after what this node caught up before", kvbinding.Binding{FromSeq: 10, Routed: 12}, 20, 0, 19, 20, 20},
+		{"marks below the fence do not count", kvbinding.Binding{FromSeq: 10, Routed: 5}, 20, 3, 9, 10, 20},
 	}
 	for _, tt := range tests {
 		from, until := catchUpSpan(tt.route, tt.laneFrom, tt.movedThrough, tt.caught)

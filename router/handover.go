@@ -153,7 +153,7 @@ func (r *Router) forgetDuty(group string, rev uint64) {
 // runSteps runs one batch of drain or catch-up steps and reports them.
 func (r *Router) runSteps(ctx context.Context, jobs map[string]dutyJob) {
 	start := time.Now()
-	routes := map[string]kvbinding.Route{}
+	routes := map[string]kvbinding.Binding{}
 	var duty proposals.Duty
 	for g, j := range jobs {
 		route, _ := r.cache.Lookup(g)
@@ -319,7 +319,7 @@ type queued struct {
 // whose consumer is alive and acknowledging (see drainplan.go): until
 // then the old consumer works on the group and no message of it reaches
 // this node's queue.
-func (r *Router) drainQueues(ctx context.Context, routes map[string]kvbinding.Route) (map[string]int, error) {
+func (r *Router) drainQueues(ctx context.Context, routes map[string]kvbinding.Binding) (map[string]int, error) {
 	byNode := map[string]map[string]bool{}
 	for g, route := range routes {
 		for _, n := range route.Drain {
@@ -414,7 +414,7 @@ func (r *Router) drainQueues(ctx context.Context, routes map[string]kvbinding.Ro
 // scanQueues reads the old queues and returns, per group, its messages
 // found there (a copy this step made before on this node's own queue is
 // left out: it is in place already).
-func (r *Router) scanQueues(ctx context.Context, stream jetstream.Stream, byNode map[string]map[string]bool, routes map[string]kvbinding.Route) (map[string][]queued, error) {
+func (r *Router) scanQueues(ctx context.Context, stream jetstream.Stream, byNode map[string]map[string]bool, routes map[string]kvbinding.Binding) (map[string][]queued, error) {
 	info, err := stream.Info(ctx)
 	if err != nil {
 		return nil, err
@@ -469,7 +469,7 @@ const drainPoll = 100 * time.Millisecond
 // looks whether an awaited message is still there only after its consumer
 // made progress.
 func (r *Router) awaitConsumers(ctx context.Context, stream jetstream.Stream, byNode map[string]map[string]bool,
-	routes map[string]kvbinding.Route, plans map[string][]drainMsg, start func(string, drainPlan)) error {
+	routes map[string]kvbinding.Binding, plans map[string][]drainMsg, start func(string, drainPlan)) error {
 	views := map[string]consumerView{}
 	checked := map[string]time.Time{} // per group: when its awaited messages were last looked at
 	logged := map[string]bool{}
@@ -684,7 +684,7 @@ func isGone(err error) bool {
 // up to where this node's lanes take over: messages this node skipped
 // while another node owned the group. A message the group's drain found
 // on another queue, or any before it, was routed already and is skipped.
-func (r *Router) catchUp(ctx context.Context, routes map[string]kvbinding.Route) (map[string]int, error) {
+func (r *Router) catchUp(ctx context.Context, routes map[string]kvbinding.Binding) (map[string]int, error) {
 	type span struct{ from, until uint64 }
 	spans := map[string]span{}
 	var lo, hi uint64

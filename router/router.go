@@ -458,7 +458,7 @@ const maxChangeBatch = 256
 // concern this node (hand-overs it owes, takeovers handed to it).
 func (r *Router) resumeDuties() {
 	var todo []string
-	r.cache.Each(func(g string, route kvbinding.Route) bool {
+	r.cache.Each(func(g string, route kvbinding.Binding) bool {
 		if proposals.DutyOf(route, r.cfg.Node) != proposals.DutyNone {
 			todo = append(todo, g)
 		}
