@@ -459,8 +459,11 @@ func (r *Router) scanQueues(ctx context.Context, stream jetstream.Stream, byNode
 }
 
 // drainPoll is how often a drain that waits for an old consumer looks at
-// it again.
-const drainPoll = 100 * time.Millisecond
+// it again; drainLookups bounds the messages it looks up each time.
+const (
+	drainPoll    = 100 * time.Millisecond
+	drainLookups = 256
+)
 
 // awaitConsumers waits, group by group, until no message of the group is
 // delivered and unacked on an old queue whose consumer is alive and
@@ -489,6 +492,10 @@ func (r *Router) awaitConsumers(ctx context.Context, stream jetstream.Stream, by
 			views[node] = views[node].observe(read, time.Now())
 		}
 		now := time.Now()
+		// Looking at messages costs a request each: at most
+		// drainLookups a round, spread over the groups (a map's order
+		// changes from one round to the next).
+		budget := drainLookups
 		for g, msgs := range plans {
 			route := routes[g]
 			if !r.current(g, route.Revision) {
@@ -503,9 +510,10 @@ func (r *Router) awaitConsumers(ctx context.Context, stream jetstream.Stream, by
 				if fateOf(*m, v, now) != fateAwait {
 					continue
 				}
-				if !v.progress.After(checked[g]) {
+				if !v.progress.After(checked[g]) || budget == 0 {
 					break
 				}
+				budget--
 				_, err := stream.GetMsg(ctx, m.seq)
 				if err != nil && !isGone(err) {
 					return err
@@ -515,7 +523,9 @@ func (r *Router) awaitConsumers(ctx context.Context, stream jetstream.Stream, by
 				}
 				progressOf(ctx).add(1) // done by the old consumer
 			}
-			checked[g] = now
+			if budget > 0 {
+				checked[g] = now
+			}
 			plan := planDrain(msgs, views, now)
 			if !plan.ready {
 				if !logged[g] {
