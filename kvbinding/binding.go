@@ -91,7 +91,18 @@ type Binding struct {
 
 	// Revision is the KV revision of the record; not part of the value.
 	Revision uint64 `json:"-"`
+	// Invalid is set on what the binding cache returns for a key whose
+	// latest value is not a usable record (malformed, or another group's):
+	// the group counts as unbound, and Revision is the bad value's, so
+	// that the handler can write over it with compare-and-set. Not part
+	// of the value.
+	Invalid bool `json:"-"`
 }
+
+// The binding cache (Cache) keeps the fields that route: Group, State,
+// Node, FromSeq, ThroughSeq, PrevNode, Step, Drain, Routed, Epoch (filled
+// in: never 0 on a cached record), Revision and Invalid. DecidedAt,
+// DecidedBy, ProposedBy and Reason are read from the bucket (Store.Get).
 
 // Validate checks that b is a self-consistent record.
 func (b Binding) Validate() error {
@@ -163,6 +174,88 @@ func (b Binding) Validate() error {
 	return nil
 }
 
+// Phase is where a group's record stands, as one value: what a person
+// asks ("is it moving? taking over?") and what the commands show.
+type Phase uint8
+
+const (
+	// PhaseNone: the group has no (usable) record.
+	PhaseNone Phase = iota
+	// PhaseBound: bound to Node, nothing left to take over.
+	PhaseBound
+	// PhaseMoving: PrevNode is asked to hand the group over to Node (to
+	// nobody for an unbind) and has not fenced it yet.
+	PhaseMoving
+	// PhaseDraining: Node moves the group's waiting messages off the
+	// queues in Drain (it waits for their consumers first).
+	PhaseDraining
+	// PhaseCatchingUp: Node routes from the ingress what it skipped.
+	PhaseCatchingUp
+	// PhaseReleased: the binding ended after ThroughSeq.
+	PhaseReleased
+	// PhaseDeadLettered: the messages through ThroughSeq were
+	// dead-lettered.
+	PhaseDeadLettered
+)
+
+// Phase returns where b stands.
+func (b Binding) Phase() Phase {
+	switch {
+	case b.Invalid:
+		return PhaseNone
+	case b.State == StateBound && b.Step == StepDrain:
+		return PhaseDraining
+	case b.State == StateBound && b.Step == StepCatchUp:
+		return PhaseCatchingUp
+	case b.State == StateBound:
+		return PhaseBound
+	case b.State == StateMoving:
+		return PhaseMoving
+	case b.State == StateReleased:
+		return PhaseReleased
+	case b.State == StateDeadLettered:
+		return PhaseDeadLettered
+	}
+	return PhaseNone
+}
+
+// Describe says in words where the group's record stands.
+func (b Binding) Describe() string {
+	dash := func(s string) string {
+		if s == "" {
+			return "-"
+		}
+		return s
+	}
+	switch b.Phase() {
+	case PhaseMoving:
+		if b.Node == "" {
+			return fmt.Sprintf("the group is still being unbound (%s releases it)", b.PrevNode)
+		}
+		return fmt.Sprintf("the group is still moving (%s hands it over to %s)", b.PrevNode, b.Node)
+	case PhaseDraining, PhaseCatchingUp:
+		return fmt.Sprintf("the group is bound to %s, which is still taking it over from %s (step %s)", b.Node, dash(b.PrevNode), b.Step)
+	case PhaseBound:
+		return fmt.Sprintf("the group is bound to %s", b.Node)
+	case PhaseReleased:
+		return fmt.Sprintf("the group is released (%s routed it up to ingress sequence %d)", dash(b.PrevNode), b.ThroughSeq)
+	case PhaseDeadLettered:
+		return fmt.Sprintf("the group's messages up to ingress sequence %d were dead-lettered", b.ThroughSeq)
+	}
+	if b.State == "" || b.Invalid {
+		return "the group has no binding"
+	}
+	return fmt.Sprintf("the group's record is in state %q", b.State)
+}
+
+// Cached returns b as the binding cache returns it: the fields that
+// route, with Epoch filled in (see OwnerEpoch).
+func (b Binding) Cached() Binding {
+	return Binding{Group: b.Group, State: b.State, Node: b.Node, FromSeq: b.FromSeq, ThroughSeq: b.ThroughSeq,
+		PrevNode: b.PrevNode, Step: b.Step, Drain: b.Drain, Routed: b.Routed, Epoch: b.OwnerEpoch(),
+		Revision: b.Revision, Invalid: b.Invalid}
+}
+
 // OwnerEpoch returns the group's epoch under b (see Binding.Epoch): Epoch,
 // or b's own revision when b is the record that made Node the owner.
 func (b Binding) OwnerEpoch() uint64 {
@@ -178,7 +271,7 @@ const MaxDrain = 16
 
 // Settled reports whether b binds its group to a node that has nothing
 // left to take over: the steady state a move ends in.
-func (b Binding) Settled() bool { return b.State == StateBound && b.Step == StepNone }
+func (b Binding) Settled() bool { return b.State == StateBound && b.Step == StepNone && !b.Invalid }
 
 // Marshal encodes b as the bucket value (JSON, without HTML escaping so
 // that group ids read as they are).

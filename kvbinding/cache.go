@@ -8,37 +8,6 @@ import (
 	"sync/atomic"
 )
 
-// Route is the cached view of one group's binding record.
-type Route struct {
-	State      State
-	Node       string // bound node, or the target of a move ("" otherwise)
-	FromSeq    uint64 // first ingress sequence routed to Node (StateBound, StateMoving)
-	ThroughSeq uint64 // last sequence of the ended binding (released, dead-lettered)
-	PrevNode   string // node routing the messages before FromSeq / through ThroughSeq
-	Step       Step   // how far Node has taken the group over (StateBound)
-	Drain      []string
-	Routed     uint64 // what an earlier taker routed (in a step)
-	// Epoch is the group's epoch (Binding.OwnerEpoch): the revision of
-	// the record that made Node the owner.
-	Epoch    uint64
-	Revision uint64
-	// Invalid is set on the entry of a key whose latest value is not a
-	// usable record (malformed, or its group is not the key's): the group
-	// counts as unbound, and Revision is the bad value's, so that the
-	// handler can write over it with compare-and-set.
-	Invalid bool
-}
-
-// Settled reports whether the route binds the group to a node that has
-// nothing left to take over.
-func (r Route) Settled() bool { return r.State == StateBound && r.Step == StepNone && !r.Invalid }
-
-// RouteOf returns the cache's view of a stored record.
-func RouteOf(b Binding) Route {
-	return Route{State: b.State, Node: b.Node, FromSeq: b.FromSeq, ThroughSeq: b.ThroughSeq,
-		PrevNode: b.PrevNode, Step: b.Step, Drain: b.Drain, Routed: b.Routed, Epoch: b.OwnerEpoch(), Revision: b.Revision}
-}
-
 // entry is the compact cached form of a record: node names are interned.
 type entry struct {
 	rev   uint64
@@ -85,7 +54,7 @@ type CacheConfig struct {
 // group than its key's is logged and never applied: the cache keeps the
 // group's last valid record (and lists the bad revision in Bad, for the
 // handler to restore the record over it), or, when it has none, counts
-// the group as unbound (Route.Invalid) until a valid revision comes.
+// the group as unbound (Binding.Invalid) until a valid revision comes.
 type Cache struct {
 	mu     sync.RWMutex
 	m      map[string]entry
@@ -142,20 +111,20 @@ func (c *Cache) Ignored() uint64 { return c.ignored.Load() }
 
 // Lookup returns the cached record for a group ("" for the ungrouped
 // routing binding).
-func (c *Cache) Lookup(group string) (Route, bool) {
+func (c *Cache) Lookup(group string) (Binding, bool) {
 	c.mu.RLock()
 	e, ok := c.m[group]
 	if !ok {
 		c.mu.RUnlock()
-		return Route{}, false
+		return Binding{}, false
 	}
 	r := c.routeLocked(group, e)
 	c.mu.RUnlock()
 	return r, true
 }
 
-func (c *Cache) routeLocked(group string, e entry) Route {
-	r := Route{Revision: e.rev, Epoch: e.epoch, PrevNode: c.names[e.prev], Node: c.names[e.node]}
+func (c *Cache) routeLocked(group string, e entry) Binding {
+	r := Binding{Group: group, Revision: e.rev, Epoch: e.epoch, PrevNode: c.names[e.prev], Node: c.names[e.node]}
 	switch e.state {
 	case stateDead:
 		r.State, r.ThroughSeq = StateDeadLettered, e.seq
@@ -405,10 +374,10 @@ func (c *Cache) UnsettledLen() int {
 
 // Unsettled returns the groups whose record is moving or in a hand-over
 // step, with their records.
-func (c *Cache) Unsettled() map[string]Route {
+func (c *Cache) Unsettled() map[string]Binding {
 	c.mu.RLock()
 	defer c.mu.RUnlock()
-	out := make(map[string]Route, len(c.unsettled))
+	out := make(map[string]Binding, len(c.unsettled))
 	for g := range c.unsettled {
 		out[g] = c.routeLocked(g, c.m[g])
 	}
@@ -553,7 +522,7 @@ func (c *Cache) GroupsOf(node string) []string {
 
 // Each calls fn for every cached record until fn returns false. It holds
 // the cache's read lock: fn must not call back into the cache.
-func (c *Cache) Each(fn func(group string, r Route) bool) {
+func (c *Cache) Each(fn func(group string, r Binding) bool) {
 	c.mu.RLock()
 	defer c.mu.RUnlock()
 	for g, e := range c.m {

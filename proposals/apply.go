@@ -43,7 +43,7 @@ func (h *Handler) serve(ctx context.Context, r micro.Request) bool {
 // planned is one proposal's decision before its record is written.
 type planned struct {
 	i   int
-	cur *kvbinding.Route
+	cur *kvbinding.Binding
 	res Result
 	// cause is set when the record starts moving the group (metrics).
 	cause string
@@ -71,7 +71,7 @@ func (h *Handler) DecideAll(ctx context.Context, req Request) []Decision {
 		if in.Op == OpDeadLetter {
 			env.IngressLast = h.ingressLastFor(ctx, in.Seq)
 		}
-		var cur *kvbinding.Route
+		var cur *kvbinding.Binding
 		if r, ok := h.cache.Lookup(p.Group); ok {
 			cur = &r
 		}
@@ -181,7 +181,7 @@ func (h *Handler) unwritten(pl planned, p Proposal) Decision {
 	return d
 }
 
-func routeNode(r *kvbinding.Route) string {
+func routeNode(r *kvbinding.Binding) string {
 	if r == nil {
 		return ""
 	}
@@ -231,7 +231,7 @@ func (h *Handler) settle(pl planned, p Proposal, b kvbinding.Binding, err error)
 // the group moves.
 func (h *Handler) apply(ctx context.Context, group string, in Input, live map[string]NodeState, cause string) (Result, kvbinding.Binding, error) {
 	defer h.locks.lock([]string{group})()
-	var cur *kvbinding.Route
+	var cur *kvbinding.Binding
 	if r, ok := h.cache.Lookup(group); ok {
 		cur = &r
 	}

@@ -144,7 +144,7 @@ const Refused Outcome = "refused"
 // Transition decides what in does to the group's record cur (nil when the
 // group has no record). It is a pure function: no I/O, no clock (env.Now),
 // and it does not modify its arguments.
-func Transition(group string, cur *kvbinding.Route, in Input, env Env) Result {
+func Transition(group string, cur *kvbinding.Binding, in Input, env Env) Result {
 	if cur != nil && cur.Invalid {
 		// An unusable value: the group is unbound, but a write must
 		// replace that value (compare-and-set on its revision).
@@ -153,7 +153,7 @@ func Transition(group string, cur *kvbinding.Route, in Input, env Env) Result {
 	return transition(group, cur, 0, in, env)
 }
 
-func transition(group string, cur *kvbinding.Route, badRev uint64, in Input, env Env) Result {
+func transition(group string, cur *kvbinding.Binding, badRev uint64, in Input, env Env) Result {
 	if err := checkSeq(in, env); err != nil {
 		return Result{Outcome: Refused, Reason: err.Error()}
 	}
@@ -207,7 +207,7 @@ var errIngressUnknown = fmt.Errorf("%s: the ingress stream's last sequence is no
 // machine holds one Transition's arguments.
 type machine struct {
 	group  string
-	cur    *kvbinding.Route
+	cur    *kvbinding.Binding
 	in     Input
 	env    Env
 	badRev uint64 // revision of an invalid value to write over
@@ -306,7 +306,7 @@ func (m *machine) bind() Result {
 // epochOf returns the epoch a record carries on when it keeps cur's
 // owner (see kvbinding.Binding.Epoch): a record that changes the owner
 // leaves Epoch 0, and its own revision becomes the epoch.
-func epochOf(cur *kvbinding.Route) uint64 {
+func epochOf(cur *kvbinding.Binding) uint64 {
 	if cur.Epoch != 0 {
 		return cur.Epoch
 	}

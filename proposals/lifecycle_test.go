@@ -86,7 +86,7 @@ func readScript(t *testing.T, file string) []scriptBlock {
 // scriptState is what a script has set up so far.
 type scriptState struct {
 	group string
-	cur   *kvbinding.Route
+	cur   *kvbinding.Binding
 	live  map[string]NodeState
 	last  uint64
 	now   time.Time
@@ -181,7 +181,7 @@ func (st *scriptState) run(cmd string) (string, error) {
 		if len(bare) > 0 {
 			state = bare[0]
 		}
-		r := &kvbinding.Route{State: kvbinding.State(state), Node: kv["node"], FromSeq: num("from"), ThroughSeq: num("through"),
+		r := &kvbinding.Binding{State: kvbinding.State(state), Node: kv["node"], FromSeq: num("from"), ThroughSeq: num("through"),
 			PrevNode: kv["prev"], Step: kvbinding.Step(kv["step"]), Revision: num("rev"), Invalid: kv["invalid"] == "true",
 			Routed: num("routed"), Epoch: num("epoch")}
 		if r.Epoch == 0 {
@@ -199,7 +199,7 @@ func (st *scriptState) run(cmd string) (string, error) {
 	in := Input{Op: Op(name), By: kv["by"], Node: kv["node"], From: kv["from"], Seq: num("seq"), First: num("first"), Rev: num("rev"),
 		Kind: kv["kind"], Reason: strings.ReplaceAll(kv["reason"], "_", " "), Routed: num("routed")}
 	in.Count, _ = strconv.Atoi(kv["count"])
-	var before *kvbinding.Route
+	var before *kvbinding.Binding
 	if st.cur != nil {
 		c := *st.cur
 		before = &c
@@ -220,14 +220,14 @@ func (st *scriptState) run(cmd string) (string, error) {
 		}
 		w := *res.Write
 		w.Revision = rev
-		r := kvbinding.RouteOf(w)
+		r := w.Cached()
 		st.cur = &r
 	}
 	return line, nil
 }
 
 // describe formats a result for the scripts.
-func describe(res Result, cur *kvbinding.Route) string {
+func describe(res Result, cur *kvbinding.Binding) string {
 	var b strings.Builder
 	b.WriteString(string(res.Outcome))
 	if w := res.Write; w != nil {
@@ -290,7 +290,7 @@ func recordString(w *kvbinding.Binding) string {
 // nor depends on anything but its arguments.
 func TestTransitionIsPure(t *testing.T) {
 	live := map[string]NodeState{"n0": {HasConsumer: true, Groups: 1}, "n1": {HasConsumer: true}}
-	cur := &kvbinding.Route{State: kvbinding.StateBound, Node: "n0", FromSeq: 3, Revision: 7}
+	cur := &kvbinding.Binding{State: kvbinding.StateBound, Node: "n0", FromSeq: 3, Revision: 7}
 	now := time.Unix(100, 0)
 	for _, in := range []Input{
 		{Op: OpBind, By: "n1", Node: "n5", Seq: 4},

@@ -131,7 +131,7 @@ func (m *Metrics) written(group, cause string, b kvbinding.Binding, now time.Tim
 // prune forgets moves started before the given time whose group is not
 // moving any more (its record changed by another way, or by another
 // handler): unsettled is the cache's view taken at that time.
-func (m *Metrics) prune(unsettled map[string]kvbinding.Route, before time.Time) {
+func (m *Metrics) prune(unsettled map[string]kvbinding.Binding, before time.Time) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	for g, start := range m.moveStarts {

@@ -82,7 +82,7 @@ func TestMetricsPrune(t *testing.T) {
 	m.written("d", causeOperator, moving, t0.Add(2*time.Second))
 	// At t0+1s the cache still shows a as moving; b and c ended some other
 	// way; d started after the snapshot and must stay.
-	m.prune(map[string]kvbinding.Route{"a": {State: kvbinding.StateMoving}}, t0.Add(time.Second))
+	m.prune(map[string]kvbinding.Binding{"a": {State: kvbinding.StateMoving}}, t0.Add(time.Second))
 	if _, a := m.moveStarts["a"]; !a || len(m.moveStarts) != 2 || m.moving.Load() != 2 {
 		t.Errorf("after prune: %v (moving %d), want a and d", m.moveStarts, m.moving.Load())
 	}

@@ -252,7 +252,7 @@ func (h *Handler) applyMany(ctx context.Context, groups []string, inputs []Input
 	plans := make([]planned, 0, len(groups))
 	ps := make([]Proposal, 0, len(groups))
 	for i, group := range groups {
-		var cur *kvbinding.Route
+		var cur *kvbinding.Binding
 		if r, ok := h.cache.Lookup(group); ok {
 			cur = &r
 		}

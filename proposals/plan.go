@@ -72,7 +72,7 @@ type MonitorInput struct {
 	// Owners: the nodes that own groups (bound, or being moved off).
 	Owners map[string]bool
 	// Unsettled: the records moving or in a hand-over step.
-	Unsettled map[string]kvbinding.Route
+	Unsettled map[string]kvbinding.Binding
 	// Nodes: the nodes the rules may choose from (live, not suspect,
 	// announcing on time), with their consumer presence and bound group
 	// counts, for rebalancing (nil: no rebalancing this tick).
@@ -227,7 +227,7 @@ func (s *MonitorState) RebalanceDone() { s.Rebalancing = false }
 
 // Incoming counts, per target node, the groups moving to it (for
 // Overloaded and PlanRebalance: they count for their target).
-func Incoming(unsettled map[string]kvbinding.Route) map[string]int {
+func Incoming(unsettled map[string]kvbinding.Binding) map[string]int {
 	out := map[string]int{}
 	for g, r := range unsettled {
 		if r.State == kvbinding.StateMoving && r.Node != "" && g != "" {

@@ -18,8 +18,8 @@ var testMonitorConfig = MonitorConfig{NodeGrace: 15 * time.Second, RebindAfter: 
 // TestPlanTicks drives one MonitorState through a script of ticks: each
 // step's input and the actions it must give.
 func TestPlanTicks(t *testing.T) {
-	moving := func(prev, to string, rev uint64) kvbinding.Route {
-		return kvbinding.Route{State: kvbinding.StateMoving, PrevNode: prev, Node: to, Revision: rev}
+	moving := func(prev, to string, rev uint64) kvbinding.Binding {
+		return kvbinding.Binding{State: kvbinding.StateMoving, PrevNode: prev, Node: to, Revision: rev}
 	}
 	type step struct {
 		in   MonitorInput
@@ -84,14 +84,14 @@ func TestPlanTicks(t *testing.T) {
 			name: "a move not fenced within the deadline is fenced by the handler; a new revision restarts the clock",
 			steps: []step{
 				{in: MonitorInput{Now: at(0), Live: map[string]bool{"n1": true, "n2": true}, Owners: map[string]bool{"n1": true},
-					Unsettled: map[string]kvbinding.Route{"b": moving("n1", "n2", 5), "a": moving("n1", "n2", 4)}}},
+					Unsettled: map[string]kvbinding.Binding{"b": moving("n1", "n2", 5), "a": moving("n1", "n2", 4)}}},
 				{in: MonitorInput{Now: at(5), Live: map[string]bool{"n1": true, "n2": true}, Owners: map[string]bool{"n1": true},
-					Unsettled: map[string]kvbinding.Route{"b": moving("n1", "n2", 5), "a": moving("n1", "n2", 7)}}},
+					Unsettled: map[string]kvbinding.Binding{"b": moving("n1", "n2", 5), "a": moving("n1", "n2", 7)}}},
 				{in: MonitorInput{Now: at(10), Live: map[string]bool{"n1": true, "n2": true}, Owners: map[string]bool{"n1": true},
-					Unsettled: map[string]kvbinding.Route{"b": moving("n1", "n2", 5), "a": moving("n1", "n2", 7)}},
+					Unsettled: map[string]kvbinding.Binding{"b": moving("n1", "n2", 5), "a": moving("n1", "n2", 7)}},
 					want: MonitorActions{Evacuate: []Evacuation{{Node: "n1", Groups: []string{"b"}}}}, done: map[string][2]bool{"n1": {}}},
 				{in: MonitorInput{Now: at(15), Live: map[string]bool{"n1": true, "n2": true}, Owners: map[string]bool{"n1": true},
-					Unsettled: map[string]kvbinding.Route{"b": moving("n1", "n2", 5), "a": moving("n1", "n2", 7)}},
+					Unsettled: map[string]kvbinding.Binding{"b": moving("n1", "n2", 5), "a": moving("n1", "n2", 7)}},
 					want: MonitorActions{Evacuate: []Evacuation{{Node: "n1", Groups: []string{"a", "b"}}}}},
 			},
 		},
@@ -137,14 +137,14 @@ func TestPlanTicks(t *testing.T) {
 func TestPlanRebalanceCoolDown(t *testing.T) {
 	var s MonitorState
 	cfg := testMonitorConfig
-	in := func(now float64, unsettled map[string]kvbinding.Route) MonitorInput {
+	in := func(now float64, unsettled map[string]kvbinding.Binding) MonitorInput {
 		return MonitorInput{Now: at(now), Live: map[string]bool{"n1": true, "n2": true}, Owners: map[string]bool{"n1": true},
 			Unsettled:  unsettled,
 			Nodes:      map[string]NodeState{"n1": {HasConsumer: true, Groups: 6}, "n2": {HasConsumer: true}},
 			Candidates: map[string][]Candidate{"n1": {{Group: "a"}, {Group: "b"}, {Group: "c"}, {Group: "d"}}}}
 	}
 	// "a" is moving (an operator's move) at 0 and settles before 1.
-	if got := s.Plan(cfg, in(0, map[string]kvbinding.Route{"a": {State: kvbinding.StateBound, Node: "n1", Step: kvbinding.StepCatchUp}})); len(got.Rebalance) != 2 ||
+	if got := s.Plan(cfg, in(0, map[string]kvbinding.Binding{"a": {State: kvbinding.StateBound, Node: "n1", Step: kvbinding.StepCatchUp}})); len(got.Rebalance) != 2 ||
 		got.Rebalance[0].Group != "b" || got.Rebalance[1].Group != "c" {
 		t.Fatalf("tick 0: %+v, want b and c (a moved recently)", got.Rebalance)
 	}

@@ -19,7 +19,7 @@ const (
 
 // Owner says, for node me, what to do with the group's message at ingress
 // sequence seq according to record r. An invalid record counts as none.
-func Owner(r kvbinding.Route, seq uint64, me string) (owner string, act RouteAction) {
+func Owner(r kvbinding.Binding, seq uint64, me string) (owner string, act RouteAction) {
 	if r.Invalid {
 		return "", RoutePropose
 	}
@@ -74,7 +74,7 @@ const (
 )
 
 // DutyOf returns what record r asks of node me.
-func DutyOf(r kvbinding.Route, me string) Duty {
+func DutyOf(r kvbinding.Binding, me string) Duty {
 	switch {
 	case r.Invalid:
 	case r.State == kvbinding.StateMoving && r.PrevNode == me:

@@ -8,23 +8,23 @@ import (
 )
 
 func TestOwner(t *testing.T) {
-	moving := kvbinding.Route{State: kvbinding.StateMoving, Node: "n2", PrevNode: "n1"}
-	drain := kvbinding.Route{State: kvbinding.StateBound, Node: "n2", FromSeq: 10, PrevNode: "n1", Step: kvbinding.StepDrain, Drain: []string{"n1"}}
-	catchup := kvbinding.Route{State: kvbinding.StateBound, Node: "n2", FromSeq: 10, PrevNode: "n1", Step: kvbinding.StepCatchUp}
-	released := kvbinding.Route{State: kvbinding.StateReleased, ThroughSeq: 7, PrevNode: "n1"}
+	moving := kvbinding.Binding{State: kvbinding.StateMoving, Node: "n2", PrevNode: "n1"}
+	drain := kvbinding.Binding{State: kvbinding.StateBound, Node: "n2", FromSeq: 10, PrevNode: "n1", Step: kvbinding.StepDrain, Drain: []string{"n1"}}
+	catchup := kvbinding.Binding{State: kvbinding.StateBound, Node: "n2", FromSeq: 10, PrevNode: "n1", Step: kvbinding.StepCatchUp}
+	released := kvbinding.Binding{State: kvbinding.StateReleased, ThroughSeq: 7, PrevNode: "n1"}
 	tests := []struct {
 		name  string
-		r     kvbinding.Route
+		r     kvbinding.Binding
 		seq   uint64
 		me    string
 		owner string
 		act   RouteAction
 	}{
-		{"bound after fence", kvbinding.Route{State: kvbinding.StateBound, Node: "n1", FromSeq: 10}, 10, "n0", "n1", RouteTo},
-		{"before fence with prev", kvbinding.Route{State: kvbinding.StateBound, Node: "n1", FromSeq: 10, PrevNode: "n0"}, 9, "n0", "n0", RouteTo},
-		{"before fence no history", kvbinding.Route{State: kvbinding.StateBound, Node: "n1", FromSeq: 10}, 3, "n0", "n1", RouteTo},
-		{"dead-lettered", kvbinding.Route{State: kvbinding.StateDeadLettered, ThroughSeq: 5}, 5, "n0", "", RouteTo},
-		{"after dead-letter", kvbinding.Route{State: kvbinding.StateDeadLettered, ThroughSeq: 5}, 6, "n0", "", RoutePropose},
+		{"bound after fence", kvbinding.Binding{State: kvbinding.StateBound, Node: "n1", FromSeq: 10}, 10, "n0", "n1", RouteTo},
+		{"before fence with prev", kvbinding.Binding{State: kvbinding.StateBound, Node: "n1", FromSeq: 10, PrevNode: "n0"}, 9, "n0", "n0", RouteTo},
+		{"before fence no history", kvbinding.Binding{State: kvbinding.StateBound, Node: "n1", FromSeq: 10}, 3, "n0", "n1", RouteTo},
+		{"dead-lettered", kvbinding.Binding{State: kvbinding.StateDeadLettered, ThroughSeq: 5}, 5, "n0", "", RouteTo},
+		{"after dead-letter", kvbinding.Binding{State: kvbinding.StateDeadLettered, ThroughSeq: 5}, 6, "n0", "", RoutePropose},
 		{"moving: old owner waits", moving, 50, "n1", "", RouteWait},
 		{"moving: new owner waits", moving, 50, "n2", "", RouteWait},
 		{"moving: others skip", moving, 50, "n3", "n1", RouteTo},
@@ -34,7 +34,7 @@ func TestOwner(t *testing.T) {
 		{"drain: before fence is prev's", drain, 9, "n2", "n1", RouteTo},
 		{"released: before fence is prev's", released, 7, "n3", "n1", RouteTo},
 		{"released: after fence proposes", released, 8, "n1", "", RoutePropose},
-		{"invalid record proposes", kvbinding.Route{Invalid: true, Revision: 4}, 8, "n1", "", RoutePropose},
+		{"invalid record proposes", kvbinding.Binding{Invalid: true, Revision: 4}, 8, "n1", "", RoutePropose},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -48,18 +48,18 @@ func TestOwner(t *testing.T) {
 
 func TestDutyOf(t *testing.T) {
 	tests := []struct {
-		r    kvbinding.Route
+		r    kvbinding.Binding
 		me   string
 		want Duty
 	}{
-		{kvbinding.Route{State: kvbinding.StateMoving, Node: "n2", PrevNode: "n1"}, "n1", DutyFence},
-		{kvbinding.Route{State: kvbinding.StateMoving, PrevNode: "n1"}, "n1", DutyFence},
-		{kvbinding.Route{State: kvbinding.StateMoving, Node: "n2", PrevNode: "n1"}, "n2", DutyNone},
-		{kvbinding.Route{State: kvbinding.StateBound, Node: "n2", Step: kvbinding.StepDrain, Drain: []string{"n1"}}, "n2", DutyDrain},
-		{kvbinding.Route{State: kvbinding.StateBound, Node: "n2", Step: kvbinding.StepDrain, Drain: []string{"n1"}}, "n1", DutyNone},
-		{kvbinding.Route{State: kvbinding.StateBound, Node: "n2", Step: kvbinding.StepCatchUp}, "n2", DutyCatchUp},
-		{kvbinding.Route{State: kvbinding.StateBound, Node: "n2"}, "n2", DutyNone},
-		{kvbinding.Route{Invalid: true}, "n2", DutyNone},
+		{kvbinding.Binding{State: kvbinding.StateMoving, Node: "n2", PrevNode: "n1"}, "n1", DutyFence},
+		{kvbinding.Binding{State: kvbinding.StateMoving, PrevNode: "n1"}, "n1", DutyFence},
+		{kvbinding.Binding{State: kvbinding.StateMoving, Node: "n2", PrevNode: "n1"}, "n2", DutyNone},
+		{kvbinding.Binding{State: kvbinding.StateBound, Node: "n2", Step: kvbinding.StepDrain, Drain: []string{"n1"}}, "n2", DutyDrain},
+		{kvbinding.Binding{State: kvbinding.StateBound, Node: "n2", Step: kvbinding.StepDrain, Drain: []string{"n1"}}, "n1", DutyNone},
+		{kvbinding.Binding{State: kvbinding.StateBound, Node: "n2", Step: kvbinding.StepCatchUp}, "n2", DutyCatchUp},
+		{kvbinding.Binding{State: kvbinding.StateBound, Node: "n2"}, "n2", DutyNone},
+		{kvbinding.Binding{Invalid: true}, "n2", DutyNone},
 	}
 	for _, tt := range tests {
 		if got := DutyOf(tt.r, tt.me); got != tt.want {

@@ -1,6 +1,10 @@
 package router
 
-import "time"
+import (
+	"time"
+
+	"grouprouter/kvbinding"
+)
 
 // The drain's decisions, with no I/O and no clock: which of a moving
 // group's messages on the old queues its new node may move now, which it
@@ -141,4 +145,21 @@ func planDrain(msgs []drainMsg, views map[string]consumerView, now time.Time) dr
 		p.move, p.lapsed = nil, 0
 	}
 	return p
+}
+
+// catchUpSpan returns the ingress sequences [from, until) a catch-up
+// routes for a group taken over under route: from the record's FromSeq up
+// to where the node's lane takes over (laneFrom), starting after what is
+// known to be routed already: the last message the drain found on another
+// queue (movedThrough), what an earlier taker caught up (route.Routed, from
+// its checkpoint), what this node caught up before (caught). from >= until
+// means nothing is left to catch up.
+func catchUpSpan(route kvbinding.Binding, laneFrom, movedThrough, caught uint64) (from, until uint64) {
+	from, until = route.FromSeq, laneFrom
+	for _, t := range []uint64{movedThrough, route.Routed, caught} {
+		if t >= from {
+			from = t + 1
+		}
+	}
+	return from, until
 }

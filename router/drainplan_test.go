@@ -3,6 +3,8 @@ package router
 import (
 	"testing"
 	"time"
+
+	"grouprouter/kvbinding"
 )
 
 func TestConsumerViewProgress(t *testing.T) {
@@ -87,4 +89,25 @@ func equalSeqs(a, b []uint64) bool {
 		}
 	}
 	return true
+}
+
+func TestCatchUpSpan(t *testing.T) {
+	tests := []struct {
+		name                           string
+		route                          kvbinding.Binding
+		laneFrom, movedThrough, caught uint64
+		from, until                    uint64
+	}{
+		{"from the fence to the lane", kvbinding.Binding{FromSeq: 10}, 20, 0, 0, 10, 20},
+		{"after what the drain found on the old queue", kvbinding.Binding{FromSeq: 10}, 20, 14, 0, 15, 20},
+		{"after what an earlier taker routed", kvbinding.Binding{FromSeq: 10, Routed: 17}, 20, 14, 0, 18, 20},
+		{"after what this node caught up before", kvbinding.Binding{FromSeq: 10, Routed: 12}, 20, 0, 19, 20, 20},
+		{"marks below the fence do not count", kvbinding.Binding{FromSeq: 10, Routed: 5}, 20, 3, 9, 10, 20},
+	}
+	for _, tt := range tests {
+		from, until := catchUpSpan(tt.route, tt.laneFrom, tt.movedThrough, tt.caught)
+		if from != tt.from || until != tt.until {
+			t.Errorf("%s: catchUpSpan = [%d, %d), want [%d, %d)", tt.name, from, until, tt.from, tt.until)
+		}
+	}
 }

@@ -22,7 +22,7 @@ import (
 
 // records is what the engine reads of the binding records.
 type records interface {
-	Lookup(group string) (kvbinding.Route, bool)
+	Lookup(group string) (kvbinding.Binding, bool)
 }
 
 // engineConfig is what the engine needs of the node's configuration.
@@ -550,7 +550,7 @@ func (e *engine) changed(group string, now time.Time) {
 
 // duty hands a takeover the record asks of this node to the shell, once
 // per revision.
-func (e *engine) duty(group string, route kvbinding.Route) {
+func (e *engine) duty(group string, route kvbinding.Binding) {
 	d := proposals.DutyOf(route, e.cfg.node)
 	if d != proposals.DutyDrain && d != proposals.DutyCatchUp {
 		delete(e.duties, group)
@@ -589,7 +589,7 @@ func (e *engine) takeoverFrom(group string) uint64 {
 
 // fence asks the handler to take the group from this node, once nothing of
 // it is in flight: the fence is the first message not routed.
-func (e *engine) fence(ln *lane, route kvbinding.Route, now time.Time) {
+func (e *engine) fence(ln *lane, route kvbinding.Binding, now time.Time) {
 	if ln.inflight > 0 || ln.changing {
 		return
 	}

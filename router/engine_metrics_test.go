@@ -11,9 +11,9 @@ import (
 )
 
 // fakeRecords is the engine's view of the binding records, set by the test.
-type fakeRecords map[string]kvbinding.Route
+type fakeRecords map[string]kvbinding.Binding
 
-func (f fakeRecords) Lookup(g string) (kvbinding.Route, bool) {
+func (f fakeRecords) Lookup(g string) (kvbinding.Binding, bool) {
 	r, ok := f[g]
 	return r, ok
 }
@@ -43,8 +43,8 @@ func observed(acts []action) []time.Duration {
 
 func TestEngineObservesDecisionLatency(t *testing.T) {
 	t0 := time.Date(2026, 12, 1, 10, 0, 0, 0, time.UTC)
-	bound := func(rev uint64) kvbinding.Route {
-		return kvbinding.Route{State: kvbinding.StateBound, Node: "n1", FromSeq: 1, Revision: rev}
+	bound := func(rev uint64) kvbinding.Binding {
+		return kvbinding.Binding{State: kvbinding.StateBound, Node: "n1", FromSeq: 1, Revision: rev}
 	}
 	accepted := func(rev uint64) []proposals.Decision {
 		return []proposals.Decision{{Group: "g", Outcome: proposals.Accepted, Revision: rev}}
@@ -137,7 +137,7 @@ func TestEngineObservesDecisionLatency(t *testing.T) {
 				if len(batch) != 0 {
 					t.Fatalf("a non-proposer asked at once: %d asks", len(batch))
 				}
-				recs[group] = kvbinding.Route{State: kvbinding.StateBound, Node: "n2", FromSeq: 1, Revision: 1}
+				recs[group] = kvbinding.Binding{State: kvbinding.StateBound, Node: "n2", FromSeq: 1, Revision: 1}
 				e.changed(group, t0.Add(50*time.Millisecond))
 				acts = e.take()
 			} else {

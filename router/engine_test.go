@@ -13,9 +13,9 @@ import (
 // (TestSimulation) found wrong; each names the seed that first showed it.
 
 // mapRecords is the engine's view of the records, from a map.
-type mapRecords map[string]kvbinding.Route
+type mapRecords map[string]kvbinding.Binding
 
-func (m mapRecords) Lookup(group string) (kvbinding.Route, bool) {
+func (m mapRecords) Lookup(group string) (kvbinding.Binding, bool) {
 	r, ok := m[group]
 	return r, ok
 }
@@ -46,7 +46,7 @@ func TestEngineAsksAgainAfterARejectedBindItOutran(t *testing.T) {
 	recs := mapRecords{"g": {State: kvbinding.StateBound, Node: "n1", FromSeq: 1, Revision: 5}}
 	e := newTestEngine("n1", recs)
 	// The group is released (rev 6) while message 22 waits for a binding.
-	recs["g"] = kvbinding.Route{State: kvbinding.StateReleased, PrevNode: "n1", ThroughSeq: 21, Revision: 6}
+	recs["g"] = kvbinding.Binding{State: kvbinding.StateReleased, PrevNode: "n1", ThroughSeq: 21, Revision: 6}
 	e.ingest("g", &msgRec{seq: 22}, now)
 	e.take()
 	batch := e.askBatch(10, now)
@@ -76,7 +76,7 @@ func TestEngineAsksAgainWhenTheNamedRevisionEndsTheBinding(t *testing.T) {
 	e.replied(batch, []proposals.Decision{{Group: "g", Outcome: proposals.Rejected, Revision: 4}}, nil, now)
 	// Revision 4 arrives, and is already a released record that ends
 	// before message 3.
-	recs["g"] = kvbinding.Route{State: kvbinding.StateReleased, PrevNode: "n2", ThroughSeq: 2, Revision: 4}
+	recs["g"] = kvbinding.Binding{State: kvbinding.StateReleased, PrevNode: "n2", ThroughSeq: 2, Revision: 4}
 	e.changed("g", now)
 	e.take()
 	if got := e.askBatch(10, now.Add(2*time.Second)); len(got) != 1 || got[0].p.Seq != 3 {
@@ -93,7 +93,7 @@ func TestEngineHandsTheDutyWhenTheLaneEmpties(t *testing.T) {
 	e := newTestEngine("n1", recs)
 	e.ingest("g", &msgRec{seq: 33}, now) // held: a move to this node is in progress
 	e.take()
-	recs["g"] = kvbinding.Route{State: kvbinding.StateBound, Node: "n1", PrevNode: "n2", FromSeq: 34,
+	recs["g"] = kvbinding.Binding{State: kvbinding.StateBound, Node: "n1", PrevNode: "n2", FromSeq: 34,
 		Step: kvbinding.StepDrain, Drain: []string{"n2"}, Revision: 4}
 	e.changed("g", now)
 	acts := e.take()

@@ -153,7 +153,7 @@ func (r *Router) forgetDuty(group string, rev uint64) {
 // runSteps runs one batch of drain or catch-up steps and reports them.
 func (r *Router) runSteps(ctx context.Context, jobs map[string]dutyJob) {
 	start := time.Now()
-	routes := map[string]kvbinding.Route{}
+	routes := map[string]kvbinding.Binding{}
 	var duty proposals.Duty
 	for g, j := range jobs {
 		route, _ := r.cache.Lookup(g)
@@ -319,7 +319,7 @@ type queued struct {
 // whose consumer is alive and acknowledging (see drainplan.go): until
 // then the old consumer works on the group and no message of it reaches
 // this node's queue.
-func (r *Router) drainQueues(ctx context.Context, routes map[string]kvbinding.Route) (map[string]int, error) {
+func (r *Router) drainQueues(ctx context.Context, routes map[string]kvbinding.Binding) (map[string]int, error) {
 	byNode := map[string]map[string]bool{}
 	for g, route := range routes {
 		for _, n := range route.Drain {
@@ -386,8 +386,7 @@ func (r *Router) drainQueues(ctx context.Context, routes map[string]kvbinding.Ro
 		}
 		route := routes[g]
 		if plan.lapsed > 0 {
-			r.log.Warn("moving messages the old consumer was delivered and did not ack: it made no progress for its ack wait; it may still process them (the epoch tells the copies apart)",
-				"group", g, "messages", plan.lapsed, "revision", route.Revision)
+			r.warnLapsed.Warn(g, "messages", plan.lapsed, "revision", route.Revision)
 		}
 		work.Go(func() error {
 			n, err := r.moveGroup(wctx, stream, todo, route.Revision, route.Epoch)
@@ -415,7 +414,7 @@ func (r *Router) drainQueues(ctx context.Context, routes map[string]kvbinding.Ro
 // scanQueues reads the old queues and returns, per group, its messages
 // found there (a copy this step made before on this node's own queue is
 // left out: it is in place already).
-func (r *Router) scanQueues(ctx context.Context, stream jetstream.Stream, byNode map[string]map[string]bool, routes map[string]kvbinding.Route) (map[string][]queued, error) {
+func (r *Router) scanQueues(ctx context.Context, stream jetstream.Stream, byNode map[string]map[string]bool, routes map[string]kvbinding.Binding) (map[string][]queued, error) {
 	info, err := stream.Info(ctx)
 	if err != nil {
 		return nil, err
@@ -460,8 +459,11 @@ func (r *Router) scanQueues(ctx context.Context, stream jetstream.Stream, byNode
 }
 
 // drainPoll is how often a drain that waits for an old consumer looks at
-// it again.
-const drainPoll = 100 * time.Millisecond
+// it again; drainLookups bounds the messages it looks up each time.
+const (
+	drainPoll    = 100 * time.Millisecond
+	drainLookups = 256
+)
 
 // awaitConsumers waits, group by group, until no message of the group is
 // delivered and unacked on an old queue whose consumer is alive and
@@ -470,7 +472,7 @@ const drainPoll = 100 * time.Millisecond
 // looks whether an awaited message is still there only after its consumer
 // made progress.
 func (r *Router) awaitConsumers(ctx context.Context, stream jetstream.Stream, byNode map[string]map[string]bool,
-	routes map[string]kvbinding.Route, plans map[string][]drainMsg, start func(string, drainPlan)) error {
+	routes map[string]kvbinding.Binding, plans map[string][]drainMsg, start func(string, drainPlan)) error {
 	views := map[string]consumerView{}
 	checked := map[string]time.Time{} // per group: when its awaited messages were last looked at
 	logged := map[string]bool{}
@@ -490,6 +492,10 @@ func (r *Router) awaitConsumers(ctx context.Context, stream jetstream.Stream, by
 			views[node] = views[node].observe(read, time.Now())
 		}
 		now := time.Now()
+		// Looking at messages costs a request each: at most
+		// drainLookups a round, spread over the groups (a map's order
+		// changes from one round to the next).
+		budget := drainLookups
 		for g, msgs := range plans {
 			route := routes[g]
 			if !r.current(g, route.Revision) {
@@ -504,9 +510,10 @@ func (r *Router) awaitConsumers(ctx context.Context, stream jetstream.Stream, by
 				if fateOf(*m, v, now) != fateAwait {
 					continue
 				}
-				if !v.progress.After(checked[g]) {
+				if !v.progress.After(checked[g]) || budget == 0 {
 					break
 				}
+				budget--
 				_, err := stream.GetMsg(ctx, m.seq)
 				if err != nil && !isGone(err) {
 					return err
@@ -516,7 +523,9 @@ func (r *Router) awaitConsumers(ctx context.Context, stream jetstream.Stream, by
 				}
 				progressOf(ctx).add(1) // done by the old consumer
 			}
-			checked[g] = now
+			if budget > 0 {
+				checked[g] = now
+			}
 			plan := planDrain(msgs, views, now)
 			if !plan.ready {
 				if !logged[g] {
@@ -685,26 +694,18 @@ func isGone(err error) bool {
 // up to where this node's lanes take over: messages this node skipped
 // while another node owned the group. A message the group's drain found
 // on another queue, or any before it, was routed already and is skipped.
-func (r *Router) catchUp(ctx context.Context, routes map[string]kvbinding.Route) (map[string]int, error) {
+func (r *Router) catchUp(ctx context.Context, routes map[string]kvbinding.Binding) (map[string]int, error) {
 	type span struct{ from, until uint64 }
 	spans := map[string]span{}
 	var lo, hi uint64
 	r.mu.Lock()
-	for g, route := range routes {
-		s := span{from: route.FromSeq, until: r.eng.takeoverFrom(g)}
-		spans[g] = s
+	for g := range routes {
+		spans[g] = span{until: r.eng.takeoverFrom(g)}
 	}
 	r.mu.Unlock()
 	r.duties.mu.Lock()
 	for g, s := range spans {
-		// Start after what is known to be routed: what the drain found on
-		// another queue, what an earlier taker caught up (the record's
-		// Routed, from its checkpoint), what this node caught up before.
-		for _, t := range []uint64{r.duties.movedThrough[g], routes[g].Routed, r.duties.caught[g]} {
-			if t >= s.from {
-				s.from = t + 1
-			}
-		}
+		s.from, s.until = catchUpSpan(routes[g], s.until, r.duties.movedThrough[g], r.duties.caught[g])
 		spans[g] = s
 		delete(r.duties.movedThrough, g)
 	}

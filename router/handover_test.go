@@ -76,7 +76,7 @@ func testRouter(t *testing.T, node string) (*Router, jetstream.JetStream) {
 }
 
 // record puts b in the router's cache and returns its route.
-func record(t *testing.T, r *Router, b kvbinding.Binding) kvbinding.Route {
+func record(t *testing.T, r *Router, b kvbinding.Binding) kvbinding.Binding {
 	t.Helper()
 	if !r.cache.Apply(b) {
 		t.Fatalf("record %+v not applied", b)
@@ -141,7 +141,7 @@ func TestCatchUpDeadLettersWhatCannotBeGrouped(t *testing.T) {
 	r.eng.resume = resumePoint{ckpt: kvbinding.Checkpoint{Next: 5}} // read past them
 	route := record(t, r, kvbinding.Binding{Group: "", State: kvbinding.StateBound, Node: "n1", FromSeq: 1, PrevNode: "n0",
 		Step: kvbinding.StepCatchUp, Revision: 7})
-	if _, err := r.catchUp(ctx, map[string]kvbinding.Route{"": route}); err != nil {
+	if _, err := r.catchUp(ctx, map[string]kvbinding.Binding{"": route}); err != nil {
 		t.Fatal(err)
 	}
 	if got := queuedSeqs(t, js, "n1"); len(got) != 2 || got[0] != 1 || got[1] != 3 {
@@ -174,7 +174,7 @@ func TestDrainMergesTheTakersOwnQueue(t *testing.T) {
 	route := record(t, r, kvbinding.Binding{Group: "g", State: kvbinding.StateBound, Node: "n1", FromSeq: 11, PrevNode: "n1",
 		Step: kvbinding.StepDrain, Drain: []string{"n1", "n9"}, Revision: 5})
 	for attempt := 1; attempt <= 2; attempt++ {
-		if _, err := r.drainQueues(ctx, map[string]kvbinding.Route{"g": route}); err != nil {
+		if _, err := r.drainQueues(ctx, map[string]kvbinding.Binding{"g": route}); err != nil {
 			t.Fatal(err)
 		}
 		if got := queuedSeqs(t, js, "n1"); fmt.Sprint(got) != "[7 8 9 10]" {
@@ -196,7 +196,7 @@ func TestDrainStopsWhenTheRecordMovesOn(t *testing.T) {
 		Step: kvbinding.StepDrain, Drain: []string{"n9"}, Revision: 5})
 	record(t, r, kvbinding.Binding{Group: "g", State: kvbinding.StateBound, Node: "n2", FromSeq: 8, PrevNode: "n9",
 		Step: kvbinding.StepDrain, Drain: []string{"n9", "n1"}, Revision: 6})
-	if _, err := r.drainQueues(ctx, map[string]kvbinding.Route{"g": route}); !errors.Is(err, errSuperseded) {
+	if _, err := r.drainQueues(ctx, map[string]kvbinding.Binding{"g": route}); !errors.Is(err, errSuperseded) {
 		t.Fatalf("drain of a superseded revision: err %v, want errSuperseded", err)
 	}
 	if got := queuedSeqs(t, js, "n9"); fmt.Sprint(got) != "[7]" {

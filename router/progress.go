@@ -52,7 +52,7 @@ type progressKey struct{}
 // startProgress starts counting a batch's step and returns ctx carrying the
 // counter for drainQueues, moveGroup and catchUp (progressOf). The caller
 // calls end once the step returned.
-func (r *Router) startProgress(ctx context.Context, duty proposals.Duty, routes map[string]kvbinding.Route) (context.Context, *stepProgress) {
+func (r *Router) startProgress(ctx context.Context, duty proposals.Duty, routes map[string]kvbinding.Binding) (context.Context, *stepProgress) {
 	p := &stepProgress{r: r, step: kvbinding.StepCatchUp, groups: len(routes), start: time.Now(), stop: make(chan struct{})}
 	if duty == proposals.DutyDrain {
 		p.step = kvbinding.StepDrain

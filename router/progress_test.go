@@ -60,7 +60,7 @@ func TestDrainReportsProgress(t *testing.T) {
 		t.Helper()
 		route := record(t, r, kvbinding.Binding{Group: group, State: kvbinding.StateBound, Node: "n1", FromSeq: n + 4, PrevNode: "n9",
 			Step: kvbinding.StepDrain, Drain: []string{"n9"}, Revision: 5})
-		routes := map[string]kvbinding.Route{group: route}
+		routes := map[string]kvbinding.Binding{group: route}
 		pctx, prog := r.startProgress(ctx, proposals.DutyDrain, routes)
 		counts, err := r.drainQueues(pctx, routes)
 		prog.end(err)
@@ -116,7 +116,7 @@ func TestCatchUpBatchReportsProgress(t *testing.T) {
 		}
 	}
 	r.eng.resume = resumePoint{ckpt: kvbinding.Checkpoint{Next: 2*perGroup + 1}} // read past them
-	routes := map[string]kvbinding.Route{}
+	routes := map[string]kvbinding.Binding{}
 	for i, g := range []string{"a", "b"} {
 		routes[g] = record(t, r, kvbinding.Binding{Group: g, State: kvbinding.StateBound, Node: "n1", FromSeq: 1, PrevNode: "n0",
 			Step: kvbinding.StepCatchUp, Revision: uint64(7 + i)})

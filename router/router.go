@@ -15,6 +15,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"grouprouter/internal/jspub"
+	"grouprouter/internal/logagg"
 	"grouprouter/kvbinding"
 	"grouprouter/proposals"
 )
@@ -97,6 +98,11 @@ type Router struct {
 	readerResets [len(resetCauses)]atomic.Uint64
 	stopped      atomic.Bool // Run returned
 	ingressInfo  ingressInfo
+
+	// Warnings that repeat per group are logged as one line per interval
+	// (internal/logagg): failed decisions, dead-lettered groups, drains
+	// that moved what a stalled consumer held.
+	warnNoDecision, warnDeadLettered, warnLapsed *logagg.Warner
 }
 
 // New returns a router node for cfg on connection nc (which the caller
@@ -137,6 +143,9 @@ func New(nc *nats.Conn, cfg Config) (*Router, error) {
 		expectQueue: []string{QueueStream},
 	}
 	r.cond = sync.NewCond(&r.mu)
+	r.warnNoDecision = logagg.New(r.log, "no routing decision; the group waits and is retried", logagg.DefaultEvery)
+	r.warnDeadLettered = logagg.New(r.log, "group dead-lettered", logagg.DefaultEvery)
+	r.warnLapsed = logagg.New(r.log, "moving messages the old consumer was delivered and did not ack: it made no progress for its ack wait; it may still process them (the epoch tells the copies apart)", logagg.DefaultEvery)
 	if cfg.Metrics != nil {
 		if err := r.registerMetrics(cfg.Metrics); err != nil {
 			return nil, fmt.Errorf("grouping: registering metrics: %w", err)
@@ -205,12 +214,12 @@ func (r *Router) perform(acts []action) {
 		case actDuty:
 			r.duties.add(a.group, a.duty, a.rev)
 		case actDeadLettered:
-			r.log.Warn("group dead-lettered", "group", a.group, "messages", a.count, "through_seq", a.rev, "reason", a.reason)
+			r.warnDeadLettered.Warn(a.group, "messages", a.count, "through_seq", a.rev, "reason", a.reason)
 			proposals.Event{Kind: proposals.EventDeadLetter, Group: a.group, By: r.cfg.Node, Reason: a.reason,
 				Count: a.count, FromSeq: a.rev}.Publish(r.nc)
 		case actFailure:
 			f := a.fail
-			r.log.Warn("no routing decision; the group waits and is retried", "group", f.group, "attempt", f.attempt, "held", f.count, "err", f.err)
+			r.warnNoDecision.Warn(f.group, "attempt", f.attempt, "held", f.count, "err", f.err)
 			proposals.Event{Kind: proposals.EventTimeout, Group: f.group, Node: r.cfg.Node, Attempt: f.attempt, Reason: f.err.Error(),
 				By: r.cfg.Node, Count: f.count}.Publish(r.nc)
 		case actDecided:
@@ -241,6 +250,11 @@ func wake(ch chan struct{}) {
 // ctx ends during setup, Run returns nil.
 func (r *Router) Run(ctx context.Context) error {
 	defer r.stopped.Store(true)
+	defer func() {
+		r.warnNoDecision.Close()
+		r.warnDeadLettered.Close()
+		r.warnLapsed.Close()
+	}()
 	queueCons, release, err := r.setup(ctx)
 	if err != nil {
 		if ctx.Err() != nil {
@@ -444,7 +458,7 @@ const maxChangeBatch = 256
 // concern this node (hand-overs it owes, takeovers handed to it).
 func (r *Router) resumeDuties() {
 	var todo []string
-	r.cache.Each(func(g string, route kvbinding.Route) bool {
+	r.cache.Each(func(g string, route kvbinding.Binding) bool {
 		if proposals.DutyOf(route, r.cfg.Node) != proposals.DutyNone {
 			todo = append(todo, g)
 		}

@@ -300,7 +300,7 @@ func (c *simChecker) judgeDeadLettered(e *simEntry, what string) {
 	case c.dlqCrash[e.seq] || c.pastCheckpoint[e.seq]:
 		c.stats.excusedDLQ++
 	case c.routedAfterDeadLetter(e):
-		c.knownIssue(simKnownDeadForgotten, "%s; routed under %s", what, simRoute(kvbinding.RouteOf(e.rec)))
+		c.knownIssue(simKnownDeadForgotten, "%s; routed under %s", what, simRoute(e.rec.Cached()))
 	case !c.coveredBefore(e):
 		c.knownIssue(simKnownDLQRace, "%s; no dead-letter record covered it when it was routed", what)
 	default:
@@ -410,7 +410,7 @@ func (c *simChecker) delivered(e *simEntry) {
 			if last := c.lastFirst[e.group]; last != nil && e.seq < last.seq {
 				if c.routedAfterDeadLetter(e) {
 					c.knownIssue(simKnownDeadForgotten, "%s's seq %d is consumed (%v) after its seq %d (%v); it was dead-lettered and routed under %s",
-						e.group, e.seq, e, last.seq, last, simRoute(kvbinding.RouteOf(e.rec)))
+						e.group, e.seq, e, last.seq, last, simRoute(e.rec.Cached()))
 					return
 				}
 				if at, ok := c.resumedEarly[last.node]; ok && at <= last.firstDelivery {
@@ -618,7 +618,7 @@ func (c *simChecker) unsettled() string {
 	for _, g := range sortedKeys(w.kv.recs) {
 		b := w.kv.recs[g]
 		if !b.Settled() && b.State != kvbinding.StateReleased && b.State != kvbinding.StateDeadLettered {
-			return fmt.Sprintf("the record of %q is %s", g, simRoute(kvbinding.RouteOf(b)))
+			return fmt.Sprintf("the record of %q is %s", g, simRoute(b.Cached()))
 		}
 	}
 	for _, n := range w.nodes {

@@ -203,7 +203,7 @@ func (h *simHandler) serve(proposer string, ps []proposals.Proposal, reply func(
 		if in.Op == proposals.OpDeadLetter {
 			env.IngressLast = uint64(len(w.ingress))
 		}
-		var cur *kvbinding.Route
+		var cur *kvbinding.Binding
 		if r, ok := h.host.cache.Lookup(p.Group); ok {
 			cur = &r
 		}
@@ -226,7 +226,7 @@ func (h *simHandler) serve(proposer string, ps []proposals.Proposal, reply func(
 
 // carryOut is Handler.carryOut: pause, then write, then settle. stored,
 // if not nil, is called when the write is stored.
-func (h *simHandler) carryOut(cur *kvbinding.Route, res proposals.Result, p proposals.Proposal, stored func(), done func(proposals.Decision)) {
+func (h *simHandler) carryOut(cur *kvbinding.Binding, res proposals.Result, p proposals.Proposal, stored func(), done func(proposals.Decision)) {
 	if res.Write == nil {
 		done(h.unwritten(cur, res, p))
 		return
@@ -267,7 +267,7 @@ func (h *simHandler) carryOut(cur *kvbinding.Route, res proposals.Result, p prop
 	pauseNext(0)
 }
 
-func (h *simHandler) unwritten(cur *kvbinding.Route, res proposals.Result, p proposals.Proposal) proposals.Decision {
+func (h *simHandler) unwritten(cur *kvbinding.Binding, res proposals.Result, p proposals.Proposal) proposals.Decision {
 	d := proposals.Decision{Group: p.Group, Outcome: res.Outcome}
 	if cur != nil {
 		d.Revision = cur.Revision
@@ -302,7 +302,7 @@ func (h *simHandler) settle(res proposals.Result, p proposals.Proposal, b kvbind
 	h.host.applyOwn(b)
 	d.Outcome, d.Revision = proposals.Accepted, b.Revision
 	if h.w.tracing {
-		h.w.logf(h.host.id, "handler wrote %q: %s", b.Group, simRoute(kvbinding.RouteOf(b)))
+		h.w.logf(h.host.id, "handler wrote %q: %s", b.Group, simRoute(b.Cached()))
 	}
 	return d
 }
@@ -385,7 +385,7 @@ func (h *simHandler) api(node string) time.Duration {
 func (h *simHandler) watchNodes() {
 	w := h.w
 	cache := h.host.cache
-	in := proposals.MonitorInput{Now: w.now(), Live: h.host.view.live, Owners: map[string]bool{}, Unsettled: map[string]kvbinding.Route{}}
+	in := proposals.MonitorInput{Now: w.now(), Live: h.host.view.live, Owners: map[string]bool{}, Unsettled: map[string]kvbinding.Binding{}}
 	for _, node := range cache.owners() {
 		in.Owners[node] = true
 	}
@@ -559,7 +559,7 @@ func (h *simHandler) apply(group string, in proposals.Input, live map[string]pro
 	if h.dead {
 		return
 	}
-	var cur *kvbinding.Route
+	var cur *kvbinding.Binding
 	if r, ok := h.host.cache.Lookup(group); ok {
 		cur = &r
 	}

@@ -62,7 +62,7 @@ func (n *simNode) handOverBatch() {
 // runSteps runs one batch of drain or catch-up steps and reports them.
 func (n *simNode) runSteps(jobs map[string]dutyJob) {
 	w := n.w
-	routes := map[string]kvbinding.Route{}
+	routes := map[string]kvbinding.Binding{}
 	var duty proposals.Duty
 	for _, g := range sortedKeys(jobs) {
 		route, _ := n.cache.Lookup(g)
@@ -161,7 +161,7 @@ type simFound struct {
 // simDrain is one drainQueues call.
 type simDrain struct {
 	n       *simNode
-	routes  map[string]kvbinding.Route
+	routes  map[string]kvbinding.Binding
 	byNode  map[string]map[string]bool
 	byGroup map[string][]simFound
 	seen    map[string]map[uint64]bool
@@ -170,7 +170,7 @@ type simDrain struct {
 	done    func(map[string]int, error)
 }
 
-func (n *simNode) drainQueues(routes map[string]kvbinding.Route, done func(map[string]int, error)) {
+func (n *simNode) drainQueues(routes map[string]kvbinding.Binding, done func(map[string]int, error)) {
 	finished := false
 	d := &simDrain{n: n, routes: routes, byNode: map[string]map[string]bool{}, byGroup: map[string][]simFound{},
 		seen: map[string]map[uint64]bool{}, moved: map[string]int{}}
@@ -459,19 +459,15 @@ func (n *simNode) moveGroup(group string, found []simFound, rev uint64, canceled
 
 // catchUp routes, from the ingress, the groups' messages from their fence
 // up to where the lanes take over, skipping what the drain moved.
-func (n *simNode) catchUp(routes map[string]kvbinding.Route, done func(map[string]int, error)) {
+func (n *simNode) catchUp(routes map[string]kvbinding.Binding, done func(map[string]int, error)) {
 	w := n.w
 	type span struct{ from, until uint64 }
 	spans := map[string]span{}
 	for _, g := range sortedKeys(routes) {
-		spans[g] = span{from: routes[g].FromSeq, until: n.eng.takeoverFrom(g)}
-	}
-	for _, g := range sortedKeys(spans) {
-		s := spans[g]
-		if t := n.movedThrough[g]; t >= s.from {
-			s.from = t + 1
-			spans[g] = s
-		}
+		var s span
+		// The sim's node keeps no catch-up progress of its own (caught).
+		s.from, s.until = catchUpSpan(routes[g], n.eng.takeoverFrom(g), n.movedThrough[g], 0)
+		spans[g] = s
 		delete(n.movedThrough, g)
 	}
 	var lo, hi uint64

@@ -223,7 +223,7 @@ func (n *simNode) notify(group string) {
 	n.w.after(n.w.between(10*time.Microsecond, 200*time.Microsecond), step)
 }
 
-func simRoute(r kvbinding.Route) string {
+func simRoute(r kvbinding.Binding) string {
 	s := fmt.Sprintf("%s node=%s from=%d through=%d prev=%s rev=%d", r.State, r.Node, r.FromSeq, r.ThroughSeq, r.PrevNode, r.Revision)
 	if r.Step != kvbinding.StepNone {
 		s += fmt.Sprintf(" step=%s drain=%v", r.Step, r.Drain)

@@ -136,19 +136,19 @@ func (kv *simKV) write(b kvbinding.Binding, create bool, rev uint64, ended bool)
 // kvbinding.Cache rules: a revision already held is not applied again.
 // It implements the engine's records interface (with Count).
 type simCache struct {
-	m        map[string]kvbinding.Route
+	m        map[string]kvbinding.Binding
 	watchRev uint64
 }
 
 func newSimCache(kv *simKV) *simCache {
-	c := &simCache{m: make(map[string]kvbinding.Route, len(kv.recs)), watchRev: kv.rev}
+	c := &simCache{m: make(map[string]kvbinding.Binding, len(kv.recs)), watchRev: kv.rev}
 	for g, b := range kv.recs {
-		c.m[g] = kvbinding.RouteOf(b)
+		c.m[g] = b.Cached()
 	}
 	return c
 }
 
-func (c *simCache) Lookup(group string) (kvbinding.Route, bool) {
+func (c *simCache) Lookup(group string) (kvbinding.Binding, bool) {
 	r, ok := c.m[group]
 	return r, ok
 }
@@ -176,7 +176,7 @@ func (c *simCache) apply(b kvbinding.Binding, fromWatch bool) bool {
 	if old, had := c.m[b.Group]; had && old.Revision >= b.Revision {
 		return false
 	}
-	c.m[b.Group] = kvbinding.RouteOf(b)
+	c.m[b.Group] = b.Cached()
 	return true
 }
 

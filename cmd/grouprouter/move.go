@@ -327,27 +327,7 @@ func (o moveOptions) doneBy(cur, written kvbinding.Binding) (bool, error) {
 }
 
 // describeRecord says in words where a group's record stands.
-func describeRecord(b kvbinding.Binding) string {
-	switch b.State {
-	case "":
-		return "the group has no binding"
-	case kvbinding.StateMoving:
-		if b.Node == "" {
-			return fmt.Sprintf("the group is still being unbound (%s releases it)", b.PrevNode)
-		}
-		return fmt.Sprintf("the group is still moving (%s hands it over to %s)", b.PrevNode, b.Node)
-	case kvbinding.StateBound:
-		if b.Step != kvbinding.StepNone {
-			return fmt.Sprintf("the group is bound to %s, which is still taking it over from %s (step %s)", b.Node, orDash(b.PrevNode), b.Step)
-		}
-		return fmt.Sprintf("the group is bound to %s", b.Node)
-	case kvbinding.StateReleased:
-		return fmt.Sprintf("the group is released (%s routed it up to ingress sequence %d)", orDash(b.PrevNode), b.ThroughSeq)
-	case kvbinding.StateDeadLettered:
-		return fmt.Sprintf("the group's messages up to ingress sequence %d were dead-lettered", b.ThroughSeq)
-	}
-	return fmt.Sprintf("the group's record is in state %q", b.State)
-}
+func describeRecord(b kvbinding.Binding) string { return b.Describe() }
 
 // print writes the record (nil: the group has none) as JSON or as a table
 // with a note; final says whether it is the outcome of --wait.

@@ -59,7 +59,7 @@ type moveWatch struct {
 // record shows the group's record as read now.
 func (w *moveWatch) record(b kvbinding.Binding) {
 	w.cur = b
-	if b.State == kvbinding.StateBound && b.Step == kvbinding.StepDrain {
+	if b.Phase() == kvbinding.PhaseDraining {
 		w.drain = b.Drain
 	}
 	w.render()
@@ -101,12 +101,12 @@ func (w *moveWatch) render() {
 // when a progress event says so (events arrive before the next read).
 func (w *moveWatch) stage() int {
 	st := 0
-	switch b := w.cur; {
-	case b.State == kvbinding.StateMoving:
+	switch w.cur.Phase() {
+	case kvbinding.PhaseMoving:
 		st = stageMoving
-	case b.State == kvbinding.StateBound && b.Step == kvbinding.StepDrain:
+	case kvbinding.PhaseDraining:
 		st = stageDrain
-	case b.State == kvbinding.StateBound && b.Step == kvbinding.StepCatchUp:
+	case kvbinding.PhaseCatchingUp:
 		st = stageCatchUp
 	}
 	if _, ok := w.steps[string(kvbinding.StepDrain)]; ok && st < stageDrain {

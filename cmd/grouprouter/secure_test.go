@@ -155,7 +155,18 @@ func TestTLS(t *testing.T) {
 	stderr, stop := startCommand(t, append([]string{"run", "--nats", srv.URL(), "--node", "n1"}, tlsArgs...)...)
 	waitRegistry(t, srv.URL(), stderr, nats.RootCAs(certs.CA), nats.ClientCert(certs.ClientCert, certs.ClientKey))
 
-	code, out, errOut := runCommand(t, append([]string{"nodes", "--nats", srv.URL()}, tlsArgs...)...)
+	// The node's first announcement may come a heartbeat after the
+	// bucket exists (later on a loaded machine): look until it is there.
+	var (
+		code        int
+		out, errOut string
+	)
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+		code, out, errOut = runCommand(t, append([]string{"nodes", "--nats", srv.URL()}, tlsArgs...)...)
+		if code != exitOK || strings.Contains(out, "n1") || time.Now().After(deadline) {
+			break
+		}
+	}
 	if code != exitOK || !strings.Contains(out, "n1") {
 		t.Errorf("nodes: exit %d, stdout %q, stderr %q", code, out, errOut)
 	}

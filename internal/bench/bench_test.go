@@ -112,7 +112,7 @@ func BenchmarkTransition(b *testing.B) {
 		}
 	})
 	b.Run("bound group", func(b *testing.B) {
-		existing := &kvbinding.Route{State: kvbinding.StateBound, Node: "n0", FromSeq: 3, Revision: 9}
+		existing := &kvbinding.Binding{State: kvbinding.StateBound, Node: "n0", FromSeq: 3, Revision: 9}
 		b.ReportAllocs()
 		for b.Loop() {
 			proposals.Transition("order-1", existing, proposals.Input{Op: proposals.OpBind, By: "n2", Node: "n1", Seq: 7}, proposals.Env{Now: now, Handler: "h/n0", Live: live})

@@ -322,7 +322,7 @@ func (d *run) step(ctx context.Context, now time.Time) {
 // have its share.
 func (d *run) pickRebalance() []string {
 	byNode := map[string][]string{}
-	d.w.cache.Each(func(g string, r kvbinding.Route) bool {
+	d.w.cache.Each(func(g string, r kvbinding.Binding) bool {
 		if r.Settled() {
 			byNode[r.Node] = append(byNode[r.Node], g)
 		}
