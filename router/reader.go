@@ -74,6 +74,12 @@ type ingressReader struct {
 	cleanup   sync.WaitGroup  // deletions of replaced consumers
 	onCreated func()          // called after each consumer creation
 	onReset   func(cause int) // called when a consumer is replaced: an index of resetCauses
+	// onGap is called with the sequences a delivery skipped (gone from
+	// the stream: expired, removed, lost), at or after gapsFrom; gapsFrom
+	// 0 means from the first delivery (no checkpoint: what came before
+	// was never this reader's to miss).
+	onGap    func(from, to uint64)
+	gapsFrom uint64
 }
 
 // Why the reader replaces its consumer (the metric's reason label).
@@ -194,6 +200,12 @@ func (rd *ingressReader) take(ctx context.Context, m *nats.Msg, batch []ingressM
 	rd.cseq = d.ConsumerSeq
 	if d.StreamSeq < rd.next {
 		return batch // already delivered (cannot happen on a fresh consumer; cheap to check)
+	}
+	if rd.gapsFrom == 0 {
+		rd.gapsFrom = d.StreamSeq
+	}
+	if lo, hi, ok := missedRange(rd.next, rd.gapsFrom, d.StreamSeq); ok && rd.onGap != nil {
+		rd.onGap(lo, hi)
 	}
 	rd.next = d.StreamSeq + 1
 	return append(batch, ingressMsg{seq: d.StreamSeq, msg: m})
