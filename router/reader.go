@@ -313,6 +313,7 @@ func (rd *ingressReader) reset(ctx context.Context, cause int, why string) bool 
 		case <-time.After(min(time.Duration(attempt)*100*time.Millisecond, time.Second)):
 		}
 	}
+	rd.checkRewind(ctx)
 	rd.consumer = cfg.Name
 	rd.pullSubj = rd.apiPrefix + "CONSUMER.MSG.NEXT." + rd.stream + "." + cfg.Name
 	rd.gen++
@@ -322,6 +323,31 @@ func (rd *ingressReader) reset(ctx context.Context, cause int, why string) bool 
 		rd.onCreated()
 	}
 	return true
+}
+
+// checkRewind reports, as a gap, the sequences between the stream's last
+// one and the next to read when the stream went back below what was read
+// (its servers lost acknowledged messages and their sequence numbers): a
+// consumer starting past the stream's end waits for the stream to get
+// there, so the messages stored at those sequences again are never read.
+func (rd *ingressReader) checkRewind(ctx context.Context) {
+	if rd.onGap == nil || rd.next <= 1 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	s, err := rd.js.Stream(ctx, rd.stream)
+	if err != nil {
+		rd.log.Debug("ingress stream info not read after a consumer creation", "err", err)
+		return
+	}
+	last := s.CachedInfo().State.LastSeq
+	if lo, hi, ok := missedRange(last+1, 0, rd.next); ok {
+		rd.log.Error("the ingress stream's last sequence is behind what this node has read: the servers lost acknowledged messages; "+
+			"the messages stored at the sequences up to this node's position will not be read by it (a restart re-reads from the queue's duplicate window)",
+			"stream_last", last, "next", rd.next)
+		rd.onGap(lo, hi)
+	}
 }
 
 // deleteConsumer deletes the current consumer in the background (it would

@@ -35,6 +35,11 @@ func TestIngressReaderRecreatesItsConsumer(t *testing.T) {
 		if _, err := js.PublishAsync("in.x", []byte(strconv.Itoa(i+1))); err != nil {
 			t.Fatal(err)
 		}
+		if i%1000 == 999 {
+			// Under nats.go's bound of pending publishes (4000), past
+			// which a loaded machine stalls the publish with an error.
+			<-js.PublishAsyncComplete()
+		}
 	}
 	<-js.PublishAsyncComplete()
 
@@ -162,4 +167,30 @@ func TestIngressReaderReportsGaps(t *testing.T) {
 			}
 		})
 	}
+	// A position past the stream's end: the stream went back (its servers
+	// lost messages and their sequences); the sequences up to the position
+	// are reported when the consumer is created.
+	t.Run("stream behind the position", func(t *testing.T) {
+		rd := newIngressReader(js, "IN", "", slog.New(slog.DiscardHandler))
+		gaps := make(chan [2]uint64, 4)
+		rd.onGap, rd.gapsFrom = func(from, to uint64) { gaps <- [2]uint64{from, to} }, 30
+		rctx, stop := context.WithCancel(ctx)
+		defer stop()
+		done := make(chan error, 1)
+		go func() { done <- rd.run(rctx, 30, func([]ingressMsg) {}) }()
+		select {
+		case g := <-gaps:
+			if g != [2]uint64{21, 29} {
+				t.Errorf("gap %v, want [21 29]", g)
+			}
+		case err := <-done:
+			t.Fatalf("reader ended: %v", err)
+		case <-ctx.Done():
+			t.Fatal("no gap reported")
+		}
+		stop()
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+	})
 }
