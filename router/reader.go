@@ -80,6 +80,7 @@ type ingressReader struct {
 	// was never this reader's to miss).
 	onGap    func(from, to uint64)
 	gapsFrom uint64
+	rewound  uint64 // the position a stream behind it was last reported at
 }
 
 // Why the reader replaces its consumer (the metric's reason label).
@@ -331,8 +332,8 @@ func (rd *ingressReader) reset(ctx context.Context, cause int, why string) bool 
 // consumer starting past the stream's end waits for the stream to get
 // there, so the messages stored at those sequences again are never read.
 func (rd *ingressReader) checkRewind(ctx context.Context) {
-	if rd.onGap == nil || rd.next <= 1 {
-		return
+	if rd.onGap == nil || rd.next <= 1 || rd.next == rd.rewound {
+		return // (reported once per position, not at every re-creation)
 	}
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
@@ -346,6 +347,7 @@ func (rd *ingressReader) checkRewind(ctx context.Context) {
 		rd.log.Error("the ingress stream's last sequence is behind what this node has read: the servers lost acknowledged messages; "+
 			"the messages stored at the sequences up to this node's position will not be read by it (a restart re-reads from the queue's duplicate window)",
 			"stream_last", last, "next", rd.next)
+		rd.rewound = rd.next
 		rd.onGap(lo, hi)
 	}
 }

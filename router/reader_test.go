@@ -174,6 +174,8 @@ func TestIngressReaderReportsGaps(t *testing.T) {
 		rd := newIngressReader(js, "IN", "", slog.New(slog.DiscardHandler))
 		gaps := make(chan [2]uint64, 4)
 		rd.onGap, rd.gapsFrom = func(from, to uint64) { gaps <- [2]uint64{from, to} }, 30
+		created := make(chan struct{}, 16)
+		rd.onCreated = func() { created <- struct{}{} }
 		rctx, stop := context.WithCancel(ctx)
 		defer stop()
 		done := make(chan error, 1)
@@ -187,6 +189,21 @@ func TestIngressReaderReportsGaps(t *testing.T) {
 			t.Fatalf("reader ended: %v", err)
 		case <-ctx.Done():
 			t.Fatal("no gap reported")
+		}
+		// Once per position: a re-created consumer does not report it again.
+		<-created
+		for info := range st.ListConsumers(ctx).Info() {
+			_ = js.DeleteConsumer(ctx, "IN", info.Name)
+		}
+		select {
+		case <-created:
+		case <-ctx.Done():
+			t.Fatal("the consumer was not re-created")
+		}
+		select {
+		case g := <-gaps:
+			t.Errorf("gap %v reported again after a re-creation", g)
+		default:
 		}
 		stop()
 		if err := <-done; err != nil {
