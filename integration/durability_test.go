@@ -112,6 +112,66 @@ func TestIngressLostWritesAfterRestart(t *testing.T) {
 	}
 }
 
+// TestIngressRewoundUnderARunningNode: a server restarts from a store that
+// lost its writes and its index (what a power loss can leave): the ingress
+// starts again below what a running node has read, and would store new
+// messages under sequences the node has passed. The node notices when it
+// re-creates its ingress consumer: it counts and logs the sequences it will
+// not read.
+func TestIngressRewoundUnderARunningNode(t *testing.T) {
+	s := natstest.RunServer(t)
+	logs := &lockedBuffer{}
+	cfg := testConfig("n0", router.Local)
+	var w io.Writer = logs
+	level := slog.LevelError
+	if os.Getenv("GROUPROUTER_TEST_LOG") != "" {
+		w, level = io.MultiWriter(logs, os.Stderr), slog.LevelDebug
+	}
+	cfg.Logger = slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: level}))
+	n0 := startNode(t, s.URL(), cfg)
+	var c collector
+	startConsumer(t, s.URL(), "n0", &c)
+	nc := s.Connect()
+	waitEligible(t, nc, []string{"n0"}, []string{"n0"})
+	js, _ := jetstream.New(nc)
+	want := map[string][]string{}
+	sendBatch(t, js, "a", "before", 10, want) // ingress 1-10, read by n0
+	checkGrouping(t, c.waitCount(t, 10, 20*time.Second), want)
+
+	dir := filepath.Join(s.Server().StoreDir(), "$G", "streams", router.IngressStream, "msgs")
+	s.Stop()
+	// Every block emptied and the index gone: nothing says sequences 1-10 existed.
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range ents {
+		switch name := filepath.Join(dir, e.Name()); {
+		case strings.HasSuffix(e.Name(), ".blk"):
+			if err := os.Truncate(name, 0); err != nil {
+				t.Fatal(err)
+			}
+		case e.Name() == "index.db":
+			if err := os.Remove(name); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	s.Restart()
+	if st := streamState(t, js, router.IngressStream); st.LastSeq != 0 {
+		t.Fatalf("after the loss the ingress's last sequence is %d, want 0 (the loss this test needs)", st.LastSeq)
+	}
+	natstest.Eventually(t, 30*time.Second, func() error {
+		if st := n0.r.Stats(); st.IngressMissing != 10 || st.IngressGaps != 1 {
+			return fmt.Errorf("Stats: %d gaps, %d messages missing; want 1 of 10", st.IngressGaps, st.IngressMissing)
+		}
+		return nil
+	})
+	if l := logs.String(); !strings.Contains(l, "last sequence is behind what this node has read") || !strings.Contains(l, "stream_last=0 next=11") {
+		t.Errorf("no error logged about the ingress going back; the node's log:\n%s", l)
+	}
+}
+
 // lastBlock returns the path and size of the highest-numbered message
 // block in a file store's msgs directory.
 func lastBlock(t testing.TB, dir string) (string, int64) {
