@@ -26,6 +26,7 @@ const (
 	EventClose           = "close"      // a group was closed by a Group-Seq: -1 message
 	EventUnbind          = "unbind"     // a group's binding was released by an operator
 	EventProgress        = "progress"   // how far a node is in a long takeover step (drain, catch-up)
+	EventIngressGap      = "gap"        // ingress messages were gone before a node read them (expired, removed, lost)
 )
 
 // Event is the JSON body published on SubjectEventsPrefix + Kind.

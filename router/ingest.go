@@ -39,6 +39,8 @@ func (r *Router) read(ctx context.Context) error {
 	rd := newIngressReader(r.js, IngressStream, r.cfg.JSDomain, r.log)
 	rd.onCreated = func() { r.readerUp.Store(true) }
 	rd.onReset = func(cause int) { r.readerResets[cause].Add(1) }
+	rd.onGap, rd.gapsFrom = r.loss.note, r.eng.resume.ckpt.Next
+	defer r.loss.close()
 	defer r.readerUp.Store(false)
 	var recs []ingested
 	return rd.run(ctx, r.eng.resume.start(), func(batch []ingressMsg) {

@@ -67,7 +67,7 @@ type collector struct {
 
 	info, ready, reconnects                                           *prometheus.Desc
 	routed, skipped, deadLettered, publishErrors, proposals, failures *prometheus.Desc
-	held, heldBytes, lag, full, resets                                *prometheus.Desc
+	held, heldBytes, lag, full, resets, gaps, missing                 *prometheus.Desc
 	invalid, records, unsettled                                       *prometheus.Desc
 	liveNodes, bindings, consumer, backlog                            *prometheus.Desc
 }
@@ -98,6 +98,10 @@ func newCollector(r *Router) *collector {
 		resets: d("ingress_consumer_resets_total",
 			"Re-creations of this node's ingress consumer, by reason: gap (a delivery lost), status (the server dropped the consumer), heartbeat (silence), reconnect.",
 			"reason"),
+		gaps: d("ingress_gaps_total",
+			"Gaps in the ingress stream this node read over: messages gone before it read them (expired by max age, removed, or lost by a server)."),
+		missing: d("ingress_missing_messages_total",
+			"Ingress messages in those gaps: never read by this node, so not routed by it."),
 
 		invalid:   d("invalid_records_ignored_total", "Binding records the cache ignored as invalid."),
 		records:   d("binding_records", "Records in this node's binding cache, ended ones included."),
@@ -115,7 +119,7 @@ func newCollector(r *Router) *collector {
 // Describe implements prometheus.Collector.
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.info, c.ready, c.reconnects, c.routed, c.skipped, c.deadLettered,
-		c.publishErrors, c.proposals, c.failures, c.held, c.heldBytes, c.lag, c.full, c.resets, c.invalid, c.records, c.unsettled,
+		c.publishErrors, c.proposals, c.failures, c.held, c.heldBytes, c.lag, c.full, c.resets, c.gaps, c.missing, c.invalid, c.records, c.unsettled,
 		c.liveNodes, c.bindings, c.consumer, c.backlog} {
 		ch <- d
 	}
@@ -155,6 +159,8 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	for i, reason := range resetCauses {
 		counter(c.resets, r.readerResets[i].Load(), reason)
 	}
+	counter(c.gaps, st.IngressGaps)
+	counter(c.missing, st.IngressMissing)
 
 	cache := r.cache
 	counter(c.invalid, cache.Ignored())

@@ -74,6 +74,13 @@ type ingressReader struct {
 	cleanup   sync.WaitGroup  // deletions of replaced consumers
 	onCreated func()          // called after each consumer creation
 	onReset   func(cause int) // called when a consumer is replaced: an index of resetCauses
+	// onGap is called with the sequences a delivery skipped (gone from
+	// the stream: expired, removed, lost), at or after gapsFrom; gapsFrom
+	// 0 means from the first delivery (no checkpoint: what came before
+	// was never this reader's to miss).
+	onGap    func(from, to uint64)
+	gapsFrom uint64
+	rewound  uint64 // the position a stream behind it was last reported at
 }
 
 // Why the reader replaces its consumer (the metric's reason label).
@@ -195,6 +202,12 @@ func (rd *ingressReader) take(ctx context.Context, m *nats.Msg, batch []ingressM
 	if d.StreamSeq < rd.next {
 		return batch // already delivered (cannot happen on a fresh consumer; cheap to check)
 	}
+	if rd.gapsFrom == 0 {
+		rd.gapsFrom = d.StreamSeq
+	}
+	if lo, hi, ok := missedRange(rd.next, rd.gapsFrom, d.StreamSeq); ok && rd.onGap != nil {
+		rd.onGap(lo, hi)
+	}
 	rd.next = d.StreamSeq + 1
 	return append(batch, ingressMsg{seq: d.StreamSeq, msg: m})
 }
@@ -301,6 +314,7 @@ func (rd *ingressReader) reset(ctx context.Context, cause int, why string) bool 
 		case <-time.After(min(time.Duration(attempt)*100*time.Millisecond, time.Second)):
 		}
 	}
+	rd.checkRewind(ctx)
 	rd.consumer = cfg.Name
 	rd.pullSubj = rd.apiPrefix + "CONSUMER.MSG.NEXT." + rd.stream + "." + cfg.Name
 	rd.gen++
@@ -310,6 +324,32 @@ func (rd *ingressReader) reset(ctx context.Context, cause int, why string) bool 
 		rd.onCreated()
 	}
 	return true
+}
+
+// checkRewind reports, as a gap, the sequences between the stream's last
+// one and the next to read when the stream went back below what was read
+// (its servers lost acknowledged messages and their sequence numbers): a
+// consumer starting past the stream's end waits for the stream to get
+// there, so the messages stored at those sequences again are never read.
+func (rd *ingressReader) checkRewind(ctx context.Context) {
+	if rd.onGap == nil || rd.next <= 1 || rd.next == rd.rewound {
+		return // (reported once per position, not at every re-creation)
+	}
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	s, err := rd.js.Stream(ctx, rd.stream)
+	if err != nil {
+		rd.log.Debug("ingress stream info not read after a consumer creation", "err", err)
+		return
+	}
+	last := s.CachedInfo().State.LastSeq
+	if lo, hi, ok := missedRange(last+1, 0, rd.next); ok {
+		rd.log.Error("the ingress stream's last sequence is behind what this node has read: the servers lost acknowledged messages; "+
+			"the messages stored at the sequences up to this node's position will not be read by it (a restart re-reads from the queue's duplicate window)",
+			"stream_last", last, "next", rd.next)
+		rd.rewound = rd.next
+		rd.onGap(lo, hi)
+	}
 }
 
 // deleteConsumer deletes the current consumer in the background (it would

@@ -2,6 +2,7 @@ package router
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"strconv"
 	"testing"
@@ -97,4 +98,111 @@ func TestIngressReaderRecreatesItsConsumer(t *testing.T) {
 			}
 		}
 	}
+}
+
+// TestIngressReaderReportsGaps: messages removed from the stream before
+// the reader reaches them are reported as gaps, from the start it was
+// given; without one (gapsFrom 0), what lies before its first delivery is
+// not.
+func TestIngressReaderReportsGaps(t *testing.T) {
+	s := natstest.RunServer(t)
+	js, err := jetstream.New(s.Connect())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	st, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "IN", Subjects: []string{"in.>"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 1; i <= 20; i++ {
+		if _, err := js.Publish(ctx, "in.x", []byte(strconv.Itoa(i))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, seq := range []uint64{1, 2, 5, 6, 12, 20} {
+		if err := st.DeleteMsg(ctx, seq); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, tt := range []struct {
+		name            string
+		start, gapsFrom uint64
+		want            [][2]uint64
+	}{
+		{"from a checkpoint at 1", 1, 1, [][2]uint64{{1, 2}, {5, 6}, {12, 12}}},
+		{"from a checkpoint at 4", 4, 4, [][2]uint64{{5, 6}, {12, 12}}},
+		{"checkpoint next past pending ranges", 4, 10, [][2]uint64{{12, 12}}},
+		{"no checkpoint", 1, 0, [][2]uint64{{5, 6}, {12, 12}}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			rd := newIngressReader(js, "IN", "", slog.New(slog.DiscardHandler))
+			var gaps [][2]uint64
+			rd.onGap, rd.gapsFrom = func(from, to uint64) { gaps = append(gaps, [2]uint64{from, to}) }, tt.gapsFrom
+			rctx, stop := context.WithCancel(ctx)
+			done := make(chan error, 1)
+			go func() {
+				done <- rd.run(rctx, tt.start, func(batch []ingressMsg) {
+					if batch[len(batch)-1].seq >= 19 {
+						stop()
+					}
+				})
+			}()
+			select {
+			case err := <-done:
+				if err != nil {
+					t.Fatal(err)
+				}
+			case <-ctx.Done():
+				t.Fatal("the reader did not reach sequence 19")
+			}
+			if fmt.Sprint(gaps) != fmt.Sprint(tt.want) {
+				t.Errorf("gaps %v, want %v", gaps, tt.want)
+			}
+		})
+	}
+	// A position past the stream's end: the stream went back (its servers
+	// lost messages and their sequences); the sequences up to the position
+	// are reported when the consumer is created.
+	t.Run("stream behind the position", func(t *testing.T) {
+		rd := newIngressReader(js, "IN", "", slog.New(slog.DiscardHandler))
+		gaps := make(chan [2]uint64, 4)
+		rd.onGap, rd.gapsFrom = func(from, to uint64) { gaps <- [2]uint64{from, to} }, 30
+		created := make(chan struct{}, 16)
+		rd.onCreated = func() { created <- struct{}{} }
+		rctx, stop := context.WithCancel(ctx)
+		defer stop()
+		done := make(chan error, 1)
+		go func() { done <- rd.run(rctx, 30, func([]ingressMsg) {}) }()
+		select {
+		case g := <-gaps:
+			if g != [2]uint64{21, 29} {
+				t.Errorf("gap %v, want [21 29]", g)
+			}
+		case err := <-done:
+			t.Fatalf("reader ended: %v", err)
+		case <-ctx.Done():
+			t.Fatal("no gap reported")
+		}
+		// Once per position: a re-created consumer does not report it again.
+		<-created
+		for info := range st.ListConsumers(ctx).Info() {
+			_ = js.DeleteConsumer(ctx, "IN", info.Name)
+		}
+		select {
+		case <-created:
+		case <-ctx.Done():
+			t.Fatal("the consumer was not re-created")
+		}
+		select {
+		case g := <-gaps:
+			t.Errorf("gap %v reported again after a re-creation", g)
+		default:
+		}
+		stop()
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+	})
 }

@@ -43,6 +43,12 @@ type Stats struct {
 	// timeout, or found no handler answering.
 	DecisionTimeouts uint64
 	NoHandler        uint64
+
+	// IngressGaps counts the gaps in the ingress stream this node read
+	// over, and IngressMissing the messages in them: gone before the node
+	// read them (expired, removed, or lost by a server), so not routed by it.
+	IngressGaps    uint64
+	IngressMissing uint64
 }
 
 // Router is one grouprouter node. Create it with New and start it with Run.
@@ -96,6 +102,7 @@ type Router struct {
 	fullNanos    atomic.Int64
 	fullSince    atomic.Int64 // unix nanos the current wait began; 0: not waiting
 	readerResets [len(resetCauses)]atomic.Uint64
+	loss         ingressLoss // ingress messages gone before the reader saw them (loss.go)
 	stopped      atomic.Bool // Run returned
 	ingressInfo  ingressInfo
 
@@ -146,6 +153,7 @@ func New(nc *nats.Conn, cfg Config) (*Router, error) {
 	r.warnNoDecision = logagg.New(r.log, "no routing decision; the group waits and is retried", logagg.DefaultEvery)
 	r.warnDeadLettered = logagg.New(r.log, "group dead-lettered", logagg.DefaultEvery)
 	r.warnLapsed = logagg.New(r.log, "moving messages the old consumer was delivered and did not ack: it made no progress for its ack wait; it may still process them (the epoch tells the copies apart)", logagg.DefaultEvery)
+	r.loss.log, r.loss.nc, r.loss.node, r.loss.lim.every = r.log, nc, cfg.Node, gapReportEvery
 	if cfg.Metrics != nil {
 		if err := r.registerMetrics(cfg.Metrics); err != nil {
 			return nil, fmt.Errorf("grouping: registering metrics: %w", err)
@@ -185,6 +193,7 @@ func (r *Router) Stats() Stats {
 		DecisionErrors: e.stats.decisionErrors, PublishErrors: e.stats.publishErrors, Proposals: e.stats.asked,
 		DecisionTimeouts: e.stats.timeouts, NoHandler: e.stats.noHandler,
 		Held: e.heldMsgs, HeldBytes: e.heldBytes, Position: e.position(),
+		IngressGaps: r.loss.gaps.Load(), IngressMissing: r.loss.missing.Load(),
 	}
 }
 

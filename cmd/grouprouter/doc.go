@@ -15,6 +15,7 @@
 //	                [--rebalance-rate 4] [--rebalance-cool-down 30s]
 //	                [--log-level debug|info|warn|error] [--log-json]
 //	                [--listen HOST:PORT] [--store-dir DIR] [--server-config FILE]
+//	                [--sync always|DURATION]
 //	                [--http HOST:PORT]
 //	grouprouter bindings [CONNECTION] [--all] [--json]
 //	grouprouter groups [CONNECTION] [--node ID] [--state STATE] [--json]
@@ -61,7 +62,11 @@
 // under --store-dir (default: the user's data directory + /grouprouter),
 // configured by the nats-server file --server-config if given (its users,
 // TLS, ...; --listen and --store-dir override it); listening beyond
-// loopback without authentication is refused. run waits for NATS as long
+// loopback without authentication is refused. --sync (default always) is
+// its fsync policy: always writes every message to disk before its PubAck;
+// a DURATION flushes in the background that often, so that an OS crash or
+// a power loss loses what was acknowledged since the last flush; a
+// sync_interval in --server-config stands unless --sync is given. run waits for NATS as long
 // as it takes: started before its server or with its cluster, it logs what
 // it waits for and goes on when NATS answers; refused credentials, a
 // denied permission, JetStream disabled for the account or a conflicting

@@ -15,6 +15,7 @@ import (
 
 	"github.com/nats-io/nats-server/v2/server"
 
+	"grouprouter/internal/localnats"
 	"grouprouter/router"
 )
 
@@ -41,9 +42,11 @@ type embeddedServer struct {
 // nats-server itself: users, TLS, accounts, ...), with JetStream on, the
 // listen address (HOST:PORT, port 0 picks a free one) when listenSet or
 // the file sets none, and the store directory when storeDirSet or the file
-// sets none. It refuses (router.ErrConfig) a server listening beyond
-// loopback without authentication. It reads the file only.
-func embeddedOptions(listen string, listenSet bool, storeDir string, storeDirSet bool, configFile string) (*server.Options, error) {
+// sets none, and the fsync policy sync when syncSet or the file sets none
+// (its sync_interval). It refuses (router.ErrConfig) a server listening
+// beyond loopback without authentication. It reads the file only.
+func embeddedOptions(listen string, listenSet bool, storeDir string, storeDirSet bool, configFile string,
+	sync localnats.Sync, syncSet bool) (*server.Options, error) {
 	o := &server.Options{}
 	if configFile != "" {
 		var err error
@@ -73,6 +76,9 @@ func embeddedOptions(listen string, listenSet bool, storeDir string, storeDirSet
 	}
 	if storeDirSet || o.StoreDir == "" {
 		o.StoreDir = storeDir
+	}
+	if syncSet || localnats.SyncOf(o) == (localnats.Sync{}) {
+		sync.Apply(o)
 	}
 	if o.ServerName == "" {
 		o.ServerName = embeddedServerName
@@ -161,8 +167,20 @@ func startEmbedded(o *server.Options, log *slog.Logger) (*embeddedServer, error)
 	e := &embeddedServer{srv: srv, url: "nats://" + net.JoinHostPort(clientHost, strconv.Itoa(port))}
 	log.Info("embedded NATS server started; other nodes and clients join it with --nats "+e.url,
 		"url", e.url, "listen", net.JoinHostPort(host, strconv.Itoa(port)), "store_dir", o.StoreDir, "server_name", o.ServerName,
-		"auth", hasClientAuth(o), "tls", o.TLSConfig != nil)
+		"auth", hasClientAuth(o), "tls", o.TLSConfig != nil, "sync", embeddedSync(o))
+	if !o.SyncAlways {
+		log.Info("the embedded server flushes JetStream writes to disk every "+embeddedSync(o)+", not before each PubAck: "+
+			"an OS crash or power loss loses what was acknowledged since the last flush (--sync always prevents it)", "sync", embeddedSync(o))
+	}
 	return e, nil
+}
+
+// embeddedSync names o's fsync policy as --sync does.
+func embeddedSync(o *server.Options) string {
+	if s := localnats.SyncOf(o); s.Always || s.Interval > 0 {
+		return s.String()
+	}
+	return localnats.ServerDefaultSync.String()
 }
 
 // Close shuts the server down and waits until it has.

@@ -23,7 +23,7 @@ import (
 var eventKinds = []string{
 	proposals.EventBind, proposals.EventReject, proposals.EventTimeout, proposals.EventDeadLetter,
 	proposals.EventHandlerTakeover, proposals.EventMove, proposals.EventHandoff, proposals.EventExpire,
-	proposals.EventClose, proposals.EventUnbind, proposals.EventProgress,
+	proposals.EventClose, proposals.EventUnbind, proposals.EventProgress, proposals.EventIngressGap,
 }
 
 // eventsOptions is what the events subcommand was asked for.
@@ -207,7 +207,7 @@ func appendEventLine(buf []byte, e proposals.Event) []byte {
 		at = e.At.UTC().Format(timeLayout)
 	}
 	group := displayGroup(e.Group)
-	if e.Kind == proposals.EventHandlerTakeover {
+	if e.Kind == proposals.EventHandlerTakeover || e.Kind == proposals.EventIngressGap {
 		group = "-" // not about a group
 	}
 	if e.Kind == proposals.EventProgress && e.Groups > 1 {

@@ -248,6 +248,8 @@ func TestAppendEventLine(t *testing.T) {
 			"2026-11-30T05:31:14.314Z  progress    g                     n1->n2          step=drain count=120 total=400 groups=1 by=n2\n"},
 		{proposals.Event{Kind: "progress", Node: "n0", By: "n0", At: at, Step: "catchup", Count: 3000, Total: 3000, Groups: 66, Reason: "done"},
 			`2026-11-30T05:31:14.314Z  progress    (66 groups)           n0              step=catchup count=3000 total=3000 groups=66 by=n0 reason="done"` + "\n"},
+		{proposals.Event{Kind: "gap", Node: "n0", By: "n0", At: at, FromSeq: 91, Count: 10, Reason: "ingress sequences 91-100 missing"},
+			`2026-11-30T05:31:14.314Z  gap         -                     n0              seq=91 count=10 by=n0 reason="ingress sequences 91-100 missing"` + "\n"},
 	} {
 		if got := string(appendEventLine(nil, tt.e)); got != tt.want {
 			t.Errorf("%+v:\n got %q\nwant %q", tt.e, got, tt.want)

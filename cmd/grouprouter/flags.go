@@ -15,6 +15,7 @@ import (
 
 	"github.com/nats-io/nats-server/v2/server"
 
+	"grouprouter/internal/localnats"
 	"grouprouter/kvbinding"
 	"grouprouter/proposals"
 	"grouprouter/router"
@@ -31,6 +32,10 @@ const (
 	defaultLogLevel = "info"
 	defaultQueue    = router.QueuePinned
 	fallbackNode    = "grouprouter"
+	// defaultSync is the embedded server's fsync policy: every write on
+	// disk before its PubAck (what `grouprouter bench --sync always`
+	// measured it costs: README, Benchmarks).
+	defaultSync = "always"
 
 	// Group lifecycle defaults, as router.Config's (the group timeout's is never).
 	defaultReaperPeriod = 30 * time.Second
@@ -114,6 +119,7 @@ type runFlags struct {
 	logJSON      bool
 	listen       string
 	storeDir     string
+	sync         string
 	httpAddr     string
 }
 
@@ -171,6 +177,9 @@ func newRunFlags() *runFlags {
 	fs.BoolVar(&f.logJSON, "log-json", false, "log JSON lines instead of text")
 	fs.StringVar(&f.listen, "listen", defaultListen, "embedded server: listen on `HOST:PORT`")
 	fs.StringVar(&f.storeDir, "store-dir", "", "embedded server: JetStream store `DIR` (default: the user's data directory + /grouprouter)")
+	fs.StringVar(&f.sync, "sync", defaultSync,
+		"embedded server: fsync `POLICY`: always (every write is on disk before its PubAck) or a DURATION between background flushes "+
+			"(nats-server's default is 2m: an OS crash or power loss then loses what was acknowledged since the last flush); a --server-config sync_interval stands unless --sync is given")
 	fs.StringVar(&f.httpAddr, "http", "", "serve /metrics, /healthz, /readyz and the status page / on `HOST:PORT` (default: off)")
 	fs.StringVar(&f.serverConfig, "server-config", "",
 		"embedded server: nats-server configuration `FILE` (its users, TLS, ...); --listen and --store-dir override it; listening beyond loopback needs authentication in it")
@@ -328,7 +337,7 @@ func parseRunArgs(args []string, env environment) (runOptions, error) {
 	}
 
 	if opts.conn.URL != "" {
-		for _, embeddedOnly := range []string{"listen", "store-dir", "server-config"} {
+		for _, embeddedOnly := range []string{"listen", "store-dir", "server-config", "sync"} {
 			if set[embeddedOnly] {
 				return runOptions{}, fmt.Errorf("%w: --%s configures the embedded server, but %s names NATS servers to join; use one or the other",
 					router.ErrConfig, embeddedOnly, opts.conn.urlSource)
@@ -347,7 +356,11 @@ func parseRunArgs(args []string, env environment) (runOptions, error) {
 	} else if strings.TrimSpace(opts.storeDir) == "" {
 		return runOptions{}, fmt.Errorf("%w: --store-dir is empty", router.ErrConfig)
 	}
-	if opts.embedded, err = embeddedOptions(opts.listen, set["listen"], opts.storeDir, set["store-dir"], f.serverConfig); err != nil {
+	sync, err := localnats.ParseSync(f.sync)
+	if err != nil {
+		return runOptions{}, fmt.Errorf("%w: --sync %q: want always or a duration such as 1s", router.ErrConfig, f.sync)
+	}
+	if opts.embedded, err = embeddedOptions(opts.listen, set["listen"], opts.storeDir, set["store-dir"], f.serverConfig, sync, set["sync"]); err != nil {
 		return runOptions{}, err
 	}
 	opts.listen = net.JoinHostPort(opts.embedded.Host, strconv.Itoa(max(opts.embedded.Port, 0)))

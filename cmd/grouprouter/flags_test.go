@@ -299,6 +299,39 @@ func TestParseRunArgsConnection(t *testing.T) {
 	})
 }
 
+// TestParseRunArgsSync: the embedded server syncs every write by default;
+// --sync sets an interval; a --server-config sync_interval stands unless
+// --sync is given.
+func TestParseRunArgsSync(t *testing.T) {
+	interval := writeFile(t, "jetstream { sync_interval: 5s }\n")
+	always := writeFile(t, "jetstream { sync_interval: always }\n")
+	tests := []struct {
+		name       string
+		args       []string
+		wantAlways bool
+		wantEvery  time.Duration
+	}{
+		{"default", nil, true, 2 * time.Minute},
+		{"interval", []string{"--sync", "1s"}, false, time.Second},
+		{"always", []string{"--sync", "ALWAYS"}, true, 2 * time.Minute},
+		{"file's interval stands", []string{"--server-config", interval}, false, 5 * time.Second},
+		{"flag beats the file", []string{"--server-config", interval, "--sync", "always"}, true, 2 * time.Minute},
+		{"file's always stands", []string{"--server-config", always}, true, 2 * time.Minute},
+		{"flag beats the file's always", []string{"--server-config", always, "--sync", "10s"}, false, 10 * time.Second},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			opts, err := parseRunArgs(append([]string{"--store-dir", "/data/gr"}, tt.args...), testEnv("h"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if o := opts.embedded; o.SyncAlways != tt.wantAlways || o.SyncInterval != tt.wantEvery {
+				t.Errorf("SyncAlways %v SyncInterval %v, want %v %v", o.SyncAlways, o.SyncInterval, tt.wantAlways, tt.wantEvery)
+			}
+		})
+	}
+}
+
 func TestParseRunArgsErrors(t *testing.T) {
 	badFile := writeFile(t, `<grouping-handler name="x"><timeout>soon</timeout></grouping-handler>`)
 	tests := []struct {
@@ -328,6 +361,9 @@ func TestParseRunArgsErrors(t *testing.T) {
 		{"bad listen", []string{"--listen", "4222"}, false, `--listen "4222": want HOST:PORT`},
 		{"bad listen port", []string{"--listen", "127.0.0.1:99999"}, false, "port must be 0 to 65535"},
 		{"empty store dir", []string{"--store-dir", ""}, false, "--store-dir is empty"},
+		{"bad sync", []string{"--sync", "sometimes"}, false, `--sync "sometimes": want always or a duration`},
+		{"zero sync", []string{"--sync", "0s"}, false, `--sync "0s"`},
+		{"sync with nats", []string{"--nats", "nats://x:4222", "--sync", "always"}, false, "--sync configures the embedded server"},
 		{"bad file", []string{"--config", badFile}, false, "<timeout> must be an integer number of milliseconds"},
 		{"missing file", []string{"--config", "/nonexistent/grouping.xml"}, false, "config file: open /nonexistent/grouping.xml"},
 		{"unknown flag", []string{"--bogus"}, true, "flag provided but not defined: -bogus"},

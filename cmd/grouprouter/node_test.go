@@ -97,6 +97,9 @@ func TestRunEmbedded(t *testing.T) {
 				if !strings.Contains(msg, "--nats "+url) {
 					return fmt.Errorf("log line does not say how to join: %q", msg)
 				}
+				if l["sync"] != "always" {
+					t.Errorf("the embedded server's fsync policy is %v, want always by default", l["sync"])
+				}
 				return nil
 			}
 		}

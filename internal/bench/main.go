@@ -50,6 +50,7 @@ type config struct {
 	Scaling    bool
 	Keep       bool
 	CPUProfile string
+	Sync       localnats.Sync
 }
 
 // Defaults: the steady state runs the issue's 100,000 messages; the whole
@@ -100,6 +101,8 @@ func parseFlags(args []string, stdout, stderr io.Writer) (config, error) {
 	fs.IntVar(&c.Repeat, "repeat", defaultRepeat, "runs of each figure a target compares (steady and relay throughput, their paced p99, raw publish, decision service, KV creates); the median is reported")
 	fs.IntVar(&c.Producers, "producers", defaultProducers, "producer connections publishing the load (spread over the servers)")
 	fs.BoolVar(&c.Scaling, "scaling", true, "with steady: also measure a node that skips every message and the steady state with 3 nodes")
+	c.Sync = localnats.Sync{Interval: localnats.ServerDefaultSync}
+	fs.Var(&c.Sync, "sync", "the NATS servers' fsync policy: always (every write on disk before its PubAck), or the interval between background flushes (default: nats-server's own)")
 	fs.BoolVar(&c.Keep, "keep", false, "keep the temporary directory (NATS stores) and print its path")
 	fs.StringVar(&c.CPUProfile, "cpuprofile", "", "write a CPU profile of router node n0's process to `file` (-s1/-s3 inserted when both set-ups run), of the relay's to file-relay, of the node skipping every message to file-skip, of the warm start's to file-warm, and of this process (servers, producers, consumers) during the relay, the router and the 3-node phases to file-nats-relay, file-nats-router, file-nats-3nodes")
 	fs.Usage = func() {
@@ -320,10 +323,10 @@ func (b *bencher) runServers(ctx context.Context, servers int, first bool) (*ser
 	defer e.close()
 	t0 := time.Now()
 	var err error
-	if e.ns, err = localnats.Start(ctx, filepath.Join(b.tmp, "s"+strconv.Itoa(servers)), "bench", servers); err != nil {
+	if e.ns, err = localnats.Start(ctx, filepath.Join(b.tmp, "s"+strconv.Itoa(servers)), "bench", servers, localnats.WithSync(b.cfg.Sync)); err != nil {
 		return nil, fmt.Errorf("bench: %w", err)
 	}
-	b.logf("NATS up in %v: %s", time.Since(t0).Round(time.Millisecond), strings.Join(e.ns.URLs(), ","))
+	b.logf("NATS up in %v (sync %s): %s", time.Since(t0).Round(time.Millisecond), b.cfg.Sync, strings.Join(e.ns.URLs(), ","))
 	if e.mon, err = localnats.Connect(e.ns.URLsFor(0), "bench-consumers"); err != nil {
 		return nil, err
 	}

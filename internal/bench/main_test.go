@@ -11,6 +11,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"grouprouter/internal/localnats"
 )
 
 // TestMain lets the test binary stand in for the grouprouter command:
@@ -119,6 +121,9 @@ func TestParseFlags(t *testing.T) {
 		{"zipf exponent", []string{"--zipf-s", "1"}, false},
 		{"stray argument", []string{"extra"}, false},
 		{"no producer", []string{"--producers", "0"}, false},
+		{"sync always", []string{"--sync", "always"}, true},
+		{"sync interval", []string{"--sync", "1s"}, true},
+		{"bad sync", []string{"--sync", "never"}, false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -129,6 +134,12 @@ func TestParseFlags(t *testing.T) {
 			}
 			if tt.name == "defaults" && (len(c.Servers) != 2 || c.Nodes != 1 || c.Payload != 1024 || c.WarmStart != 200_000 || len(c.Workloads) != 3) {
 				t.Fatalf("defaults = %+v", c)
+			}
+			if tt.name == "defaults" && c.Sync != (localnats.Sync{Interval: localnats.ServerDefaultSync}) {
+				t.Fatalf("default sync %v, want nats-server's own (2m)", c.Sync)
+			}
+			if tt.name == "sync always" && !c.Sync.Always {
+				t.Fatalf("--sync always gave %v", c.Sync)
 			}
 		})
 	}

@@ -51,6 +51,7 @@ type Sizes struct {
 	QueueConsumers  string  `json:"queue_consumers"`
 	Producers       int     `json:"producers"`
 	ProducerPending int     `json:"producer_max_pending"`
+	Sync            string  `json:"sync"` // the servers' fsync policy (--sync)
 }
 
 func (s Sizes) String() string {
@@ -59,9 +60,9 @@ func (s Sizes) String() string {
 		rate = fmt.Sprintf("%.0f msgs/s", s.LatencyRate)
 	}
 	return fmt.Sprintf("servers=%v nodes=%d (+3 for steady) messages=%d decisions(cardinality,zipf)=%d creates(decision service, KV)=%d hot-groups=%d payload=%dB zipf=%d groups s=%.2f "+
-		"latency runs=%gs at %s repeat=%d (median) warm-start=%d workloads=%s producers=%d",
+		"latency runs=%gs at %s repeat=%d (median) warm-start=%d workloads=%s producers=%d sync=%s",
 		s.Servers, s.Nodes, s.Messages, s.Decisions, s.Creates, s.HotGroups, s.PayloadBytes, s.ZipfGroups, s.ZipfS,
-		s.LatencyRunSec, rate, s.Repeat, s.WarmStart, s.Workloads, s.Producers)
+		s.LatencyRunSec, rate, s.Repeat, s.WarmStart, s.Workloads, s.Producers, s.Sync)
 }
 
 func (b *bencher) sizes() Sizes {
@@ -69,7 +70,7 @@ func (b *bencher) sizes() Sizes {
 		HotGroups: b.cfg.Groups, PayloadBytes: b.cfg.Payload, ZipfGroups: b.cfg.ZipfGroups, ZipfS: b.cfg.ZipfS,
 		LatencyRunSec: b.cfg.LatencyFor.Seconds(), Repeat: b.cfg.Repeat, LatencyRate: b.cfg.Rate, WarmStart: b.cfg.WarmStart,
 		Workloads: strings.Join(b.cfg.Workloads, ","), QueueConsumers: "one per node, priority group, ack each",
-		Producers: b.cfg.Producers, ProducerPending: 4000}
+		Producers: b.cfg.Producers, ProducerPending: 4000, Sync: b.cfg.Sync.String()}
 }
 
 func machineInfo() Machine {

@@ -32,10 +32,11 @@ type Cluster struct {
 // write replicated on up to three of them. Route ports are reserved before
 // the servers start (each must know the others'); when one was taken
 // meanwhile, the servers start again on fresh ports, up to three times.
-func Start(ctx context.Context, dir, name string, n int) (*Cluster, error) {
+// Every option applies to every server.
+func Start(ctx context.Context, dir, name string, n int, with ...Option) (*Cluster, error) {
 	var last error
 	for attempt := 1; attempt <= 3; attempt++ {
-		c, err := start(filepath.Join(dir, "attempt-"+strconv.Itoa(attempt)), name, n)
+		c, err := start(filepath.Join(dir, "attempt-"+strconv.Itoa(attempt)), name, n, with)
 		if err != nil {
 			last = err
 			continue
@@ -49,7 +50,7 @@ func Start(ctx context.Context, dir, name string, n int) (*Cluster, error) {
 	return nil, last
 }
 
-func start(dir, name string, n int) (*Cluster, error) {
+func start(dir, name string, n int, with []Option) (*Cluster, error) {
 	ports := make([]int, n)
 	var routes []*url.URL
 	if n > 1 {
@@ -79,6 +80,9 @@ func start(dir, name string, n int) (*Cluster, error) {
 			opts.Cluster.Host = "127.0.0.1"
 			opts.Cluster.Port = ports[i]
 			opts.Routes = routes // every member lists every route, itself included
+		}
+		for _, o := range with {
+			o(opts)
 		}
 		srv, err := server.NewServer(opts)
 		if err != nil {

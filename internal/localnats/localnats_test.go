@@ -2,6 +2,7 @@ package localnats
 
 import (
 	"context"
+	"errors"
 	"testing"
 	"time"
 
@@ -39,5 +40,50 @@ func TestStart(t *testing.T) {
 	}
 	if _, err := Connect(nil, "none"); err == nil {
 		t.Error("Connect with no URL succeeded")
+	}
+}
+
+func TestParseSync(t *testing.T) {
+	tests := []struct {
+		in   string
+		want Sync
+		ok   bool
+	}{
+		{"always", Sync{Always: true}, true},
+		{" Always ", Sync{Always: true}, true},
+		{"1s", Sync{Interval: time.Second}, true},
+		{"2m", Sync{Interval: 2 * time.Minute}, true},
+		{"0s", Sync{}, false},
+		{"-1s", Sync{}, false},
+		{"never", Sync{}, false},
+		{"", Sync{}, false},
+	}
+	for _, tt := range tests {
+		got, err := ParseSync(tt.in)
+		if (err == nil) != tt.ok || got != tt.want || (err != nil && !errors.Is(err, ErrSync)) {
+			t.Errorf("ParseSync(%q) = %v, %v; want %v, ok %v", tt.in, got, err, tt.want, tt.ok)
+		}
+		if tt.ok {
+			if back, err := ParseSync(got.String()); err != nil || back != got {
+				t.Errorf("ParseSync(%q.String() = %q) = %v, %v", tt.in, got.String(), back, err)
+			}
+		}
+	}
+}
+
+// TestStartWithSync: the servers run with the fsync policy asked for.
+func TestStartWithSync(t *testing.T) {
+	for _, s := range []Sync{{Always: true}, {Interval: 3 * time.Second}} {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		c, err := Start(ctx, t.TempDir(), "test", 1, WithSync(s))
+		cancel()
+		if err != nil {
+			t.Fatal(err)
+		}
+		jsc := c.servers[0].JetStreamConfig()
+		c.Close()
+		if jsc == nil || jsc.SyncAlways != s.Always || (!s.Always && jsc.SyncInterval != s.Interval) {
+			t.Errorf("WithSync(%v): JetStream config %+v", s, jsc)
+		}
 	}
 }

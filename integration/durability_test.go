@@ -1,0 +1,232 @@
+package integration
+
+import (
+	"bytes"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"grouprouter/internal/natstest"
+	"grouprouter/proposals"
+	"grouprouter/router"
+)
+
+// TestIngressLostWritesAfterRestart: a server restarted from a store that
+// lost its last acknowledged writes (what an OS crash does to a server
+// that does not fsync every write). The ingress stream's last block file
+// is truncated while the server is stopped, so messages that had a PubAck
+// are gone; the server keeps their sequences (its index remembers the last
+// one). The node, which had not read them, notices the gap when it reads
+// over it: it counts it (Stats, metrics), logs it at error, announces a
+// "gap" event, and goes on routing the messages published after it.
+func TestIngressLostWritesAfterRestart(t *testing.T) {
+	s := natstest.RunServer(t)
+	logs := &lockedBuffer{}
+	cfg := testConfig("n0", router.Local)
+	var w io.Writer = logs
+	level := slog.LevelError
+	if os.Getenv("GROUPROUTER_TEST_LOG") != "" {
+		w, level = io.MultiWriter(logs, os.Stderr), slog.LevelDebug
+	}
+	cfg.Logger = slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: level}))
+	n0 := startNode(t, s.URL(), cfg)
+	var before collector
+	stopConsumer := startConsumer(t, s.URL(), "n0", &before)
+	nc := s.Connect()
+	waitEligible(t, nc, []string{"n0"}, []string{"n0"})
+	js, _ := jetstream.New(nc)
+	want := map[string][]string{}
+	sendBatch(t, js, "a", "before", 10, want) // ingress 1-10
+	checkGrouping(t, before.waitCount(t, 10, 20*time.Second), want)
+	n0.stop() // its checkpoint says: next is 11
+	stopConsumer()
+
+	// The block the next writes go to, and its size before them.
+	dir := filepath.Join(s.Server().StoreDir(), "$G", "streams", router.IngressStream, "msgs")
+	s.Stop()
+	blk, size := lastBlock(t, dir)
+	s.Restart()
+	lost := bodies("a/lost", 5)
+	publish(t, js, "jms.orders", "a", lost...) // ingress 11-15, acknowledged
+	s.Stop()
+	// Lose them: the block is cut back to what it held before (a block
+	// created for them loses everything).
+	last, _ := lastBlock(t, dir)
+	if last != blk {
+		size = 0
+	}
+	if err := os.Truncate(last, size); err != nil {
+		t.Fatal(err)
+	}
+	s.Restart()
+	st := streamState(t, js, router.IngressStream)
+	if st.Msgs != 10 || st.LastSeq != 15 {
+		t.Fatalf("after the truncation the ingress holds %d messages up to sequence %d, want 10 up to 15 (the loss this test needs)", st.Msgs, st.LastSeq)
+	}
+
+	gaps := watchEvents(t, nc, proposals.EventIngressGap)
+	reg := prometheus.NewRegistry()
+	n0.cfg.Metrics = reg
+	n0.restart()
+	var after collector
+	startConsumer(t, s.URL(), "n0", &after)
+	waitEligible(t, nc, []string{"n0"}, []string{"n0"})
+	later := map[string][]string{}
+	sendBatch(t, js, "a", "after", 5, later) // ingress 16-20
+	sendBatch(t, js, "b", "after", 5, later) // ingress 21-25: a new group is decided and routed too
+	checkGrouping(t, after.waitCount(t, 10, 20*time.Second), later)
+
+	if st := n0.r.Stats(); st.IngressGaps != 1 || st.IngressMissing != 5 {
+		t.Errorf("Stats: %d gaps, %d messages missing; want 1 gap of 5", st.IngressGaps, st.IngressMissing)
+	}
+	if got := gatherCounter(t, reg, "grouprouter_ingress_missing_messages_total"); got != 5 {
+		t.Errorf("grouprouter_ingress_missing_messages_total = %v, want 5", got)
+	}
+	if got := gatherCounter(t, reg, "grouprouter_ingress_gaps_total"); got != 1 {
+		t.Errorf("grouprouter_ingress_gaps_total = %v, want 1", got)
+	}
+	var ev proposals.Event
+	natstest.Eventually(t, 10*time.Second, func() error {
+		gaps.mu.Lock()
+		defer gaps.mu.Unlock()
+		if len(gaps.evs) == 0 {
+			return fmt.Errorf("no gap event")
+		}
+		ev = gaps.evs[0]
+		return nil
+	})
+	if ev.Node != "n0" || ev.FromSeq != 11 || ev.Count != 5 {
+		t.Errorf("gap event %+v, want node n0, from_seq 11, count 5", ev)
+	}
+	if l := logs.String(); !strings.Contains(l, "level=ERROR msg=\"ingress messages gone") || !strings.Contains(l, "from_seq=11") || !strings.Contains(l, "missing=5") {
+		t.Errorf("no error logged about the gap; the node's log:\n%s", l)
+	}
+}
+
+// TestIngressRewoundUnderARunningNode: a server restarts from a store that
+// lost its writes and its index (what a power loss can leave): the ingress
+// starts again below what a running node has read, and would store new
+// messages under sequences the node has passed. The node notices when it
+// re-creates its ingress consumer: it counts and logs the sequences it will
+// not read.
+func TestIngressRewoundUnderARunningNode(t *testing.T) {
+	s := natstest.RunServer(t)
+	logs := &lockedBuffer{}
+	cfg := testConfig("n0", router.Local)
+	var w io.Writer = logs
+	level := slog.LevelError
+	if os.Getenv("GROUPROUTER_TEST_LOG") != "" {
+		w, level = io.MultiWriter(logs, os.Stderr), slog.LevelDebug
+	}
+	cfg.Logger = slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: level}))
+	n0 := startNode(t, s.URL(), cfg)
+	var c collector
+	startConsumer(t, s.URL(), "n0", &c)
+	nc := s.Connect()
+	waitEligible(t, nc, []string{"n0"}, []string{"n0"})
+	js, _ := jetstream.New(nc)
+	want := map[string][]string{}
+	sendBatch(t, js, "a", "before", 10, want) // ingress 1-10, read by n0
+	checkGrouping(t, c.waitCount(t, 10, 20*time.Second), want)
+
+	dir := filepath.Join(s.Server().StoreDir(), "$G", "streams", router.IngressStream, "msgs")
+	s.Stop()
+	// Every block emptied and the index gone: nothing says sequences 1-10 existed.
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range ents {
+		switch name := filepath.Join(dir, e.Name()); {
+		case strings.HasSuffix(e.Name(), ".blk"):
+			if err := os.Truncate(name, 0); err != nil {
+				t.Fatal(err)
+			}
+		case e.Name() == "index.db":
+			if err := os.Remove(name); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	s.Restart()
+	if st := streamState(t, js, router.IngressStream); st.LastSeq != 0 {
+		t.Fatalf("after the loss the ingress's last sequence is %d, want 0 (the loss this test needs)", st.LastSeq)
+	}
+	natstest.Eventually(t, 30*time.Second, func() error {
+		if st := n0.r.Stats(); st.IngressMissing != 10 || st.IngressGaps != 1 {
+			return fmt.Errorf("Stats: %d gaps, %d messages missing; want 1 of 10", st.IngressGaps, st.IngressMissing)
+		}
+		return nil
+	})
+	if l := logs.String(); !strings.Contains(l, "last sequence is behind what this node has read") || !strings.Contains(l, "stream_last=0 next=11") {
+		t.Errorf("no error logged about the ingress going back; the node's log:\n%s", l)
+	}
+}
+
+// lastBlock returns the path and size of the highest-numbered message
+// block in a file store's msgs directory.
+func lastBlock(t testing.TB, dir string) (string, int64) {
+	t.Helper()
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	best, idx := "", -1
+	for _, e := range ents {
+		var n int
+		if _, err := fmt.Sscanf(e.Name(), "%d.blk", &n); err == nil && strings.HasSuffix(e.Name(), ".blk") && n > idx {
+			best, idx = filepath.Join(dir, e.Name()), n
+		}
+	}
+	if best == "" {
+		t.Fatalf("no message block in %s", dir)
+	}
+	fi, err := os.Stat(best)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return best, fi.Size()
+}
+
+// gatherCounter returns the value of the unlabelled counter name in reg.
+func gatherCounter(t testing.TB, reg *prometheus.Registry, name string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == name && len(mf.GetMetric()) == 1 {
+			return mf.GetMetric()[0].GetCounter().GetValue()
+		}
+	}
+	t.Fatalf("no counter %s", name)
+	return 0
+}
+
+// lockedBuffer is a bytes.Buffer safe for concurrent writers (a logger).
+type lockedBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
