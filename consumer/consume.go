@@ -114,6 +114,7 @@ type runner struct {
 	cancels   map[*lane]context.CancelCauseFunc
 	timers    map[*lane]*time.Timer
 	pinID     string
+	acks      sync.WaitGroup // acks being confirmed
 }
 
 func (r *runner) gauge(f func(*laneSet) float64) func() float64 {
@@ -204,6 +205,7 @@ func (r *runner) run(ctx context.Context) error {
 	}
 	tickStop()
 	<-tickDone
+	r.acks.Wait() // each bounded by opTimeout
 
 	r.mu.Lock()
 	heldBack := r.lanes.drainHeld()
@@ -431,14 +433,20 @@ func (r *runner) process(ctx context.Context, l *lane, d *delivery, attempt int)
 		return
 	}
 	if err == nil {
-		actx, cancel := context.WithTimeout(context.Background(), opTimeout)
-		if aerr := cur.msg.DoubleAck(actx); aerr != nil {
-			// Its redelivery is at or below the done mark: dropped.
-			r.log.Debug("consumer: ack not confirmed", "group", l.group, "ingress_seq", d.seq, "err", aerr)
-		}
-		cancel()
+		// The done mark moves now, so the lane goes on while the ack is
+		// confirmed: a redelivery of the message, should the ack be lost,
+		// is at or below the done mark and dropped.
 		r.m.processed.Inc()
 		r.finish(l, succeeded)
+		r.acks.Add(1)
+		go func() {
+			defer r.acks.Done()
+			actx, cancel := context.WithTimeout(context.Background(), opTimeout)
+			defer cancel()
+			if aerr := cur.msg.DoubleAck(actx); aerr != nil {
+				r.log.Debug("consumer: ack not confirmed", "group", l.group, "ingress_seq", d.seq, "err", aerr)
+			}
+		}()
 		return
 	}
 	if errors.Is(err, ErrDrainTimeout) || context.Cause(ctx) == ErrDrainTimeout {

@@ -323,6 +323,9 @@ func TestRedeliveryWhileHeld(t *testing.T) {
 	if n := calls.Load(); n != 2 {
 		t.Errorf("handler called %d times, want 2", n)
 	}
+	if len(rec.redeliv) != 0 {
+		t.Errorf("messages %v were redelivered: InProgress did not keep them", rec.redeliv)
+	}
 }
 
 // TestRetryThenParkInOrder: message 2 of group "bad" always fails. It is
