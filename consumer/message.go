@@ -2,7 +2,7 @@ package consumer
 
 import (
 	"context"
-	"strconv"
+	"fmt"
 
 	"github.com/nats-io/nats.go"
 )
@@ -64,16 +64,4 @@ func (f Fence) Less(g Fence) bool {
 
 // String returns "<epoch>:<ingress seq>", zero-padded to 20 digits each
 // so that the strings sort as the fences do.
-func (f Fence) String() string {
-	const width = 20
-	e := strconv.FormatUint(f.Epoch, 10)
-	s := strconv.FormatUint(f.IngressSeq, 10)
-	return pad(e, width) + ":" + pad(s, width)
-}
-
-func pad(s string, n int) string {
-	for len(s) < n {
-		s = "0" + s
-	}
-	return s
-}
+func (f Fence) String() string { return fmt.Sprintf("%020d:%020d", f.Epoch, f.IngressSeq) }
