@@ -103,6 +103,7 @@ type runner struct {
 	m           *metrics
 
 	cons     jetstream.Consumer
+	scanCtx  context.Context // Consume's, for a rescan from the pull's callback
 	pinned   bool
 	ackWait  time.Duration
 	parkedKV jetstream.KeyValue
@@ -114,7 +115,10 @@ type runner struct {
 	cancels   map[*lane]context.CancelCauseFunc
 	timers    map[*lane]*time.Timer
 	pinID     string
-	acks      sync.WaitGroup // acks being confirmed
+	// rescanOnPin: another process held the pin; look for what it left
+	// unacknowledged when this one is pinned.
+	rescanOnPin bool
+	acks        sync.WaitGroup // acks being confirmed
 }
 
 func (r *runner) gauge(f func(*laneSet) float64) func() float64 {
@@ -140,6 +144,13 @@ func (r *runner) run(ctx context.Context) error {
 		return err
 	}
 	defer stopWatch()
+	for _, pg := range info.PriorityGroups {
+		if r.pinned && pg.Group == router.PriorityGroup && pg.PinnedClientID != "" {
+			r.rescanOnPin = true
+			r.log.Debug("consumer: the queue is pinned to another process; waiting as its standby", "ttl", info.Config.PinnedTTL)
+		}
+	}
+	r.scanCtx = ctx
 	r.scanBarriers(ctx, info)
 	r.log.Debug("consumer: starting", "pinned", r.pinned, "ack_wait", r.ackWait, "concurrency", r.o.concurrency)
 
@@ -267,7 +278,7 @@ func sleep(ctx context.Context, d time.Duration) bool {
 func (r *runner) consumeErr(_ jetstream.ConsumeContext, err error) {
 	if errors.Is(err, jetstream.ErrPinIDMismatch) {
 		r.mu.Lock()
-		r.pinID = ""
+		r.pinID, r.rescanOnPin = "", true // another process got the pin
 		r.mu.Unlock()
 	}
 	r.log.Debug("consumer: pull", "err", err)
@@ -305,10 +316,18 @@ func (r *runner) arrive(m jetstream.Msg) {
 		}
 	}
 
-	r.mu.Lock()
 	if id := hdr.Get(pinIDHeader); id != "" {
-		r.pinID = id
+		r.mu.Lock()
+		changed, rescan := id != r.pinID, r.rescanOnPin
+		r.pinID, r.rescanOnPin = id, false
+		r.mu.Unlock()
+		if changed && rescan {
+			// Pinned after another process was: what it was delivered and
+			// did not ack comes back after the ack wait; hold its groups.
+			r.rescan()
+		}
 	}
+	r.mu.Lock()
 	if strings.HasPrefix(key, malformedPrefix) {
 		r.lanes.lane(key, now).parked = true
 		r.lanes.lane(key, now).reason = "no valid " + router.HeaderIngressSeq + " header"

@@ -30,14 +30,22 @@ type queue struct {
 	nc     *nats.Conn
 	js     jetstream.JetStream
 	pinned bool
+	url    string
 }
 
 // newQueue starts a server and creates the queue stream and node's
 // consumer as router.ensureQueueConsumer does.
 func newQueue(t testing.TB, pinned bool, ackWait time.Duration) *queue {
 	t.Helper()
+	return newQueueTTL(t, pinned, ackWait, 2*time.Minute)
+}
+
+// newQueueTTL is newQueue with the pinned TTL.
+func newQueueTTL(t testing.TB, pinned bool, ackWait, pinnedTTL time.Duration) *queue {
+	t.Helper()
 	s := natstest.RunServer(t)
 	nc := s.Connect()
+	url := s.URL()
 	js, err := jetstream.New(nc)
 	if err != nil {
 		t.Fatal(err)
@@ -57,12 +65,12 @@ func newQueue(t testing.TB, pinned bool, ackWait time.Duration) *queue {
 	if pinned {
 		cfg.PriorityGroups = []string{router.PriorityGroup}
 		cfg.PriorityPolicy = jetstream.PriorityPolicyPinned
-		cfg.PinnedTTL = 2 * time.Minute
+		cfg.PinnedTTL = pinnedTTL
 	}
 	if _, err := js.CreateOrUpdateConsumer(ctx, router.QueueStream, cfg); err != nil {
 		t.Fatal(err)
 	}
-	return &queue{t: t, nc: nc, js: js, pinned: pinned}
+	return &queue{t: t, nc: nc, js: js, pinned: pinned, url: url}
 }
 
 // put queues a message of group with ingress seq and epoch.
@@ -579,5 +587,62 @@ func TestNoQueue(t *testing.T) {
 	}
 	if err := consumer.Consume(context.Background(), q.js, node, nil); !errors.Is(err, consumer.ErrConfig) {
 		t.Fatalf("nil handler: %v, want ErrConfig", err)
+	}
+}
+
+// TestPinTakeoverHeldInOrder: Consume waits as the standby of a pinned
+// process; that process is given message 2 of a group and dies without
+// acking it. Consume, pinned after the TTL, gets 3 and 4 at once and 2
+// after the ack wait, and runs 2, 3, 4.
+func TestPinTakeoverHeldInOrder(t *testing.T) {
+	q := newQueueTTL(t, true, 3*time.Second, time.Second)
+	other := natstest.Connect(t, q.url, nats.Name("pinned-other"))
+	ojs, err := jetstream.New(other)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	oc, err := ojs.Consumer(ctx, router.QueueStream, router.QueueConsumer(node))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var otherGot atomic.Int32
+	cc, err := oc.Consume(func(m jetstream.Msg) {
+		if m.Headers().Get("Group-Id") == "warm" {
+			_ = m.Ack()
+		}
+		otherGot.Add(1) // message 2 of g: held, never acked
+	}, jetstream.PullPriorityGroup(router.PriorityGroup))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Stop()
+	q.put("warm", 1, 1)
+	waitFor(t, "the other process pinned", func() bool { return otherGot.Load() == 1 })
+
+	rec := newRecord()
+	r := start(t, q, func(ctx context.Context, m *consumer.Message) error {
+		rec.end(m, true)
+		return nil
+	}, consumer.WithConcurrency(4))
+	waitFor(t, "Consume waiting as a standby", func() bool {
+		info, err := oc.Info(ctx)
+		return err == nil && info.NumWaiting >= 2
+	})
+	q.put("g", 2, 1)
+	waitFor(t, "the other process given message 2", func() bool { return otherGot.Load() == 2 })
+	other.Close() // it dies holding 2
+	q.put("g", 3, 1)
+	q.put("g", 4, 1)
+	waitFor(t, "2, 3, 4 processed", func() bool { return rec.count() == 3 })
+	if err := r.stop(t); err != nil {
+		t.Fatalf("Consume: %v", err)
+	}
+	if got := rec.of("g"); !slices.Equal(got, []uint64{2, 3, 4}) {
+		t.Errorf("group g processed %v, want [2 3 4]", got)
+	}
+	if !rec.redeliv[2] {
+		t.Error("message 2 not flagged as redelivered")
 	}
 }

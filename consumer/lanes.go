@@ -87,7 +87,10 @@ func (s *laneSet) lane(group string, now time.Time) *lane {
 // addBarrier records a message of group delivered elsewhere and not acked.
 func (s *laneSet) addBarrier(group string, b barrier, now time.Time) {
 	l := s.lane(group, now)
-	if b.seq <= l.done {
+	if b.seq <= l.done || (l.running != nil && l.running.seq == b.seq) {
+		return // done, or it is this process's own delivery
+	}
+	if _, held := slices.BinarySearchFunc(l.pending, b.seq, func(x *delivery, seq uint64) int { return cmpU(x.seq, seq) }); held {
 		return
 	}
 	i, found := slices.BinarySearchFunc(l.barriers, b.seq, func(x barrier, seq uint64) int { return cmpU(x.seq, seq) })

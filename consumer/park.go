@@ -35,23 +35,17 @@ type ParkRecord struct {
 // deleting its key) is known before the first message is taken. It
 // returns the function that stops the watch.
 func (r *runner) setupParking(ctx context.Context) (func(), error) {
-	for {
-		err := r.tryParking(ctx)
+	for err := r.tryParking(ctx); err != nil; err = r.tryParking(ctx) {
 		switch {
-		case err == nil:
-			break
 		case ctx.Err() != nil:
 			return func() {}, nil
-		case isTransient(err):
-			r.log.Debug("consumer: setting up the parked stream; retrying", "err", err)
-			if !sleep(ctx, time.Second) {
-				return func() {}, nil
-			}
-			continue
-		default:
+		case !isTransient(err):
 			return func() {}, err
 		}
-		break
+		r.log.Debug("consumer: setting up the parked stream; retrying", "err", err)
+		if !sleep(ctx, time.Second) {
+			return func() {}, nil
+		}
 	}
 	wctx, cancel := context.WithCancel(ctx)
 	w, err := r.parkedKV.WatchAll(wctx)
@@ -252,6 +246,18 @@ func (r *runner) scanBarriers(ctx context.Context, info *jetstream.ConsumerInfo)
 		r.mu.Unlock()
 	}
 	r.log.Debug("consumer: messages pending elsewhere at start", "count", found)
+}
+
+// rescan looks again for messages pending elsewhere (see scanBarriers).
+func (r *runner) rescan() {
+	ctx, cancel := context.WithTimeout(r.scanCtx, opTimeout)
+	info, err := r.cons.Info(ctx)
+	cancel()
+	if err != nil {
+		r.log.Warn("consumer: pinned after another process, but cannot look for what it left; order with it is not guarded", "err", err)
+		return
+	}
+	r.scanBarriers(r.scanCtx, info)
 }
 
 // checkBarriers lifts the barriers whose message is gone from the queue
