@@ -115,10 +115,10 @@ type runner struct {
 	cancels   map[*lane]context.CancelCauseFunc
 	timers    map[*lane]*time.Timer
 	pinID     string
-	// rescanOnPin: another process held the pin; look for what it left
-	// unacknowledged when this one is pinned.
-	rescanOnPin bool
-	acks        sync.WaitGroup // acks being confirmed
+	// lastDelivery is the consumer sequence of the last delivery seen;
+	// only the pull's callback (serial) uses it once pulling began.
+	lastDelivery uint64
+	acks         sync.WaitGroup // acks being confirmed
 }
 
 func (r *runner) gauge(f func(*laneSet) float64) func() float64 {
@@ -146,11 +146,11 @@ func (r *runner) run(ctx context.Context) error {
 	defer stopWatch()
 	for _, pg := range info.PriorityGroups {
 		if r.pinned && pg.Group == router.PriorityGroup && pg.PinnedClientID != "" {
-			r.rescanOnPin = true
 			r.log.Debug("consumer: the queue is pinned to another process; waiting as its standby", "ttl", info.Config.PinnedTTL)
 		}
 	}
 	r.scanCtx = ctx
+	r.lastDelivery = info.Delivered.Consumer
 	r.scanBarriers(ctx, info)
 	r.log.Debug("consumer: starting", "pinned", r.pinned, "ack_wait", r.ackWait, "concurrency", r.o.concurrency)
 
@@ -278,7 +278,7 @@ func sleep(ctx context.Context, d time.Duration) bool {
 func (r *runner) consumeErr(_ jetstream.ConsumeContext, err error) {
 	if errors.Is(err, jetstream.ErrPinIDMismatch) {
 		r.mu.Lock()
-		r.pinID, r.rescanOnPin = "", true // another process got the pin
+		r.pinID = "" // another process got the pin
 		r.mu.Unlock()
 	}
 	r.log.Debug("consumer: pull", "err", err)
@@ -290,8 +290,9 @@ func (r *runner) arrive(m jetstream.Msg) {
 	hdr := m.Headers()
 	d := &delivery{msg: m, touched: now}
 	redelivered := false
+	var consSeq uint64
 	if meta, err := m.Metadata(); err == nil {
-		d.streamSeq = meta.Sequence.Stream
+		d.streamSeq, consSeq = meta.Sequence.Stream, meta.Sequence.Consumer
 		redelivered = meta.NumDelivered > 1
 	}
 	key := ""
@@ -316,18 +317,20 @@ func (r *runner) arrive(m jetstream.Msg) {
 		}
 	}
 
-	if id := hdr.Get(pinIDHeader); id != "" {
-		r.mu.Lock()
-		changed, rescan := id != r.pinID, r.rescanOnPin
-		r.pinID, r.rescanOnPin = id, false
-		r.mu.Unlock()
-		if changed && rescan {
-			// Pinned after another process was: what it was delivered and
-			// did not ack comes back after the ack wait; hold its groups.
+	if consSeq != 0 {
+		if consSeq > r.lastDelivery+1 {
+			// Deliveries this process did not get: to the process pinned
+			// before it, or lost in transit (a reconnect, a new stream
+			// leader). They come back after the ack wait: hold their groups.
+			r.log.Debug("consumer: deliveries missed; looking for what is pending", "from", r.lastDelivery+1, "to", consSeq-1)
 			r.rescan()
 		}
+		r.lastDelivery = consSeq // lower only if the consumer was made anew
 	}
 	r.mu.Lock()
+	if id := hdr.Get(pinIDHeader); id != "" {
+		r.pinID = id
+	}
 	if strings.HasPrefix(key, malformedPrefix) {
 		r.lanes.lane(key, now).parked = true
 		r.lanes.lane(key, now).reason = "no valid " + router.HeaderIngressSeq + " header"
