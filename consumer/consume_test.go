@@ -646,3 +646,41 @@ func TestPinTakeoverHeldInOrder(t *testing.T) {
 		t.Error("message 2 not flagged as redelivered")
 	}
 }
+
+// TestMalformedAndUngrouped: bytes from the bus are input. A message
+// without a valid ingress sequence is parked with its reason, one without
+// a group is processed with Group "", one with bad epoch is processed
+// unfenced; nothing stalls.
+func TestMalformedAndUngrouped(t *testing.T) {
+	q := newQueue(t, true, 30*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	raw := func(hdr map[string]string) {
+		m := nats.NewMsg(router.QueueSubject(node, "raw"))
+		for k, v := range hdr {
+			m.Header.Set(k, v)
+		}
+		if _, err := q.js.PublishMsg(ctx, m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	raw(nil)
+	raw(map[string]string{"Group-Id": "g", router.HeaderIngressSeq: "x12"})
+	raw(map[string]string{router.HeaderIngressSeq: "5"})
+	raw(map[string]string{"group-id": "h", router.HeaderIngressSeq: "6", router.HeaderEpoch: "-1"})
+	rec := newRecord()
+	r := start(t, q, func(ctx context.Context, m *consumer.Message) error {
+		rec.end(m, true)
+		return nil
+	})
+	waitFor(t, "two processed, two parked", func() bool { return rec.count() == 2 && parkedCount(t, q) == 2 && q.left() == 0 })
+	if err := r.stop(t); err != nil {
+		t.Fatalf("Consume: %v", err)
+	}
+	if got := rec.of(""); !slices.Equal(got, []uint64{5}) {
+		t.Errorf("ungrouped processed %v, want [5]", got)
+	}
+	if got := rec.of("h"); !slices.Equal(got, []uint64{6}) {
+		t.Errorf("group h (lower-case header, bad epoch) processed %v, want [6]", got)
+	}
+}

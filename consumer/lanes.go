@@ -291,6 +291,11 @@ func (s *laneSet) finish(l *lane, o outcome, maxAttempts int, backoff func(attem
 		l.notBefore = retryAt
 		s.requeue(l, d)
 	}
+	if l.running == nil && len(l.pending) == 0 && len(l.group) > 0 && l.group[0] == 0 && (o == succeeded) {
+		// A lane of one ungrouped or malformed message: nothing to keep.
+		delete(s.lanes, l.group)
+		return parkedNow, retryAt
+	}
 	s.kick(l, now)
 	return parkedNow, retryAt
 }

@@ -114,6 +114,12 @@ func TestLanes(t *testing.T) {
 			{op: "release", group: "g"},
 			{op: "next", next: 1, nextG: "g"},
 		}},
+		{"a lane of one ungrouped message is forgotten once done", []step{
+			{op: "arrive", group: "\x00u7", seq: 7, want: held},
+			{op: "next", next: 7, nextG: "\x00u7"},
+			{op: "ok", group: "\x00u7"},
+			{op: "gone", group: "\x00u7"},
+		}},
 		{"a group parked elsewhere parks its arrivals", []step{
 			{op: "park", group: "g"},
 			{op: "arrive", group: "g", seq: 1, want: held},
@@ -161,6 +167,10 @@ func TestLanes(t *testing.T) {
 					s.addBarrier(st.group, barrier{seq: st.seq, streamSeq: st.seq, since: now}, now)
 				case "lift":
 					s.liftBarrier(st.group, st.seq, now)
+				case "gone":
+					if _, ok := s.lanes[st.group]; ok {
+						t.Fatalf("step %d: lane %q kept", i, st.group)
+					}
 				case "park":
 					s.setParked(st.group, true, now)
 				case "release":
