@@ -304,14 +304,14 @@ func TestRedeliveryHeldInOrder(t *testing.T) {
 // TestRedeliveryWhileHeld: a message held behind a slow one outlives the
 // ack wait; Consume keeps it with InProgress, so it is processed once.
 func TestRedeliveryWhileHeld(t *testing.T) {
-	q := newQueue(t, true, time.Second)
+	q := newQueue(t, true, 2*time.Second)
 	release := make(chan struct{})
 	var calls atomic.Int32
 	rec := newRecord()
 	r := start(t, q, func(ctx context.Context, m *consumer.Message) error {
 		calls.Add(1)
 		if m.IngressSeq == 1 {
-			<-release // 2.5 ack waits
+			<-release
 		}
 		rec.end(m, true)
 		return nil
@@ -319,7 +319,7 @@ func TestRedeliveryWhileHeld(t *testing.T) {
 	q.put("g", 1, 1)
 	q.put("g", 2, 1)
 	waitFor(t, "message 1 running", func() bool { return calls.Load() == 1 })
-	time.Sleep(2500 * time.Millisecond) // the fault: longer than the ack wait
+	time.Sleep(5 * time.Second) // the fault: 2.5 ack waits
 	close(release)
 	waitFor(t, "both processed", func() bool { return rec.count() == 2 })
 	if err := r.stop(t); err != nil {
