@@ -181,11 +181,17 @@ func (r *runner) run(ctx context.Context) error {
 	}
 	cc, err := r.cons.Consume(r.arrive, pull...)
 	if err == nil {
-		<-ctx.Done()
-		cc.Stop()
 		select {
+		case <-ctx.Done():
+			cc.Stop()
+			select {
+			case <-cc.Closed():
+			case <-time.After(opTimeout):
+			}
 		case <-cc.Closed():
-		case <-time.After(opTimeout):
+			// nats.go ends a pull whose consumer was deleted.
+			err = fmt.Errorf("%w: consumer %s ended while pulling (deleted?)", ErrNoQueue, router.QueueConsumer(r.node))
+			r.log.Warn("consumer: the queue consumer ended; stopping", "err", err)
 		}
 	} else {
 		err = fmt.Errorf("consumer: pull from %s: %w", router.QueueConsumer(r.node), err)

@@ -684,3 +684,30 @@ func TestMalformedAndUngrouped(t *testing.T) {
 		t.Errorf("group h (lower-case header, bad epoch) processed %v, want [6]", got)
 	}
 }
+
+// TestConsumerDeleted: the queue consumer deleted under a running Consume
+// ends it with ErrNoQueue instead of a silent stall.
+func TestConsumerDeleted(t *testing.T) {
+	q := newQueue(t, false, 30*time.Second)
+	rec := newRecord()
+	r := start(t, q, func(ctx context.Context, m *consumer.Message) error {
+		rec.end(m, true)
+		return nil
+	})
+	q.put("g", 1, 1)
+	waitFor(t, "processed", func() bool { return rec.count() == 1 })
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := q.js.DeleteConsumer(ctx, router.QueueStream, router.QueueConsumer(node)); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-r.done:
+		close(r.done)
+		if !errors.Is(err, consumer.ErrNoQueue) {
+			t.Fatalf("Consume returned %v, want ErrNoQueue", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("Consume still running 30s after its consumer was deleted")
+	}
+}
