@@ -119,6 +119,7 @@ type runner struct {
 	// only the pull's callback (serial) uses it once pulling began.
 	lastDelivery uint64
 	acks         sync.WaitGroup // acks being confirmed
+	warns        warnings
 }
 
 func (r *runner) gauge(f func(*laneSet) float64) func() float64 {
@@ -280,6 +281,19 @@ func sleep(ctx context.Context, d time.Duration) bool {
 	}
 }
 
+// warn logs a warning of kind, at most once per warnEvery, with the
+// count of the ones left out since.
+func (r *runner) warn(kind, msg string, args ...any) {
+	ok, suppressed := r.warns.allow(kind, time.Now())
+	if !ok {
+		return
+	}
+	if suppressed > 0 {
+		args = append(args, "suppressed_since_last", suppressed)
+	}
+	r.log.Warn(msg, args...)
+}
+
 // consumeErr logs the pull's errors; nats.go retries them itself.
 func (r *runner) consumeErr(_ jetstream.ConsumeContext, err error) {
 	if errors.Is(err, jetstream.ErrPinIDMismatch) {
@@ -304,7 +318,7 @@ func (r *runner) arrive(m jetstream.Msg) {
 	key := ""
 	seq, err := strconv.ParseUint(hdr.Get(router.HeaderIngressSeq), 10, 64)
 	if err != nil || seq == 0 {
-		r.log.Warn("consumer: message without a valid ingress sequence; parking it", "header", hdr.Get(router.HeaderIngressSeq), "stream_seq", d.streamSeq)
+		r.warn("malformed", "consumer: message without a valid ingress sequence; parking it", "header", hdr.Get(router.HeaderIngressSeq), "stream_seq", d.streamSeq)
 		key, seq = malformedPrefix+strconv.FormatUint(d.streamSeq, 10), max(d.streamSeq, 1)
 	} else {
 		group, invalid := router.GroupOf(hdr, r.o.groupHeader)
@@ -492,7 +506,7 @@ func (r *runner) process(ctx context.Context, l *lane, d *delivery, attempt int)
 	r.cond.Signal()
 	r.mu.Unlock()
 	if parkedNow {
-		r.log.Warn("consumer: parking a group", "group", l.group, "ingress_seq", d.seq, "attempts", attempt, "err", err)
+		r.warn("parking", "consumer: parking a group", "group", l.group, "ingress_seq", d.seq, "attempts", attempt, "err", err)
 	} else {
 		r.m.retries.Inc()
 		r.log.Debug("consumer: handler failed; retrying after backoff", "group", l.group, "ingress_seq", d.seq, "attempt", attempt, "retry_at", retryAt, "err", err)

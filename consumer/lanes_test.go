@@ -215,3 +215,28 @@ func TestFence(t *testing.T) {
 		t.Fatalf("fence strings do not sort as fences: %s %s %s", a, b, c)
 	}
 }
+
+func TestWarningsRateLimited(t *testing.T) {
+	var w warnings
+	now := time.Unix(1000, 0)
+	steps := []struct {
+		kind       string
+		after      time.Duration
+		ok         bool
+		suppressed int
+	}{
+		{"a", 0, true, 0},
+		{"a", time.Second, false, 0},
+		{"b", 0, true, 0}, // kinds apart
+		{"a", time.Second, false, 0},
+		{"a", warnEvery, true, 2},
+		{"a", time.Second, false, 0},
+	}
+	for i, st := range steps {
+		now = now.Add(st.after)
+		ok, n := w.allow(st.kind, now)
+		if ok != st.ok || n != st.suppressed {
+			t.Fatalf("step %d: allow(%s) = %v, %d; want %v, %d", i, st.kind, ok, n, st.ok, st.suppressed)
+		}
+	}
+}

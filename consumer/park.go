@@ -152,7 +152,7 @@ func (r *runner) park(ctx context.Context, l *lane, d *delivery) {
 	defer cancel()
 	if !recorded && !strings.HasPrefix(group, "\x00") {
 		if err := r.record(pctx, group, ParkRecord{Node: r.node, IngressSeq: d.seq, Reason: reason, Attempts: attempts, At: time.Now().UTC()}); err != nil {
-			r.log.Warn("consumer: could not record a parked group; trying again", "group", group, "err", err)
+			r.warn("record", "consumer: could not record a parked group; trying again", "group", group, "err", err)
 			r.finish(l, interrupted)
 			return
 		}
@@ -171,7 +171,7 @@ func (r *runner) park(ctx context.Context, l *lane, d *delivery) {
 	out.Header.Set(jetstream.MsgIDHeader, strconv.FormatUint(d.seq, 10))
 	out.Header.Set(jetstream.ExpectedStreamHeader, ParkedStream)
 	if _, err := r.js.PublishMsg(pctx, out); err != nil {
-		r.log.Warn("consumer: could not park a message; trying again", "group", group, "ingress_seq", d.seq, "err", err)
+		r.warn("park", "consumer: could not park a message; trying again", "group", group, "ingress_seq", d.seq, "err", err)
 		r.finish(l, interrupted)
 		return
 	}
@@ -215,7 +215,7 @@ func (r *runner) scanBarriers(ctx context.Context, info *jetstream.ConsumerInfo)
 	}
 	stream, err := r.js.Stream(ctx, router.QueueStream)
 	if err != nil {
-		r.log.Warn("consumer: cannot look for messages pending elsewhere; order across a restart is not guarded", "err", err)
+		r.warn("scan", "consumer: cannot look for messages pending elsewhere; order across a restart is not guarded", "err", err)
 		return
 	}
 	now := time.Now()
@@ -228,7 +228,7 @@ func (r *runner) scanBarriers(ctx context.Context, info *jetstream.ConsumerInfo)
 			break
 		}
 		if err != nil {
-			r.log.Warn("consumer: cannot look for messages pending elsewhere; order across a restart is not guarded", "err", err)
+			r.warn("scan", "consumer: cannot look for messages pending elsewhere; order across a restart is not guarded", "err", err)
 			return
 		}
 		if raw.Sequence > info.Delivered.Stream {
@@ -254,7 +254,7 @@ func (r *runner) rescan() {
 	info, err := r.cons.Info(ctx)
 	cancel()
 	if err != nil {
-		r.log.Warn("consumer: pinned after another process, but cannot look for what it left; order with it is not guarded", "err", err)
+		r.warn("scan", "consumer: missed deliveries, but cannot look for what it left; order with it is not guarded", "err", err)
 		return
 	}
 	r.scanBarriers(r.scanCtx, info)
