@@ -254,7 +254,7 @@ func (r *runner) rescan() {
 	info, err := r.cons.Info(ctx)
 	cancel()
 	if err != nil {
-		r.warn("scan", "consumer: missed deliveries, but cannot look for what it left; order with it is not guarded", "err", err)
+		r.warn("scan", "consumer: cannot look for the deliveries this process missed; order with them is not guarded", "err", err)
 		return
 	}
 	r.scanBarriers(r.scanCtx, info)
