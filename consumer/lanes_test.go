@@ -1,7 +1,9 @@
 package consumer
 
 import (
+	"runtime"
 	"slices"
+	"strconv"
 	"testing"
 	"time"
 )
@@ -239,4 +241,33 @@ func TestWarningsRateLimited(t *testing.T) {
 			t.Fatalf("step %d: allow(%s) = %v, %d; want %v, %d", i, st.kind, ok, n, st.ok, st.suppressed)
 		}
 	}
+}
+
+// BenchmarkIdleLaneMemory reports the heap an idle group's lane keeps (its
+// done mark and epoch, until WithIdleLane), over 100,000 groups.
+func BenchmarkIdleLaneMemory(b *testing.B) {
+	const groups = 100_000
+	names := make([]string, groups)
+	for i := range names {
+		names[i] = "order-" + strconv.Itoa(1_000_000+i)
+	}
+	var perLane float64
+	for b.Loop() {
+		var before, after runtime.MemStats
+		runtime.GC()
+		runtime.ReadMemStats(&before)
+		s := newLaneSet()
+		now := time.Unix(1000, 0)
+		for i, g := range names {
+			s.arrive(g, &delivery{seq: uint64(i + 1), epoch: 3}, now)
+			l, _, _ := s.next(now)
+			s.finish(l, succeeded, 1, nil, now)
+		}
+		s.ready = nil
+		runtime.GC()
+		runtime.ReadMemStats(&after)
+		perLane = float64(after.HeapAlloc-before.HeapAlloc) / groups
+		runtime.KeepAlive(s)
+	}
+	b.ReportMetric(perLane, "bytes/idle-group")
 }
