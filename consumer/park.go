@@ -148,6 +148,9 @@ func (r *runner) park(ctx context.Context, l *lane, d *delivery) {
 	group, reason, attempts := l.group, l.reason, l.attempts
 	recorded := r.parkedSet[group]
 	r.mu.Unlock()
+	if reason == "" {
+		reason = "its group is parked (" + ParkedBucket + ")" // by another process or node
+	}
 	pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), opTimeout)
 	defer cancel()
 	if !recorded && !strings.HasPrefix(group, "\x00") {
