@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -710,4 +712,45 @@ func TestConsumerDeleted(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("Consume still running 30s after its consumer was deleted")
 	}
+}
+
+// TestNoGoroutineOutlivesConsume: once Consume returned, the goroutines it
+// started (workers, ticker, watch, acks, backoff timers) are gone.
+func TestNoGoroutineOutlivesConsume(t *testing.T) {
+	q := newQueue(t, true, 30*time.Second)
+	q.put("warm", 1, 1)
+	q.put("bad", 2, 1)
+	q.put("g", 3, 1)
+	rec := newRecord()
+	r := start(t, q, func(ctx context.Context, m *consumer.Message) error {
+		if m.Group == "bad" {
+			return errors.New("always")
+		}
+		rec.end(m, true)
+		return nil
+	}, consumer.WithConcurrency(8), consumer.WithMaxAttempts(3), consumer.WithBackoff(time.Millisecond, time.Minute))
+	waitFor(t, "processed and parked", func() bool { return rec.count() == 2 && q.left() == 0 })
+	if err := r.stop(t); err != nil {
+		t.Fatalf("Consume: %v", err)
+	}
+	natstest.Eventually(t, 10*time.Second, func() error {
+		if left := packageGoroutines(); len(left) > 0 {
+			return fmt.Errorf("%d goroutines of package consumer left:\n%s", len(left), strings.Join(left, "\n\n"))
+		}
+		return nil
+	})
+}
+
+// packageGoroutines returns the stacks of the goroutines running code of
+// package consumer (not its tests).
+func packageGoroutines() []string {
+	buf := make([]byte, 1<<20)
+	buf = buf[:runtime.Stack(buf, true)]
+	var out []string
+	for _, g := range strings.Split(string(buf), "\n\n") {
+		if strings.Contains(g, "grouprouter/consumer.") && !strings.Contains(g, "consumer_test.") {
+			out = append(out, g)
+		}
+	}
+	return out
 }
