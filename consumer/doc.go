@@ -1,0 +1,61 @@
+// Package consumer processes a grouprouter node's queue: each group's
+// messages one at a time and in ingress order, many groups in parallel,
+// with retries, ordered parking of a failing group, and the group's epoch
+// as a fence for the application's writes.
+//
+//	err := consumer.Consume(ctx, js, "n1", func(ctx context.Context, m *consumer.Message) error {
+//		return store.Apply(ctx, m.Group, m.Fence, m.Data) // nil acks it
+//	}, consumer.WithConcurrency(64))
+//
+// Import path: the module's path is "grouprouter" today, so the package
+// is "grouprouter/consumer" inside this module only. For other modules to
+// import it, the module path must become a fetchable one (for example
+// github.com/<owner>/grouprouter, making this
+// github.com/<owner>/grouprouter/consumer); nothing in this package
+// depends on the name.
+//
+// # Lanes
+//
+// Consume pulls from the node's durable queue consumer (with priority
+// group router.PriorityGroup when the queue is pinned, the default) and
+// puts each message into its group's lane, ordered by the
+// Grouping-Ingress-Seq header. A lane runs its lowest message when no
+// other of its group runs; up to WithConcurrency lanes run at once. A
+// message is acknowledged, with a confirmed ack (DoubleAck), only after
+// its handler returned nil; while it waits or runs, Consume sends
+// InProgress so that JetStream does not redeliver it.
+//
+// # Order under redelivery
+//
+// A group's done mark is the last ingress sequence it processed: a copy
+// at or below it is dropped (and counted). A redelivered message that
+// arrives behind later ones of its group takes its place in the lane.
+// When Consume starts, messages of the node delivered to another process
+// and not acknowledged (a process that died, or the pinned one while this
+// one waited) hold their groups' later messages until JetStream delivers
+// them again after the ack wait, or they leave the queue.
+//
+// # Fencing
+//
+// Every queued message carries its group's epoch (router.HeaderEpoch),
+// which grows with every move of the group. A lane that sees a message of
+// a newer epoch drops the older ones it holds, cancels a running
+// handler's context with cause ErrStale, and drops older copies that
+// arrive later. Message.Fence, (epoch, ingress seq), lets the application
+// refuse a write older than the last it applied for the group.
+//
+// # Retry and parking
+//
+// A handler error is retried after a backoff (WithBackoff) while other
+// groups go on. After WithMaxAttempts failures, or at once for an error
+// wrapped with Terminal, the message and every later message of its group
+// are published in order to stream ParkedStream (subject
+// ParkedSubjectPrefix + node + "." + the ingress subject, the reason in
+// HeaderParkReason) and acknowledged, and the group is recorded in bucket
+// ParkedBucket, so that its later messages, on any node, follow it there
+// until the record is deleted. Consume creates the stream and the bucket
+// when they are missing; it then needs the rights to do so, and always to
+// publish on grouping.parked.> and to read and write the bucket.
+//
+// See docs/consuming.md.
+package consumer

@@ -1,0 +1,316 @@
+package consumer
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"grouprouter/kvbinding"
+	"grouprouter/router"
+)
+
+// ParkRecord is the value of a parked group's key in ParkedBucket.
+type ParkRecord struct {
+	// Node is the node whose consumer parked the group.
+	Node string `json:"node"`
+	// IngressSeq is the first parked message of the group.
+	IngressSeq uint64 `json:"ingress_seq"`
+	// Reason is the handler's last error.
+	Reason string `json:"reason"`
+	// Attempts is how many times the handler failed on it.
+	Attempts int `json:"attempts"`
+	// At is when the group was parked.
+	At time.Time `json:"at"`
+}
+
+// setupParking creates the parked stream and bucket if missing and
+// watches the bucket, so that a group parked by any node (or released by
+// deleting its key) is known before the first message is taken. It
+// returns the function that stops the watch.
+func (r *runner) setupParking(ctx context.Context) (func(), error) {
+	for err := r.tryParking(ctx); err != nil; err = r.tryParking(ctx) {
+		switch {
+		case ctx.Err() != nil:
+			return func() {}, nil
+		case !isTransient(err):
+			return func() {}, err
+		}
+		r.log.Debug("consumer: setting up the parked stream; retrying", "err", err)
+		if !sleep(ctx, time.Second) {
+			return func() {}, nil
+		}
+	}
+	wctx, cancel := context.WithCancel(ctx)
+	w, err := r.parkedKV.WatchAll(wctx)
+	if err != nil {
+		cancel()
+		if ctx.Err() != nil {
+			return func() {}, nil
+		}
+		return func() {}, fmt.Errorf("consumer: watch bucket %s: %w", ParkedBucket, err)
+	}
+	// The initial values end with a nil entry.
+	for initial := true; initial; {
+		select {
+		case <-ctx.Done():
+			cancel()
+			return func() {}, nil
+		case e, ok := <-w.Updates():
+			if !ok {
+				cancel()
+				return func() {}, fmt.Errorf("consumer: watch of bucket %s ended", ParkedBucket)
+			}
+			if e == nil {
+				initial = false
+				continue
+			}
+			r.applyParked(e)
+		}
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for e := range w.Updates() {
+			if e != nil {
+				r.applyParked(e)
+			}
+		}
+	}()
+	return func() {
+		cancel()
+		_ = w.Stop()
+		<-done
+	}, nil
+}
+
+func (r *runner) tryParking(ctx context.Context) error {
+	cctx, cancel := context.WithTimeout(ctx, opTimeout)
+	defer cancel()
+	_, err := r.js.CreateOrUpdateStream(cctx, jetstream.StreamConfig{
+		Name:        ParkedStream,
+		Description: "grouprouter parked messages: " + ParkedSubjectPrefix + "<node>.<subject>, reason in " + HeaderParkReason,
+		Subjects:    []string{ParkedSubjectPrefix + ">"},
+		Retention:   jetstream.LimitsPolicy,
+		Storage:     jetstream.FileStorage,
+		Replicas:    r.o.replicas,
+		Duplicates:  2 * time.Minute,
+	})
+	if err != nil {
+		return fmt.Errorf("consumer: stream %s: %w", ParkedStream, err)
+	}
+	kv, err := r.js.CreateOrUpdateKeyValue(cctx, jetstream.KeyValueConfig{
+		Bucket:      ParkedBucket,
+		Description: "grouprouter parked groups: key per group, value a consumer.ParkRecord",
+		Storage:     jetstream.FileStorage,
+		Replicas:    r.o.replicas,
+	})
+	if err != nil {
+		return fmt.Errorf("consumer: bucket %s: %w", ParkedBucket, err)
+	}
+	r.parkedKV = kv
+	return nil
+}
+
+// applyParked applies a change of ParkedBucket.
+func (r *runner) applyParked(e jetstream.KeyValueEntry) {
+	group, err := kvbinding.GroupFromKey(e.Key())
+	if err != nil {
+		r.log.Debug("consumer: ignoring a key of the parked bucket", "key", e.Key(), "err", err)
+		return
+	}
+	parked := e.Operation() == jetstream.KeyValuePut
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if parked == r.parkedSet[group] {
+		return
+	}
+	if parked {
+		r.parkedSet[group] = true
+	} else {
+		delete(r.parkedSet, group)
+	}
+	r.lanes.setParked(group, parked, time.Now())
+	r.cond.Signal()
+	r.log.Debug("consumer: parked record changed", "group", group, "parked", parked)
+}
+
+// park moves d, the head of parked lane l, to the parked stream, then
+// acks it. A failure leaves it at the head, tried again after a backoff.
+func (r *runner) park(ctx context.Context, l *lane, d *delivery) {
+	r.mu.Lock()
+	group, reason, attempts := l.group, l.reason, l.attempts
+	recorded := r.parkedSet[group]
+	r.mu.Unlock()
+	if reason == "" {
+		reason = "its group is parked (" + ParkedBucket + ")" // by another process or node
+	}
+	pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), opTimeout)
+	defer cancel()
+	if !recorded && !strings.HasPrefix(group, "\x00") {
+		if err := r.record(pctx, group, ParkRecord{Node: r.node, IngressSeq: d.seq, Reason: reason, Attempts: attempts, At: time.Now().UTC()}); err != nil {
+			r.warn("record", "consumer: could not record a parked group; trying again", "group", group, "err", err)
+			r.finish(l, interrupted)
+			return
+		}
+	}
+	subject := strings.TrimPrefix(d.msg.Subject(), r.queuePrefix)
+	out := nats.NewMsg(ParkedSubjectPrefix + r.node + "." + subject)
+	for k, v := range d.msg.Headers() {
+		if len(k) > 5 && strings.EqualFold(k[:5], "Nats-") {
+			continue // the queue's delivery and dedup headers
+		}
+		out.Header[k] = v
+	}
+	out.Data = d.msg.Data()
+	out.Header.Set(HeaderParkReason, reason)
+	out.Header.Set(HeaderParkAttempts, strconv.Itoa(attempts))
+	out.Header.Set(jetstream.MsgIDHeader, strconv.FormatUint(d.seq, 10))
+	out.Header.Set(jetstream.ExpectedStreamHeader, ParkedStream)
+	if _, err := r.js.PublishMsg(pctx, out); err != nil {
+		r.warn("park", "consumer: could not park a message; trying again", "group", group, "ingress_seq", d.seq, "err", err)
+		r.finish(l, interrupted)
+		return
+	}
+	r.mu.Lock()
+	cur := l.running
+	r.mu.Unlock()
+	if err := cur.msg.DoubleAck(pctx); err != nil {
+		r.log.Debug("consumer: ack of a parked message not confirmed", "group", group, "ingress_seq", d.seq, "err", err)
+	}
+	r.m.parkedMsgs.Inc()
+	r.log.Debug("consumer: parked a message", "group", group, "ingress_seq", d.seq, "reason", reason)
+	r.finish(l, succeeded)
+}
+
+// record writes group's parked record (first writer wins).
+func (r *runner) record(ctx context.Context, group string, rec ParkRecord) error {
+	key, err := kvbinding.Key(group)
+	if err != nil {
+		return err
+	}
+	val, err := json.Marshal(rec)
+	if err != nil {
+		return err
+	}
+	if _, err := r.parkedKV.Create(ctx, key, val); err != nil && !errors.Is(err, jetstream.ErrKeyExists) {
+		return err
+	}
+	r.mu.Lock()
+	r.parkedSet[group] = true
+	r.mu.Unlock()
+	return nil
+}
+
+// scanBarriers finds the node's queue messages delivered (to another
+// process, or an earlier one) and not acked when Consume starts, so that
+// their groups' lanes wait for their redelivery: a queue stream with work
+// queue retention keeps exactly the unacknowledged ones.
+func (r *runner) scanBarriers(ctx context.Context, info *jetstream.ConsumerInfo) {
+	if info.NumAckPending == 0 {
+		return
+	}
+	stream, err := r.js.Stream(ctx, router.QueueStream)
+	if err != nil {
+		r.warn("scan", "consumer: cannot look for messages pending elsewhere; order across a restart is not guarded", "err", err)
+		return
+	}
+	now := time.Now()
+	found := 0
+	for seq := info.AckFloor.Stream + 1; found < info.NumAckPending && seq <= info.Delivered.Stream; {
+		gctx, cancel := context.WithTimeout(ctx, opTimeout)
+		raw, err := stream.GetMsg(gctx, seq, jetstream.WithGetMsgSubject(router.QueueFilter(r.node)))
+		cancel()
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			break
+		}
+		if err != nil {
+			r.warn("scan", "consumer: cannot look for messages pending elsewhere; order across a restart is not guarded", "err", err)
+			return
+		}
+		if raw.Sequence > info.Delivered.Stream {
+			break
+		}
+		found++
+		seq = raw.Sequence + 1
+		is, err := strconv.ParseUint(raw.Header.Get(router.HeaderIngressSeq), 10, 64)
+		group, _ := router.GroupOf(raw.Header, r.o.groupHeader)
+		if err != nil || group == "" {
+			continue
+		}
+		r.mu.Lock()
+		r.lanes.addBarrier(group, barrier{seq: is, streamSeq: raw.Sequence, since: now}, now)
+		r.mu.Unlock()
+	}
+	r.log.Debug("consumer: messages pending elsewhere at start", "count", found)
+}
+
+// rescan looks again for messages pending elsewhere (see scanBarriers).
+func (r *runner) rescan() {
+	ctx, cancel := context.WithTimeout(r.scanCtx, opTimeout)
+	info, err := r.cons.Info(ctx)
+	cancel()
+	if err != nil {
+		r.warn("scan", "consumer: cannot look for the deliveries this process missed; order with them is not guarded", "err", err)
+		return
+	}
+	r.scanBarriers(r.scanCtx, info)
+}
+
+// checkBarriers lifts the barriers whose message is gone from the queue
+// (acked by the other process, or moved away by a hand-over).
+func (r *runner) checkBarriers(ctx context.Context, due map[string][]barrier) {
+	if len(due) == 0 {
+		return
+	}
+	stream, err := r.js.Stream(ctx, router.QueueStream)
+	if err != nil {
+		return
+	}
+	for group, bs := range due {
+		for _, b := range bs {
+			gctx, cancel := context.WithTimeout(ctx, opTimeout)
+			_, err := stream.GetMsg(gctx, b.streamSeq)
+			cancel()
+			if errors.Is(err, jetstream.ErrMsgNotFound) {
+				r.mu.Lock()
+				r.lanes.liftBarrier(group, b.streamSeq, time.Now())
+				r.cond.Signal()
+				r.mu.Unlock()
+				r.log.Debug("consumer: a message pending elsewhere is gone; its group goes on", "group", group, "ingress_seq", b.seq)
+			}
+		}
+	}
+}
+
+// unpin releases this process's pin so that a standby gets the queue at
+// once rather than after the pinned TTL; another client's pin is left.
+func (r *runner) unpin(ctx context.Context, pinID string) {
+	uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), opTimeout)
+	defer cancel()
+	info, err := r.cons.Info(uctx)
+	if err != nil {
+		r.log.Debug("consumer: unpin: consumer info", "err", err)
+		return
+	}
+	for _, g := range info.PriorityGroups {
+		if g.Group != router.PriorityGroup || g.PinnedClientID != pinID {
+			continue
+		}
+		s, err := r.js.Stream(uctx, router.QueueStream)
+		if err == nil {
+			err = s.UnpinConsumer(uctx, info.Name, g.Group)
+		}
+		if err != nil {
+			r.log.Warn("consumer: could not unpin; a standby gets the queue after the pinned TTL", "err", err, "ttl", info.Config.PinnedTTL)
+			return
+		}
+		r.log.Debug("consumer: unpinned", "pin", pinID)
+	}
+}
