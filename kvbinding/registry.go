@@ -38,6 +38,12 @@ func CheckpointKey(node string) string { return ckptPrefix + node }
 // NodeInfo is what a node announces about itself while it is alive.
 type NodeInfo struct {
 	Node string `json:"node"`
+	// Instance identifies the process announcing (a UUID drawn at its
+	// start): two processes under one node id announce different ones.
+	// Host and PID say where that process runs.
+	Instance string `json:"instance,omitempty"`
+	Host     string `json:"host,omitempty"`
+	PID      int    `json:"pid,omitempty"`
 	// Type is LOCAL or REMOTE.
 	Type string `json:"type"`
 	// Handler is the grouping-handler name the node runs.
@@ -240,7 +246,7 @@ func (r *Registry) apply(key string, op entryOp, value []byte, _ uint64) {
 		var info NodeInfo
 		if err := json.Unmarshal(value, &info); err == nil && info.Node == node && ValidateNodeID(node) == nil {
 			old, had := r.live[node]
-			changed = !had || old.HasConsumer != info.HasConsumer || !old.Started.Equal(info.Started)
+			changed = !had || old.HasConsumer != info.HasConsumer || !old.Started.Equal(info.Started) || old.Instance != info.Instance
 			r.live[node] = info
 			r.seen[node] = time.Now()
 			r.lastSeen[node] = r.seen[node]
@@ -254,6 +260,27 @@ func (r *Registry) apply(key string, op entryOp, value []byte, _ uint64) {
 	if changed && r.onChange != nil {
 		r.onChange()
 	}
+}
+
+// LiveRecord reads node's liveness record from the bucket, with its
+// revision; found is false if there is none (never announced, withdrawn
+// or expired). A value that does not decode, or names another node, is
+// returned with found true and an error wrapping ErrInvalidNodeInfo.
+func (r *Registry) LiveRecord(ctx context.Context, node string) (info NodeInfo, rev uint64, found bool, err error) {
+	e, err := r.kv.Get(ctx, livePrefix+node)
+	if err != nil {
+		if errors.Is(err, jetstream.ErrKeyNotFound) || errors.Is(err, jetstream.ErrKeyDeleted) {
+			return NodeInfo{}, 0, false, nil
+		}
+		return NodeInfo{}, 0, false, fmt.Errorf("kvbinding: read liveness of %s: %w", node, err)
+	}
+	if err := json.Unmarshal(e.Value(), &info); err != nil {
+		return NodeInfo{}, e.Revision(), true, fmt.Errorf("%w: %s: %v", ErrInvalidNodeInfo, node, err)
+	}
+	if info.Node != node {
+		return NodeInfo{}, e.Revision(), true, fmt.Errorf("%w: %s: the record names node %q", ErrInvalidNodeInfo, node, info.Node)
+	}
+	return info, e.Revision(), true, nil
 }
 
 // ListNodes reads the liveness records directly from the bucket.

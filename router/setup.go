@@ -103,12 +103,6 @@ func (r *Router) setup(ctx context.Context) (queueCons jetstream.Consumer, relea
 	}); err != nil {
 		return nil, nil, err
 	}
-	if err := r.setupStep(ctx, "queue consumer", func(ctx context.Context) (err error) {
-		queueCons, err = ensureQueueConsumer(ctx, r.js, r.cfg.Node, r.cfg.QueueMode, r.cfg.PinnedTTL)
-		return err
-	}); err != nil {
-		return nil, nil, err
-	}
 	if err := r.setupStep(ctx, "bindings bucket", func(ctx context.Context) (err error) {
 		r.store, err = kvbinding.OpenStore(ctx, r.js, kvbinding.StoreConfig{Replicas: replicas, MaxBytes: r.cfg.BindingsMaxBytes})
 		return err
@@ -118,6 +112,19 @@ func (r *Router) setup(ctx context.Context) (queueCons jetstream.Consumer, relea
 	undo = append(undo, r.store.Close)
 	if err := r.setupStep(ctx, "node registry bucket", func(ctx context.Context) (err error) {
 		r.reg, err = kvbinding.OpenRegistry(ctx, r.js, kvbinding.RegistryConfig{Replicas: replicas}, r.onLiveChange)
+		return err
+	}); err != nil {
+		return nil, nil, err
+	}
+	// Before anything this node id owns (its queue consumer, checkpoint,
+	// liveness record, the handler lease) is touched: is another process
+	// running under the id? (identity.go)
+	if err := r.claimNodeID(ctx); err != nil {
+		return nil, nil, err
+	}
+	r.started = time.Now().UTC()
+	if err := r.setupStep(ctx, "queue consumer", func(ctx context.Context) (err error) {
+		queueCons, err = ensureQueueConsumer(ctx, r.js, r.cfg.Node, r.cfg.QueueMode, r.cfg.PinnedTTL)
 		return err
 	}); err != nil {
 		return nil, nil, err
@@ -177,7 +184,6 @@ func (r *Router) setup(ctx context.Context) (queueCons jetstream.Consumer, relea
 		return nil, nil, &SetupError{Step: "handler events", Err: err}
 	}
 	undo = append(undo, unsubscribe)
-	r.started = time.Now().UTC()
 	if err := r.setupStep(ctx, "first announcement", func(ctx context.Context) error {
 		return r.announce(ctx, queueCons)
 	}); err != nil {

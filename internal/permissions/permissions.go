@@ -302,6 +302,7 @@ func (l Layout) node(node string, handler bool) User {
 	}
 	pub = slices.Concat(pub,
 		l.kvPut(nodes, kvbinding.LiveKey(node), "announce itself (per-key TTL) and withdraw"),
+		l.kvGet(nodes, kvbinding.LiveKey(node), "at start, check that no other process runs its id"),
 		l.kvPut(nodes, kvbinding.CheckpointKey(node), "save its checkpoint"),
 		l.kvGet(nodes, kvbinding.CheckpointKey(node), "load its checkpoint"),
 	)
