@@ -32,4 +32,7 @@ var (
 	// ErrInvalidNodeInfo is returned for a liveness record that does not
 	// decode or names another node than its key.
 	ErrInvalidNodeInfo = errors.New("kvbinding: invalid liveness record")
+	// ErrInvalidFloor is returned for a routing floor record that does
+	// not decode.
+	ErrInvalidFloor = errors.New("kvbinding: invalid routing floor")
 )

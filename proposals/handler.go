@@ -142,6 +142,12 @@ type Handler struct {
 	metrics   *Metrics
 	svcStats  serviceStats
 
+	// The routing floor (floor.go): binds below it are refused. floorDue
+	// and floorWarned are the Run goroutine's.
+	floor       atomic.Uint64
+	floorDue    time.Time
+	floorWarned time.Time
+
 	// lastHolder is the last other holder of the lease seen; suspect is
 	// the node of a holder whose lease expired or that stopped answering
 	// (it did not release it: presumably crashed), ineligible until it
@@ -261,6 +267,7 @@ func (h *Handler) Run(ctx context.Context) error {
 					_ = svc.Stop()
 					svc = nil
 				}
+				h.loadFloor(opCtx)
 				t, s, err := h.begin(ctx)
 				if err != nil {
 					cancel()
@@ -295,6 +302,7 @@ func (h *Handler) Run(ctx context.Context) error {
 		cancel()
 		if term != nil {
 			h.watchNodes(ctx, term)
+			h.advanceFloor(ctx)
 		}
 		select {
 		case <-ctx.Done():

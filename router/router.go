@@ -30,8 +30,12 @@ import (
 
 // Stats are a node's counters since it started.
 type Stats struct {
-	Routed         uint64 // messages republished onto queues by this node
-	Skipped        uint64 // messages routed by other nodes
+	Routed  uint64 // messages republished onto queues by this node
+	Skipped uint64 // messages routed by other nodes
+	// BelowFloor counts the Skipped messages that no binding covered but
+	// that lay below the routing floor: routed before, under a binding
+	// that has ended since (docs/protocol.md, "The routing floor").
+	BelowFloor     uint64
 	DeadLettered   uint64 // messages this node put on the dead-letter stream
 	DecisionErrors uint64 // failed proposal attempts (timeouts, no handler, failures)
 	PublishErrors  uint64 // failed queue publishes (retried)
@@ -191,7 +195,7 @@ func (r *Router) Stats() Stats {
 	return Stats{
 		Routed: r.routed.Load(), Skipped: e.stats.skipped, DeadLettered: e.stats.deadLettered,
 		DecisionErrors: e.stats.decisionErrors, PublishErrors: e.stats.publishErrors, Proposals: e.stats.asked,
-		DecisionTimeouts: e.stats.timeouts, NoHandler: e.stats.noHandler,
+		DecisionTimeouts: e.stats.timeouts, NoHandler: e.stats.noHandler, BelowFloor: e.stats.belowFloor,
 		Held: e.heldMsgs, HeldBytes: e.heldBytes, Position: e.position(),
 	}
 }

@@ -163,14 +163,23 @@ func (r *Router) setup(ctx context.Context) (queueCons jetstream.Consumer, relea
 		}
 	}
 	var resume resumePoint
+	var floor uint64
 	if err := r.setupStep(ctx, "checkpoint load", func(ctx context.Context) (err error) {
-		resume, err = r.loadResume(ctx)
+		if resume, err = r.loadResume(ctx); err != nil {
+			return err
+		}
+		floor, err = r.loadFloor(ctx) // floor.go
 		return err
 	}); err != nil {
 		return nil, nil, err
 	}
+	if resume.ckpt.Next == 0 && floor > 0 {
+		r.log.Info("no checkpoint: reading the ingress from the routing floor", "floor", floor)
+	}
+	resume = withFloor(resume, floor)
 	r.mu.Lock()
 	r.eng.resume = resume
+	r.eng.floor = floor
 	r.mu.Unlock()
 	if r.cfg.Type == Local {
 		r.handler = proposals.NewHandler(r.nc, r.store, r.cache, r.reg, proposals.HandlerConfig{
