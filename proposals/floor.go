@@ -57,17 +57,28 @@ func NextFloor(prev uint64, starts map[string]uint64, ingressNext uint64) (floor
 // before it first read or raised it).
 func (h *Handler) Floor() uint64 { return h.floor.Load() }
 
-// advanceFloor is the active handler's floor keeping, on its lease ticks
-// (at most every floorEvery): it reads the stored floor and the live
-// nodes' checkpoints, and stores the next floor (compare-and-set: two
-// overlapping handlers cannot lower it) before it refuses binds below it.
-// A failed read skips the round: the floor stays where it was.
+// keepFloor raises the routing floor every floorEvery while this handler
+// is active (ctx is its term's), in its own goroutine: reading the nodes'
+// checkpoints must never delay the lease renewals.
+func (h *Handler) keepFloor(ctx context.Context) {
+	t := time.NewTicker(floorEvery)
+	defer t.Stop()
+	for {
+		h.advanceFloor(ctx)
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// advanceFloor is one round of keepFloor: it reads the stored floor and
+// the live nodes' checkpoints, and stores the next floor (compare-and-set:
+// two overlapping handlers cannot lower it) before it refuses binds below
+// it. A failed read skips the round: the floor stays where it was.
 func (h *Handler) advanceFloor(ctx context.Context) {
 	now := time.Now()
-	if now.Before(h.floorDue) {
-		return
-	}
-	h.floorDue = now.Add(floorEvery)
 	ctx, cancel := context.WithTimeout(ctx, floorEvery)
 	defer cancel()
 	stored, rev, err := h.reg.LoadFloor(ctx)
@@ -120,7 +131,7 @@ func (h *Handler) advanceFloor(ctx context.Context) {
 }
 
 // loadFloor reads the stored floor into the handler's before it answers
-// as the active handler (advanceFloor follows on its first tick).
+// as the active handler (keepFloor follows).
 func (h *Handler) loadFloor(ctx context.Context) {
 	f, _, err := h.reg.LoadFloor(ctx)
 	if err != nil {
@@ -130,7 +141,6 @@ func (h *Handler) loadFloor(ctx context.Context) {
 	if f.Seq > h.floor.Load() {
 		h.floor.Store(f.Seq)
 	}
-	h.floorDue = time.Time{}
 }
 
 // floorWarn logs a failure of the floor keeping at most once a minute.

@@ -142,10 +142,9 @@ type Handler struct {
 	metrics   *Metrics
 	svcStats  serviceStats
 
-	// The routing floor (floor.go): binds below it are refused. floorDue
-	// and floorWarned are the Run goroutine's.
+	// The routing floor (floor.go): binds below it are refused.
+	// floorWarned is keepFloor's (one at a time: one per term).
 	floor       atomic.Uint64
-	floorDue    time.Time
 	floorWarned time.Time
 
 	// lastHolder is the last other holder of the lease seen; suspect is
@@ -274,6 +273,7 @@ func (h *Handler) Run(ctx context.Context) error {
 					return err
 				}
 				term, svc = t, s
+				t.goFn(func() { h.keepFloor(t.ctx) }) // floor.go
 				h.active.Store(true)
 				h.log.Info("handler active", "lease_rev", lease.Revision)
 				// Nodes retry their failed asks at once, and stop counting
@@ -302,7 +302,6 @@ func (h *Handler) Run(ctx context.Context) error {
 		cancel()
 		if term != nil {
 			h.watchNodes(ctx, term)
-			h.advanceFloor(ctx)
 		}
 		select {
 		case <-ctx.Done():
