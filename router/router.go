@@ -30,12 +30,8 @@ import (
 
 // Stats are a node's counters since it started.
 type Stats struct {
-	Routed  uint64 // messages republished onto queues by this node
-	Skipped uint64 // messages routed by other nodes
-	// BelowFloor counts the Skipped messages that no binding covered but
-	// that lay below the routing floor: routed before, under a binding
-	// that has ended since (docs/protocol.md, "The routing floor").
-	BelowFloor     uint64
+	Routed         uint64 // messages republished onto queues by this node
+	Skipped        uint64 // messages routed by other nodes
 	DeadLettered   uint64 // messages this node put on the dead-letter stream
 	DecisionErrors uint64 // failed proposal attempts (timeouts, no handler, failures)
 	PublishErrors  uint64 // failed queue publishes (retried)
@@ -48,6 +44,11 @@ type Stats struct {
 	// timeout, or found no handler answering.
 	DecisionTimeouts uint64
 	NoHandler        uint64
+
+	// BelowFloor counts the Skipped messages that no binding covered but
+	// that lay below the routing floor: routed before, under a binding
+	// that has ended since (docs/protocol.md, "The routing floor").
+	BelowFloor uint64
 }
 
 // Router is one grouprouter node. Create it with New and start it with Run.
