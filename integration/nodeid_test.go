@@ -153,3 +153,38 @@ func TestDuplicateNodeIDStartedTogether(t *testing.T) {
 	publish(t, js, "jms.orders", "g", "m1", "m2")
 	checkGrouping(t, col.waitCount(t, 2, 20*time.Second), map[string][]string{"g": {"m1", "m2"}})
 }
+
+// The liveness record is input: a value that is not a node's JSON, or one
+// naming another node, under a node's key neither crashes nor holds back
+// the start-up check: the node starts and announces over it.
+func TestNodeStartsOverForeignLiveRecord(t *testing.T) {
+	s := natstest.RunServer(t)
+	js := jetStream(t, s.URL())
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := kvbinding.OpenRegistry(ctx, js, kvbinding.RegistryConfig{}, nil); err != nil {
+		t.Fatal(err)
+	}
+	kv, err := js.KeyValue(ctx, kvbinding.DefaultNodesBucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, v := range []string{"\x00\xffnot json", `{"node":"intruder","instance":"x","every":3600000000000}`} {
+		id := fmt.Sprintf("n%d", i+1)
+		if _, err := kv.Put(ctx, kvbinding.LiveKey(id), []byte(v)); err != nil {
+			t.Fatal(err)
+		}
+		n := startNode(t, s.URL(), testConfig(id, router.Local))
+		natstest.Eventually(t, 10*time.Second, func() error {
+			info, _, err := liveRecord(js, id)
+			if err != nil {
+				return err
+			}
+			if info.Node != id || info.Instance == "" {
+				return fmt.Errorf("record of %s: %+v", id, info)
+			}
+			return nil
+		})
+		n.stop()
+	}
+}
