@@ -29,4 +29,10 @@ var (
 	// ErrLeaseLost is returned when a lease could not be renewed because
 	// it expired or was taken over.
 	ErrLeaseLost = errors.New("kvbinding: lease lost")
+	// ErrInvalidNodeInfo is returned for a liveness record that does not
+	// decode or names another node than its key.
+	ErrInvalidNodeInfo = errors.New("kvbinding: invalid liveness record")
+	// ErrInvalidFloor is returned for a routing floor record that does
+	// not decode.
+	ErrInvalidFloor = errors.New("kvbinding: invalid routing floor")
 )

@@ -35,9 +35,18 @@ func LeaseKey(name string) string { return leasePrefix + name }
 // CheckpointKey returns the key of node's checkpoint.
 func CheckpointKey(node string) string { return ckptPrefix + node }
 
+// FloorKey is the key of the routing floor (see Floor).
+const FloorKey = "floor"
+
 // NodeInfo is what a node announces about itself while it is alive.
 type NodeInfo struct {
 	Node string `json:"node"`
+	// Instance identifies the process announcing (a UUID drawn at its
+	// start): two processes under one node id announce different ones.
+	// Host and PID say where that process runs.
+	Instance string `json:"instance,omitempty"`
+	Host     string `json:"host,omitempty"`
+	PID      int    `json:"pid,omitempty"`
 	// Type is LOCAL or REMOTE.
 	Type string `json:"type"`
 	// Handler is the grouping-handler name the node runs.
@@ -249,7 +258,7 @@ func (r *Registry) apply(key string, op entryOp, value []byte, _ uint64) {
 		var info NodeInfo
 		if err := json.Unmarshal(value, &info); err == nil && info.Node == node && ValidateNodeID(node) == nil {
 			old, had := r.live[node]
-			changed = !had || old.HasConsumer != info.HasConsumer || !old.Started.Equal(info.Started)
+			changed = !had || old.HasConsumer != info.HasConsumer || !old.Started.Equal(info.Started) || old.Instance != info.Instance
 			r.live[node] = info
 			r.seen[node] = time.Now()
 			r.lastSeen[node] = r.seen[node]
@@ -263,6 +272,27 @@ func (r *Registry) apply(key string, op entryOp, value []byte, _ uint64) {
 	if changed && r.onChange != nil {
 		r.onChange()
 	}
+}
+
+// LiveRecord reads node's liveness record from the bucket, with its
+// revision; found is false if there is none (never announced, withdrawn
+// or expired). A value that does not decode, or names another node, is
+// returned with found true and an error wrapping ErrInvalidNodeInfo.
+func (r *Registry) LiveRecord(ctx context.Context, node string) (info NodeInfo, rev uint64, found bool, err error) {
+	e, err := r.kv.Get(ctx, livePrefix+node)
+	if err != nil {
+		if errors.Is(err, jetstream.ErrKeyNotFound) || errors.Is(err, jetstream.ErrKeyDeleted) {
+			return NodeInfo{}, 0, false, nil
+		}
+		return NodeInfo{}, 0, false, fmt.Errorf("kvbinding: read liveness of %s: %w", node, err)
+	}
+	if err := json.Unmarshal(e.Value(), &info); err != nil {
+		return NodeInfo{}, e.Revision(), true, fmt.Errorf("%w: %s: %v", ErrInvalidNodeInfo, node, err)
+	}
+	if info.Node != node {
+		return NodeInfo{}, e.Revision(), true, fmt.Errorf("%w: %s: the record names node %q", ErrInvalidNodeInfo, node, info.Node)
+	}
+	return info, e.Revision(), true, nil
 }
 
 // ListNodes reads the liveness records directly from the bucket.
@@ -489,4 +519,57 @@ func (c Checkpoint) Start() uint64 {
 		return c.Pending[0][0]
 	}
 	return c.Next
+}
+
+// Floor is the routing floor: every ingress message below Seq has been
+// resolved (routed, skipped as another node's, or dead-lettered) by every
+// node that was live when the active LOCAL handler raised it. It only
+// grows; the handler is its only writer.
+type Floor struct {
+	Seq uint64 `json:"seq"`
+	// At and By say when and by which handler it was last raised.
+	At time.Time `json:"at"`
+	By string    `json:"by,omitempty"`
+}
+
+// LoadFloor returns the stored routing floor and its revision; a zero
+// Floor and revision 0 if there is none. A value that does not decode is
+// returned as a zero Floor with its revision and an error wrapping
+// ErrInvalidFloor (RaiseFloor writes over it).
+func (r *Registry) LoadFloor(ctx context.Context) (Floor, uint64, error) {
+	e, err := r.kv.Get(ctx, FloorKey)
+	if err != nil {
+		if errors.Is(err, jetstream.ErrKeyNotFound) || errors.Is(err, jetstream.ErrKeyDeleted) {
+			return Floor{}, 0, nil
+		}
+		return Floor{}, 0, fmt.Errorf("kvbinding: load floor: %w", err)
+	}
+	var f Floor
+	if err := json.Unmarshal(e.Value(), &f); err != nil {
+		return Floor{}, e.Revision(), fmt.Errorf("%w: %v", ErrInvalidFloor, err)
+	}
+	return f, e.Revision(), nil
+}
+
+// StoreFloor writes f as the routing floor over the record at revision
+// rev (0: there is none), with a compare-and-set: it returns an error
+// wrapping ErrConflict if the record changed since.
+func (r *Registry) StoreFloor(ctx context.Context, f Floor, rev uint64) (uint64, error) {
+	data, err := json.Marshal(f)
+	if err != nil {
+		return 0, err
+	}
+	var nrev uint64
+	if rev == 0 {
+		nrev, err = r.kv.Create(ctx, FloorKey, data)
+	} else {
+		nrev, err = r.kv.Update(ctx, FloorKey, data, rev)
+	}
+	if err != nil {
+		if errors.Is(err, jetstream.ErrKeyRevisionMismatch) || errors.Is(err, jetstream.ErrKeyExists) {
+			return 0, fmt.Errorf("%w: floor", ErrConflict)
+		}
+		return 0, fmt.Errorf("kvbinding: store floor: %w", err)
+	}
+	return nrev, nil
 }

@@ -2,6 +2,7 @@ package kvbinding
 
 import (
 	"context"
+	"errors"
 	"testing"
 	"time"
 
@@ -40,6 +41,97 @@ func TestRegistryKeys(t *testing.T) {
 	for _, key := range []string{LiveKey("n1"), CheckpointKey("n1"), LeaseKey("h")} {
 		if _, err := kv.Get(ctx, key); err != nil {
 			t.Errorf("key %q: %v", key, err)
+		}
+	}
+}
+
+// TestFloorRecord: the routing floor is created, raised with a
+// compare-and-set (a writer on a stale revision gets ErrConflict), and a
+// value that does not decode is reported with its revision, so that it can
+// be written over; FloorKey names the key (permissions come from it).
+func TestFloorRecord(t *testing.T) {
+	s := natstest.RunServer(t)
+	js, err := jetstream.New(s.Connect())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	reg, err := OpenRegistry(ctx, js, RegistryConfig{}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if f, rev, err := reg.LoadFloor(ctx); err != nil || rev != 0 || f.Seq != 0 {
+		t.Fatalf("no floor yet: %+v rev %d, %v", f, rev, err)
+	}
+	rev1, err := reg.StoreFloor(ctx, Floor{Seq: 10, By: "h/n1"}, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := reg.StoreFloor(ctx, Floor{Seq: 5}, 0); !errors.Is(err, ErrConflict) {
+		t.Errorf("a second create: %v, want ErrConflict", err)
+	}
+	rev2, err := reg.StoreFloor(ctx, Floor{Seq: 20}, rev1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := reg.StoreFloor(ctx, Floor{Seq: 15}, rev1); !errors.Is(err, ErrConflict) {
+		t.Errorf("a write on a stale revision: %v, want ErrConflict", err)
+	}
+	if f, rev, err := reg.LoadFloor(ctx); err != nil || rev != rev2 || f.Seq != 20 {
+		t.Errorf("floor %+v rev %d (%v), want 20 at rev %d", f, rev, err, rev2)
+	}
+	kv, err := js.KeyValue(ctx, DefaultNodesBucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bad, err := kv.Put(ctx, FloorKey, []byte("{not json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, rev, err := reg.LoadFloor(ctx)
+	if !errors.Is(err, ErrInvalidFloor) || rev != bad || f.Seq != 0 {
+		t.Fatalf("invalid floor: %+v rev %d, %v; want ErrInvalidFloor at rev %d", f, rev, err, bad)
+	}
+	if _, err := reg.StoreFloor(ctx, Floor{Seq: 30}, rev); err != nil {
+		t.Errorf("writing over the invalid value: %v", err)
+	}
+}
+
+// TestLiveRecord: a node's liveness record as announced; none; and a
+// value that is not a node's own, reported as invalid with its revision.
+func TestLiveRecord(t *testing.T) {
+	s := natstest.RunServer(t)
+	js, err := jetstream.New(s.Connect())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	reg, err := OpenRegistry(ctx, js, RegistryConfig{}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, found, err := reg.LiveRecord(ctx, "n1"); found || err != nil {
+		t.Fatalf("no record: found %v, %v", found, err)
+	}
+	if err := reg.Announce(ctx, NodeInfo{Node: "n1", Instance: "i1", Host: "h", PID: 7}, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	info, rev, found, err := reg.LiveRecord(ctx, "n1")
+	if err != nil || !found || rev == 0 || info.Instance != "i1" || info.PID != 7 {
+		t.Fatalf("record %+v rev %d found %v: %v", info, rev, found, err)
+	}
+	kv, err := js.KeyValue(ctx, DefaultNodesBucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, v := range []string{`\x00garbage`, `{"node":"n2","instance":"x"}`} {
+		if _, err := kv.Put(ctx, LiveKey("n1"), []byte(v)); err != nil {
+			t.Fatal(err)
+		}
+		if _, rev, found, err := reg.LiveRecord(ctx, "n1"); !errors.Is(err, ErrInvalidNodeInfo) || !found || rev == 0 {
+			t.Errorf("value %q: found %v rev %d, %v; want ErrInvalidNodeInfo", v, found, rev, err)
 		}
 	}
 }

@@ -58,7 +58,7 @@ func (h *Handler) DecideAll(ctx context.Context, req Request) []Decision {
 		groups[i] = p.Group
 	}
 	defer h.locks.lock(groups)()
-	env := Env{Now: time.Now(), Handler: h.id, Live: h.liveState()}
+	env := Env{Now: time.Now(), Handler: h.id, Live: h.liveState(), Floor: h.floor.Load()}
 	plans := make([]planned, 0, len(req.Proposals))
 	ps := make([]Proposal, 0, len(req.Proposals))
 	for i, p := range req.Proposals {
@@ -173,7 +173,7 @@ func (h *Handler) unwritten(pl planned, p Proposal) Decision {
 				Reason: res.Reason + " (proposed " + p.Node + ")"})
 		}
 	case Refused, Failed:
-		d.Error = res.Reason
+		d.Error, d.Floor = res.Reason, res.Floor
 		if res.Outcome == Refused {
 			h.log.Debug("refused", "group", p.Group, "op", p.op(), "reason", res.Reason)
 		}

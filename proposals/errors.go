@@ -19,4 +19,8 @@ var (
 	ErrIneligibleNode = errors.New("proposals: node is not eligible")
 	// ErrMoveInProgress is returned when a group is already changing hands.
 	ErrMoveInProgress = errors.New("proposals: group is being moved")
+	// ErrBelowFloor is the cause of a bind refused because its sequence is
+	// below the routing floor: the cluster routed those messages already
+	// (see NextFloor).
+	ErrBelowFloor = errors.New("proposals: below the routing floor")
 )

@@ -165,6 +165,11 @@ type Handler struct {
 	metrics       *Metrics
 	svcStats      serviceStats
 
+	// The routing floor (floor.go): binds below it are refused.
+	// floorWarned is keepFloor's (one at a time: one per term).
+	floor       atomic.Uint64
+	floorWarned time.Time
+
 	// lastHolder is the last other holder of the lease seen; suspect is
 	// the node of a holder whose lease expired or that stopped answering
 	// (it did not release it: presumably crashed), ineligible until it
@@ -292,12 +297,14 @@ func (h *Handler) Run(ctx context.Context) error {
 					_ = svc.Stop()
 					svc = nil
 				}
+				h.loadFloor(opCtx)
 				t, s, err := h.begin(ctx)
 				if err != nil {
 					cancel()
 					return err
 				}
 				term, svc = t, s
+				t.goFn(func() { h.keepFloor(t.ctx) }) // floor.go
 				h.active.Store(true)
 				h.log.Info("handler active", "lease_rev", lease.Revision)
 				// Nodes retry their failed asks at once, and stop counting

@@ -107,6 +107,10 @@ type Env struct {
 	// knows it, for dead-letter asks (0: unknown: a dead-letter ask then
 	// fails, to be asked again).
 	IngressLast uint64
+	// Floor is the routing floor (see NextFloor): every ingress message
+	// below it was resolved cluster-wide, so no binding starts below it.
+	// 0: none.
+	Floor uint64
 }
 
 // Result is what Transition decides.
@@ -135,6 +139,9 @@ type Result struct {
 	Err error
 	// Reason explains the outcome.
 	Reason string
+	// Floor is, for a bind refused below the routing floor (Err
+	// ErrBelowFloor), the floor: the asker drops its messages below it.
+	Floor uint64
 }
 
 // Refused is the outcome of an ask that is not the asker's to make (the
@@ -274,6 +281,14 @@ func (m *machine) bind() Result {
 				prev, from = cur.PrevNode, cur.ThroughSeq+1
 			}
 		}
+	}
+	if in.Seq < m.env.Floor {
+		// Every node that was live when the floor was raised resolved
+		// these messages: routed by the binding of the time (which has
+		// ended since, or the asker's view would show it), skipped, or
+		// dead-lettered. A binding from here would route them again.
+		return Result{Outcome: Refused, Err: ErrBelowFloor, Floor: m.env.Floor,
+			Reason: fmt.Sprintf("bind: seq %d is below the routing floor %d: routed already", in.Seq, m.env.Floor)}
 	}
 	node, redirected := Choose(m.env.Live, in.Node, m.group == "")
 	if prev != "" && node != prev && isEligible(m.env.Live, prev, m.group == "") {

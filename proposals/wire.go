@@ -145,6 +145,10 @@ type Decision struct {
 	Outcome  Outcome `json:"outcome"`
 	Revision uint64  `json:"revision,omitempty"`
 	Error    string  `json:"error,omitempty"`
+	// Floor is set on a bind refused below the routing floor: the
+	// floor, below which the asker drops the group's messages (the
+	// cluster routed them already).
+	Floor uint64 `json:"floor,omitempty"`
 }
 
 // Reply answers a Request, decision i for proposal i.
@@ -349,6 +353,10 @@ func EncodeReply(r Reply, req Request) ([]byte, error) {
 				buf = append(buf, `,"error":`...)
 				buf = jsonx.AppendString(buf, d.Error)
 			}
+			if d.Floor != 0 {
+				buf = append(buf, `,"floor":`...)
+				buf = strconv.AppendUint(buf, d.Floor, 10)
+			}
 			buf = append(buf, '}')
 		}
 		buf = append(buf, ']')
@@ -407,6 +415,8 @@ func scanReply(data []byte, n int) (Reply, bool) {
 						dec.Revision, ok = d.Uint()
 					case "error":
 						dec.Error, ok = d.Str()
+					case "floor":
+						dec.Floor, ok = d.Uint()
 					}
 					return ok
 				})

@@ -163,6 +163,7 @@ func FuzzDecodeReply(f *testing.F) {
 	f.Add([]byte(`{"v":3,"handler":"h","decisions":[{"group":"g","outcome":"accepted","revision":3}]}`))
 	f.Add([]byte(`{"v":3,"error":"x"}`))
 	f.Add([]byte(`{"v":3,"handler":"h","decisions":[{"group":"g","outcome":"refused","error":"stale"}]}`))
+	f.Add([]byte(`{"v":3,"handler":"h","decisions":[{"group":"g","outcome":"refused","error":"below","floor":12}]}`))
 	req := Request{Proposer: "n1", Proposals: []Proposal{{Group: "g", Node: "n1", Seq: 1}}}
 	f.Fuzz(func(t *testing.T, data []byte) {
 		if fast, ok := scanReply(data, 1); ok {
@@ -188,10 +189,12 @@ func FuzzDecodeReply(f *testing.F) {
 }
 
 func TestEncodeReplyRoundTrip(t *testing.T) {
-	req := Request{Proposer: "n1", Proposals: []Proposal{{Group: "a\"b\\c ✓ <>&", Node: "n1", Seq: 1}, {Group: "g2", Node: "n2", Seq: 2}}}
+	req := Request{Proposer: "n1", Proposals: []Proposal{{Group: "a\"b\\c ✓ <>&", Node: "n1", Seq: 1}, {Group: "g2", Node: "n2", Seq: 2},
+		{Group: "g3", Node: "n2", Seq: 3}}}
 	in := Reply{Handler: "h/\"n0\"", Decisions: []Decision{
 		{Group: req.Proposals[0].Group, Outcome: Accepted, Revision: 9},
 		{Group: "g2", Outcome: Failed, Error: "no eligible node\n"},
+		{Group: "g3", Outcome: Refused, Error: "below the floor", Floor: 17},
 	}}
 	data, err := EncodeReply(in, req)
 	if err != nil {

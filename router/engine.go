@@ -198,6 +198,7 @@ type action struct {
 type engineStats struct {
 	skipped, deadLettered, decisionErrors, publishErrors, asked uint64
 	timeouts, noHandler                                         uint64
+	belowFloor                                                  uint64
 }
 
 // engine is the lane engine.
@@ -213,6 +214,10 @@ type engine struct {
 	track     tracker
 	resume    resumePoint
 	closing   bool
+	// floor is the routing floor as this node knows it (proposals
+	// NextFloor): a message below it that no binding covers was routed
+	// already, under a binding that has ended since; it is dropped.
+	floor uint64
 
 	askQ     []*lane  // lanes whose ask is due now
 	retryQ   askHeap  // asks due later
@@ -336,6 +341,18 @@ func (e *engine) pump(ln *lane, now time.Time) {
 		}
 		switch act {
 		case proposals.RoutePropose:
+			if m.seq < e.floor {
+				// Below the routing floor: every node resolved it while a
+				// binding covered it; a binding now would route it again.
+				e.popDone(ln)
+				e.stats.skipped++
+				e.stats.belowFloor++
+				if len(ln.msgs) == 0 {
+					ln.waiting = false
+					e.dropAsk(ln)
+				}
+				continue
+			}
 			ln.waiting = true
 			e.needBinding(ln, now)
 			return
@@ -822,6 +839,19 @@ func (e *engine) replied(batch []*ask, ds []proposals.Decision, err error, now t
 			e.failed(a, fmt.Errorf("%w: %s", proposals.ErrHandlerFailed, d.Error), now)
 			continue
 		case proposals.Refused:
+			if d.Floor > 0 && (a.p.Op == "" || a.p.Op == proposals.OpBind) {
+				// Below the routing floor: the group's messages below it
+				// were routed; ask again for those after it, if any.
+				ln := a.lane
+				if ln.ask == a {
+					e.dropAsk(ln)
+				}
+				e.raiseFloor(d.Floor, now)
+				if e.lanes[ln.group] == ln {
+					e.pump(ln, now)
+				}
+				continue
+			}
 			// Not ours to ask (any more): the record stands. Look again
 			// once the record changes, or after a pause.
 			e.failed(a, fmt.Errorf("refused: %s", d.Error), now)
@@ -863,6 +893,20 @@ func (e *engine) answered(ln *lane, now time.Time) {
 	e.dropAsk(ln)
 	ln.changing = false
 	e.pump(ln, now)
+}
+
+// raiseFloor takes a routing floor learnt from the handler: the held
+// messages below it that wait for a binding are dropped (routed already).
+func (e *engine) raiseFloor(floor uint64, now time.Time) {
+	if floor <= e.floor {
+		return
+	}
+	e.floor = floor
+	for _, ln := range e.lanes {
+		if ln.waiting && len(ln.msgs) > 0 && ln.msgs[0].seq < floor {
+			e.pump(ln, now)
+		}
+	}
 }
 
 // failed records a failed attempt: retry after a backoff, or dead-letter

@@ -19,6 +19,10 @@ var (
 	ErrPermanent = errors.New("grouping: cannot set up")
 )
 
+// ErrNodeIDInUse is matched by the *NodeIDInUseError Run returns when
+// another process runs under the node's id.
+var ErrNodeIDInUse = errors.New("grouping: node id in use by another process")
+
 // ErrNotReady is wrapped by the error of Router.CheckReady: the node does
 // not route now (starting, disconnected, not reading, stopped).
 var ErrNotReady = errors.New("grouping: node not ready")
@@ -28,7 +32,7 @@ var ErrNotReady = errors.New("grouping: node not ready")
 // against its cause.
 type SetupError struct {
 	// Step is the setup step that failed: "connect", "streams", "queue
-	// consumer", "bindings bucket", "node registry bucket", "queue
+	// consumer", "bindings bucket", "node registry bucket", "node id check", "queue
 	// publisher", "binding cache load", "node registry load", "checkpoint
 	// load", "handler events" or "first announcement".
 	Step string

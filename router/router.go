@@ -6,10 +6,12 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"golang.org/x/sync/errgroup"
@@ -49,6 +51,10 @@ type Stats struct {
 	// read them (expired, removed, or lost by a server), so not routed by it.
 	IngressGaps    uint64
 	IngressMissing uint64
+	// BelowFloor counts the Skipped messages that no binding covered but
+	// that lay below the routing floor: routed before, under a binding
+	// that has ended since (docs/protocol.md, "The routing floor").
+	BelowFloor uint64
 }
 
 // Router is one grouprouter node. Create it with New and start it with Run.
@@ -67,6 +73,16 @@ type Router struct {
 
 	ready   chan struct{}
 	started time.Time
+
+	// One process per node id (identity.go): this process's instance id,
+	// host and pid, announced in its liveness record; yielded is set, and
+	// conflict receives the error, when it gives the id up to another.
+	instance       string
+	host           string
+	pid            int
+	yielded        atomic.Bool
+	conflict       chan error
+	warnedInstance atomic.Pointer[string]
 
 	mu      sync.Mutex
 	cond    *sync.Cond // signalled when held or in-flight work shrinks
@@ -147,8 +163,13 @@ func New(nc *nats.Conn, cfg Config) (*Router, error) {
 		duties:    newDutyQueue(),
 		metrics:   newNodeMetrics(cfg.Type),
 
+		instance: uuid.NewString(),
+		pid:      os.Getpid(),
+		conflict: make(chan error, 1),
+
 		expectQueue: []string{QueueStream},
 	}
+	r.host, _ = os.Hostname()
 	r.cond = sync.NewCond(&r.mu)
 	r.warnNoDecision = logagg.New(r.log, "no routing decision; the group waits and is retried", logagg.DefaultEvery)
 	r.warnDeadLettered = logagg.New(r.log, "group dead-lettered", logagg.DefaultEvery)
@@ -191,7 +212,7 @@ func (r *Router) Stats() Stats {
 	return Stats{
 		Routed: r.routed.Load(), Skipped: e.stats.skipped, DeadLettered: e.stats.deadLettered,
 		DecisionErrors: e.stats.decisionErrors, PublishErrors: e.stats.publishErrors, Proposals: e.stats.asked,
-		DecisionTimeouts: e.stats.timeouts, NoHandler: e.stats.noHandler,
+		DecisionTimeouts: e.stats.timeouts, NoHandler: e.stats.noHandler, BelowFloor: e.stats.belowFloor,
 		Held: e.heldMsgs, HeldBytes: e.heldBytes, Position: e.position(),
 		IngressGaps: r.loss.gaps.Load(), IngressMissing: r.loss.missing.Load(),
 	}
@@ -257,6 +278,13 @@ func wake(ch chan struct{}) {
 // transient failures with backoff, logging what it waits for. A failure
 // that waiting cannot fix returns a *SetupError (matching ErrPermanent). If
 // ctx ends during setup, Run returns nil.
+//
+// One process runs a node id (identity.go): if another process heartbeats
+// under it when Run starts, Run returns a *NodeIDInUseError (matching
+// ErrNodeIDInUse) before it touches anything the id owns; if one that
+// started earlier announces under it while Run routes, Run stops (saving
+// no checkpoint and withdrawing nothing: they are the other process's)
+// and returns a *NodeIDInUseError too.
 func (r *Router) Run(ctx context.Context) error {
 	defer r.stopped.Store(true)
 	defer func() {
@@ -303,6 +331,14 @@ func (r *Router) Run(ctx context.Context) error {
 	g.Go(func() error { r.asker(gctx); return nil })
 	g.Go(func() error { r.timers(gctx); return nil })
 	g.Go(func() error { return r.read(gctx) })
+	g.Go(func() error {
+		select {
+		case <-gctx.Done():
+			return nil
+		case err := <-r.conflict:
+			return err // another process runs this node id (identity.go)
+		}
+	})
 	err = g.Wait()
 	r.drain()
 	if err != nil && !errors.Is(err, context.Canceled) {
@@ -414,6 +450,11 @@ func (r *Router) drain() {
 	}
 	r.mu.Unlock()
 	ckpt := r.checkpoint()
+	if r.yielded.Load() {
+		// The checkpoint and the liveness record are the other process's.
+		r.log.Info("node stopped: its id is run by another process", "position", ckpt.Next, "routed", r.routed.Load())
+		return
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
 	if ckpt.Next > 0 {
@@ -487,6 +528,7 @@ func (r *Router) resumeDuties() {
 // their consumer presence) changed.
 func (r *Router) onLiveChange() {
 	live := r.reg.Live()
+	r.checkOwnRecord(live)
 	state := make(map[string]proposals.NodeState, len(live))
 	r.suspectMu.Lock()
 	for id, info := range live {
@@ -629,6 +671,9 @@ func (r *Router) nodeTTL() time.Duration {
 }
 
 func (r *Router) announce(ctx context.Context, cons jetstream.Consumer) error {
+	if r.yielded.Load() {
+		return nil // the record is the other process's
+	}
 	ctx, cancel := context.WithTimeout(ctx, r.cfg.Heartbeat)
 	defer cancel()
 	var pending, unacked uint64
@@ -643,7 +688,8 @@ func (r *Router) announce(ctx context.Context, cons jetstream.Consumer) error {
 	}
 	st := r.Stats()
 	info := kvbinding.NodeInfo{
-		Node: r.cfg.Node, Type: string(r.cfg.Type), Handler: r.cfg.Name,
+		Node: r.cfg.Node, Instance: r.instance, Host: r.host, PID: r.pid,
+		Type: string(r.cfg.Type), Handler: r.cfg.Name,
 		HasConsumer: r.hasConsumer.Load(), Started: r.started, Heartbeat: time.Now().UTC(), Every: r.cfg.Heartbeat,
 		Position: st.Position, Held: st.Held, Routed: st.Routed,
 		DecisionErrors: st.DecisionErrors, DeadLettered: st.DeadLettered,
@@ -707,7 +753,7 @@ func (r *Router) checkpointLoop(ctx context.Context) {
 		case <-t.C:
 		}
 		c := r.checkpoint()
-		if c.Next == 0 || (c.Next == last.Next && len(c.Pending) == 0 && len(last.Pending) == 0 && len(c.Caught) == 0 && len(last.Caught) == 0) {
+		if r.yielded.Load() || c.Next == 0 || (c.Next == last.Next && len(c.Pending) == 0 && len(last.Pending) == 0 && len(c.Caught) == 0 && len(last.Caught) == 0) {
 			continue
 		}
 		sctx, cancel := context.WithTimeout(ctx, r.cfg.CheckpointInterval)

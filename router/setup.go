@@ -103,12 +103,6 @@ func (r *Router) setup(ctx context.Context) (queueCons jetstream.Consumer, relea
 	}); err != nil {
 		return nil, nil, err
 	}
-	if err := r.setupStep(ctx, "queue consumer", func(ctx context.Context) (err error) {
-		queueCons, err = ensureQueueConsumer(ctx, r.js, r.cfg.Node, r.cfg.QueueMode, r.cfg.PinnedTTL, r.cfg.QueueAckWait)
-		return err
-	}); err != nil {
-		return nil, nil, err
-	}
 	if err := r.setupStep(ctx, "bindings bucket", func(ctx context.Context) (err error) {
 		r.store, err = kvbinding.OpenStore(ctx, r.js, kvbinding.StoreConfig{Replicas: replicas, MaxBytes: r.cfg.BindingsMaxBytes})
 		return err
@@ -118,6 +112,19 @@ func (r *Router) setup(ctx context.Context) (queueCons jetstream.Consumer, relea
 	undo = append(undo, r.store.Close)
 	if err := r.setupStep(ctx, "node registry bucket", func(ctx context.Context) (err error) {
 		r.reg, err = kvbinding.OpenRegistry(ctx, r.js, kvbinding.RegistryConfig{Replicas: replicas}, r.onLiveChange)
+		return err
+	}); err != nil {
+		return nil, nil, err
+	}
+	// Before anything this node id owns (its queue consumer, checkpoint,
+	// liveness record, the handler lease) is touched: is another process
+	// running under the id? (identity.go)
+	if err := r.claimNodeID(ctx); err != nil {
+		return nil, nil, err
+	}
+	r.started = time.Now().UTC()
+	if err := r.setupStep(ctx, "queue consumer", func(ctx context.Context) (err error) {
+		queueCons, err = ensureQueueConsumer(ctx, r.js, r.cfg.Node, r.cfg.QueueMode, r.cfg.PinnedTTL, r.cfg.QueueAckWait)
 		return err
 	}); err != nil {
 		return nil, nil, err
@@ -156,14 +163,23 @@ func (r *Router) setup(ctx context.Context) (queueCons jetstream.Consumer, relea
 		}
 	}
 	var resume resumePoint
+	var floor uint64
 	if err := r.setupStep(ctx, "checkpoint load", func(ctx context.Context) (err error) {
-		resume, err = r.loadResume(ctx)
+		if resume, err = r.loadResume(ctx); err != nil {
+			return err
+		}
+		floor, err = r.loadFloor(ctx) // floor.go
 		return err
 	}); err != nil {
 		return nil, nil, err
 	}
+	if resume.ckpt.Next == 0 && floor > 0 {
+		r.log.Info("no checkpoint: reading the ingress from the routing floor", "floor", floor)
+	}
+	resume = withFloor(resume, floor)
 	r.mu.Lock()
 	r.eng.resume = resume
+	r.eng.floor = floor
 	r.mu.Unlock()
 	if r.cfg.Type == Local {
 		r.handler = proposals.NewHandler(r.nc, r.store, r.cache, r.reg, proposals.HandlerConfig{
@@ -178,7 +194,6 @@ func (r *Router) setup(ctx context.Context) (queueCons jetstream.Consumer, relea
 		return nil, nil, &SetupError{Step: "handler events", Err: err}
 	}
 	undo = append(undo, unsubscribe)
-	r.started = time.Now().UTC()
 	if err := r.setupStep(ctx, "first announcement", func(ctx context.Context) error {
 		return r.announce(ctx, queueCons)
 	}); err != nil {

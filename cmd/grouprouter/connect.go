@@ -463,6 +463,9 @@ func violationOf(err error) error {
 // line.
 func setupError(err error, s connSettings) error {
 	var se *router.SetupError
+	if errors.Is(err, router.ErrNodeIDInUse) {
+		return err // says it all, in one line
+	}
 	if !errors.As(err, &se) {
 		return fmt.Errorf("router: %w", err)
 	}

@@ -302,8 +302,10 @@ func (l Layout) node(node string, handler bool) User {
 	}
 	pub = slices.Concat(pub,
 		l.kvPut(nodes, kvbinding.LiveKey(node), "announce itself (per-key TTL) and withdraw"),
+		l.kvGet(nodes, kvbinding.LiveKey(node), "at start, check that no other process runs its id"),
 		l.kvPut(nodes, kvbinding.CheckpointKey(node), "save its checkpoint"),
 		l.kvGet(nodes, kvbinding.CheckpointKey(node), "load its checkpoint"),
+		l.kvGet(nodes, kvbinding.FloorKey, "read the routing floor (where to start without a checkpoint)"),
 	)
 	for _, s := range streams() {
 		pub = append(pub, l.api("STREAM.INFO."+s, "check the layout; stream bounds")...)
@@ -366,12 +368,13 @@ func (l Layout) handlerPublish(node string) []Grant {
 		l.kvGet(bindings, ">", "read a record after a compare-and-set conflict, or for the operator"),
 		l.kvPut(nodes, kvbinding.LeaseKey(l.Name), "hold the handler lease"),
 		l.kvGet(nodes, kvbinding.LeaseKey(l.Name), "read the handler lease"),
+		l.kvPut(nodes, kvbinding.FloorKey, "raise the routing floor (compare-and-set)"),
 		l.api("CONSUMER.CREATE."+kvStream(nodes)+".*."+kvSubject(nodes, kvbinding.LeaseKey(l.Name)), "watch the lease: create the watcher"),
 		[]Grant{{"$JS.FC." + kvStream(nodes) + ".>", "flow control replies of the lease watcher"}},
 	)
 	for _, n := range l.Nodes {
 		if n != node {
-			pub = append(pub, l.kvGet(nodes, kvbinding.CheckpointKey(n), "fence a gone node's groups from its checkpoint")...)
+			pub = append(pub, l.kvGet(nodes, kvbinding.CheckpointKey(n), "fence a gone node's groups from its checkpoint; the routing floor")...)
 		}
 	}
 	// Pausing and resuming queues (one API subject) is every node's right.
