@@ -40,10 +40,22 @@ func waitRegistry(t *testing.T, url string, stderr *syncBuffer, opts ...nats.Opt
 	natstest.Eventually(t, 60*time.Second, func() error {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()
-		if _, err := js.KeyValue(ctx, kvbinding.DefaultNodesBucket); err != nil {
+		kv, err := js.KeyValue(ctx, kvbinding.DefaultNodesBucket)
+		if err != nil {
 			return fmt.Errorf("%v; node's stderr:\n%s", err, stderr)
 		}
-		return nil
+		// The node's first announcement, which 'nodes' lists, may come
+		// a heartbeat after the bucket (later on a loaded machine).
+		keys, err := kv.ListKeys(ctx)
+		if err != nil {
+			return err
+		}
+		for k := range keys.Keys() {
+			if strings.HasPrefix(k, "live.") {
+				return nil
+			}
+		}
+		return fmt.Errorf("no node announced yet; node's stderr:\n%s", stderr)
 	})
 }
 
