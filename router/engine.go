@@ -426,9 +426,15 @@ func (e *engine) alive(until, now time.Time) {
 	if e.fenced(now) || len(e.held) == 0 {
 		return
 	}
-	held := e.held
+	held := make([]*lane, 0, len(e.held))
+	for ln := range e.held {
+		held = append(held, ln)
+	}
 	e.held = make(map[*lane]struct{})
-	for ln := range held {
+	// In group order: the publishes come out the same way every time (the
+	// simulation replays a seed exactly).
+	sort.Slice(held, func(i, j int) bool { return held[i].group < held[j].group })
+	for _, ln := range held {
 		if e.lanes[ln.group] == ln {
 			e.pump(ln, now)
 		}
@@ -902,10 +908,15 @@ func (e *engine) raiseFloor(floor uint64, now time.Time) {
 		return
 	}
 	e.floor = floor
+	var below []*lane
 	for _, ln := range e.lanes {
 		if ln.waiting && len(ln.msgs) > 0 && ln.msgs[0].seq < floor {
-			e.pump(ln, now)
+			below = append(below, ln)
 		}
+	}
+	sort.Slice(below, func(i, j int) bool { return below[i].group < below[j].group }) // a deterministic order
+	for _, ln := range below {
+		e.pump(ln, now)
 	}
 }
 
@@ -1031,15 +1042,14 @@ func (e *engine) busyGroups() (busy []string, more bool) {
 		if _, listed := e.recent[g]; listed || g == "" || (len(ln.msgs) == 0 && ln.inflight == 0) {
 			continue
 		}
-		if len(busy) == kvbinding.MaxBusyListed {
-			more = true
-			break
-		}
 		busy = append(busy, g)
 	}
 	clear(e.recent)
 	e.recentMore = false
-	sort.Strings(busy)
+	sort.Strings(busy) // which ones are listed does not depend on a map's order
+	if len(busy) > kvbinding.MaxBusyListed {
+		busy, more = busy[:kvbinding.MaxBusyListed], true
+	}
 	return busy, more
 }
 
