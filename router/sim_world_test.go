@@ -86,6 +86,10 @@ type simProfile struct {
 	prefetch     int
 	// rebalance: the handler's rebalancing (on in odd seeds).
 	rebalance proposals.RebalanceConfig
+	// join: the last REMOTE node and its consumer join during the active
+	// phase, without a checkpoint (seeds divisible by 3, with a REMOTE
+	// node), instead of starting with the others.
+	join bool
 
 	// Per-operation fault probabilities.
 	pDrop     float64 // an ask, reply or step report is lost (the asker times out)
@@ -176,11 +180,18 @@ func newSimProfile(rng *rand.Rand) simProfile {
 }
 
 func (p simProfile) String() string {
-	if p.calm {
-		return fmt.Sprintf("calm: %d nodes (%d LOCAL), %d groups, %d messages", p.nodes, p.locals, p.groups, p.messages)
+	extra := ""
+	if p.join {
+		extra += ", the last node joins later"
 	}
-	return fmt.Sprintf("%d nodes (%d LOCAL), %d groups, %d messages; crashes %d, stops %d, stand-downs %d, consumer flaps %d, moves %d, unbinds %d, announce gaps %d, window loss %v; p(drop %.2f slow %.2f pubfail %.2f acklost %.2f late %.2f kv %.2f op %.2f)",
-		p.nodes, p.locals, p.groups, p.messages, p.crashes, p.stops, p.standDowns, p.consumerFlaps, p.moves, p.unbinds, p.announceGaps, p.windowLoss,
+	if p.rebalance.Enabled {
+		extra += ", rebalancing"
+	}
+	if p.calm {
+		return fmt.Sprintf("calm: %d nodes (%d LOCAL)%s, %d groups, %d messages", p.nodes, p.locals, extra, p.groups, p.messages)
+	}
+	return fmt.Sprintf("%d nodes (%d LOCAL)%s, %d groups, %d messages; crashes %d, stops %d, stand-downs %d, consumer flaps %d, moves %d, unbinds %d, announce gaps %d, window loss %v; p(drop %.2f slow %.2f pubfail %.2f acklost %.2f late %.2f kv %.2f op %.2f)",
+		p.nodes, p.locals, extra, p.groups, p.messages, p.crashes, p.stops, p.standDowns, p.consumerFlaps, p.moves, p.unbinds, p.announceGaps, p.windowLoss,
 		p.pDrop, p.pSlow, p.pPubFail, p.pAckLost, p.pLate, p.pKVFail, p.pOpFail)
 }
 
@@ -255,6 +266,8 @@ func newSimWorld(seed uint64, tracing, strict bool) *simWorld {
 		w.p.rebalance = proposals.RebalanceConfig{Enabled: true, Tolerance: int(seed / 2 % 2), MaxMoves: 2, MaxInFlight: 4,
 			CoolDown: 3 * time.Second}
 	}
+	// Without a draw from rng either: other seeds run as before.
+	w.p.join = seed%3 == 0 && w.p.nodes > w.p.locals
 	w.kv = newSimKV(w)
 	w.reg = newSimRegistry(w)
 	w.q = newSimQueues(w)
@@ -338,18 +351,37 @@ func simGroupID(i int) string { return fmt.Sprintf("g%d", i) }
 // setup creates the nodes, the producer and the faults of the run.
 func (w *simWorld) setup() {
 	p := w.p
+	joiner := ""
+	if p.join {
+		joiner = simNodeID(p.nodes - 1)
+	}
 	for i := 0; i < p.nodes; i++ {
 		id := simNodeID(i)
-		w.q.consumer(id).present = true
+		w.q.consumer(id).present = id != joiner
 	}
 	for i := 0; i < p.nodes; i++ {
 		n := newSimNode(w, simNodeID(i), i < p.locals)
 		w.nodes = append(w.nodes, n)
 	}
-	// Nodes start one after another, a little apart.
+	// Nodes start one after another, a little apart; a joiner later, with
+	// its consumer.
 	for _, n := range w.nodes {
 		n := n
+		if n.id == joiner {
+			continue
+		}
 		w.after(w.between(0, 300*time.Millisecond), func() { n.start() })
+	}
+	if joiner != "" {
+		w.afterAt(w.between(p.active/4, p.active*3/4), func() {
+			n := w.node(joiner)
+			if n == nil || n.up() {
+				return
+			}
+			w.logf(joiner, "joins, with its consumer")
+			w.q.consumer(joiner).back()
+			n.start()
+		})
 	}
 	// The producer: messages at random times over most of the active phase.
 	times := make([]time.Duration, p.messages)
