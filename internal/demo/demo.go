@@ -7,11 +7,9 @@ import (
 	"io"
 	"log/slog"
 	"os"
-	"sort"
 	"time"
 
 	"grouprouter/internal/localnats"
-	"grouprouter/kvbinding"
 	"grouprouter/proposals"
 	"grouprouter/router"
 )
@@ -97,7 +95,6 @@ const (
 	stKilled                   // n2 is down; its groups wait, then move
 	stRestarting               // n2 is starting again
 	stBack                     // n2 runs again, with no groups yet
-	stRebalancing              // groups are being moved back to n2
 	stDone                     // nothing more happens to the nodes
 )
 
@@ -119,10 +116,14 @@ type run struct {
 	killed     int // groups n2 had when killed
 	movedAt    time.Time
 	restarted  chan error
-	rebalanced chan rebalanceResult
-	rebalance  rebalanceResult
-	asking     int    // groups being moved back to n2
-	ended      string // why the run ended ("": it goes on)
+	backAt     time.Time // n2 eligible again: rebalancing gives it groups
+	backBefore int       // rebalance moves to n2 before it came back
+	// n3 joins a quarter of the way in, with its consumer: rebalancing
+	// gives it its share.
+	joining  chan joinResult
+	joinedAt time.Time
+	joinCons *consumer
+	ended    string // why the run ended ("": it goes on)
 
 	// rates
 	lastAt                time.Time
@@ -133,10 +134,13 @@ type run struct {
 	maxHeld, maxUnsettled int
 }
 
-type rebalanceResult struct {
-	asked, refused int
-	err            error
+type joinResult struct {
+	cons *consumer
+	err  error
 }
+
+// joinAfter: n3 joins this share of the duration in.
+const joinAfter = 0.25
 
 // Run runs the demo: a 3-server JetStream cluster on loopback in this
 // process (stores in a temporary directory removed at the end), three
@@ -183,14 +187,15 @@ func (d *run) run(ctx context.Context) (Summary, error) {
 		newNode("n0", router.Local, 0, log),  // the active LOCAL handler
 		newNode("n1", router.Local, 1, log),  // its hot backup
 		newNode("n2", router.Remote, 2, log), // killed halfway
+		newNode("n3", router.Remote, 0, log), // joins a quarter of the way in
 	}
 	defer func() {
 		for _, n := range d.nodes {
 			n.stop()
 		}
 	}()
-	d.say("Starting nodes n0 (LOCAL, on S1), n1 (LOCAL backup, on S2), n2 (REMOTE, on S3)...")
-	for _, n := range d.nodes { // n0 first: a LOCAL node creates the streams and buckets
+	d.say("Starting nodes n0 (LOCAL, on S1), n1 (LOCAL backup, on S2), n2 (REMOTE, on S3); n3 (REMOTE, on S1) joins later...")
+	for _, n := range d.nodes[:3] { // n0 first: a LOCAL node creates the streams and buckets
 		if err := n.start(ctx, d.c); err != nil {
 			return Summary{}, err
 		}
@@ -205,14 +210,19 @@ func (d *run) run(ctx context.Context) (Summary, error) {
 		d.groups[i] = fmt.Sprintf("g%0*d", max(width, 3), i)
 	}
 	d.l = newLedger(d.groups)
-	for _, n := range d.nodes {
+	for _, n := range d.nodes[:3] {
 		cons, err := startConsumer(ctx, d.c, n, d.l)
 		if err != nil {
 			return Summary{}, err
 		}
 		defer cons.stop()
 	}
-	if err := d.waitEligible(ctx, d.nodes); err != nil {
+	defer func() {
+		if d.joinCons != nil {
+			d.joinCons.stop()
+		}
+	}()
+	if err := d.waitEligible(ctx, d.nodes[:3]); err != nil {
 		return Summary{}, err
 	}
 	d.say("Ready in %v: every node routes and its queue has a consumer. Producers start.", time.Since(t0).Round(100*time.Millisecond))
@@ -228,16 +238,18 @@ func (d *run) run(ctx context.Context) (Summary, error) {
 	if d.cfg.NoKill {
 		d.st = stDone
 	}
-	// The restart and the rebalance run in goroutines of their own (the
-	// view goes on meanwhile); they end before the nodes are stopped.
+	// The join and the restart run in goroutines of their own (the view
+	// goes on meanwhile); they end before the nodes are stopped.
 	gctx, stopSteps := context.WithCancel(ctx)
 	defer func() {
 		stopSteps()
 		if d.restarted != nil {
 			<-d.restarted
 		}
-		if d.rebalanced != nil {
-			<-d.rebalanced
+		if d.joining != nil {
+			if r := <-d.joining; r.cons != nil {
+				d.joinCons = r.cons
+			}
 		}
 	}()
 	tick := time.NewTicker(refresh)
@@ -251,7 +263,7 @@ func (d *run) run(ctx context.Context) (Summary, error) {
 			settleBy = time.Now().Add(settleTimeout)
 		}
 		d.step(gctx, now)
-		if !d.producing && d.st == stDone && d.asking == 0 && d.l.outstanding() == 0 && len(d.w.cache.Unsettled()) == 0 {
+		if !d.producing && d.st == stDone && !d.joinedAt.IsZero() && d.rebalancedBack(now) && d.l.outstanding() == 0 && len(d.w.cache.Unsettled()) == 0 {
 			d.ended = "done: every message published was processed"
 		}
 		if !d.producing && d.ended == "" && time.Now().After(settleBy) {
@@ -271,9 +283,12 @@ func (d *run) run(ctx context.Context) (Summary, error) {
 				return Summary{}, fmt.Errorf("demo: restarting n2: %w", err)
 			}
 			d.st = stBack
-		case r := <-d.rebalanced:
-			d.rebalanced, d.rebalance, d.asking = nil, r, 0
-			d.st = stDone
+		case r := <-d.joining:
+			d.joining = nil
+			if r.err != nil {
+				return Summary{}, fmt.Errorf("demo: starting n3: %w", r.err)
+			}
+			d.joinCons, d.joinedAt = r.cons, time.Now()
 		}
 	}
 	return d.summary(), nil
@@ -283,6 +298,17 @@ func (d *run) run(ctx context.Context) (Summary, error) {
 // killed node's groups flow again (and not before backAfter of the
 // duration), the rebalance once it is eligible again.
 func (d *run) step(ctx context.Context, now time.Time) {
+	if n3 := d.nodes[3]; d.joining == nil && d.joinedAt.IsZero() && now.Sub(d.start) >= time.Duration(joinAfter*float64(d.cfg.Duration)) {
+		d.joining = make(chan joinResult, 1)
+		go func() {
+			if err := n3.start(ctx, d.c); err != nil {
+				d.joining <- joinResult{err: err}
+				return
+			}
+			cons, err := startConsumer(ctx, d.c, n3, d.l)
+			d.joining <- joinResult{cons: cons, err: err}
+		}()
+	}
 	n2 := d.nodes[2]
 	switch d.st {
 	case stSteady:
@@ -310,69 +336,25 @@ func (d *run) step(ctx context.Context, now time.Time) {
 		if !d.eligible(ctx, n2.id) {
 			return
 		}
-		d.st = stRebalancing
-		d.rebalanced = make(chan rebalanceResult, 1)
-		moves := d.pickRebalance()
-		d.asking = len(moves)
-		go func() { d.rebalanced <- d.moveBack(ctx, moves, n2.id) }()
+		// From here the handler's rebalancing gives n2 groups back:
+		// nothing to ask.
+		d.backAt, d.backBefore = now, d.w.rebalanced(n2.id)
+		d.st = stDone
 	}
 }
 
-// pickRebalance picks settled groups of the busiest nodes until n2 would
-// have its share.
-func (d *run) pickRebalance() []string {
-	byNode := map[string][]string{}
-	d.w.cache.Each(func(g string, r kvbinding.Binding) bool {
-		if r.Settled() {
-			byNode[r.Node] = append(byNode[r.Node], g)
-		}
-		return true
-	})
-	for _, gs := range byNode {
-		sort.Strings(gs)
+// rebalancedBack reports whether n2, back after its kill, has been given
+// groups by rebalancing (or waited long enough for them: rebalanceWait).
+func (d *run) rebalancedBack(now time.Time) bool {
+	if d.backAt.IsZero() {
+		return d.killAt.IsZero() // no kill, nothing to wait for
 	}
-	share := len(d.groups) / len(d.nodes)
-	var out []string
-	for need := share - len(byNode["n2"]); need > 0; need-- {
-		busiest := ""
-		for _, n := range []string{"n0", "n1"} {
-			if busiest == "" || len(byNode[n]) > len(byNode[busiest]) {
-				busiest = n
-			}
-		}
-		gs := byNode[busiest]
-		if len(gs) == 0 {
-			break
-		}
-		out = append(out, gs[len(gs)-1])
-		byNode[busiest] = gs[:len(gs)-1]
-	}
-	return out
+	return d.w.rebalanced("n2") > d.backBefore || now.Sub(d.backAt) > rebalanceWait
 }
 
-// moveBack asks the handler to move groups to node, as 'grouprouter move'
-// does. A group that cannot move now (moving already, unbound) is left.
-func (d *run) moveBack(ctx context.Context, groups []string, node string) rebalanceResult {
-	var res rebalanceResult
-	for _, g := range groups {
-		for attempt := 1; ; attempt++ {
-			_, err := proposals.Move(ctx, d.w.nc, g, node, 5*time.Second)
-			switch {
-			case err == nil:
-				res.asked++
-			case errors.Is(err, proposals.ErrIneligibleNode) && attempt < 20 && pause(ctx, 250*time.Millisecond):
-				continue // the handler has not seen its consumer yet
-			case errors.Is(err, proposals.ErrMoveInProgress), errors.Is(err, proposals.ErrUnknownGroup):
-				res.refused++
-			default:
-				res.refused++
-				res.err = err
-			}
-			break
-		}
-	}
-	return res
-}
+// rebalanceWait bounds the wait, at the end, for rebalancing to give n2
+// groups again.
+const rebalanceWait = 15 * time.Second
 
 // waitEligible waits until the active handler's node sees every node live
 // with a queue consumer.
@@ -452,6 +434,8 @@ func (d *run) frame(ctx context.Context) frame {
 		switch {
 		case n.isKilled():
 			row.state = "killed"
+		case n.id == "n3" && d.joining == nil && d.joinedAt.IsZero():
+			row.state = fmt.Sprintf("joins at %.1fs", (time.Duration(joinAfter * float64(d.cfg.Duration))).Seconds())
 		case n.router() == nil:
 			row.state = "starting"
 		}
@@ -487,16 +471,14 @@ func (d *run) phase(now time.Time) string {
 		s = "n2 starts again"
 	case stBack:
 		s = "n2 is back, with no groups (they moved); the handler waits for its queue consumer"
-	case stRebalancing:
-		s = fmt.Sprintf("moving %d groups back to n2 (as 'grouprouter move' does), each with its waiting messages, in order", d.asking)
 	case stDone:
 		s = "steady"
-		switch {
-		case d.rebalance.asked > 0 && len(d.w.cache.Unsettled()) > 0:
-			s = fmt.Sprintf("n2 takes %d groups back: their old nodes fence them, n2 drains their queues and catches up", d.rebalance.asked)
-		case d.rebalance.asked > 0:
-			s = fmt.Sprintf("steady: %d groups were moved back to n2", d.rebalance.asked)
+		if back := d.w.rebalanced("n2") - d.backBefore; !d.backAt.IsZero() {
+			s = fmt.Sprintf("n2 is back: rebalancing has moved %d groups to it, idle ones first, each with its waiting messages, in order", back)
 		}
+	}
+	if !d.joinedAt.IsZero() && now.Sub(d.joinedAt) < 3*time.Second {
+		s += fmt.Sprintf(". n3 joined: rebalancing moves groups to it (%d so far), a few at a time, idle ones first", d.w.rebalanced("n3"))
 	}
 	switch {
 	case d.ended != "":

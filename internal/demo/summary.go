@@ -43,11 +43,14 @@ type Summary struct {
 	KilledGroups int
 	FlowAgain    []time.Duration
 	NotFlowing   int
-	// MovedBack counts the groups moved back to n2 once it returned;
-	// NotMovedBack those whose move was refused (moving already), and
-	// MoveBackErr the last error of the others.
-	MovedBack, NotMovedBack int
-	MoveBackErr             error
+	// MovedBack counts the groups rebalancing moved to n2 once it
+	// returned.
+	MovedBack int
+	// Joined: n3 joined the running cluster (JoinedAfter in); JoinedGot
+	// counts the groups rebalancing moved to it.
+	Joined      bool
+	JoinedAfter time.Duration
+	JoinedGot   int
 	// GroupsPerNode at the end; MaxHeld the most messages a node held
 	// undecided; MaxUnsettled the most groups in a hand-over at once.
 	GroupsPerNode         map[string]int
@@ -70,10 +73,16 @@ func (d *run) summary() Summary {
 		Processed: c.Processed, Duplicates: c.Duplicates, Missing: c.Missing, OutOfOrder: c.OutOfOrder, Unexpected: c.Unexpected,
 		Examples: c.Examples, Moves: d.w.moveReasons(), Handoffs: kinds[proposals.EventHandoff], Timeouts: kinds[proposals.EventTimeout],
 		Killed: !d.killAt.IsZero(), KilledGroups: d.killed,
-		MovedBack: d.rebalance.asked, NotMovedBack: d.rebalance.refused, MoveBackErr: d.rebalance.err,
+		Joined: !d.joinedAt.IsZero(), JoinedGot: d.w.rebalanced("n3"),
 		GroupsPerNode: d.w.cache.Counts(), MaxHeld: d.maxHeld, MaxUnsettled: d.maxUnsettled,
 	}
 	s.FlowAgain, s.NotFlowing = d.l.flowAgain()
+	if s.Joined {
+		s.JoinedAfter = d.joinedAt.Sub(d.start)
+	}
+	if !d.backAt.IsZero() {
+		s.MovedBack = d.w.rebalanced("n2") - d.backBefore
+	}
 	return s
 }
 
@@ -94,9 +103,9 @@ func (s Summary) Write(w io.Writer) error {
 		row("", "%d publishes were not confirmed when the producers stopped (%d of them arrived)", s.Unconfirmed, s.UnconfirmedArrived)
 	}
 	if s.OK() {
-		row("processed", "%d by the 3 consumers: every message exactly once, in order within its group", s.Processed)
+		row("processed", "%d by the consumers: every message exactly once, in order within its group", s.Processed)
 	} else {
-		row("processed", "%d by the 3 consumers: %d duplicates, %d missing, %d out of order, %d never published",
+		row("processed", "%d by the consumers: %d duplicates, %d missing, %d out of order, %d never published",
 			s.Processed, s.Duplicates, s.Missing, s.OutOfOrder, s.Unexpected)
 		for _, e := range s.Examples {
 			row("", "%s", e)
@@ -123,16 +132,12 @@ func (s Summary) Write(w io.Writer) error {
 			flow += fmt.Sprintf("; %d did not", s.NotFlowing)
 		}
 		row("n2 killed", "halfway, with %d groups: %s", s.KilledGroups, flow)
-		if s.MovedBack > 0 || s.NotMovedBack > 0 {
-			back := fmt.Sprintf("%d groups moved back to it", s.MovedBack)
-			if s.NotMovedBack > 0 {
-				back += fmt.Sprintf("; %d could not be moved", s.NotMovedBack)
-			}
-			if s.MoveBackErr != nil {
-				back += fmt.Sprintf(" (%v)", s.MoveBackErr)
-			}
-			row("n2 back", "%s", back)
+		if s.MovedBack > 0 {
+			row("n2 back", "%d groups moved back to it by rebalancing", s.MovedBack)
 		}
+	}
+	if s.Joined {
+		row("n3 joined", "%.1fs in: rebalancing moved %d groups to it, idle ones first", s.JoinedAfter.Seconds(), s.JoinedGot)
 	}
 	var per []string
 	for _, n := range sortedKeys(s.GroupsPerNode) {

@@ -12,9 +12,10 @@ import (
 // A failed run says so, with examples, and OK is false.
 func TestSummaryWrite(t *testing.T) {
 	ok := Summary{Duration: 8 * time.Second, Took: 8 * time.Second, Groups: 20, Published: 792, Processed: 792,
-		Moves: map[string]int{"node n2 gone for 2s": 6, "operator move": 6}, Handoffs: 12,
+		Moves: map[string]int{"node n2 gone for 2s": 6, "rebalance": 11}, Handoffs: 17,
 		Killed: true, KilledGroups: 6, FlowAgain: []time.Duration{2 * time.Second, 2100 * time.Millisecond}, MovedBack: 6,
-		GroupsPerNode: map[string]int{"n0": 7, "n1": 7, "n2": 6}}
+		Joined: true, JoinedAfter: 2 * time.Second, JoinedGot: 5,
+		GroupsPerNode: map[string]int{"n0": 5, "n1": 5, "n2": 5, "n3": 5}}
 	bad := ok
 	bad.Processed, bad.Duplicates, bad.Missing = 793, 2, 1
 	bad.Examples = []string{"g003: #12 again (on n0's queue)"}
@@ -25,15 +26,16 @@ func TestSummaryWrite(t *testing.T) {
 	}{
 		{ok, true, []string{
 			"published    792 messages over 20 groups",
-			"processed    792 by the 3 consumers: every message exactly once, in order within its group",
-			"moves        12 (6 node n2 gone for 2s, 6 operator move); 12 hand-overs done",
+			"processed    792 by the consumers: every message exactly once, in order within its group",
+			"moves        17 (6 node n2 gone for 2s, 11 rebalance); 17 hand-overs done",
 			"n2 killed    halfway, with 6 groups: they flowed again 2.1s after the kill (median; the last 2.1s; node grace 2s from its last heartbeat)",
-			"n2 back      6 groups moved back to it",
-			"at the end   groups per node: n0 7, n1 7, n2 6",
+			"n2 back      6 groups moved back to it by rebalancing",
+			"n3 joined    2.0s in: rebalancing moved 5 groups to it, idle ones first",
+			"at the end   groups per node: n0 5, n1 5, n2 5, n3 5",
 			"result       OK",
 		}},
 		{bad, false, []string{
-			"processed    793 by the 3 consumers: 2 duplicates, 1 missing, 0 out of order, 0 never published",
+			"processed    793 by the consumers: 2 duplicates, 1 missing, 0 out of order, 0 never published",
 			"g003: #12 again (on n0's queue)",
 			"result       FAILED",
 		}},

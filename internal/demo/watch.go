@@ -28,6 +28,8 @@ type watcher struct {
 	mu     sync.Mutex
 	kinds  map[string]int             // events by kind
 	why    map[string]int             // move events by reason
+	// rebalancedTo counts the rebalance moves by target node.
+	rebalancedTo map[string]int
 	fresh  []proposals.Event          // events not shown yet (moves, hand-overs, timeouts...)
 	latest map[string]proposals.Event // each node's latest progress event
 }
@@ -37,7 +39,7 @@ func startWatcher(ctx context.Context, c *localnats.Cluster) (*watcher, error) {
 	if err != nil {
 		return nil, err
 	}
-	w := &watcher{nc: nc, kinds: map[string]int{}, why: map[string]int{}, latest: map[string]proposals.Event{}, done: make(chan struct{})}
+	w := &watcher{nc: nc, kinds: map[string]int{}, why: map[string]int{}, rebalancedTo: map[string]int{}, latest: map[string]proposals.Event{}, done: make(chan struct{})}
 	w.sub, err = nc.Subscribe(proposals.SubjectEventsPrefix+">", w.onEvent)
 	if err != nil {
 		nc.Close()
@@ -89,6 +91,7 @@ func (w *watcher) onEvent(m *nats.Msg) {
 		why := e.Reason
 		if cause, _, ok := strings.Cut(why, ":"); ok && cause == "rebalance" {
 			why = cause // its reason says the counts of the moment
+			w.rebalancedTo[e.Node]++
 		}
 		w.why[why]++
 		w.fresh = append(w.fresh, e)
@@ -128,6 +131,13 @@ func (w *watcher) unsettled() map[string]int {
 		}
 	}
 	return out
+}
+
+// rebalanced returns how many rebalance moves had node as their target.
+func (w *watcher) rebalanced(node string) int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.rebalancedTo[node]
 }
 
 // moveReasons returns the move events by reason.
