@@ -91,11 +91,11 @@ const (
 type state int
 
 const (
-	stSteady      state = iota // before the kill
-	stKilled                   // n2 is down; its groups wait, then move
-	stRestarting               // n2 is starting again
-	stBack                     // n2 runs again, with no groups yet
-	stDone                     // nothing more happens to the nodes
+	stSteady     state = iota // before the kill
+	stKilled                  // n2 is down; its groups wait, then move
+	stRestarting              // n2 is starting again
+	stBack                    // n2 runs again, with no groups yet
+	stDone                    // nothing more happens to the nodes
 )
 
 // run is one demo run.

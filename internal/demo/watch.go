@@ -25,13 +25,13 @@ type watcher struct {
 	stop  context.CancelFunc
 	done  chan struct{}
 
-	mu     sync.Mutex
-	kinds  map[string]int             // events by kind
-	why    map[string]int             // move events by reason
+	mu    sync.Mutex
+	kinds map[string]int // events by kind
+	why   map[string]int // move events by reason
 	// rebalancedTo counts the rebalance moves by target node.
 	rebalancedTo map[string]int
-	fresh  []proposals.Event          // events not shown yet (moves, hand-overs, timeouts...)
-	latest map[string]proposals.Event // each node's latest progress event
+	fresh        []proposals.Event          // events not shown yet (moves, hand-overs, timeouts...)
+	latest       map[string]proposals.Event // each node's latest progress event
 }
 
 func startWatcher(ctx context.Context, c *localnats.Cluster) (*watcher, error) {
