@@ -85,11 +85,13 @@ func TestArtemis12BackupHandlerTakesOver(t *testing.T) {
 
 	crashed := phase("crash", "crash", (*node).kill)
 	crashed.restart() // its groups' messages sent meanwhile flow again
-	col.waitCount(t, count, 30*time.Second)
+	// (60 s: 4 messages of the restarted node's groups were still missing
+	// after 30 s once in a fresh-clone CI run, with nothing else failing.)
+	col.waitCount(t, count, 60*time.Second)
 	stopped := phase("graceful stop", "stop", (*node).stop)
 	stopped.restart()
 
-	where := checkGrouping(t, col.waitCount(t, count, 30*time.Second), want)
+	where := checkGrouping(t, col.waitCount(t, count, 60*time.Second), want)
 	checkQueuedOnce(t, js, count)
 	after := listBindings(t, st)
 	for _, g := range old {
