@@ -45,6 +45,11 @@ type consumerView struct {
 	// progress is when the drain last saw the consumer make progress (its
 	// ack floor or its pending count moved), or when it began watching it.
 	progress time.Time
+	// quiet: its last delivered sequence did not move between the last two
+	// readings: the pause is in effect (on a replicated consumer a pause
+	// applies a little after the call returns), so what is past it stays
+	// undelivered.
+	quiet bool
 }
 
 // observe returns the view after a new reading of the consumer, taken at
@@ -56,6 +61,7 @@ func (v consumerView) observe(read consumerView, now time.Time) consumerView {
 	if v.progress.IsZero() || read.ackFloor != v.ackFloor || read.pending != v.pending || read.exists != v.exists {
 		read.progress = now
 	}
+	read.quiet = !v.progress.IsZero() && read.exists == v.exists && read.delivered == v.delivered
 	return read
 }
 
@@ -102,8 +108,12 @@ func fateOf(m drainMsg, v consumerView, now time.Time) drainFate {
 		return fateMove
 	case m.seq <= v.ackFloor:
 		return fateDone
-	case m.seq > v.delivered:
+	case m.seq > v.delivered && v.quiet:
 		return fateMove
+	case m.seq > v.delivered:
+		// Not delivered as far as the last reading says, but deliveries
+		// may not have stopped yet: look again.
+		return fateAwait
 	case v.stalled(now):
 		return fateLapsed
 	}

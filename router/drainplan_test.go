@@ -34,6 +34,13 @@ func TestConsumerViewProgress(t *testing.T) {
 	if !v.progress.Equal(t2) {
 		t.Fatalf("a moved ack floor did not count as progress: %+v", v)
 	}
+	if !v.quiet {
+		t.Fatal("two readings with the same last delivered sequence are not quiet")
+	}
+	v = v.observe(consumerView{exists: true, delivered: 11, ackFloor: 3, pending: 8, ackWait: 30 * time.Second}, t2.Add(time.Second))
+	if v.quiet {
+		t.Fatal("a reading with a new delivery counts as quiet")
+	}
 	if (consumerView{}).stalled(t2.Add(time.Hour)) {
 		t.Fatal("a queue without consumer counts as stalled")
 	}
@@ -41,7 +48,9 @@ func TestConsumerViewProgress(t *testing.T) {
 
 func TestPlanDrain(t *testing.T) {
 	now := time.Unix(1000, 0)
-	alive := consumerView{exists: true, delivered: 20, ackFloor: 10, pending: 5, ackWait: 30 * time.Second, progress: now.Add(-time.Second)}
+	alive := consumerView{exists: true, delivered: 20, ackFloor: 10, pending: 5, ackWait: 30 * time.Second, progress: now.Add(-time.Second), quiet: true}
+	delivering := alive
+	delivering.quiet = false
 	stalled := alive
 	stalled.progress = now.Add(-30 * time.Second)
 	tests := []struct {
@@ -61,6 +70,7 @@ func TestPlanDrain(t *testing.T) {
 		{"at or below the ack floor: acked", []drainMsg{{node: "a", seq: 10}, {node: "a", seq: 21}}, map[string]consumerView{"a": alive}, true, []uint64{21}, 0, 0},
 		{"a consumer silent for its ack wait: lapsed, moved", []drainMsg{{node: "a", seq: 15}, {node: "a", seq: 21}}, map[string]consumerView{"a": stalled}, true, []uint64{15, 21}, 0, 1},
 		{"no consumer: nothing was delivered", []drainMsg{{node: "a", seq: 1}}, map[string]consumerView{}, true, []uint64{1}, 0, 0},
+		{"not delivered, but deliveries may not have stopped: wait", []drainMsg{{node: "a", seq: 21}}, map[string]consumerView{"a": delivering}, false, nil, 1, 0},
 		{"two old queues, one still working on the group",
 			[]drainMsg{{node: "a", seq: 15}, {node: "b", seq: 16}}, map[string]consumerView{"a": stalled, "b": alive}, false, nil, 1, 0},
 	}
