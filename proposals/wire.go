@@ -227,6 +227,55 @@ func (p Proposal) appendJSON(buf []byte) []byte {
 	return append(buf, '}')
 }
 
+// EncodedLen returns the bytes p takes in a request (len of what
+// appendJSON writes), without encoding it: the asker fills a request up to
+// RequestBudget with it.
+func (p Proposal) EncodedLen() int {
+	n := len(`{"group":}`) + jsonx.StringLen(p.Group)
+	str := func(name, v string) {
+		if v != "" {
+			n += len(name) + 4 + jsonx.StringLen(v) // ,"name":
+		}
+	}
+	num := func(name string, v uint64) {
+		if v != 0 {
+			n += len(name) + 4 + digits(v)
+		}
+	}
+	if p.Op != "" {
+		n += len(`"op":,`) + jsonx.StringLen(string(p.Op))
+	}
+	str("node", p.Node)
+	num("seq", p.Seq)
+	num("first", p.First)
+	num("rev", p.Rev)
+	str("kind", p.Kind)
+	str("reason", p.Reason)
+	if p.Count != 0 {
+		n += len("count") + 4 + len(strconv.Itoa(p.Count))
+	}
+	return n
+}
+
+// digits returns the decimal digits of v.
+func digits(v uint64) int {
+	n := 1
+	for v >= 10 {
+		v /= 10
+		n++
+	}
+	return n
+}
+
+// RequestBudget is the most bytes of proposals an asker puts in one
+// request (see Proposal.EncodedLen), a third of MaxRequestBytes: the reply
+// repeats every group id and may add an error to each decision, and must
+// fit in MaxRequestBytes (and the server's max_payload) too. A batch of
+// MaxProposalsPerRequest proposals of long group ids (up to
+// kvbinding.MaxGroupIDLen bytes each) would not: a request over
+// MaxRequestBytes fails as a whole, and every proposal in it is retried.
+const RequestBudget = MaxRequestBytes / 3
+
 // avgGroupLen sizes encoding buffers.
 const avgGroupLen = 24
 

@@ -307,3 +307,17 @@ func TestEventPublishSetsID(t *testing.T) {
 		t.Errorf("id %q, want the event's own", ids[1])
 	}
 }
+
+// FuzzProposalEncodedLen: EncodedLen is the length appendJSON writes, for
+// any proposal (escapes, long ids, every optional field).
+func FuzzProposalEncodedLen(f *testing.F) {
+	f.Add("", "order-1", "n1", uint64(1), uint64(0), uint64(0), "", "", 0)
+	f.Add("fence", "ü\"\\\n\x00\xff\u2028", "", uint64(0), uint64(3), uint64(18446744073709551615), "expire", "a \"reason\"", -12)
+	f.Add("deadletter", strings.Repeat("x", 1024), "", uint64(99), uint64(10), uint64(0), "", "no decision", 7)
+	f.Fuzz(func(t *testing.T, op, group, node string, seq, first, rev uint64, kind, reason string, count int) {
+		p := Proposal{Op: Op(op), Group: group, Node: node, Seq: seq, First: first, Rev: rev, Kind: kind, Reason: reason, Count: count}
+		if got, want := p.EncodedLen(), len(p.appendJSON(nil)); got != want {
+			t.Fatalf("EncodedLen(%+v) = %d, appendJSON wrote %d", p, got, want)
+		}
+	})
+}

@@ -11,6 +11,11 @@ import (
 const (
 	maxBatch           = proposals.MaxProposalsPerRequest
 	maxBatchesInFlight = 8
+	// windowMax and windowMin bound the window of proposals in flight
+	// (pace.go): wide open, as many as the requests in flight carry;
+	// after timeouts, down to a sixteenth of a batch.
+	windowMax = maxBatchesInFlight * maxBatch
+	windowMin = maxBatch / 16
 )
 
 // asker sends the engine's asks (bindings, fences, releases, dead-letter

@@ -170,6 +170,9 @@ const (
 	// actDecided: a group this node proposed got its record, took after
 	// the ask was sent (observe it).
 	actDecided
+	// actWindow: a timeout halved the window of proposals in flight to
+	// count (log it, aggregated).
+	actWindow
 )
 
 // action is one thing the engine asks its shells to do.
@@ -188,7 +191,7 @@ type action struct {
 	// reason: why a message is dead-lettered.
 	reason string
 	fail   *failure      // actFailure
-	count  int           // actDeadLettered
+	count  int           // actDeadLettered; actWindow: the new limit
 	took   time.Duration // actDecided
 }
 
@@ -198,6 +201,7 @@ type action struct {
 type engineStats struct {
 	skipped, deadLettered, decisionErrors, publishErrors, asked uint64
 	timeouts, noHandler                                         uint64
+	windowCuts                                                  uint64 // times a timeout halved the window of proposals in flight
 	belowFloor                                                  uint64
 }
 
@@ -225,6 +229,8 @@ type engine struct {
 	assigned map[string]int
 	pubRetry []retry
 	rnd      *rand.Rand
+	// pace bounds the proposals in flight to the handler (pace.go).
+	pace window
 
 	live        []string // live node ids, sorted (without counts)
 	liveState   map[string]proposals.NodeState
@@ -262,6 +268,7 @@ func newEngine(cfg engineConfig, recs records, rnd *rand.Rand) *engine {
 		duties:    make(map[string]uint64),
 		held:      make(map[*lane]struct{}),
 		recent:    make(map[string]struct{}),
+		pace:      newWindow(windowMin, windowMax, maxBatch),
 	}
 	if cfg.groupTimeout > 0 {
 		e.lastActive = make(map[string]int64)
@@ -682,35 +689,53 @@ func (e *engine) isProposer(group string) bool {
 	return proposals.IsProposer(group, e.cfg.node, e.live)
 }
 
-// askBatch collects up to max due asks and marks them in flight.
+// askBatch collects up to max due asks, as many as the window of
+// proposals in flight has room for and as fit in
+// proposals.RequestBudget bytes, and marks them in flight.
 func (e *engine) askBatch(max int, now time.Time) []*ask {
 	for e.retryQ.Len() > 0 && !e.retryQ[0].due.After(now) {
 		a := heap.Pop(&e.retryQ).(*ask)
 		e.askQ = append(e.askQ, a.lane)
 	}
+	max = min(max, e.pace.room())
 	var batch []*ask
-	for len(e.askQ) > 0 && len(batch) < max {
-		ln := e.askQ[0]
+	size := 0
+	pop := func() {
 		e.askQ[0] = nil
 		e.askQ = e.askQ[1:]
+	}
+	for len(e.askQ) > 0 && len(batch) < max {
+		ln := e.askQ[0]
 		a := ln.ask
 		if a == nil || a.inFlight || e.lanes[ln.group] != ln {
+			pop()
 			continue
 		}
-		if a.p.Op == "" {
+		p := a.p
+		if p.Op == "" {
 			// A binding: still needed, for the lane's current head.
 			if !ln.waiting || ln.deadLettering || len(ln.msgs) == 0 {
+				pop()
 				e.dropAsk(ln)
 				continue
 			}
-			node := e.chooseNode(ln.group)
-			a.p = proposals.Proposal{Group: ln.group, Node: node, Seq: ln.msgs[0].seq}
-			e.assigned[node]++
+			p = proposals.Proposal{Group: ln.group, Node: e.chooseNode(ln.group), Seq: ln.msgs[0].seq}
+		}
+		n := p.EncodedLen()
+		if len(batch) > 0 && size+n > proposals.RequestBudget {
+			break // the next request takes it
+		}
+		pop()
+		size += n
+		if p.Op == "" {
+			a.p = p
+			e.assigned[p.Node]++
 			a.sent = now
 		}
 		a.inFlight = true
 		batch = append(batch, a)
 	}
+	e.pace.sent(len(batch))
 	e.stats.asked += uint64(len(batch))
 	return batch
 }
@@ -819,6 +844,7 @@ func (e *engine) groupCount(node string) int {
 
 // abandon returns asks that could not be sent (the node is stopping).
 func (e *engine) abandon(batch []*ask) {
+	e.pace.unsent(len(batch))
 	for _, a := range batch {
 		a.inFlight = false
 		if a.p.Op == "" || a.p.Op == proposals.OpBind {
@@ -830,6 +856,16 @@ func (e *engine) abandon(batch []*ask) {
 // replied takes the answer to a batch of asks: err for the whole request,
 // or a decision per ask.
 func (e *engine) replied(batch []*ask, ds []proposals.Decision, err error, now time.Time) {
+	timedOut := errors.Is(err, proposals.ErrDecisionTimeout)
+	cuts := e.pace.cuts
+	e.pace.answered(len(batch), timedOut, err != nil && !timedOut, e.cfg.timeout, now)
+	if e.pace.cuts != cuts {
+		e.stats.windowCuts++
+		e.emit(action{kind: actWindow, count: int(e.pace.limit)})
+	}
+	if len(e.askQ) > 0 || (e.retryQ.Len() > 0 && !e.retryQ[0].due.After(now)) {
+		e.emit(action{kind: actAsk}) // the window has room again
+	}
 	for i, a := range batch {
 		if a.p.Op == "" || a.p.Op == proposals.OpBind {
 			e.assigned[a.p.Node]--

@@ -45,6 +45,11 @@ type Stats struct {
 	// timeout, or found no handler answering.
 	DecisionTimeouts uint64
 	NoHandler        uint64
+	// WindowCuts counts the times a decision timeout halved the window of
+	// proposals this node keeps in flight, and ProposalWindow is the
+	// window now (proposals; see docs/performance.md, "Bursts of new groups").
+	WindowCuts     uint64
+	ProposalWindow int
 
 	// IngressGaps counts the gaps in the ingress stream this node read
 	// over, and IngressMissing the messages in them: gone before the node
@@ -125,7 +130,7 @@ type Router struct {
 	// Warnings that repeat per group are logged as one line per interval
 	// (internal/logagg): failed decisions, dead-lettered groups, drains
 	// that moved what a stalled consumer held.
-	warnNoDecision, warnDeadLettered, warnLapsed *logagg.Warner
+	warnNoDecision, warnDeadLettered, warnLapsed, warnWindow *logagg.Warner
 }
 
 // New returns a router node for cfg on connection nc (which the caller
@@ -173,6 +178,7 @@ func New(nc *nats.Conn, cfg Config) (*Router, error) {
 	r.cond = sync.NewCond(&r.mu)
 	r.warnNoDecision = logagg.New(r.log, "no routing decision; the group waits and is retried", logagg.DefaultEvery)
 	r.warnDeadLettered = logagg.New(r.log, "group dead-lettered", logagg.DefaultEvery)
+	r.warnWindow = logagg.New(r.log, "routing decisions timed out: fewer proposals are kept in flight", logagg.DefaultEvery)
 	r.warnLapsed = logagg.New(r.log, "moving messages the old consumer was delivered and did not ack: it made no progress for its ack wait; it may still process them (the epoch tells the copies apart)", logagg.DefaultEvery)
 	r.loss.log, r.loss.nc, r.loss.node, r.loss.lim.every = r.log, nc, cfg.Node, gapReportEvery
 	if cfg.Metrics != nil {
@@ -213,6 +219,7 @@ func (r *Router) Stats() Stats {
 		Routed: r.routed.Load(), Skipped: e.stats.skipped, DeadLettered: e.stats.deadLettered,
 		DecisionErrors: e.stats.decisionErrors, PublishErrors: e.stats.publishErrors, Proposals: e.stats.asked,
 		DecisionTimeouts: e.stats.timeouts, NoHandler: e.stats.noHandler, BelowFloor: e.stats.belowFloor,
+		WindowCuts: e.stats.windowCuts, ProposalWindow: int(e.pace.limit),
 		Held: e.heldMsgs, HeldBytes: e.heldBytes, Position: e.position(),
 		IngressGaps: r.loss.gaps.Load(), IngressMissing: r.loss.missing.Load(),
 	}
@@ -254,6 +261,8 @@ func (r *Router) perform(acts []action) {
 				By: r.cfg.Node, Count: f.count}.Publish(r.nc)
 		case actDecided:
 			r.metrics.decisionLatency.Observe(a.took.Seconds())
+		case actWindow:
+			r.warnWindow.Warn("", "window", a.count)
 		}
 	}
 }
@@ -291,6 +300,7 @@ func (r *Router) Run(ctx context.Context) error {
 		r.warnNoDecision.Close()
 		r.warnDeadLettered.Close()
 		r.warnLapsed.Close()
+		r.warnWindow.Close()
 	}()
 	queueCons, release, err := r.setup(ctx)
 	if err != nil {

@@ -36,6 +36,7 @@ type config struct {
 	Nodes      int
 	Messages   int
 	Decisions  int
+	Burst      int
 	Creates    int
 	Groups     int
 	Payload    int
@@ -89,11 +90,12 @@ func parseFlags(args []string, stdout, stderr io.Writer) (config, error) {
 	fs.IntVar(&c.Nodes, "nodes", 1, "router nodes for every workload (the steady state also runs with 3)")
 	fs.IntVar(&c.Messages, "messages", defaultMessages, "messages per throughput run of the steady state, the relay and raw publish")
 	fs.IntVar(&c.Decisions, "decisions", defaultDecisions, "messages per throughput run of the decision-bound workloads (cardinality: each a new group; zipf) and KV creates of their baseline")
+	fs.IntVar(&c.Burst, "burst", defaultBurst, "new groups of each run of the burst workload (ids of 64, then 1000 bytes)")
 	fs.IntVar(&c.Creates, "creates", defaultCreates, "proposals per run of the decision service alone, and KV creates per run of its baselines")
 	fs.IntVar(&c.Groups, "groups", defaultGroups, "hot groups of the steady state")
 	fs.IntVar(&c.Payload, "payload", defaultPayload, "message body size in bytes")
 	fs.Float64Var(&c.Rate, "rate", 0, "publish rate (msgs/s) of the latency runs; 0 = half the measured peak")
-	fs.StringVar(&workloads, "workloads", "steady,cardinality,zipf", "workloads to run")
+	fs.StringVar(&workloads, "workloads", "steady,cardinality,zipf", "workloads to run: steady, cardinality, zipf, burst")
 	fs.IntVar(&c.WarmStart, "warm-start", defaultWarmStart, "bindings written before the cache warm start (0 skips it)")
 	fs.IntVar(&c.ZipfGroups, "zipf-groups", defaultZipfGroups, "distinct groups of the zipf workload")
 	fs.Float64Var(&c.ZipfS, "zipf-s", defaultZipfS, "exponent of the zipf workload (> 1)")
@@ -132,13 +134,13 @@ func parseFlags(args []string, stdout, stderr io.Writer) (config, error) {
 	}
 	for _, w := range strings.Split(workloads, ",") {
 		switch w = strings.TrimSpace(w); w {
-		case wlSteady, wlCardinality, wlZipf:
+		case wlSteady, wlCardinality, wlZipf, wlBurst:
 			if !slices.Contains(c.Workloads, w) {
 				c.Workloads = append(c.Workloads, w)
 			}
 		case "":
 		default:
-			return c, fmt.Errorf("%w: unknown workload %q (want steady, cardinality, zipf)", ErrUsage, w)
+			return c, fmt.Errorf("%w: unknown workload %q (want steady, cardinality, zipf, burst)", ErrUsage, w)
 		}
 	}
 	switch {
@@ -146,8 +148,8 @@ func parseFlags(args []string, stdout, stderr io.Writer) (config, error) {
 		return c, fmt.Errorf("%w: no workload", ErrUsage)
 	case c.Nodes < 1 || c.Nodes > 16:
 		return c, fmt.Errorf("%w: --nodes %d: want 1 to 16", ErrUsage, c.Nodes)
-	case c.Messages < 1, c.Decisions < 1, c.Creates < 1, c.Groups < 1:
-		return c, fmt.Errorf("%w: --messages, --decisions, --creates and --groups must be >= 1", ErrUsage)
+	case c.Messages < 1, c.Decisions < 1, c.Creates < 1, c.Groups < 1, c.Burst < 1:
+		return c, fmt.Errorf("%w: --messages, --decisions, --creates, --groups and --burst must be >= 1", ErrUsage)
 	case c.Payload < minBody || c.Payload > 1<<20:
 		return c, fmt.Errorf("%w: --payload %d: want %d to 1048576 bytes", ErrUsage, c.Payload, minBody)
 	case c.Rate < 0, c.WarmStart < 0:
@@ -302,6 +304,7 @@ type serverResults struct {
 	kvPipe, kvConc figure        // raw KV Create, pipelined / 32 goroutines, creates/s
 	kvWatched      figure        // pipelined KV Create into a watched copy of the bindings bucket
 	kvN, kvConcN   int
+	burst          []burstRun // the burst workload, one run per id length
 	warm           *warmResult
 }
 
@@ -369,11 +372,19 @@ func (b *bencher) runServers(ctx context.Context, servers int, first bool) (*ser
 		}
 	}
 	// (C) The router with cfg.Nodes nodes, every workload.
-	stop = b.profileSelf(profileName(profile, "nats-router"))
-	err = b.routerPhase(ctx, e, b.cfg.Nodes, "a", b.cfg.Workloads, profile, sr, sr.wl)
-	stop()
-	if err != nil {
-		return nil, err
+	routed := slices.DeleteFunc(slices.Clone(b.cfg.Workloads), func(w string) bool { return w == wlBurst })
+	if len(routed) > 0 {
+		stop = b.profileSelf(profileName(profile, "nats-router"))
+		err = b.routerPhase(ctx, e, b.cfg.Nodes, "a", routed, profile, sr, sr.wl)
+		stop()
+		if err != nil {
+			return nil, err
+		}
+	}
+	if slices.Contains(b.cfg.Workloads, wlBurst) {
+		if err := b.burstPhase(ctx, e, sr, profile); err != nil {
+			return nil, err
+		}
 	}
 	// (D) Steady state with 3 nodes.
 	if scaling && b.cfg.Nodes != 3 {

@@ -353,6 +353,7 @@ func (sr *serverResults) rows(cfg config) []Row {
 			latRows(wl, n, "decision latency", res.lat, true, nil, false)
 		}
 	}
+	sr.burstRows(rb)
 	if s3 := sr.steady3; s3 != nil {
 		common(wlSteady, 3, s3)
 		latRows(wlSteady, 3, "latency", s3.lat, false, relayLat, false)

@@ -69,6 +69,36 @@ func AppendString(buf []byte, s string) []byte {
 	return append(buf, '"')
 }
 
+// StringLen returns len(AppendString(nil, s)) without writing anything:
+// the bytes s takes as a JSON string, quotes included.
+func StringLen(s string) int {
+	n := 2
+	for i := 0; i < len(s); {
+		c := s[i]
+		if c >= utf8.RuneSelf {
+			r, size := utf8.DecodeRuneInString(s[i:])
+			switch {
+			case r == utf8.RuneError && size == 1, r == '\u2028' || r == '\u2029':
+				n += 6
+			default:
+				n += size
+			}
+			i += size
+			continue
+		}
+		switch {
+		case c >= 0x20 && c != '"' && c != '\\':
+			n++
+		case c == '"', c == '\\', c == '\n', c == '\r', c == '\t', c == '\b', c == '\f':
+			n += 2
+		default:
+			n += 6
+		}
+		i++
+	}
+	return n
+}
+
 // AppendField appends `,"name":` (without the comma when first is true).
 func AppendField(buf []byte, name string, first bool) []byte {
 	if !first {

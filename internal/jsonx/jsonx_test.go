@@ -29,6 +29,9 @@ func FuzzAppendString(f *testing.F) {
 		if want := marshalNoHTML(t, s); !bytes.Equal(got, want) {
 			t.Fatalf("AppendString(%q) = %s, encoding/json %s", s, got, want)
 		}
+		if n := StringLen(s); n != len(got) {
+			t.Fatalf("StringLen(%q) = %d, AppendString wrote %d bytes", s, n, len(got))
+		}
 	})
 }
 
