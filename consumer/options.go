@@ -27,7 +27,7 @@ const (
 	// ParkedSubjectPrefix starts the subjects of ParkedStream.
 	ParkedSubjectPrefix = "grouping.parked."
 	// ParkedBucket is the KV bucket that records the parked groups: key
-	// kvbinding.Key(group), value a JSON ParkRecord.
+	// kvbinding.FullKey(group), value a JSON ParkRecord.
 	ParkedBucket = "grouping-parked"
 	// HeaderParkReason says why a message was parked.
 	HeaderParkReason = "Grouping-Park-Reason"

@@ -191,7 +191,7 @@ func (r *runner) park(ctx context.Context, l *lane, d *delivery) {
 
 // record writes group's parked record (first writer wins).
 func (r *runner) record(ctx context.Context, group string, rec ParkRecord) error {
-	key, err := kvbinding.Key(group)
+	key, err := kvbinding.FullKey(group)
 	if err != nil {
 		return err
 	}

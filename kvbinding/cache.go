@@ -2,6 +2,7 @@ package kvbinding
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"strconv"
 	"sync"
@@ -70,6 +71,13 @@ type Cache struct {
 	leaving   []int // groups being moved away from each interned node
 	watchRev  uint64
 	ignored   atomic.Uint64
+	// digests names the group of each digest key ("h.") with a record:
+	// the key does not say it, and a delete carries no value.
+	digests map[string]string
+	// legacy holds the full key ("r."/"b.", longer than MaxKeyLen) of
+	// each group whose record stands under one, written before digest
+	// keys (LegacyKey).
+	legacy map[string]string
 
 	notify chan<- string
 	done   chan struct{} // closed when Run returns: no more notifications
@@ -91,6 +99,8 @@ func NewCache(cfg CacheConfig) *Cache {
 		routed:    make(map[string]uint64),
 		bad:       make(map[string]uint64),
 		unsettled: make(map[string]struct{}),
+		digests:   make(map[string]string),
+		legacy:    make(map[string]string),
 		done:      make(chan struct{}),
 		names:     []string{""},
 		index:     map[string]uint32{"": 0},
@@ -424,12 +434,26 @@ func (c *Cache) presize(records uint64) {
 
 func (c *Cache) applyEntry(key string, op entryOp, value []byte, rev uint64) {
 	group, err := groupOfKey(key)
-	if err != nil {
+	digest := errors.Is(err, ErrDigestKey)
+	if err != nil && !digest {
 		return // not a key of ours
 	}
+	long := !digest && len(key) > MaxKeyLen // a legacy full key
+	known := !digest
+	if digest {
+		// The key does not say whose it is: the record does, and the
+		// cache remembers it for the delete.
+		c.mu.RLock()
+		group, known = c.digests[key]
+		c.mu.RUnlock()
+	}
 	if op == opDelete {
+		if !known {
+			return // nothing cached under it
+		}
 		c.mu.Lock()
 		changed := c.deleteLocked(group, rev)
+		c.forgetKeyLocked(key, group, digest, long)
 		c.mu.Unlock()
 		if changed {
 			c.changed(group)
@@ -439,7 +463,7 @@ func (c *Cache) applyEntry(key string, op entryOp, value []byte, rev uint64) {
 	// A revision the cache already holds (the handler wrote it and applied
 	// it) needs no decoding. (Not while warming up: then every record is
 	// new, and the check costs a lookup.)
-	if c.warm.Load() {
+	if c.warm.Load() && known {
 		c.mu.Lock()
 		if e, had := c.m[group]; had && e.rev >= rev {
 			c.watchRev = max(c.watchRev, rev)
@@ -452,33 +476,83 @@ func (c *Cache) applyEntry(key string, op entryOp, value []byte, rev uint64) {
 	if !ok {
 		var err error
 		if b, err = UnmarshalBinding(value); err != nil {
-			c.refuse(key, group, rev, err.Error())
+			c.refuse(key, group, known, rev, err.Error())
 			return
 		}
 	}
-	if b.Group != group {
-		c.refuse(key, group, rev, "the value is the record of group "+quote(b.Group))
+	switch {
+	case digest && !KeyHolds(key, b.Group):
+		c.refuse(key, group, known, rev, "the value is the record of group "+quote(b.Group)+", whose key is another")
+		return
+	case digest && known && b.Group != group:
+		c.refuse(key, group, known, rev, "the value is the record of group "+quote(b.Group)+", not of "+quote(group))
+		return
+	case !digest && b.Group != group:
+		c.refuse(key, group, known, rev, "the value is the record of group "+quote(b.Group))
 		return
 	}
+	group = b.Group
 	if b.Epoch > rev {
+		if digest {
+			c.mu.Lock()
+			c.digests[key] = group // the invalid mark below goes with the key's delete
+			c.mu.Unlock()
+		}
 		// An epoch is the revision of an earlier record: one from the
 		// future was not written by a handler.
-		c.refuse(key, group, rev, "epoch "+strconv.FormatUint(b.Epoch, 10)+" is past the record's revision")
+		c.refuse(key, group, true, rev, "epoch "+strconv.FormatUint(b.Epoch, 10)+" is past the record's revision")
 		return
 	}
 	b.Revision = rev
 	c.mu.Lock()
 	changed := c.applyLocked(b, true)
+	if _, had := c.m[group]; had {
+		switch {
+		case digest:
+			c.digests[key] = group
+		case long:
+			c.legacy[group] = key
+		}
+	}
 	c.mu.Unlock()
 	if changed {
 		c.changed(group)
 	}
 }
 
+// forgetKeyLocked forgets which group a digest key, or which legacy key
+// a group, stood for, once the group's record is gone.
+func (c *Cache) forgetKeyLocked(key, group string, digest, long bool) {
+	if _, had := c.m[group]; had {
+		return
+	}
+	switch {
+	case digest:
+		delete(c.digests, key)
+	case long && c.legacy[group] == key:
+		delete(c.legacy, group)
+	}
+}
+
+// LegacyKey returns the full key ("r."/"b.", longer than MaxKeyLen) under
+// which group's record stands, written before digest keys, and true; ""
+// and false when its record (if any) stands under Key(group). Give it to
+// Store.UseLegacyKeys.
+func (c *Cache) LegacyKey(group string) (string, bool) {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	key, ok := c.legacy[group]
+	return key, ok
+}
+
 // refuse records that the value of key at rev is unusable and logs why.
-func (c *Cache) refuse(key, group string, rev uint64, why string) {
+// A digest key whose group is not known (known false) marks no group.
+func (c *Cache) refuse(key, group string, known bool, rev uint64, why string) {
 	c.ignored.Add(1)
-	c.log.Warn("ignoring an invalid binding record", "key", key, "revision", rev, "reason", why)
+	c.log.Warn("ignoring an invalid binding record", "key", shortID(key), "revision", rev, "reason", why)
+	if !known {
+		return
+	}
 	c.mu.Lock()
 	changed := c.invalidLocked(group, rev)
 	c.mu.Unlock()

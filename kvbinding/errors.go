@@ -8,6 +8,14 @@ var (
 	ErrInvalidGroupID = errors.New("kvbinding: invalid group id")
 	// ErrInvalidKey is returned when a key is not one that Key produces.
 	ErrInvalidKey = errors.New("kvbinding: invalid binding key")
+	// ErrDigestKey is returned by GroupFromKey for a digest key ("h."),
+	// which does not name its group: the record under it does.
+	ErrDigestKey = errors.New("kvbinding: a digest key names no group")
+	// ErrKeyCollision is returned by Store.Get when the record under the
+	// group's key is another group's: their ids have the same digest key
+	// (a SHA-256 collision: not expected ever), or the record was forged.
+	// The asked group is not routed by it.
+	ErrKeyCollision = errors.New("kvbinding: the group's key holds another group's record")
 	// ErrInvalidBinding is returned for a binding value that does not decode
 	// or does not describe a usable binding.
 	ErrInvalidBinding = errors.New("kvbinding: invalid binding")

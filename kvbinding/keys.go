@@ -1,6 +1,7 @@
 package kvbinding
 
 import (
+	"crypto/sha256"
 	"encoding/base64"
 	"fmt"
 	"strings"
@@ -28,9 +29,40 @@ func ValidateGroupID(id string) error {
 	return nil
 }
 
-// Key returns the KV key of a group id. It is injective: distinct ids give
-// distinct keys, and GroupFromKey inverts it.
+// MaxKeyLen is the longest key Key produces. A group id whose full key
+// (see FullKey) would be longer gets a digest key instead, "h." and the
+// SHA-256 of the id in unpadded base64url (45 bytes): a key, and so the KV
+// subject every write and every watcher carries, costs the same for an id
+// of 100 bytes as for one of 1,024. The record holds the full id.
+const MaxKeyLen = 64
+
+// digestKeyLen is the length of a digest key: "h." + 43 base64url
+// characters of a SHA-256.
+const digestKeyLen = 2 + 43
+
+// Key returns the KV key of a group id in the bindings bucket: its full
+// key (FullKey) when that is at most MaxKeyLen bytes, else its digest key
+// ("h." + base64url(SHA-256(id))). Ids of up to 62 plain characters keep
+// the key they always had. Distinct ids give distinct keys but for a
+// SHA-256 collision; the record under a digest key names its group, and a
+// record of another group there is never taken for the asked one (see
+// Store.Get, ErrKeyCollision). GroupFromKey inverts the full keys, not the
+// digest keys.
 func Key(group string) (string, error) {
+	full, err := FullKey(group)
+	if err != nil || len(full) <= MaxKeyLen {
+		return full, err
+	}
+	return digestKey(group), nil
+}
+
+// FullKey returns the injective, invertible key of a group id: "r." + id
+// for ids made of letters, digits, '-', '_' and '=', else "b." +
+// base64url(id), whatever its length (up to about 1.4 KB). It was the
+// binding key of every id before digest keys: records of long ids written
+// then are still read under it (see LegacyKey). Buckets whose values do
+// not name their group (the consumer's parked bucket) keep using it.
+func FullKey(group string) (string, error) {
 	if err := ValidateGroupID(group); err != nil {
 		return "", err
 	}
@@ -40,12 +72,56 @@ func Key(group string) (string, error) {
 	return "b." + base64.RawURLEncoding.EncodeToString([]byte(group)), nil
 }
 
-// GroupFromKey returns the group id a key produced by Key stands for.
+// LegacyKey returns the key a group's record had before digest keys, and
+// true, for an id whose Key is a digest key; "", false otherwise (the key
+// did not change).
+func LegacyKey(group string) (string, bool) {
+	full, err := FullKey(group)
+	if err != nil || len(full) <= MaxKeyLen {
+		return "", false
+	}
+	return full, true
+}
+
+func digestKey(group string) string {
+	sum := sha256.Sum256([]byte(group))
+	return "h." + base64.RawURLEncoding.EncodeToString(sum[:])
+}
+
+// IsDigestKey reports whether key has the form of a digest key.
+func IsDigestKey(key string) bool {
+	if len(key) != digestKeyLen || !strings.HasPrefix(key, "h.") {
+		return false
+	}
+	_, err := base64.RawURLEncoding.Strict().DecodeString(key[2:])
+	return err == nil
+}
+
+// KeyHolds reports whether a record of group may stand under key: key is
+// the group's Key, or its legacy full key.
+func KeyHolds(key, group string) bool {
+	if group == "" {
+		return key == UngroupedKey
+	}
+	full, err := FullKey(group)
+	if err != nil {
+		return false
+	}
+	if len(full) <= MaxKeyLen {
+		return key == full
+	}
+	return key == full || key == digestKey(group)
+}
+
+// GroupFromKey returns the group id a full key (FullKey: "r." or "b.", of
+// any length) stands for. A digest key names no group: for one it returns
+// an error wrapping ErrDigestKey (the group is in the record). Anything
+// else is an error wrapping ErrInvalidKey.
 func GroupFromKey(key string) (string, error) {
 	switch {
 	case strings.HasPrefix(key, "r."):
 		id := key[2:]
-		if id == "" || !isPlain(id) {
+		if id == "" || !isPlain(id) || len(id) > MaxGroupIDLen {
 			return "", fmt.Errorf("%w: %q", ErrInvalidKey, key)
 		}
 		return id, nil
@@ -60,6 +136,8 @@ func GroupFromKey(key string) (string, error) {
 			return "", fmt.Errorf("%w: %q", ErrInvalidKey, key)
 		}
 		return id, nil
+	case IsDigestKey(key):
+		return "", fmt.Errorf("%w: %q", ErrDigestKey, key)
 	}
 	return "", fmt.Errorf("%w: %q", ErrInvalidKey, key)
 }

@@ -55,10 +55,73 @@ func TestKeyRoundTrip(t *testing.T) {
 				t.Errorf("ids %q and %q share key %q", other, tt.id, key)
 			}
 			seen[key] = tt.id
-			back, err := GroupFromKey(key)
-			if err != nil || back != tt.id {
-				t.Errorf("GroupFromKey(%q) = %q, %v; want %q", key, back, err, tt.id)
+			checkKey(t, tt.id, key)
+		})
+	}
+}
+
+// checkKey checks the properties of key = Key(id): at most MaxKeyLen bytes;
+// the full key when that is short enough (GroupFromKey inverts it), else a
+// digest key (GroupFromKey says so); KeyHolds accepts it and the full key.
+func checkKey(t *testing.T, id, key string) {
+	t.Helper()
+	if len(key) > MaxKeyLen {
+		t.Fatalf("Key(%q) = %q: %d bytes, over MaxKeyLen", id, key, len(key))
+	}
+	full, err := FullKey(id)
+	if err != nil {
+		t.Fatalf("FullKey(%q): %v", id, err)
+	}
+	checkKVKey(t, full)
+	if back, err := GroupFromKey(full); err != nil || back != id {
+		t.Fatalf("GroupFromKey(FullKey(%q)) = %q, %v", id, back, err)
+	}
+	legacy, long := LegacyKey(id)
+	switch {
+	case len(full) <= MaxKeyLen:
+		if key != full || long {
+			t.Fatalf("Key(%q) = %q, LegacyKey %q %v; want the full key %q, no legacy key", id, key, legacy, long, full)
+		}
+	default:
+		if !IsDigestKey(key) || !long || legacy != full {
+			t.Fatalf("Key(%q) = %q, LegacyKey %q %v; want a digest key and the legacy key %q", id, key, legacy, long, full)
+		}
+		if _, err := GroupFromKey(key); !errors.Is(err, ErrDigestKey) {
+			t.Fatalf("GroupFromKey(%q) error = %v, want ErrDigestKey", key, err)
+		}
+	}
+	if !KeyHolds(key, id) || !KeyHolds(full, id) {
+		t.Fatalf("KeyHolds refuses %q or %q for %q", key, full, id)
+	}
+	if KeyHolds(key, id+"x") && len(id) < MaxGroupIDLen {
+		t.Fatalf("KeyHolds(%q) accepts another id", key)
+	}
+}
+
+// TestKeyBound: the ids whose full key fits in MaxKeyLen keep it (buckets
+// of short ids are unchanged); one byte more and the key is a digest.
+func TestKeyBound(t *testing.T) {
+	for _, tt := range []struct {
+		name   string
+		id     string
+		digest bool
+	}{
+		{"plain, 62 bytes", strings.Repeat("p", 62), false},
+		{"plain, 63 bytes", strings.Repeat("p", 63), true},
+		{"encoded, 46 bytes", strings.Repeat(":", 46), false}, // b. + 62
+		{"encoded, 47 bytes", strings.Repeat(":", 47), true},
+		{"1000 bytes", strings.Repeat("x", 1000), true},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			key, err := Key(tt.id)
+			if err != nil {
+				t.Fatal(err)
 			}
+			if IsDigestKey(key) != tt.digest {
+				t.Fatalf("Key(%d bytes) = %q, digest %v, want %v", len(tt.id), key, IsDigestKey(key), tt.digest)
+			}
+			checkKVKey(t, key)
+			checkKey(t, tt.id, key)
 		})
 	}
 }
@@ -78,7 +141,7 @@ func TestKeyRejectsInvalidIDs(t *testing.T) {
 }
 
 func TestGroupFromKeyRejectsForeignKeys(t *testing.T) {
-	for _, key := range []string{"", "x", "r.", "b.", "r.a.b", "b.!!", "b.b3JkZXItNDI", UngroupedKey, "q.abc"} {
+	for _, key := range []string{"", "x", "r.", "b.", "r.a.b", "b.!!", "b.b3JkZXItNDI", UngroupedKey, "q.abc", "h.", "h.abc", "h." + strings.Repeat("A", 44)} {
 		if id, err := GroupFromKey(key); err == nil {
 			t.Errorf("GroupFromKey(%q) = %q, want an error", key, id)
 		}
@@ -100,15 +163,18 @@ func FuzzKey(f *testing.F) {
 		}
 		if err == nil {
 			checkKVKey(t, key)
-			back, err := GroupFromKey(key)
-			if err != nil || back != id {
-				t.Fatalf("GroupFromKey(Key(%q)) = %q, %v", id, back, err)
+			checkKey(t, id, key)
+		}
+		// Any string that decodes as a key must be FullKey's output for
+		// its id, and no other group's record may stand under it.
+		if g, err := GroupFromKey(id); err == nil {
+			if k, _ := FullKey(g); k != id {
+				t.Fatalf("GroupFromKey(%q) = %q but FullKey(%q) = %q", id, g, g, k)
 			}
 		}
-		// Any string that decodes as a key must be Key's output for its id.
-		if g, err := GroupFromKey(id); err == nil {
-			if k, _ := Key(g); k != id {
-				t.Fatalf("GroupFromKey(%q) = %q but Key(%q) = %q", id, g, g, k)
+		if IsDigestKey(id) {
+			if _, err := GroupFromKey(id); !errors.Is(err, ErrDigestKey) {
+				t.Fatalf("GroupFromKey(%q) error = %v, want ErrDigestKey", id, err)
 			}
 		}
 	})

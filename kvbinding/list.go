@@ -30,7 +30,8 @@ func ScanBindings(ctx context.Context, js jetstream.JetStream, bucket string, fn
 			return
 		}
 		group, err := groupOfKey(key)
-		if err != nil {
+		digest := errors.Is(err, ErrDigestKey)
+		if err != nil && !digest {
 			return // not a key of ours
 		}
 		b, ok := decodeBinding(value, true)
@@ -40,7 +41,10 @@ func ScanBindings(ctx context.Context, js jetstream.JetStream, bucket string, fn
 				return
 			}
 		}
-		if b.Group != group {
+		if digest {
+			group = b.Group // the key does not name it: the record does
+		}
+		if b.Group != group || !KeyHolds(key, b.Group) {
 			return
 		}
 		b.Revision = rev

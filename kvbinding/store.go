@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -50,6 +51,35 @@ type Store struct {
 	pubOnce sync.Once
 	pub     *jspub.Publisher
 	pubErr  error
+
+	// legacy says under which legacy full key a group's record stands,
+	// if it does (see UseLegacyKeys).
+	legacy atomic.Pointer[func(group string) (string, bool)]
+}
+
+// UseLegacyKeys makes the store read and write a group's record under the
+// key fn names, when fn says so, instead of Key(group). fn is the binding
+// cache's LegacyKey: a record of a long id written before digest keys
+// stays under its full key ("r."/"b.", longer than MaxKeyLen) for as long
+// as it stands, and only a group without such a record gets a digest key.
+// Safe to call while the store is in use.
+func (s *Store) UseLegacyKeys(fn func(group string) (string, bool)) {
+	s.legacy.Store(&fn)
+}
+
+// keyFor returns the key of group's record: Key(group), or the legacy key
+// its record stands under.
+func (s *Store) keyFor(group string) (string, error) {
+	key, err := KeyOf(group)
+	if err != nil || len(key) != digestKeyLen {
+		return key, err
+	}
+	if fn := s.legacy.Load(); fn != nil {
+		if lk, ok := (*fn)(group); ok {
+			return lk, nil
+		}
+	}
+	return key, nil
 }
 
 // OpenStore creates the bindings bucket if it is missing and returns a
@@ -109,7 +139,7 @@ func (s *Store) Bucket() string { return s.bucket }
 // returns it with its revision. If a binding exists it returns that binding
 // and an error wrapping ErrExists.
 func (s *Store) Create(ctx context.Context, b Binding) (Binding, error) {
-	key, val, err := encode(b)
+	key, val, err := s.encode(b)
 	if err != nil {
 		return Binding{}, err
 	}
@@ -127,9 +157,9 @@ func (s *Store) Create(ctx context.Context, b Binding) (Binding, error) {
 			}
 			return Binding{}, gerr
 		}
-		return cur, fmt.Errorf("%w: group %q bound to %q", ErrExists, b.Group, cur.Node)
+		return cur, fmt.Errorf("%w: group %q bound to %q", ErrExists, shortID(b.Group), cur.Node)
 	}
-	return Binding{}, fmt.Errorf("kvbinding: create %q: %w", b.Group, err)
+	return Binding{}, fmt.Errorf("kvbinding: create %q: %w", shortID(b.Group), err)
 }
 
 // CreateResult is the outcome of one create of CreateMany.
@@ -175,7 +205,7 @@ func (s *Store) WriteMany(ctx context.Context, ws []Write) []CreateResult {
 	var wg sync.WaitGroup
 	prefix := "$KV." + s.bucket + "."
 	for i := range ws {
-		key, val, err := encode(ws[i].Binding)
+		key, val, err := s.encode(ws[i].Binding)
 		if err != nil {
 			out[i].Err = err
 			continue
@@ -239,7 +269,7 @@ func (s *Store) Close() {
 // Replace writes b over the record at revision rev. If the record changed
 // since, it returns the current one and an error wrapping ErrConflict.
 func (s *Store) Replace(ctx context.Context, b Binding, rev uint64) (Binding, error) {
-	key, val, err := encode(b)
+	key, val, err := s.encode(b)
 	if err != nil {
 		return Binding{}, err
 	}
@@ -254,16 +284,16 @@ func (s *Store) Replace(ctx context.Context, b Binding, rev uint64) (Binding, er
 		if gerr != nil && !errors.Is(gerr, ErrNotFound) {
 			return Binding{}, gerr
 		}
-		return cur, fmt.Errorf("%w: group %q", ErrConflict, b.Group)
+		return cur, fmt.Errorf("%w: group %q", ErrConflict, shortID(b.Group))
 	}
-	return Binding{}, fmt.Errorf("kvbinding: replace %q: %w", b.Group, err)
+	return Binding{}, fmt.Errorf("kvbinding: replace %q: %w", shortID(b.Group), err)
 }
 
 // ReplaceTTL is Replace for a record that should disappear by itself after
 // ttl (ended records: released, dead-lettered). rev 0 means the group must
 // have no record. The TTL is rounded up to whole seconds.
 func (s *Store) ReplaceTTL(ctx context.Context, b Binding, rev uint64, ttl time.Duration) (Binding, error) {
-	key, val, err := encode(b)
+	key, val, err := s.encode(b)
 	if err != nil {
 		return Binding{}, err
 	}
@@ -284,21 +314,21 @@ func (s *Store) ReplaceTTL(ctx context.Context, b Binding, rev uint64, ttl time.
 		}
 		if rev == 0 {
 			if gerr == nil {
-				return cur, fmt.Errorf("%w: group %q has a record", ErrExists, b.Group)
+				return cur, fmt.Errorf("%w: group %q has a record", ErrExists, shortID(b.Group))
 			}
 			// Only a delete or expiry marker stands: write over it.
 			if last, lerr := s.lastRevision(ctx, key); lerr == nil && last > 0 {
 				return s.ReplaceTTL(ctx, b, last, ttl)
 			}
 		}
-		return cur, fmt.Errorf("%w: group %q", ErrConflict, b.Group)
+		return cur, fmt.Errorf("%w: group %q", ErrConflict, shortID(b.Group))
 	}
-	return Binding{}, fmt.Errorf("kvbinding: replace %q: %w", b.Group, err)
+	return Binding{}, fmt.Errorf("kvbinding: replace %q: %w", shortID(b.Group), err)
 }
 
 // encode returns the key and value of a binding record.
-func encode(b Binding) (key string, val []byte, err error) {
-	if key, err = KeyOf(b.Group); err != nil {
+func (s *Store) encode(b Binding) (key string, val []byte, err error) {
+	if key, err = s.keyFor(b.Group); err != nil {
 		return "", nil, err
 	}
 	val, err = b.Marshal()
@@ -321,7 +351,7 @@ func (s *Store) lastRevision(ctx context.Context, key string) (uint64, error) {
 
 // Delete removes the group's binding if it is still at revision rev.
 func (s *Store) Delete(ctx context.Context, group string, rev uint64) error {
-	key, err := KeyOf(group)
+	key, err := s.keyFor(group)
 	if err != nil {
 		return err
 	}
@@ -330,25 +360,51 @@ func (s *Store) Delete(ctx context.Context, group string, rev uint64) error {
 		return nil
 	}
 	if errors.Is(err, jetstream.ErrKeyRevisionMismatch) || errors.Is(err, jetstream.ErrKeyExists) {
-		return fmt.Errorf("%w: group %q", ErrConflict, group)
+		return fmt.Errorf("%w: group %q", ErrConflict, shortID(group))
 	}
-	return fmt.Errorf("kvbinding: delete %q: %w", group, err)
+	return fmt.Errorf("kvbinding: delete %q: %w", shortID(group), err)
 }
 
-// Get returns the group's binding, or an error wrapping ErrNotFound.
+// Get returns the group's binding, or an error wrapping ErrNotFound. The
+// record under the group's key must be the group's: another group's there
+// (a digest key collision, or a forged record) is an error wrapping
+// ErrKeyCollision.
 func (s *Store) Get(ctx context.Context, group string) (Binding, error) {
-	key, err := KeyOf(group)
+	key, err := s.keyFor(group)
 	if err != nil {
 		return Binding{}, err
 	}
 	e, err := s.kv.Get(ctx, key)
+	if lk, long := LegacyKey(group); long && key != lk && errors.Is(err, jetstream.ErrKeyNotFound) {
+		// A record written before digest keys, which a store without the
+		// cache's LegacyKey does not know of.
+		e, err = s.kv.Get(ctx, lk)
+	}
 	if err != nil {
 		if errors.Is(err, jetstream.ErrKeyNotFound) || errors.Is(err, jetstream.ErrKeyDeleted) {
-			return Binding{}, fmt.Errorf("%w: %q", ErrNotFound, group)
+			return Binding{}, fmt.Errorf("%w: %q", ErrNotFound, shortID(group))
 		}
-		return Binding{}, fmt.Errorf("kvbinding: get %q: %w", group, err)
+		return Binding{}, fmt.Errorf("kvbinding: get %q: %w", shortID(group), err)
+	}
+	b, err := UnmarshalBinding(e.Value())
+	if err == nil && b.Group != group {
+		return Binding{}, fmt.Errorf("%w: key %q, asked for group %q, holds group %q", ErrKeyCollision, key, shortID(group), shortID(b.Group))
 	}
 	return decodeEntry(e)
+}
+
+// shortID cuts a group id for an error message or a log line: at most 64
+// bytes (on a rune boundary) and how many were left out.
+func shortID(id string) string {
+	const max = 64
+	if len(id) <= max {
+		return id
+	}
+	cut := max
+	for cut > 0 && id[cut]&0xC0 == 0x80 {
+		cut--
+	}
+	return id[:cut] + "...(+" + strconv.Itoa(len(id)-cut) + " bytes)"
 }
 
 // List returns every binding in the bucket, in key order of the stream.
@@ -384,9 +440,8 @@ func decodeEntry(e jetstream.KeyValueEntry) (Binding, error) {
 	if err != nil {
 		return Binding{}, fmt.Errorf("key %q: %w", e.Key(), err)
 	}
-	want, err := KeyOf(b.Group)
-	if err != nil || want != e.Key() {
-		return Binding{}, fmt.Errorf("%w: key %q holds group %q", ErrInvalidBinding, e.Key(), b.Group)
+	if !KeyHolds(e.Key(), b.Group) {
+		return Binding{}, fmt.Errorf("%w: key %q holds group %q", ErrInvalidBinding, e.Key(), shortID(b.Group))
 	}
 	b.Revision = e.Revision()
 	return b, nil

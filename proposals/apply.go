@@ -9,6 +9,7 @@ import (
 
 	"github.com/nats-io/nats.go/micro"
 
+	"grouprouter/internal/logagg"
 	"grouprouter/kvbinding"
 )
 
@@ -208,7 +209,7 @@ func (h *Handler) settle(pl planned, p Proposal, b kvbinding.Binding, err error)
 		return d
 	default:
 		d.Error = err.Error()
-		h.log.Warn("record write failed", "group", p.Group, "op", p.op(), "err", err)
+		h.log.Warn("record write failed", "group", logagg.Short(p.Group), "op", p.op(), "err", err)
 		return d
 	}
 	h.cache.Apply(b)

@@ -130,6 +130,9 @@ func (r *Router) setup(ctx context.Context) (queueCons jetstream.Consumer, relea
 		return nil, nil, err
 	}
 	r.cache = kvbinding.NewCache(kvbinding.CacheConfig{Notify: r.changes, Logger: r.log})
+	// Records of long ids written before digest keys stay under their
+	// full key: the cache knows which (kvbinding.Key).
+	r.store.UseLegacyKeys(r.cache.LegacyKey)
 	r.eng = newEngine(engineConfig{
 		node: r.cfg.Node, maxHeldMessages: r.cfg.MaxHeldMessages, maxHeldBytes: r.cfg.MaxHeldBytes,
 		maxInFlight: r.cfg.MaxInFlight, maxAttempts: r.cfg.MaxAttempts, timeout: r.cfg.Timeout,

@@ -83,7 +83,8 @@ func (b *bencher) burstPhase(ctx context.Context, e *env, sr *serverResults, pro
 		args := []string{"--mode", modeRouter, "--nats", strings.Join(e.ns.URLsFor(0), ","), "--node", "n0",
 			"--type", "LOCAL", "--name", handlerName, "--address", benchAddress}
 		if profile != "" {
-			args = append(args, "--cpuprofile", profileName(profile, "burst"+strconv.Itoa(idLen)))
+			args = append(args, "--cpuprofile", profileName(profile, "burst"+strconv.Itoa(idLen)),
+				"--memprofile", profileName(profile, "burst"+strconv.Itoa(idLen)+"-heap"))
 		}
 		k, err := startChild(b.prefix, args, "router n0 (burst)", logw)
 		if err != nil {

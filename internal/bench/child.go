@@ -122,6 +122,7 @@ func NodeMain(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		replicas   = fs.Int("replicas", 0, "replicas of streams and buckets, 0 = auto (router)")
 		startSeq   = fs.Uint64("start-seq", 0, "first ingress sequence to relay (relay)")
 		cpuprofile = fs.String("cpuprofile", "", "write a CPU profile of this process to `file`")
+		memprofile = fs.String("memprofile", "", "write a heap profile of this process to `file` each time its heap in use reaches a new peak (checked every 200 ms)")
 	)
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -152,6 +153,10 @@ func NodeMain(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		}()
 	}
 
+	if *memprofile != "" {
+		stopPeak := heapPeakProfile(ctx, *memprofile)
+		defer stopPeak()
+	}
 	out := &reporter{enc: json.NewEncoder(stdout)}
 	nc, err := localnats.Connect(list, "bench-"+*mode+"-"+*node)
 	if err != nil {
@@ -307,4 +312,36 @@ func settledHeap() uint64 {
 	var ms runtime.MemStats
 	runtime.ReadMemStats(&ms)
 	return ms.HeapInuse
+}
+
+// heapPeakProfile writes a heap profile to file each time the heap in use
+// reaches a new peak (by more than 5 %), until the returned function is
+// called: where the memory of a burst goes at its height.
+func heapPeakProfile(ctx context.Context, file string) (stop func()) {
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		var peak uint64
+		tick := time.NewTicker(200 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+			}
+			var ms runtime.MemStats
+			runtime.ReadMemStats(&ms)
+			if ms.HeapInuse <= peak+peak/20 {
+				continue
+			}
+			peak = ms.HeapInuse
+			if f, err := os.Create(file); err == nil {
+				_ = pprof.WriteHeapProfile(f)
+				f.Close()
+			}
+		}
+	}()
+	return func() { cancel(); <-done }
 }
