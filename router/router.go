@@ -131,6 +131,7 @@ type Router struct {
 	// (internal/logagg): failed decisions, dead-lettered groups, drains
 	// that moved what a stalled consumer held.
 	warnNoDecision, warnDeadLettered, warnLapsed, warnWindow *logagg.Warner
+	warnAnnounce, warnCheckpoint                             *logagg.Warner
 }
 
 // New returns a router node for cfg on connection nc (which the caller
@@ -178,6 +179,8 @@ func New(nc *nats.Conn, cfg Config) (*Router, error) {
 	r.cond = sync.NewCond(&r.mu)
 	r.warnNoDecision = logagg.New(r.log, "no routing decision; the group waits and is retried", logagg.DefaultEvery)
 	r.warnDeadLettered = logagg.New(r.log, "group dead-lettered", logagg.DefaultEvery)
+	r.warnAnnounce = logagg.New(r.log, "announce failed", logagg.DefaultEvery)
+	r.warnCheckpoint = logagg.New(r.log, "checkpoint not saved", logagg.DefaultEvery)
 	r.warnWindow = logagg.New(r.log, "routing decisions timed out: fewer proposals are kept in flight", logagg.DefaultEvery)
 	r.warnLapsed = logagg.New(r.log, "moving messages the old consumer was delivered and did not ack: it made no progress for its ack wait; it may still process them (the epoch tells the copies apart)", logagg.DefaultEvery)
 	r.loss.log, r.loss.nc, r.loss.node, r.loss.lim.every = r.log, nc, cfg.Node, gapReportEvery
@@ -301,6 +304,8 @@ func (r *Router) Run(ctx context.Context) error {
 		r.warnDeadLettered.Close()
 		r.warnLapsed.Close()
 		r.warnWindow.Close()
+		r.warnAnnounce.Close()
+		r.warnCheckpoint.Close()
 	}()
 	queueCons, release, err := r.setup(ctx)
 	if err != nil {
@@ -640,7 +645,7 @@ func (r *Router) heartbeat(ctx context.Context, cons jetstream.Consumer) {
 		}
 		last = now
 		if err := r.announce(ctx, cons); err != nil && ctx.Err() == nil {
-			r.log.Warn("announce failed", "err", err)
+			r.warnAnnounce.Warn("", "err", err)
 		}
 	})
 }
@@ -770,7 +775,7 @@ func (r *Router) checkpointLoop(ctx context.Context) {
 		if err := r.reg.SaveCheckpoint(sctx, r.cfg.Node, c); err == nil {
 			last = c
 		} else if ctx.Err() == nil {
-			r.log.Warn("checkpoint not saved", "err", err)
+			r.warnCheckpoint.Warn("", "err", err)
 		}
 		cancel()
 	}

@@ -1,0 +1,136 @@
+package integration
+
+import (
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"grouprouter/internal/logagg"
+	"grouprouter/internal/natstest"
+	"grouprouter/proposals"
+	"grouprouter/router"
+)
+
+// TestBurstOfLongIDsLogsAggregatedWarnings: a burst of new groups with
+// 1000-byte ids meets a decision service that answers nothing (a
+// subscriber on the proposal subjects that never replies), so every
+// proposal times out, again and again, until a real handler starts. The
+// node's log then holds aggregated warnings only: a few "no routing
+// decision" lines for hundreds of failed attempts, at least one with its
+// count ("repeated="), the cut of the window of proposals in flight
+// logged the same way, and no line naming a full id (truncated to 64
+// bytes). The counters carry the full numbers. Then every group is
+// routed.
+func TestBurstOfLongIDsLogsAggregatedWarnings(t *testing.T) {
+	begin := time.Now()
+	s := natstest.RunServer(t)
+	logs := &lockedBuffer{}
+	var w io.Writer = logs
+	if os.Getenv("GROUPROUTER_TEST_LOG") != "" {
+		w = io.MultiWriter(logs, os.Stderr)
+	}
+	nc := s.Connect()
+	n1 := startNode(t, s.URL(), testConfig("n1", router.Local))
+	cfg := testConfig("n0", router.Remote)
+	cfg.Logger = slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	n0 := startNode(t, s.URL(), cfg)
+	var got collector
+	startConsumer(t, s.URL(), "n0", &got)
+	// The decision service gets stuck: it takes every request and never
+	// answers (n1, the handler, stops; a subscriber that never replies
+	// takes its place).
+	stuck, err := nc.QueueSubscribe(proposals.SubjectPropose, "grouping-handlers", func(*nats.Msg) {})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n1.stop()
+	waitEligible(t, nc, []string{"n0"}, []string{"n0"})
+
+	const groups = 300
+	ids := make([]string, groups)
+	js, _ := jetstream.New(nc)
+	for i := range ids {
+		ids[i] = fmt.Sprintf("long-%04d-", i) + strings.Repeat("x", 990)
+		publish(t, js, "jms.orders", ids[i], "m"+strconv.Itoa(i))
+	}
+	// Every group times out at least twice.
+	natstest.Eventually(t, 60*time.Second, func() error {
+		if st := n0.r.Stats(); st.DecisionTimeouts < 2*groups {
+			return fmt.Errorf("%d decision timeouts so far", st.DecisionTimeouts)
+		}
+		return nil
+	})
+	st := n0.r.Stats()
+	if st.WindowCuts == 0 || st.ProposalWindow >= 8*proposals.MaxProposalsPerRequest {
+		t.Errorf("timeouts did not narrow the window: %d cuts, window %d", st.WindowCuts, st.ProposalWindow)
+	}
+
+	// The decision service comes back: every group is routed.
+	if err := stuck.Unsubscribe(); err != nil {
+		t.Fatal(err)
+	}
+	n1.restart()
+	startConsumer(t, s.URL(), "n1", &got)
+	want := map[string][]string{}
+	for i, id := range ids {
+		want[id] = []string{"m" + strconv.Itoa(i)}
+	}
+	checkGrouping(t, got.waitCount(t, groups, 120*time.Second), want)
+	defer func() {
+		if t.Failed() {
+			t.Logf("n0's log:\n%s", logs.String())
+		}
+	}()
+	failures := n0.r.Stats().DecisionErrors
+	n0.stop() // flushes the aggregated warnings
+	n1.stop()
+
+	lines := strings.Split(strings.TrimSpace(logs.String()), "\n")
+	var noDecision, aggregated, window int
+	repeated := regexp.MustCompile(`repeated=(\d+)`)
+	for _, l := range lines {
+		for _, id := range ids {
+			if strings.Contains(l, id) {
+				t.Fatalf("a log line names a full id: %.200s...", l)
+			}
+		}
+		if len(l) > 2048 {
+			t.Errorf("a log line of %d bytes: %.200s...", len(l), l)
+		}
+		if strings.Contains(l, "no routing decision") {
+			noDecision++
+			if m := repeated.FindStringSubmatch(l); m != nil {
+				if n, _ := strconv.Atoi(m[1]); n > 0 {
+					aggregated++
+				}
+			}
+		}
+		if strings.Contains(l, "fewer proposals are kept in flight") {
+			window++
+		}
+	}
+	t.Logf("%d failed attempts, %d window cuts; %d log lines, %d of them 'no routing decision' (%d aggregated), %d window lines",
+		failures, st.WindowCuts, len(lines), noDecision, aggregated, window)
+	// A line at once, then one per 10 s interval while they repeat (after
+	// a quiet interval, the next is logged at once again), one at the
+	// node's stop.
+	intervals := int(time.Since(begin)/logagg.DefaultEvery) + 1
+	if noDecision > 2*intervals+1 || uint64(noDecision)*20 > failures {
+		t.Errorf("%d 'no routing decision' lines for %d failed attempts: not aggregated", noDecision, failures)
+	}
+	if aggregated == 0 {
+		t.Errorf("no aggregated 'no routing decision' line with a count:\n%s", logs.String())
+	}
+	if window == 0 || window > 2*intervals+1 {
+		t.Errorf("%d lines about the window of proposals in flight in %d intervals", window, intervals)
+	}
+}
