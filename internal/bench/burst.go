@@ -167,7 +167,7 @@ func (sr *serverResults) burstRows(rb *rowBuilder) {
 		r.Target = "< 1 %"
 		ok := pct < 1
 		r.Met = &ok
-		r = rb.add(wlBurst, 1, tag+": node log written", mib(float64(br.logBytes)), unitMiB)
+		r = rb.add(wlBurst, 1, tag+": node log written", float64(br.logBytes)/1024, unitKiB)
 		r.Target = "< 1 MB"
 		small := br.logBytes < 1_000_000
 		r.Met = &small
@@ -178,6 +178,9 @@ func (sr *serverResults) burstRows(rb *rowBuilder) {
 		}
 	}
 }
+
+// unitKiB: kibibytes (the node's log).
+const unitKiB = "KiB"
 
 // atMost sets a target of at most x times the baseline.
 func atMost(r *Row, x float64) *Row {

@@ -45,6 +45,12 @@
 //     bound by a warm-up run, then --messages round-robin over them), high
 //     cardinality (--decisions messages, each a new group) and Zipf
 //     (--messages over --zipf-groups groups, exponent --zipf-s);
+//   - with burst (not in the default list), --burst new groups, one
+//     message each, from one producer as fast as async publish allows,
+//     once with 64-byte and once with 1000-byte ids, each on a fresh node
+//     whose stderr (its log) is counted: time until all are routed, failed
+//     decision attempts, log bytes and peak RSS, long ids against short
+//     (see burst.go; a throughput run only);
 //   - the steady state again with 3 nodes (unless --scaling=false);
 //   - baseline (ii), raw JetStream async publish of the same messages by
 //     the same producers into one stream of the same replication; half of
