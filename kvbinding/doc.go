@@ -5,7 +5,12 @@
 // checkpoints).
 //
 // Group ids are arbitrary UTF-8 of 1 to 1024 bytes; KV keys allow only
-// [-/_=.a-zA-Z0-9]. Key maps a group id to a key injectively: ids made only
-// of [-_=a-zA-Z0-9] are stored readable as "r.<id>", every other id as
-// "b.<base64url(id)>". The binding value always carries the original id.
+// [-/_=.a-zA-Z0-9]. Key maps a group id to a key of at most MaxKeyLen (64)
+// bytes: ids made only of [-_=a-zA-Z0-9] are stored readable as "r.<id>",
+// other ids as "b.<base64url(id)>", when that fits; longer ids as
+// "h.<base64url(SHA-256(id))>". The binding value always carries the
+// original id, which is what names the group of a digest key; a record
+// under a key that is not its group's is never taken for another group
+// (ErrKeyCollision). Records of long ids written before digest keys stay
+// under their full key (FullKey, LegacyKey, Store.UseLegacyKeys).
 package kvbinding
