@@ -1,6 +1,8 @@
 package integration
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -16,6 +18,7 @@ import (
 
 	"grouprouter/internal/logagg"
 	"grouprouter/internal/natstest"
+	"grouprouter/kvbinding"
 	"grouprouter/proposals"
 	"grouprouter/router"
 )
@@ -132,5 +135,67 @@ func TestBurstOfLongIDsLogsAggregatedWarnings(t *testing.T) {
 	}
 	if window == 0 || window > 2*intervals+1 {
 		t.Errorf("%d lines about the window of proposals in flight in %d intervals", window, intervals)
+	}
+}
+
+// TestDigestKeyHoldingAnotherGroupNeverRoutesIt: a fake collision. The
+// digest key of a long group id b holds the record of another group a
+// (what two ids with the same SHA-256 would give; here written by hand).
+// b's message is never routed by it: the handler finds the key taken by
+// another group's record and answers failed (ErrKeyCollision), the node
+// retries, and another long group flows meanwhile. Once the record is
+// deleted, b is bound and routed.
+func TestDigestKeyHoldingAnotherGroupNeverRoutesIt(t *testing.T) {
+	s := natstest.RunServer(t)
+	logs := &lockedBuffer{}
+	cfg := testConfig("n0", router.Local)
+	cfg.Logger = slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	n0 := startNode(t, s.URL(), cfg)
+	var got collector
+	startConsumer(t, s.URL(), "n0", &got)
+	nc := s.Connect()
+	waitEligible(t, nc, []string{"n0"}, []string{"n0"})
+
+	a, b, c := "a-"+strings.Repeat("x", 998), "b-"+strings.Repeat("x", 998), "c-"+strings.Repeat("x", 998)
+	st := openStore(t, nc)
+	kb, _ := kvbinding.Key(b)
+	forged, err := kvbinding.Binding{Group: a, State: kvbinding.StateBound, Node: "n0", FromSeq: 1, DecidedBy: "forger"}.Marshal()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := st.KV().Put(ctx, kb, forged); err != nil {
+		t.Fatal(err)
+	}
+	js, _ := jetstream.New(nc)
+	publish(t, js, "jms.orders", b, "b1")
+	publish(t, js, "jms.orders", c, "c1")
+	got.waitGroup(t, c, 1, 20*time.Second)
+	natstest.Eventually(t, 30*time.Second, func() error {
+		if n := n0.r.Stats().DecisionErrors; n < 2 {
+			return fmt.Errorf("%d failed attempts", n)
+		}
+		return nil
+	})
+	for _, m := range got.all() {
+		if m.group == b {
+			t.Fatalf("b was routed while its key held a's record: %+v", m)
+		}
+	}
+	if !strings.Contains(logs.String(), "holds another group's record") {
+		t.Errorf("the failure does not name the collision; log:\n%s", logs.String())
+	}
+	if _, err := st.Get(ctx, b); !errors.Is(err, kvbinding.ErrKeyCollision) {
+		t.Errorf("Get(b) = %v, want ErrKeyCollision", err)
+	}
+
+	// The forged record goes: b is bound and routed.
+	if err := st.KV().Delete(ctx, kb); err != nil {
+		t.Fatal(err)
+	}
+	got.waitGroup(t, b, 1, 30*time.Second)
+	if r := waitBound(t, st, b, 10*time.Second); r.Group != b {
+		t.Fatalf("b's record names %.10q", r.Group)
 	}
 }

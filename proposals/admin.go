@@ -10,6 +10,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/micro"
 
+	"grouprouter/internal/logagg"
 	"grouprouter/kvbinding"
 )
 
@@ -171,6 +172,6 @@ func (h *Handler) admin(ctx context.Context, data []byte) AdminReply {
 		}
 		return AdminReply{Binding: &cur, Revision: cur.Revision}
 	}
-	h.log.Info("group move requested", "group", b.Group, "from", b.PrevNode, "to", b.Node, "revision", b.Revision)
+	h.log.Info("group move requested", "group", logagg.Short(b.Group), "from", b.PrevNode, "to", b.Node, "revision", b.Revision)
 	return AdminReply{Binding: &b, Revision: b.Revision}
 }

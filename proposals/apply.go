@@ -176,7 +176,7 @@ func (h *Handler) unwritten(pl planned, p Proposal) Decision {
 	case Refused, Failed:
 		d.Error, d.Floor = res.Reason, res.Floor
 		if res.Outcome == Refused {
-			h.log.Debug("refused", "group", p.Group, "op", p.op(), "reason", res.Reason)
+			h.log.Debug("refused", "group", logagg.Short(p.Group), "op", p.op(), "reason", res.Reason)
 		}
 	}
 	return d
@@ -218,7 +218,7 @@ func (h *Handler) settle(pl planned, p Proposal, b kvbinding.Binding, err error)
 	if h.log.Enabled(context.Background(), slog.LevelDebug) {
 		// Guarded: the arguments alone cost a dozen allocations per
 		// decision when debug logging is off.
-		h.log.Debug("record written", "group", p.Group, "op", p.op(), "by", pl.res.Write.ProposedBy, "state", b.State,
+		h.log.Debug("record written", "group", logagg.Short(p.Group), "op", p.op(), "by", pl.res.Write.ProposedBy, "state", b.State,
 			"step", b.Step, "node", b.Node, "prev_node", b.PrevNode, "from_seq", b.FromSeq, "through_seq", b.ThroughSeq, "revision", b.Revision)
 	}
 	if ev := pl.res.Event; ev != nil {

@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"grouprouter/internal/logagg"
 	"grouprouter/kvbinding"
 )
 
@@ -137,7 +138,7 @@ func (h *Handler) rebalance(ctx context.Context, moves []RebalanceMove, nodes ma
 			nodes[mv.From].Groups, totalGroups(nodes), len(Eligible(nodes, false)))
 		groups = append(groups, mv.Group)
 		inputs = append(inputs, Input{Op: OpMove, By: h.id, Node: mv.To, Reason: reason})
-		h.log.Debug("rebalancing a group", "group", mv.Group, "from", mv.From, "to", mv.To)
+		h.log.Debug("rebalancing a group", "group", logagg.Short(mv.Group), "from", mv.From, "to", mv.To)
 	}
 	moved, failed := h.applyMany(ctx, groups, inputs, h.liveState(), causeRebalance)
 	h.log.Info("groups moved to rebalance", "moved", moved, "failed", failed)
@@ -182,9 +183,9 @@ func (h *Handler) restoreBad(ctx context.Context) {
 	for _, res := range h.store.WriteMany(ctx, writes) {
 		if res.Err == nil {
 			h.cache.Apply(res.Binding)
-			h.log.Warn("restored a binding record over an invalid value", "group", res.Binding.Group, "revision", res.Binding.Revision)
+			h.log.Warn("restored a binding record over an invalid value", "group", logagg.Short(res.Binding.Group), "revision", res.Binding.Revision)
 		} else if ctx.Err() == nil {
-			h.log.Warn("could not restore a binding record over an invalid value", "group", res.Binding.Group, "err", res.Err)
+			h.log.Warn("could not restore a binding record over an invalid value", "group", logagg.Short(res.Binding.Group), "err", res.Err)
 		}
 	}
 }
@@ -259,7 +260,7 @@ func (h *Handler) applyMany(ctx context.Context, groups []string, inputs []Input
 		res := Transition(group, cur, inputs[i], env)
 		if res.Outcome == Failed {
 			failed++
-			h.log.Debug("group not moved", "group", group, "op", inputs[i].Op, "reason", res.Reason)
+			h.log.Debug("group not moved", "group", logagg.Short(group), "op", inputs[i].Op, "reason", res.Reason)
 			continue
 		}
 		plans = append(plans, planned{i: i, cur: cur, res: res, cause: cause})

@@ -14,6 +14,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"grouprouter/internal/jsack"
+	"grouprouter/internal/logagg"
 	"grouprouter/kvbinding"
 	"grouprouter/proposals"
 )
@@ -159,7 +160,7 @@ func (r *Router) runSteps(ctx context.Context, jobs map[string]dutyJob) {
 		route, _ := r.cache.Lookup(g)
 		routes[g] = route
 		duty = j.duty
-		r.log.Debug("hand-over step starts", "group", g, "step", route.Step, "node", route.Node, "prev_node", route.PrevNode,
+		r.log.Debug("hand-over step starts", "group", logagg.Short(g), "step", route.Step, "node", route.Node, "prev_node", route.PrevNode,
 			"drain", route.Drain, "from_seq", route.FromSeq, "revision", route.Revision)
 	}
 	var (
@@ -246,9 +247,9 @@ func (r *Router) report(ctx context.Context, ps []proposals.Proposal) map[string
 			if err == nil {
 				for i, d := range ds {
 					if d.Outcome == proposals.Accepted {
-						r.log.Debug("hand-over step reported", "group", d.Group, "op", chunk[i].Op, "revision", d.Revision)
+						r.log.Debug("hand-over step reported", "group", logagg.Short(d.Group), "op", chunk[i].Op, "revision", d.Revision)
 					} else {
-						r.log.Debug("hand-over step report not taken", "group", d.Group, "op", chunk[i].Op, "outcome", d.Outcome,
+						r.log.Debug("hand-over step report not taken", "group", logagg.Short(d.Group), "op", chunk[i].Op, "outcome", d.Outcome,
 							"revision", d.Revision, "err", d.Error)
 					}
 				}
@@ -530,13 +531,13 @@ func (r *Router) awaitConsumers(ctx context.Context, stream jetstream.Stream, by
 			if !plan.ready {
 				if !logged[g] {
 					logged[g] = true
-					r.log.Debug("hand-over waits for the old consumer to ack what it was delivered", "group", g,
+					r.log.Debug("hand-over waits for the old consumer to ack what it was delivered", "group", logagg.Short(g),
 						"messages", plan.awaited, "node", route.Node, "drain", route.Drain, "revision", route.Revision)
 				}
 				continue
 			}
 			if logged[g] {
-				r.log.Debug("hand-over: the old consumer is done with the group", "group", g, "revision", route.Revision,
+				r.log.Debug("hand-over: the old consumer is done with the group", "group", logagg.Short(g), "revision", route.Revision,
 					"lapsed", plan.lapsed, "to_move", len(plan.move))
 			}
 			// What the old consumer acked without this drain looking is
