@@ -247,7 +247,7 @@ func (r *Registry) Ready() <-chan struct{} { return r.ready }
 
 // Run watches the liveness records until ctx ends.
 func (r *Registry) Run(ctx context.Context) error {
-	return watchBucket(ctx, r.js, r.bucket, livePrefix+">", nil, r.apply, func() { r.once.Do(func() { close(r.ready) }) })
+	return watchBucket(ctx, r.js, r.bucket, livePrefix+">", watchHooks{entry: r.apply, ready: func() { r.once.Do(func() { close(r.ready) }) }})
 }
 
 func (r *Registry) apply(key string, op entryOp, value []byte, _ uint64) {

@@ -860,6 +860,9 @@ func (r *Router) publishSync(ctx context.Context, m *nats.Msg) (seq uint64, err 
 		ack, err := r.js.PublishMsg(pctx, m)
 		cancel()
 		if err == nil {
+			if ack.Stream == QueueStream {
+				r.queueTail.stored(ack.Sequence, m.Header.Get(jetstream.MsgIDHeader))
+			}
 			return ack.Sequence, nil // a duplicate's ack names the first copy
 		}
 		if ctx.Err() != nil {

@@ -248,8 +248,12 @@ func (r *Router) publish(a action) {
 		out.Header[HeaderEpoch] = a.epoch
 	}
 	o := outcome{ln: a.ln, m: a.m, dlq: a.dlq, reason: a.reason}
-	done := func(_ jspub.Ack, err error) {
+	id := out.Header[jetstream.MsgIDHeader][0]
+	done := func(ack jspub.Ack, err error) {
 		o.err = err
+		if err == nil && !o.dlq {
+			r.queueTail.stored(ack.Sequence, id)
+		}
 		r.ackMu.Lock()
 		r.acks = append(r.acks, o)
 		r.ackMu.Unlock()

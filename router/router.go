@@ -51,6 +51,14 @@ type Stats struct {
 	// read them (expired, removed, or lost by a server), so not routed by it.
 	IngressGaps    uint64
 	IngressMissing uint64
+	// QueueRewinds counts the times this node found the queue stream
+	// without a message it had stored there (its servers lost acknowledged
+	// writes), and QueueLostSeqs the queue sequences lost with them;
+	// BindingsRewinds the times the bindings bucket went back below what
+	// the node had read (storecheck.go).
+	QueueRewinds    uint64
+	QueueLostSeqs   uint64
+	BindingsRewinds uint64
 	// BelowFloor counts the Skipped messages that no binding covered but
 	// that lay below the routing floor: routed before, under a binding
 	// that has ended since (docs/protocol.md, "The routing floor").
@@ -119,6 +127,7 @@ type Router struct {
 	fullSince    atomic.Int64 // unix nanos the current wait began; 0: not waiting
 	readerResets [len(resetCauses)]atomic.Uint64
 	loss         ingressLoss // ingress messages gone before the reader saw them (loss.go)
+	queueTail    queueTail   // the last queue write, for the lost-writes check (storecheck.go)
 	stopped      atomic.Bool // Run returned
 	ingressInfo  ingressInfo
 
@@ -215,6 +224,7 @@ func (r *Router) Stats() Stats {
 		DecisionTimeouts: e.stats.timeouts, NoHandler: e.stats.noHandler, BelowFloor: e.stats.belowFloor,
 		Held: e.heldMsgs, HeldBytes: e.heldBytes, Position: e.position(),
 		IngressGaps: r.loss.gaps.Load(), IngressMissing: r.loss.missing.Load(),
+		QueueRewinds: r.queueTail.rewinds.Load(), QueueLostSeqs: r.queueTail.lost.Load(), BindingsRewinds: r.cache.Rewinds(),
 	}
 }
 
@@ -328,6 +338,7 @@ func (r *Router) Run(ctx context.Context) error {
 	r.resumeDuties()
 	g.Go(func() error { r.heartbeat(gctx, queueCons); return nil })
 	g.Go(func() error { r.checkpointLoop(gctx); return nil })
+	g.Go(func() error { r.storeCheck(gctx); return nil })
 	g.Go(func() error { r.asker(gctx); return nil })
 	g.Go(func() error { r.timers(gctx); return nil })
 	g.Go(func() error { return r.read(gctx) })
