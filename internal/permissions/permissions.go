@@ -279,7 +279,7 @@ func streams() []string {
 // NodeEvents are the event kinds a router node publishes itself; the
 // handler publishes HandlerEvents.
 var (
-	NodeEvents    = []string{proposals.EventTimeout, proposals.EventDeadLetter, proposals.EventProgress, proposals.EventIngressGap,
+	NodeEvents = []string{proposals.EventTimeout, proposals.EventDeadLetter, proposals.EventProgress, proposals.EventIngressGap,
 		proposals.EventQueueLoss, proposals.EventBucketRewind}
 	HandlerEvents = []string{proposals.EventBind, proposals.EventReject, proposals.EventHandlerTakeover, proposals.EventMove,
 		proposals.EventHandoff, proposals.EventExpire, proposals.EventClose, proposals.EventUnbind}
