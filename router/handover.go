@@ -734,7 +734,7 @@ func (r *Router) catchUp(ctx context.Context, routes map[string]kvbinding.Bindin
 		if invalid != "" {
 			// Taking the ungrouped routing binding over: dead-letter what
 			// cannot be grouped, as the lane would have.
-			r.toDeadLetter(out, msg.Subject(), seq, invalid)
+			out = r.toDeadLetter(out, msg.Subject(), seq, invalid, false)
 			byGroup[g] = append(byGroup[g], out)
 			return
 		}
