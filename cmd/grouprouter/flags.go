@@ -182,7 +182,7 @@ func newRunFlags() *runFlags {
 			"(nats-server's default is 2m: an OS crash or power loss then loses what was acknowledged since the last flush); a --server-config sync_interval stands unless --sync is given")
 	fs.StringVar(&f.httpAddr, "http", "", "serve /metrics, /healthz, /readyz and the status page / on `HOST:PORT` (default: off)")
 	fs.StringVar(&f.serverConfig, "server-config", "",
-		"embedded server: nats-server configuration `FILE` (its users, TLS, ...); --listen and --store-dir override it; listening beyond loopback needs authentication in it")
+		"embedded server: nats-server configuration `FILE` (its users, TLS, ...); --listen and --store-dir override it; listening beyond loopback needs authentication and TLS in it")
 	return f
 }
 
