@@ -56,6 +56,19 @@ type Stats struct {
 	// read them (expired, removed, or lost by a server), so not routed by it.
 	IngressGaps    uint64
 	IngressMissing uint64
+	// QueueRewinds counts the times this node found the queue stream
+	// without a message it had stored there (its servers lost acknowledged
+	// writes), and QueueLostSeqs the queue sequences lost with them;
+	// BindingsRewinds the times the bindings bucket went back below what
+	// the node had read (storecheck.go).
+	// Refused counts the publishes the servers refused for good (too
+	// large once the router's headers are added): each message went to
+	// the dead-letter stream instead, without its body if need be.
+	Refused uint64
+
+	QueueRewinds    uint64
+	QueueLostSeqs   uint64
+	BindingsRewinds uint64
 	// BelowFloor counts the Skipped messages that no binding covered but
 	// that lay below the routing floor: routed before, under a binding
 	// that has ended since (docs/protocol.md, "The routing floor").
@@ -124,14 +137,15 @@ type Router struct {
 	fullSince    atomic.Int64 // unix nanos the current wait began; 0: not waiting
 	readerResets [len(resetCauses)]atomic.Uint64
 	loss         ingressLoss // ingress messages gone before the reader saw them (loss.go)
+	queueTail    queueTail   // the last queue write, for the lost-writes check (storecheck.go)
 	stopped      atomic.Bool // Run returned
 	ingressInfo  ingressInfo
 
 	// Warnings that repeat per group are logged as one line per interval
 	// (internal/logagg): failed decisions, dead-lettered groups, drains
 	// that moved what a stalled consumer held.
-	warnNoDecision, warnDeadLettered, warnLapsed, warnWindow *logagg.Warner
-	warnAnnounce, warnCheckpoint                             *logagg.Warner
+	warnNoDecision, warnDeadLettered, warnLapsed, warnPublish *logagg.Warner
+	warnWindow, warnAnnounce, warnCheckpoint                  *logagg.Warner
 }
 
 // New returns a router node for cfg on connection nc (which the caller
@@ -179,6 +193,7 @@ func New(nc *nats.Conn, cfg Config) (*Router, error) {
 	r.cond = sync.NewCond(&r.mu)
 	r.warnNoDecision = logagg.New(r.log, "no routing decision; the group waits and is retried", logagg.DefaultEvery)
 	r.warnDeadLettered = logagg.New(r.log, "group dead-lettered", logagg.DefaultEvery)
+	r.warnPublish = logagg.New(r.log, "publish failed; retrying in order (a full dead-letter stream refuses new entries until room is made)", logagg.DefaultEvery)
 	r.warnAnnounce = logagg.New(r.log, "announce failed", logagg.DefaultEvery)
 	r.warnCheckpoint = logagg.New(r.log, "checkpoint not saved", logagg.DefaultEvery)
 	r.warnWindow = logagg.New(r.log, "routing decisions timed out: fewer proposals are kept in flight", logagg.DefaultEvery)
@@ -221,10 +236,11 @@ func (r *Router) Stats() Stats {
 	return Stats{
 		Routed: r.routed.Load(), Skipped: e.stats.skipped, DeadLettered: e.stats.deadLettered,
 		DecisionErrors: e.stats.decisionErrors, PublishErrors: e.stats.publishErrors, Proposals: e.stats.asked,
-		DecisionTimeouts: e.stats.timeouts, NoHandler: e.stats.noHandler, BelowFloor: e.stats.belowFloor,
+		DecisionTimeouts: e.stats.timeouts, NoHandler: e.stats.noHandler, BelowFloor: e.stats.belowFloor, Refused: e.stats.refused,
 		WindowCuts: e.stats.windowCuts, ProposalWindow: int(e.pace.limit),
 		Held: e.heldMsgs, HeldBytes: e.heldBytes, Position: e.position(),
 		IngressGaps: r.loss.gaps.Load(), IngressMissing: r.loss.missing.Load(),
+		QueueRewinds: r.queueTail.rewinds.Load(), QueueLostSeqs: r.queueTail.lost.Load(), BindingsRewinds: r.cache.Rewinds(),
 	}
 }
 
@@ -302,6 +318,7 @@ func (r *Router) Run(ctx context.Context) error {
 	defer func() {
 		r.warnNoDecision.Close()
 		r.warnDeadLettered.Close()
+		r.warnPublish.Close()
 		r.warnLapsed.Close()
 		r.warnWindow.Close()
 		r.warnAnnounce.Close()
@@ -343,6 +360,7 @@ func (r *Router) Run(ctx context.Context) error {
 	r.resumeDuties()
 	g.Go(func() error { r.heartbeat(gctx, queueCons); return nil })
 	g.Go(func() error { r.checkpointLoop(gctx); return nil })
+	g.Go(func() error { r.storeCheck(gctx); return nil })
 	g.Go(func() error { r.asker(gctx); return nil })
 	g.Go(func() error { r.timers(gctx); return nil })
 	g.Go(func() error { return r.read(gctx) })

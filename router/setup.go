@@ -129,7 +129,7 @@ func (r *Router) setup(ctx context.Context) (queueCons jetstream.Consumer, relea
 	}); err != nil {
 		return nil, nil, err
 	}
-	r.cache = kvbinding.NewCache(kvbinding.CacheConfig{Notify: r.changes, Logger: r.log})
+	r.cache = kvbinding.NewCache(kvbinding.CacheConfig{Notify: r.changes, Logger: r.log, OnRewind: r.bindingsRewound})
 	// Records of long ids written before digest keys stay under their
 	// full key: the cache knows which (kvbinding.Key).
 	r.store.UseLegacyKeys(r.cache.LegacyKey)
