@@ -42,8 +42,16 @@ func TestBurstOfLongIDsLogsAggregatedWarnings(t *testing.T) {
 		w = io.MultiWriter(logs, os.Stderr)
 	}
 	nc := s.Connect()
-	n1 := startNode(t, s.URL(), testConfig("n1", router.Local))
-	cfg := testConfig("n0", router.Remote)
+	// The production heartbeat and lease: this test is about decisions
+	// that time out, not about leases and liveness, which the tests'
+	// shorter ones let lapse on a loaded machine (two busy loops beside
+	// the race detector: the handler stood down every few seconds).
+	steady := func(cfg router.Config) router.Config {
+		cfg.Heartbeat, cfg.LeaseTTL = router.DefaultHeartbeat, router.DefaultLeaseTTL
+		return cfg
+	}
+	n1 := startNode(t, s.URL(), steady(testConfig("n1", router.Local)))
+	cfg := steady(testConfig("n0", router.Remote))
 	cfg.Logger = slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	n0 := startNode(t, s.URL(), cfg)
 	var got collector
