@@ -27,6 +27,9 @@ const (
 	EventUnbind          = "unbind"     // a group's binding was released by an operator
 	EventProgress        = "progress"   // how far a node is in a long takeover step (drain, catch-up)
 	EventIngressGap      = "gap"        // ingress messages were gone before a node read them (expired, removed, lost)
+	EventPark            = "park"       // a consumer parked a group (package consumer): its failing message and the later ones wait
+	EventRelease         = "release"    // a parked group's messages were replayed and the group runs again
+	EventSkip            = "skip"       // a parked message was dropped unhandled (grouprouter skip, or a failure during a release)
 )
 
 // Event is the JSON body published on SubjectEventsPrefix + Kind.
