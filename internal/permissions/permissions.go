@@ -286,6 +286,7 @@ func (l Layout) parking(node string) []Grant {
 		out = append(out, Grant{proposals.SubjectEventsPrefix + k, "package consumer: its events"})
 	}
 	return slices.Concat(out,
+		l.api("INFO", "package consumer: nats.go reads the account's JetStream limits before it creates a bucket"),
 		[]Grant{{consumer.ParkedSubjectPrefix + node + ".>", "package consumer: park a failing group's messages"}},
 		l.kvPut(pb, ">", "package consumer: record a parked group, claim and end its replay"),
 		l.kvGet(pb, ">", "package consumer: read a parked record"),

@@ -118,7 +118,8 @@ func roleChecks() []check {
 			js("CONSUMER.DELETE."+q+"."+router.QueueConsumer("n1")), js("CONSUMER.CREATE."+q+".x"), js("CONSUMER.DURABLE.CREATE."+q+".x"),
 			js("CONSUMER.CREATE."+q+"."+router.QueueConsumer("n1")))
 		// Only LOCAL nodes write bindings or the lease.
-		add(u, pub, u == "node-n0" || u == "node-n1", kvSubj(b, "r.g"), kvSubj(nb, kvbinding.LeaseKey("grouping-handler")), js("INFO"))
+		add(u, pub, u == "node-n0" || u == "node-n1", kvSubj(b, "r.g"), kvSubj(nb, kvbinding.LeaseKey("grouping-handler")))
+		add(u, pub, u == "node-n0" || u == "node-n1" || strings.HasPrefix(u, "consumer-"), js("INFO"))
 		add(u, pub, false, kvSubj(nb, kvbinding.LeaseKey("other")))
 	}
 
