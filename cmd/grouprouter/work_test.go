@@ -142,10 +142,12 @@ func TestWorkParksAndRetries(t *testing.T) {
 	if code != exitOK || !strings.Contains(stdout, "bad") || !strings.Contains(stdout, "store down") {
 		t.Errorf("parked: exit %d\n%s%s", code, stdout, stderrOut)
 	}
+	t.Logf("grouprouter parked:\n%s", stdout)
 	code, stdout, _ = runCommand(t, "where", "--nats", srv.URL(), "bad")
 	if code != exitOK || !strings.Contains(stdout, "parked:") || !strings.Contains(stdout, "store down") {
 		t.Errorf("where bad: exit %d\n%s", code, stdout)
 	}
+	t.Logf("grouprouter where bad:\n%s", stdout)
 
 	// Later messages of a parked group follow it.
 	publish(t, js, "jms.orders", []byte("bad-8"), "Group-Id", "bad")
