@@ -320,3 +320,30 @@ func BenchmarkIdleLaneMemory(b *testing.B) {
 	}
 	b.ReportMetric(perLane, "bytes/idle-group")
 }
+
+func TestParkedSubjects(t *testing.T) {
+	tests := []struct {
+		lane, want string
+	}{
+		{"order-7", "r.order-7"},
+		{"order 7.x", "b.b3JkZXIgNy54"},
+		{ungroupedPrefix + "12", "u._"},
+		{malformedPrefix + "3", "m._"},
+	}
+	for _, tt := range tests {
+		key := parkedKeyTokens(tt.lane)
+		if key != tt.want {
+			t.Errorf("parkedKeyTokens(%q) = %q, want %q", tt.lane, key, tt.want)
+		}
+		node, gotKey, subject, ok := parkedSubjectParts(ParkedSubjectPrefix + "n1." + key + ".jms.orders.eu")
+		if !ok || node != "n1" || gotKey != key || subject != "jms.orders.eu" {
+			t.Errorf("parts of %q: %q %q %q %v", key, node, gotKey, subject, ok)
+		}
+	}
+	if _, _, _, ok := parkedSubjectParts(ParkedSubjectPrefix + "n1.r.g"); ok {
+		t.Error("a parked subject without an ingress subject parsed")
+	}
+	if f, err := ParkedFilter("order-7"); err != nil || f != "grouping.parked.*.r.order-7.>" {
+		t.Errorf("ParkedFilter = %q, %v", f, err)
+	}
+}
