@@ -34,8 +34,20 @@ func fillT(b testing.TB, q *queue, groups, per int, first uint64) uint64 {
 			m.Header.Set(router.HeaderIngressSeq, strconv.FormatUint(seq, 10))
 			m.Header.Set(router.HeaderEpoch, "1")
 			m.Data = []byte("body")
-			if _, err := q.js.PublishMsgAsync(m); err != nil {
-				b.Fatal(err)
+			for {
+				_, err := q.js.PublishMsgAsync(m)
+				if err == nil {
+					break
+				}
+				if !errors.Is(err, jetstream.ErrTooManyStalledMsgs) {
+					b.Fatal(err)
+				}
+				// Too many PubAcks outstanding (a loaded machine): let them in.
+				select {
+				case <-q.js.PublishAsyncComplete():
+				case <-time.After(time.Minute):
+					b.Fatal("PubAcks stalled for a minute")
+				}
 			}
 			seq++
 		}
