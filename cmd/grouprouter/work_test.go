@@ -14,8 +14,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"grouprouter/consumer"
 	"grouprouter/internal/natstest"
 	"grouprouter/router"
 )
@@ -182,5 +184,50 @@ func TestWorkParksAndRetries(t *testing.T) {
 	}
 	if code, _, stderr := runCommand(t, "retry", "--nats", srv.URL(), "bad"); code != exitFailure || !strings.Contains(stderr, "not parked") {
 		t.Errorf("retry of a group not parked: exit %d %s", code, stderr)
+	}
+}
+
+func TestParseWorkArgs(t *testing.T) {
+	tests := []struct {
+		name    string
+		args    []string
+		node    string
+		argv    []string
+		wantErr string
+	}{
+		{"defaults", []string{"--", "sh", "-c", "true"}, "web-1", []string{"sh", "-c", "true"}, ""},
+		{"flags", []string{"--node", "n2", "--concurrency", "8", "--max-attempts", "1", "--", "./apply"}, "n2", []string{"./apply"}, ""},
+		{"no command", []string{"--node", "n2"}, "", nil, "want -- CMD"},
+		{"zero concurrency", []string{"--concurrency", "0", "--", "x"}, "", nil, "--concurrency must be >= 1"},
+		{"zero attempts", []string{"--max-attempts", "0", "--", "x"}, "", nil, "--max-attempts must be >= 1"},
+		{"bad timeout", []string{"--timeout", "0s", "--", "x"}, "", nil, "must be > 0"},
+		{"bad node", []string{"--node", "a.b", "--", "x"}, "", nil, "node"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			o, err := parseWorkArgs(tt.args, testEnv("web-1"))
+			if tt.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+					t.Fatalf("err %v, want %q", err, tt.wantErr)
+				}
+				return
+			}
+			if err != nil || o.node != tt.node || !slices.Equal(o.argv, tt.argv) {
+				t.Fatalf("got %+v, %v", o, err)
+			}
+		})
+	}
+}
+
+func TestWorkEnv(t *testing.T) {
+	m := &consumer.Message{Subject: "jms.orders", Group: "g 1", IngressSeq: 42, Epoch: 7, Attempt: 2, Redelivered: true,
+		Fence: consumer.Fence{Epoch: 7, IngressSeq: 42}, Header: nats.Header{"Group-Id": {"g 1"}, "x-trace.id": {"a", "b"}}}
+	env := workEnv("n1", m)
+	for _, want := range []string{"GROUPING_NODE=n1", "GROUPING_SUBJECT=jms.orders", "GROUPING_GROUP=g 1", "GROUPING_INGRESS_SEQ=42",
+		"GROUPING_EPOCH=7", "GROUPING_FENCE=" + m.Fence.String(), "GROUPING_ATTEMPT=2", "GROUPING_REDELIVERED=true",
+		"GROUPING_REPLAYED=false", "GROUPING_HEADER_GROUP_ID=g 1", "GROUPING_HEADER_X_TRACE_ID=a,b"} {
+		if !slices.Contains(env, want) {
+			t.Errorf("environment lacks %q: %q", want, env)
+		}
 	}
 }
