@@ -294,3 +294,65 @@ func TestReplayResumedAfterCrash(t *testing.T) {
 		t.Errorf("first process handled %v", got)
 	}
 }
+
+// TestReplayStoppedMidwayIsResumed: Consume stops while a replayed
+// message's handler runs (past the drain bound): it gives the claim up,
+// the message stays parked, and the next Consume resumes the replay at
+// once from that message (flagged Redelivered), in order, each once.
+func TestReplayStoppedMidwayIsResumed(t *testing.T) {
+	q := newQueue(t, false, 30*time.Second)
+	var fault atomic.Bool
+	fault.Store(true)
+	bad, rec, r := parkBad(t, q, 5, &fault, nil)
+	if err := r.stop(t); err != nil {
+		t.Fatal(err)
+	}
+	entered := make(chan struct{})
+	var once sync.Once
+	a := start(t, q, func(ctx context.Context, m *consumer.Message) error {
+		if m.Group == "bad" && m.IngressSeq == bad[2] {
+			once.Do(func() { close(entered) })
+			<-ctx.Done() // a handler that does not return before the drain bound
+			return ctx.Err()
+		}
+		rec.end(m, true)
+		return nil
+	}, consumer.WithDrainTimeout(200*time.Millisecond))
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := consumer.Replay(ctx, q.js, "bad", consumer.ReplayRetry, ""); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-entered:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the replay did not reach its second message")
+	}
+	if err := a.stop(t); !errors.Is(err, consumer.ErrDrainTimeout) {
+		t.Fatalf("Consume: %v, want ErrDrainTimeout", err)
+	}
+	pg, err := consumer.GetParked(ctx, q.js, "bad")
+	if err != nil || pg.Record.State != consumer.StateReplay || pg.Record.Replayer != "" || pg.Head != bad[2] {
+		t.Fatalf("after the stop: %+v, %v; want a replay given up at %d", pg, err, bad[2])
+	}
+	rec2 := newRecord()
+	start(t, q, func(_ context.Context, m *consumer.Message) error {
+		rec2.end(m, true)
+		return nil
+	})
+	waitFor(t, "replay resumed and released", func() bool {
+		_, err := consumer.GetParked(ctx, q.js, "bad")
+		return errors.Is(err, consumer.ErrNotParked) && len(rec2.of("bad")) >= len(bad)-2
+	})
+	if got := rec.of("bad"); !slices.Equal(got, bad[:2]) {
+		t.Errorf("first process handled %v, want %v", got, bad[:2])
+	}
+	if got := rec2.of("bad"); !slices.Equal(got, bad[2:]) {
+		t.Errorf("second process handled %v, want %v", got, bad[2:])
+	}
+	rec2.mu.Lock()
+	defer rec2.mu.Unlock()
+	if !rec2.redeliv[bad[2]] {
+		t.Errorf("the message whose handler was cut (%d) not flagged Redelivered", bad[2])
+	}
+}
