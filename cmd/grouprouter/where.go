@@ -14,6 +14,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"grouprouter/consumer"
 	"grouprouter/internal/jsonx"
 	"grouprouter/kvbinding"
 	"grouprouter/router"
@@ -50,7 +51,9 @@ record): waiting (not delivered yet), unacked (delivered, not
 acknowledged: still on the queue with a stream sequence at most the
 node's consumer's last delivered one) and the age of the oldest, and the
 messages each router holds undecided (every router holds the same ones;
-"held" is the most any holds).
+"held" is the most any holds). A group a consumer parked shows its
+parked record: the node, the ingress seq and attempts, since when, how
+many messages wait in the parked stream, and the handler's error.
 
 GROUP is taken verbatim (quote it for the shell). A group that is nowhere
 is shown as unbound, with nothing waiting.
@@ -99,6 +102,7 @@ type whereResult struct {
 	row    groupRow
 	queues []nodeQueue // by node
 	heldOn []heldOn    // by node
+	parked *parkedJSON // when a consumer parked it
 }
 
 // whereGroup is the where subcommand.
@@ -175,6 +179,13 @@ func whereGroup(ctx context.Context, args []string, env environment, stdout, std
 		res.row.q.merge(*q)
 	}
 	slices.SortFunc(res.queues, func(a, b nodeQueue) int { return strings.Compare(a.node, b.node) })
+	switch pg, err := consumer.GetParked(setupCtx, js, o.group); {
+	case err == nil:
+		p := toParkedJSON(pg)
+		res.parked = &p
+	case !errors.Is(err, consumer.ErrNotParked):
+		fmt.Fprintf(stderr, "grouprouter where: cannot tell whether the group is parked: %v\n", err)
+	}
 
 	if o.asJSON {
 		return writeWhereJSON(stdout, &res)
@@ -216,7 +227,16 @@ func writeWhereJSON(w io.Writer, res *whereResult) error {
 		buf = appendJSONTime(buf, h.Since)
 		buf = append(buf, '}')
 	}
-	buf = append(buf, "]}"...)
+	buf = append(buf, ']')
+	if res.parked != nil {
+		p, err := json.Marshal(res.parked)
+		if err != nil {
+			return err
+		}
+		buf = append(buf, `,"parked":`...)
+		buf = append(buf, p...)
+	}
+	buf = append(buf, '}')
 	var out bytes.Buffer
 	if err := json.Indent(&out, buf, "", "  "); err != nil {
 		return fmt.Errorf("where --json: %w", err) // a bug: the encoding above is wrong
@@ -260,6 +280,15 @@ func writeWhereText(w io.Writer, res *whereResult, now time.Time) error {
 	line("held", strconv.Itoa(r.held))
 	for _, h := range res.heldOn {
 		line("held on "+h.node, fmt.Sprintf("%d from seq %d, since %s (%s ago)", h.Count, h.OldestSeq, formatTime(h.Since), age(now, h.Since)))
+	}
+	if p := res.parked; p != nil {
+		st := p.State
+		if p.Mode != "" {
+			st += " (" + p.Mode + ")"
+		}
+		line("parked", fmt.Sprintf("%s by node %s at ingress seq %d after %d attempt(s), since %s (%s ago); %d message(s) parked, head %s",
+			st, p.Node, p.FirstSeq, p.Attempts, formatTime(p.Since), age(now, p.Since), p.Messages, seqOrDash(p.Head)))
+		line("parked why", flatLine(p.Reason))
 	}
 	return tw.Flush()
 }
