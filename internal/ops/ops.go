@@ -70,11 +70,12 @@ type Config struct {
 // Server serves a node's operator endpoints. Its Handler may be used before
 // Run and after; Run follows the events stream for the status page.
 type Server struct {
-	cfg    Config
-	log    *slog.Logger
-	page   *template.Template
-	rates  rateSampler
-	events eventRings
+	cfg     Config
+	log     *slog.Logger
+	page    *template.Template
+	rates   rateSampler
+	events  eventRings
+	samples *history
 	// wanted wakes Run when a status request comes; lastWanted is its
 	// time, in Unix nanoseconds.
 	wanted     chan struct{}
@@ -103,11 +104,12 @@ func New(cfg Config) (*Server, error) {
 		return nil, err
 	}
 	return &Server{
-		cfg:    cfg,
-		log:    cfg.Logger.With("component", "http"),
-		page:   page,
-		events: newEventRings(cfg.Events),
-		wanted: make(chan struct{}, 1),
+		cfg:     cfg,
+		log:     cfg.Logger.With("component", "http"),
+		page:    page,
+		events:  newEventRings(cfg.Events),
+		samples: newHistory(),
+		wanted:  make(chan struct{}, 1),
 	}, nil
 }
 
@@ -158,13 +160,29 @@ func plain(w http.ResponseWriter, code int, line string) {
 	_, _ = w.Write([]byte(line + "\n"))
 }
 
+// firstEventsWait bounds how long a status request waits for the events
+// follower to read what is stored, so that the first render lists the
+// latest events rather than none.
+const firstEventsWait = 3 * time.Second
+
 // view takes a status snapshot for the page, and wakes the events
-// follower.
+// follower; when the follower has not read the stored events yet (it
+// starts with the first request after an idle minute), it waits for them
+// up to firstEventsWait.
 func (s *Server) view(ctx context.Context) view {
 	s.lastWanted.Store(time.Now().UnixNano())
 	select {
 	case s.wanted <- struct{}{}:
 	default:
+	}
+	if s.cfg.Conn != nil {
+		wait := time.NewTimer(firstEventsWait)
+		select {
+		case <-s.events.loadedChan():
+		case <-wait.C:
+		case <-ctx.Done():
+		}
+		wait.Stop()
 	}
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()

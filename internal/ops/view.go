@@ -42,6 +42,13 @@ type view struct {
 	// newest first.
 	Steps     []eventV `json:"steps"`
 	Following bool     `json:"events_following"`
+	// EventsLoaded: the follower has read the events stored when it
+	// started, so an empty list means none.
+	EventsLoaded bool `json:"events_loaded"`
+	// History is what the charts draw: a sample every HistoryEvery over
+	// the last HistorySpan; Charts the same drawn as SVG, for the page.
+	History chartsJSON      `json:"history"`
+	Charts  []template.HTML `json:"-"`
 }
 
 type counters struct {
@@ -121,7 +128,13 @@ func (s *Server) build(st router.Status) view {
 		}
 		v.Nodes = append(v.Nodes, row)
 	}
-	v.Events, v.Moves, v.Steps, v.Following = s.events.latest()
+	v.Events, v.Moves, v.Steps, v.Following, v.EventsLoaded = s.events.latest()
+	if s.cfg.Conn == nil {
+		v.EventsLoaded = true // no events to read
+	}
+	charts := s.samples.charts()
+	v.History = chartsJSON{EverySeconds: HistoryEvery.Seconds(), Charts: charts}
+	v.Charts = renderCharts(charts, HistoryEvery)
 	return v
 }
 
