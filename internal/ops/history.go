@@ -173,7 +173,7 @@ func chartsOf(samples []histSample) []chart {
 	ingress := chart{ID: "ingress", Title: "Ingress: stored, and read by each node", Unit: "msgs/s"}
 	stored := chartSeries{Name: "stored"}
 	for i := range samples {
-		stored.Points = append(stored.Points, rate(i, func(s histSample) (uint64, bool) { return s.ingressLast, s.ingressLast > 0 }))
+		stored.Points = append(stored.Points, rate(i, storedThrough))
 	}
 	ingress.Series = append(ingress.Series, stored)
 	routed := chart{ID: "routed", Title: "Routed to the queues, by node", Unit: "msgs/s"}
@@ -239,6 +239,20 @@ func chartsOf(samples []histSample) []chart {
 		})},
 	}
 	return []chart{ingress, routed, groups, backlog, moves}
+}
+
+// storedThrough is the ingress stream's last sequence in a sample: the
+// last sequence the status read (it reads it at most every 2 s, so it may
+// be a sample old) or, when higher, the last one a live node has read (the
+// nodes announce their positions every heartbeat).
+func storedThrough(s histSample) (uint64, bool) {
+	last := s.ingressLast
+	for _, n := range s.nodes {
+		if n.live && n.position > 0 {
+			last = max(last, n.position-1)
+		}
+	}
+	return last, last > 0
 }
 
 // history is the Server's sampled history, safe for concurrent use.

@@ -86,7 +86,7 @@ func TestChartsOf(t *testing.T) {
 		{at: at(0), ingressLast: 100, nodes: map[string]nodeSample{
 			"n1": {live: true, position: 101, routed: 0, groups: 2, held: 1, queuePending: 3, queueUnacked: 1},
 			"n2": {live: true, position: 101, routed: 50, groups: 1, held: 3, queuePending: 1}}},
-		{at: at(1), ingressLast: 140, nodes: map[string]nodeSample{
+		{at: at(1), ingressLast: 100, nodes: map[string]nodeSample{
 			"n1": {live: true, position: 141, routed: 20, groups: 2, held: 0, queuePending: 4},
 			"n2": {live: true, position: 141, routed: 60, groups: 1, held: 2}}},
 		{at: at(2), ingressLast: 180, unsettled: 1, nodes: map[string]nodeSample{
@@ -110,6 +110,8 @@ func TestChartsOf(t *testing.T) {
 	}
 	want := map[string]string{
 		// Rates span up to 3 intervals: 40 over 2 s, 80 over 4 s, 120 over 6 s.
+		// The stale last sequence of sample 1 (100) is made up by the
+		// nodes' positions (141: they read through 140).
 		"ingress/stored": "- 20 20 20",
 		"ingress/n1":     "- 20 20 20",
 		// n2 gone at sample 2: no rate there, nor over a span that starts

@@ -18,7 +18,10 @@
 // which a follower of stream GROUPING_EVENTS keeps in two bounded rings
 // (all events; moves, hand-offs and unbinds). The follower runs only while
 // someone looks: it starts with the first status request and stops after
-// Config.Idle without one, so /metrics alone costs no event deliveries.
+// Config.Idle without one, so /metrics alone costs no event deliveries;
+// the first request waits (up to firstEventsWait) for it to read what is
+// stored. The charts are drawn on the server, as inline SVG, from a
+// bounded history that Run samples from router.Status every HistoryEvery.
 package ops
 
 import (
