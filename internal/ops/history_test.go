@@ -1,14 +1,22 @@
 package ops
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
 	"regexp"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+
+	"grouprouter/internal/natstest"
+	"grouprouter/proposals"
 	"grouprouter/router"
 )
 
@@ -230,5 +238,72 @@ func TestChartScale(t *testing.T) {
 		if int(from.Sub(t0).Seconds()) != tt.from || int(to.Sub(t0).Seconds()) != tt.to {
 			t.Errorf("window of %v: %v to %v, want %d to %d", tt.secs, from.Sub(t0), to.Sub(t0), tt.from, tt.to)
 		}
+	}
+}
+
+// fakeNode is a ready node with a fixed status.
+type fakeNode struct{}
+
+func (fakeNode) CheckReady() error { return nil }
+func (fakeNode) Status(context.Context) router.Status {
+	return router.Status{At: time.Now(), Node: "n1", Type: router.Local, Nodes: []router.NodeStatus{{Node: "n1", Live: true, Groups: 1}}}
+}
+
+// TestFirstRenderListsEvents: the first status request of a page whose
+// events follower was idle lists the events stored, not "none"; without
+// an events stream it says it is reading them, not "none".
+func TestFirstRenderListsEvents(t *testing.T) {
+	for _, stored := range []bool{true, false} {
+		t.Run(fmt.Sprintf("stream %v", stored), func(t *testing.T) {
+			srv := natstest.RunServer(t)
+			nc := srv.Connect()
+			if stored {
+				js, err := jetstream.New(nc)
+				if err != nil {
+					t.Fatal(err)
+				}
+				ctx := context.Background()
+				if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: router.EventsStream, Subjects: []string{proposals.SubjectEventsPrefix + ">"}}); err != nil {
+					t.Fatal(err)
+				}
+				for i := range 3 {
+					ev := fmt.Sprintf(`{"id":"%d","kind":"bind","group":"g%d","node":"n1","by":"h/n1","at":"2026-12-01T10:00:0%dZ"}`, i, i, i)
+					if _, err := js.Publish(ctx, proposals.SubjectEventsPrefix+"bind", []byte(ev)); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+			s, err := New(Config{Node: fakeNode{}, Conn: nc})
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithCancel(context.Background())
+			done := make(chan struct{})
+			go func() { defer close(done); _ = s.Run(ctx) }()
+			defer func() { cancel(); <-done }()
+			hs := httptest.NewServer(s.Handler())
+			defer hs.Close()
+
+			resp, err := http.Get(hs.URL + "/")
+			if err != nil {
+				t.Fatal(err)
+			}
+			body, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			page := string(body)
+			events := regexp.MustCompile(`(?s)<h2>Latest events</h2>(.*)</main>`).FindStringSubmatch(page)
+			if events == nil {
+				t.Fatalf("no events section:\n%s", page)
+			}
+			if stored {
+				if n := strings.Count(events[1], `data-kind="bind"`); n != 3 || strings.Contains(events[1], "none") {
+					t.Errorf("first render lists %d of the 3 stored events:\n%s", n, events[1])
+				}
+				return
+			}
+			if !strings.Contains(events[1], "reading the events stream") || strings.Contains(events[1], "none") {
+				t.Errorf("without an events stream, the first render says:\n%s", events[1])
+			}
+		})
 	}
 }

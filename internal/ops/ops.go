@@ -83,6 +83,10 @@ type Server struct {
 	// time, in Unix nanoseconds.
 	wanted     chan struct{}
 	lastWanted atomic.Int64
+	// loadBy is until when (Unix nanoseconds) status requests wait for
+	// the events follower to read what is stored: firstEventsWait after
+	// the request that woke it.
+	loadBy atomic.Int64
 }
 
 //go:embed status.html
@@ -169,23 +173,27 @@ func plain(w http.ResponseWriter, code int, line string) {
 const firstEventsWait = 3 * time.Second
 
 // view takes a status snapshot for the page, and wakes the events
-// follower; when the follower has not read the stored events yet (it
-// starts with the first request after an idle minute), it waits for them
-// up to firstEventsWait.
+// follower. A request that wakes the follower (the first, or the first
+// after Config.Idle without one) waits up to firstEventsWait for it to
+// read the events stored, and so do the requests in that time; later
+// ones do not wait (the stream may be unreadable).
 func (s *Server) view(ctx context.Context) view {
-	s.lastWanted.Store(time.Now().UnixNano())
+	now := time.Now().UnixNano()
+	if prev := s.lastWanted.Swap(now); prev == 0 || time.Duration(now-prev) > s.cfg.Idle {
+		s.loadBy.Store(now + int64(firstEventsWait))
+	}
 	select {
 	case s.wanted <- struct{}{}:
 	default:
 	}
-	if s.cfg.Conn != nil {
-		wait := time.NewTimer(firstEventsWait)
+	if wait := time.Duration(s.loadBy.Load() - now); s.cfg.Conn != nil && wait > 0 {
+		timer := time.NewTimer(wait)
 		select {
 		case <-s.events.loadedChan():
-		case <-wait.C:
+		case <-timer.C:
 		case <-ctx.Done():
 		}
-		wait.Stop()
+		timer.Stop()
 	}
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
