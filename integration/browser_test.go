@@ -187,6 +187,9 @@ func TestStatusPageInBrowser(t *testing.T) {
 	if !strings.Contains(dom, `data-kind="move"`) || !strings.Contains(dom, ">"+moved+"<") {
 		t.Errorf("the first load does not list the move of %s", moved)
 	}
+	if !regexp.MustCompile(`<td>ingress rate</td><td class="n">\d`).MatchString(dom) {
+		t.Errorf("the first load shows no ingress rate (the history's samples give one)")
+	}
 	points := regexp.MustCompile(`data-series="([^"]*)" data-points="(\d+)"`)
 	for _, id := range []string{"ingress", "routed", "groups", "backlog", "moves"} {
 		fig := regexp.MustCompile(`(?s)<figure class="chart" id="chart-` + id + `".*?</figure>`).FindString(dom)

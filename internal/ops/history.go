@@ -290,6 +290,7 @@ func (s *Server) sampleHistory(ctx context.Context) {
 		cancel()
 		if st.NotReady == "" {
 			s.samples.add(sampleOf(st))
+			s.rates.observe(rateSampleOf(st))
 		}
 		select {
 		case <-ctx.Done():

@@ -105,14 +105,7 @@ func (s *Server) build(st router.Status) view {
 		},
 		Nodes: []nodeV{},
 	}
-	cur := sample{at: st.At, ingress: st.IngressLast, routed: st.Stats.Routed, skipped: st.Stats.Skipped,
-		dead: st.Stats.DeadLettered, failures: st.Stats.DecisionErrors, nodes: map[string]uint64{}}
-	for _, n := range st.Nodes {
-		if n.Live {
-			cur.nodes[n.Node] = n.Routed
-		}
-	}
-	r, nodeRates, ok := s.rates.observe(cur)
+	r, nodeRates, ok := s.rates.observe(rateSampleOf(st))
 	if ok {
 		v.Rates = &r
 	}
@@ -138,8 +131,20 @@ func (s *Server) build(st router.Status) view {
 	return v
 }
 
-// Rates are computed from the counters seen by status requests: each
-// request is a sample; a rate is the increase from the oldest sample of
+// rateSampleOf is the counters of a status snapshot.
+func rateSampleOf(st router.Status) sample {
+	cur := sample{at: st.At, ingress: st.IngressLast, routed: st.Stats.Routed, skipped: st.Stats.Skipped,
+		dead: st.Stats.DeadLettered, failures: st.Stats.DecisionErrors, nodes: map[string]uint64{}}
+	for _, n := range st.Nodes {
+		if n.Live {
+			cur.nodes[n.Node] = n.Routed
+		}
+	}
+	return cur
+}
+
+// Rates are computed from the counters seen by status requests and by the
+// history's sampler (so the first request has rates): each is a sample; a rate is the increase from the oldest sample of
 // the last rateWindow to now. Samples are kept at most one per
 // sampleEvery, so a burst of requests costs no memory.
 const (
