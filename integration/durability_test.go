@@ -16,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"grouprouter/internal/natstest"
+	"grouprouter/kvbinding"
 	"grouprouter/proposals"
 	"grouprouter/router"
 )
@@ -138,9 +139,29 @@ func TestIngressRewoundUnderARunningNode(t *testing.T) {
 	sendBatch(t, js, "a", "before", 10, want) // ingress 1-10, read by n0
 	checkGrouping(t, c.waitCount(t, 10, 20*time.Second), want)
 
-	dir := filepath.Join(s.Server().StoreDir(), "$G", "streams", router.IngressStream, "msgs")
+	forgetStream(t, s, router.IngressStream)
+	s.Restart()
+	if st := streamState(t, js, router.IngressStream); st.LastSeq != 0 {
+		t.Fatalf("after the loss the ingress's last sequence is %d, want 0 (the loss this test needs)", st.LastSeq)
+	}
+	natstest.Eventually(t, 30*time.Second, func() error {
+		if st := n0.r.Stats(); st.IngressMissing != 10 || st.IngressGaps != 1 {
+			return fmt.Errorf("Stats: %d gaps, %d messages missing; want 1 of 10", st.IngressGaps, st.IngressMissing)
+		}
+		return nil
+	})
+	if l := logs.String(); !strings.Contains(l, "last sequence is behind what this node has read") || !strings.Contains(l, "stream_last=0 next=11") {
+		t.Errorf("no error logged about the ingress going back; the node's log:\n%s", l)
+	}
+}
+
+// forgetStream stops s, empties every message block of its stream and
+// removes its index: nothing says its messages or sequences existed, what
+// a power loss can leave of writes that were never synced.
+func forgetStream(t testing.TB, s *natstest.Server, stream string) {
+	t.Helper()
+	dir := filepath.Join(s.Server().StoreDir(), "$G", "streams", stream, "msgs")
 	s.Stop()
-	// Every block emptied and the index gone: nothing says sequences 1-10 existed.
 	ents, err := os.ReadDir(dir)
 	if err != nil {
 		t.Fatal(err)
@@ -157,19 +178,109 @@ func TestIngressRewoundUnderARunningNode(t *testing.T) {
 			}
 		}
 	}
-	s.Restart()
-	if st := streamState(t, js, router.IngressStream); st.LastSeq != 0 {
-		t.Fatalf("after the loss the ingress's last sequence is %d, want 0 (the loss this test needs)", st.LastSeq)
-	}
-	natstest.Eventually(t, 30*time.Second, func() error {
-		if st := n0.r.Stats(); st.IngressMissing != 10 || st.IngressGaps != 1 {
-			return fmt.Errorf("Stats: %d gaps, %d messages missing; want 1 of 10", st.IngressGaps, st.IngressMissing)
+}
+
+// TestQueueLostWritesUnderARunningNode: the queue stream's servers lose
+// messages a node stored there (and their sequences) while nothing had
+// consumed them. The node notices at its next check: it counts the rewind
+// and the lost sequences, logs at error and announces a "queue-loss"
+// event; what it routes afterwards is delivered.
+func TestQueueLostWritesUnderARunningNode(t *testing.T) {
+	s := natstest.RunServer(t)
+	logs := &lockedBuffer{}
+	cfg := testConfig("n0", router.Local)
+	cfg.Logger = slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelError}))
+	n0 := startNode(t, s.URL(), cfg)
+	nc := s.Connect()
+	js, _ := jetstream.New(nc)
+	// No consumer yet: the messages wait on the queue (n0 is the only node,
+	// so it takes its groups whether or not a consumer is there).
+	sendBatch(t, js, "a", "lost", 6, map[string][]string{})
+	natstest.Eventually(t, 20*time.Second, func() error {
+		if st := n0.r.Stats(); st.Routed != 6 {
+			return fmt.Errorf("routed %d of 6", st.Routed)
 		}
 		return nil
 	})
-	if l := logs.String(); !strings.Contains(l, "last sequence is behind what this node has read") || !strings.Contains(l, "stream_last=0 next=11") {
-		t.Errorf("no error logged about the ingress going back; the node's log:\n%s", l)
+	losses := watchEvents(t, nc, proposals.EventQueueLoss)
+	forgetStream(t, s, router.QueueStream)
+	s.Restart()
+	if st := streamState(t, js, router.QueueStream); st.LastSeq != 0 {
+		t.Fatalf("after the loss the queue's last sequence is %d, want 0 (the loss this test needs)", st.LastSeq)
 	}
+	natstest.Eventually(t, 30*time.Second, func() error {
+		if st := n0.r.Stats(); st.QueueRewinds != 1 || st.QueueLostSeqs != 6 {
+			return fmt.Errorf("Stats: %d queue rewinds, %d sequences lost; want 1 of 6", st.QueueRewinds, st.QueueLostSeqs)
+		}
+		return nil
+	})
+	ev := losses.waitGroup(t, "", 10*time.Second)
+	if ev.Node != "n0" || ev.FromSeq != 1 || ev.Count != 6 {
+		t.Errorf("queue-loss event %+v, want node n0, from_seq 1, count 6", ev)
+	}
+	if l := logs.String(); !strings.Contains(l, "level=ERROR msg=\"the queue stream lost messages") || !strings.Contains(l, "from_seq=1 to_seq=6") {
+		t.Errorf("no error logged about the queue's loss; the node's log:\n%s", l)
+	}
+	// The node goes on: later messages are delivered, and the loss is
+	// reported once.
+	var c collector
+	startConsumer(t, s.URL(), "n0", &c)
+	later := map[string][]string{}
+	sendBatch(t, js, "a", "after", 5, later)
+	checkGrouping(t, c.waitCount(t, 5, 20*time.Second), later)
+	time.Sleep(6 * time.Second) // past the next check (every 5 s): the sequences stored again are not a loss
+	if st := n0.r.Stats(); st.QueueRewinds != 1 {
+		t.Errorf("Stats: %d queue rewinds after the node went on, want 1", st.QueueRewinds)
+	}
+}
+
+// TestBindingsRewoundUnderARunningNode: the bindings bucket's servers
+// lose its records (and their revisions) under a running node. The
+// node's cache notices at its next check, logs at error, counts it,
+// announces a "bindings-rewind" event and reads the bucket again: the
+// groups whose records were lost are decided again, and their messages
+// delivered in order.
+func TestBindingsRewoundUnderARunningNode(t *testing.T) {
+	s := natstest.RunServer(t)
+	logs := &lockedBuffer{}
+	cfg := testConfig("n0", router.Local)
+	cfg.Logger = slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelError}))
+	n0 := startNode(t, s.URL(), cfg)
+	var c collector
+	startConsumer(t, s.URL(), "n0", &c)
+	nc := s.Connect()
+	waitEligible(t, nc, []string{"n0"}, []string{"n0"})
+	js, _ := jetstream.New(nc)
+	want := map[string][]string{}
+	sendBatch(t, js, "a", "before", 5, want)
+	sendBatch(t, js, "b", "before", 5, want)
+	checkGrouping(t, c.waitCount(t, 10, 20*time.Second), want)
+	if _, ok := n0.r.Cache().Lookup("a"); !ok {
+		t.Fatal("group a not in the cache before the loss")
+	}
+	rewinds := watchEvents(t, nc, proposals.EventBucketRewind)
+	forgetStream(t, s, "KV_"+kvbinding.DefaultBucket)
+	s.Restart()
+	natstest.Eventually(t, 30*time.Second, func() error {
+		if n := n0.r.Stats().BindingsRewinds; n != 1 {
+			return fmt.Errorf("%d bindings rewinds, want 1", n)
+		}
+		if _, ok := n0.r.Cache().Lookup("a"); ok {
+			return fmt.Errorf("group a still cached after the bucket lost it")
+		}
+		return nil
+	})
+	ev := rewinds.waitGroup(t, "", 10*time.Second)
+	if ev.Node != "n0" || ev.FromSeq != 1 {
+		t.Errorf("bindings-rewind event %+v, want node n0, from_seq 1", ev)
+	}
+	if l := logs.String(); !strings.Contains(l, "level=ERROR msg=\"the bindings bucket went back") {
+		t.Errorf("no error logged about the bucket going back; the node's log:\n%s", l)
+	}
+	later := map[string][]string{}
+	sendBatch(t, js, "a", "after", 5, later)
+	sendBatch(t, js, "c", "after", 5, later)
+	checkGrouping(t, c.waitCount(t, 20, 30*time.Second)[10:], later)
 }
 
 // lastBlock returns the path and size of the highest-numbered message

@@ -6,6 +6,7 @@ import (
 	"strconv"
 	"sync"
 	"sync/atomic"
+	"time"
 )
 
 // entry is the compact cached form of a record: node names are interned.
@@ -43,6 +44,13 @@ type CacheConfig struct {
 	Notify chan<- string
 	// Logger receives the keys of values the cache ignores. Default: discard.
 	Logger *slog.Logger
+	// OnRewind, if not nil, learns that the bucket went back below what
+	// the cache had read (see Cache.Rewinds), with the last revision read
+	// and the bucket's last now, from the watch's goroutine.
+	OnRewind func(seen, last uint64)
+	// RewindCheck is how often the watch checks the bucket for a rewind.
+	// Default: 5 s.
+	RewindCheck time.Duration
 }
 
 // Cache is an in-memory copy of the bindings bucket kept current by a KV
@@ -70,6 +78,14 @@ type Cache struct {
 	leaving   []int // groups being moved away from each interned node
 	watchRev  uint64
 	ignored   atomic.Uint64
+	rewinds   atomic.Uint64
+
+	// replay, while not nil, receives what the watch reads after a
+	// rewind, until its initial records are in: then the cache adopts
+	// it (only the watch's goroutine touches the field).
+	replay      *Cache
+	onRewind    func(seen, last uint64)
+	rewindCheck time.Duration
 
 	notify chan<- string
 	done   chan struct{} // closed when Run returns: no more notifications
@@ -99,6 +115,9 @@ func NewCache(cfg CacheConfig) *Cache {
 		notify:    cfg.Notify,
 		log:       log,
 		ready:     make(chan struct{}),
+
+		onRewind:    cfg.OnRewind,
+		rewindCheck: cfg.RewindCheck,
 	}
 }
 
@@ -401,14 +420,94 @@ func (c *Cache) intern(node string) uint32 {
 
 // Run watches the store's bucket and keeps the cache current until ctx
 // ends. It returns ctx's error, or an error if the watch cannot start.
+//
+// When the bucket goes back below the revisions the cache has read (its
+// servers lost acknowledged writes: see the servers' fsync policy in
+// docs/operations.md), the cache logs it at error, counts it (Rewinds),
+// tells OnRewind, and reads the whole bucket again: it keeps answering
+// from what it had until the new reading is complete, then takes it as
+// its whole state, notifying every group whose record changed.
 func (c *Cache) Run(ctx context.Context, s *Store) error {
 	defer close(c.done)
-	return watchBucket(ctx, s.js, s.bucket, ">", c.presize, c.applyEntry, func() {
-		c.once.Do(func() {
-			c.warm.Store(true)
-			close(c.ready)
-		})
+	return watchBucket(ctx, s.js, s.bucket, ">", watchHooks{
+		start: c.watchStart,
+		entry: c.watchEntry,
+		ready: c.watchReady,
+		rewound: func(seen, last uint64) {
+			c.rewinds.Add(1)
+			c.log.Error("the bindings bucket went back below what this node had read: its servers lost acknowledged writes; reading it again",
+				"bucket", s.bucket, "read_through", seen, "bucket_last", last)
+			c.replay = NewCache(CacheConfig{Logger: c.log})
+			if c.onRewind != nil {
+				c.onRewind(seen, last)
+			}
+		},
+		rewindEvery: c.rewindCheck,
 	})
+}
+
+// Rewinds counts the times the bucket was found below what the cache had
+// read.
+func (c *Cache) Rewinds() uint64 { return c.rewinds.Load() }
+
+func (c *Cache) watchStart(records uint64) {
+	if c.replay != nil {
+		c.replay.presize(records)
+		return
+	}
+	c.presize(records)
+}
+
+func (c *Cache) watchEntry(key string, op entryOp, value []byte, rev uint64) {
+	if c.replay != nil {
+		c.replay.applyEntry(key, op, value, rev)
+		return
+	}
+	c.applyEntry(key, op, value, rev)
+}
+
+func (c *Cache) watchReady() {
+	if r := c.replay; r != nil {
+		c.replay = nil
+		c.adopt(r)
+		return
+	}
+	c.once.Do(func() {
+		c.warm.Store(true)
+		close(c.ready)
+	})
+}
+
+// adopt takes r's records as the cache's whole state and notifies every
+// group whose record differs.
+func (c *Cache) adopt(r *Cache) {
+	c.mu.Lock()
+	var changed []string
+	for g, e := range c.m {
+		if n, ok := r.m[g]; !ok || !sameEntry(c.names, e, r.names, n) {
+			changed = append(changed, g)
+		}
+	}
+	for g := range r.m {
+		if _, ok := c.m[g]; !ok {
+			changed = append(changed, g)
+		}
+	}
+	c.m, c.drains, c.routed, c.bad, c.unsettled = r.m, r.drains, r.routed, r.bad, r.unsettled
+	c.names, c.index, c.counts, c.leaving = r.names, r.index, r.counts, r.leaving
+	c.watchRev = r.watchRev
+	c.mu.Unlock()
+	c.log.Info("bindings read again after the bucket went back", "records", len(r.m), "changed", len(changed))
+	for _, g := range changed {
+		c.changed(g)
+	}
+}
+
+// sameEntry reports whether a, with node names an, and b, with names bn,
+// are the same record.
+func sameEntry(an []string, a entry, bn []string, b entry) bool {
+	return a.rev == b.rev && a.epoch == b.epoch && a.seq == b.seq && a.state == b.state && a.step == b.step &&
+		an[a.node] == bn[b.node] && an[a.prev] == bn[b.prev]
 }
 
 // presize grows an empty cache's map to the number of records the watch

@@ -36,6 +36,14 @@ func scanBinding(d *jsonx.Scanner, all bool) (Binding, bool) {
 	ok := d.Object(func(key []byte) bool {
 		var ok bool
 		switch string(key) {
+		case "record":
+			var s string
+			s, ok = d.Str()
+			ok = ok && s == recordBinding
+		case "v":
+			var v int
+			v, ok = d.Int()
+			ok = ok && v >= 1 && v <= RecordVersion+1
 		case "group":
 			b.Group, ok = d.Str()
 		case "state":

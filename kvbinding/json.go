@@ -1,7 +1,6 @@
 package kvbinding
 
 import (
-	"encoding/json"
 	"strconv"
 	"time"
 
@@ -13,7 +12,9 @@ import (
 // written and read for every new group. (Binding does not implement
 // json.Marshaler on purpose: a struct embedding it would inherit it.)
 func (b Binding) AppendJSON(buf []byte) []byte {
-	buf = append(buf, `{"group":`...)
+	buf = append(buf, `{"record":"binding","v":`...)
+	buf = strconv.AppendInt(buf, RecordVersion, 10)
+	buf = append(buf, `,"group":`...)
 	buf = jsonx.AppendString(buf, b.Group)
 	buf = append(buf, `,"state":`...)
 	buf = jsonx.AppendString(buf, string(b.State))
@@ -69,14 +70,16 @@ func (b Binding) AppendJSON(buf []byte) []byte {
 }
 
 // DecodeJSON decodes a binding's JSON encoding (not validated), without
-// reflection when the value is plain (no escaped strings), with
-// encoding/json otherwise.
+// reflection when the value is plain (no escaped strings, no field unknown
+// to this release), with encoding/json otherwise, by the rules of
+// record.go: a value of another kind, or untyped with a field unknown to
+// this release, is an error.
 func DecodeJSON(data []byte) (Binding, error) {
 	if b, ok := decodeBinding(data, true); ok {
 		return b, nil
 	}
 	var b Binding
-	if err := json.Unmarshal(data, &b); err != nil {
+	if err := decodeRecord(data, recordBinding, &b); err != nil {
 		return Binding{}, err
 	}
 	return b, nil

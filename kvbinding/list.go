@@ -25,7 +25,7 @@ func ScanBindings(ctx context.Context, js jetstream.JetStream, bucket string, fn
 	defer stop()
 	var fnErr error
 	done := false
-	err := watchBucket(ctx, js, bucket, ">", nil, func(key string, op entryOp, value []byte, rev uint64) {
+	err := watchBucket(ctx, js, bucket, ">", watchHooks{entry: func(key string, op entryOp, value []byte, rev uint64) {
 		if done || op != opPut {
 			return
 		}
@@ -48,11 +48,11 @@ func ScanBindings(ctx context.Context, js jetstream.JetStream, bucket string, fn
 			done = true
 			stop()
 		}
-	}, func() {
+	}, ready: func() {
 		// The initial records are done: what follows are new changes.
 		done = true
 		stop()
-	})
+	}})
 	switch {
 	case fnErr != nil:
 		return fnErr

@@ -2,7 +2,6 @@ package kvbinding
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"strconv"
@@ -192,7 +191,7 @@ func ttlHeader(ttl time.Duration) string {
 // Announce publishes info as the node's liveness record, expiring after ttl
 // unless announced again.
 func (r *Registry) Announce(ctx context.Context, info NodeInfo, ttl time.Duration) error {
-	data, err := json.Marshal(info)
+	data, err := encodeRecord(recordLive, &info)
 	if err != nil {
 		return err
 	}
@@ -247,7 +246,7 @@ func (r *Registry) Ready() <-chan struct{} { return r.ready }
 
 // Run watches the liveness records until ctx ends.
 func (r *Registry) Run(ctx context.Context) error {
-	return watchBucket(ctx, r.js, r.bucket, livePrefix+">", nil, r.apply, func() { r.once.Do(func() { close(r.ready) }) })
+	return watchBucket(ctx, r.js, r.bucket, livePrefix+">", watchHooks{entry: r.apply, ready: func() { r.once.Do(func() { close(r.ready) }) }})
 }
 
 func (r *Registry) apply(key string, op entryOp, value []byte, _ uint64) {
@@ -256,7 +255,7 @@ func (r *Registry) apply(key string, op entryOp, value []byte, _ uint64) {
 	r.mu.Lock()
 	if op == opPut {
 		var info NodeInfo
-		if err := json.Unmarshal(value, &info); err == nil && info.Node == node && ValidateNodeID(node) == nil {
+		if err := decodeRecord(value, recordLive, &info); err == nil && info.Node == node && ValidateNodeID(node) == nil {
 			old, had := r.live[node]
 			changed = !had || old.HasConsumer != info.HasConsumer || !old.Started.Equal(info.Started) || old.Instance != info.Instance
 			r.live[node] = info
@@ -286,7 +285,7 @@ func (r *Registry) LiveRecord(ctx context.Context, node string) (info NodeInfo, 
 		}
 		return NodeInfo{}, 0, false, fmt.Errorf("kvbinding: read liveness of %s: %w", node, err)
 	}
-	if err := json.Unmarshal(e.Value(), &info); err != nil {
+	if err := decodeRecord(e.Value(), recordLive, &info); err != nil {
 		return NodeInfo{}, e.Revision(), true, fmt.Errorf("%w: %s: %v", ErrInvalidNodeInfo, node, err)
 	}
 	if info.Node != node {
@@ -312,7 +311,7 @@ func (r *Registry) ListNodes(ctx context.Context) ([]NodeInfo, error) {
 				return out, nil
 			}
 			var info NodeInfo
-			if json.Unmarshal(e.Value(), &info) == nil {
+			if decodeRecord(e.Value(), recordLive, &info) == nil {
 				out = append(out, info)
 			}
 		}
@@ -323,7 +322,7 @@ func (r *Registry) ListNodes(ctx context.Context) ([]NodeInfo, error) {
 // returns the lease, or an error wrapping ErrLeaseHeld with the current one.
 func (r *Registry) AcquireLease(ctx context.Context, name, holder string, ttl time.Duration) (Lease, error) {
 	l := Lease{Holder: holder, Since: time.Now().UTC()}
-	data, _ := json.Marshal(l)
+	data, _ := encodeRecord(recordLease, &l)
 	rev, err := r.kv.Create(ctx, leasePrefix+name, data, jetstream.KeyTTL(roundTTL(ttl)))
 	if err == nil {
 		l.Revision = rev
@@ -363,7 +362,7 @@ func roundTTL(ttl time.Duration) time.Duration {
 // RenewLease extends a lease held at l.Revision. If the lease changed, it
 // returns an error wrapping ErrLeaseLost.
 func (r *Registry) RenewLease(ctx context.Context, name string, l Lease, ttl time.Duration) (Lease, error) {
-	data, _ := json.Marshal(l)
+	data, _ := encodeRecord(recordLease, &l)
 	msg := nats.NewMsg(r.subject(leasePrefix + name))
 	msg.Header.Set(jetstream.MsgTTLHeader, ttlHeader(ttl))
 	msg.Header.Set(jetstream.ExpectedLastSubjSeqHeader, strconv.FormatUint(l.Revision, 10))
@@ -406,7 +405,7 @@ func (r *Registry) GetLease(ctx context.Context, name string) (Lease, error) {
 // decodeLease decodes and checks a lease record: it must name a holder.
 func decodeLease(data []byte) (Lease, error) {
 	var l Lease
-	if err := json.Unmarshal(data, &l); err != nil {
+	if err := decodeRecord(data, recordLease, &l); err != nil {
 		return Lease{}, fmt.Errorf("%w: %v", ErrInvalidLease, err)
 	}
 	if l.Holder == "" || len(l.Holder) > 2*MaxNodeIDLen+1 {
@@ -469,7 +468,7 @@ func (r *Registry) WatchLease(ctx context.Context, name string, fn func(holder s
 
 // SaveCheckpoint stores the node's routing checkpoint.
 func (r *Registry) SaveCheckpoint(ctx context.Context, node string, c Checkpoint) error {
-	data, err := json.Marshal(c)
+	data, err := encodeRecord(recordCheckpoint, &c)
 	if err != nil {
 		return err
 	}
@@ -490,8 +489,12 @@ func (r *Registry) LoadCheckpoint(ctx context.Context, node string) (Checkpoint,
 		return Checkpoint{}, false, fmt.Errorf("kvbinding: load checkpoint %s: %w", node, err)
 	}
 	var c Checkpoint
-	if err := json.Unmarshal(e.Value(), &c); err != nil {
+	if err := decodeRecord(e.Value(), recordCheckpoint, &c); err != nil {
 		return Checkpoint{}, false, fmt.Errorf("%w: %s: %v", ErrInvalidCheckpoint, node, err)
+	}
+	if c.Next == 0 {
+		// Every checkpoint a node saves has read something or starts at 1.
+		return Checkpoint{}, false, fmt.Errorf("%w: %s: no next sequence", ErrInvalidCheckpoint, node)
 	}
 	if err := c.Validate(); err != nil {
 		return Checkpoint{}, false, fmt.Errorf("%w: %s: %v", ErrInvalidCheckpoint, node, err)
@@ -545,8 +548,11 @@ func (r *Registry) LoadFloor(ctx context.Context) (Floor, uint64, error) {
 		return Floor{}, 0, fmt.Errorf("kvbinding: load floor: %w", err)
 	}
 	var f Floor
-	if err := json.Unmarshal(e.Value(), &f); err != nil {
+	if err := decodeRecord(e.Value(), recordFloor, &f); err != nil {
 		return Floor{}, e.Revision(), fmt.Errorf("%w: %v", ErrInvalidFloor, err)
+	}
+	if f.Seq == 0 {
+		return Floor{}, e.Revision(), fmt.Errorf("%w: no sequence", ErrInvalidFloor)
 	}
 	return f, e.Revision(), nil
 }
@@ -555,7 +561,7 @@ func (r *Registry) LoadFloor(ctx context.Context) (Floor, uint64, error) {
 // rev (0: there is none), with a compare-and-set: it returns an error
 // wrapping ErrConflict if the record changed since.
 func (r *Registry) StoreFloor(ctx context.Context, f Floor, rev uint64) (uint64, error) {
-	data, err := json.Marshal(f)
+	data, err := encodeRecord(recordFloor, &f)
 	if err != nil {
 		return 0, err
 	}

@@ -1,9 +1,11 @@
 package kvbinding
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -20,18 +22,55 @@ const (
 	opDelete
 )
 
+// watchHooks receives what watchBucket reads.
+type watchHooks struct {
+	// start, if not nil, first learns how many initial records there are.
+	start func(records uint64)
+	// entry receives every record, in stream order.
+	entry func(key string, op entryOp, value []byte, rev uint64)
+	// ready is called once the initial records are done.
+	ready func()
+	// rewound, if not nil, turns the rewind check on (every rewindEvery):
+	// when the bucket's stream went back below the last record delivered
+	// (its servers lost acknowledged writes, and may store new ones under
+	// the lost sequences), rewound learns it, with the last sequence
+	// delivered and the stream's last now; the watch then starts again
+	// from scratch: the latest record of every key (start, entry, ready
+	// again), then every change.
+	rewound     func(seen, last uint64)
+	rewindEvery time.Duration
+}
+
+// errRewound stops a watch whose stream went back below what it delivered.
+var errRewound = errors.New("kvbinding: the bucket went back below what was read")
+
 // watchBucket follows a KV bucket's stream with an ordered consumer: first
-// the latest record of every key matching filter, then every change, calling
-// onEntry for each in stream order and onReady once the initial records are
-// done. onStart, if not nil, first learns how many initial records there
-// are. It returns when ctx ends.
+// the latest record of every key matching filter, then every change,
+// calling h.entry for each in stream order and h.ready once the initial
+// records are done. It returns when ctx ends.
 //
 // It exists instead of KeyValue.Watch because it resumes right after the
 // last record it delivered when its consumer is lost (a server restart):
 // measured here, the library watcher stalled ~20 s after a restart and can
 // replay the whole bucket, while an ordered pull consumer resets as soon as
-// the client reconnects.
-func watchBucket(ctx context.Context, js jetstream.JetStream, bucket, filter string, onStart func(records uint64), onEntry func(key string, op entryOp, value []byte, rev uint64), onReady func()) error {
+// the client reconnects. Resuming after the last record is also why it
+// checks for a rewind (h.rewound): a consumer that resumes past the
+// stream's end waits there, and never delivers what is stored again under
+// the sequences the servers lost.
+func watchBucket(ctx context.Context, js jetstream.JetStream, bucket, filter string, h watchHooks) error {
+	for {
+		seen, last, err := watchOnce(ctx, js, bucket, filter, h)
+		if !errors.Is(err, errRewound) {
+			return err
+		}
+		h.rewound(seen, last)
+	}
+}
+
+// watchOnce is one watch of the bucket from scratch. It returns
+// errRewound, with the last sequence delivered and the stream's last, when
+// the rewind check found the stream behind.
+func watchOnce(ctx context.Context, js jetstream.JetStream, bucket, filter string, h watchHooks) (seen, last uint64, _ error) {
 	stream := "KV_" + bucket
 	prefix := "$KV." + bucket + "."
 	cfg := jetstream.OrderedConsumerConfig{
@@ -52,25 +91,25 @@ func watchBucket(ctx context.Context, js jetstream.JetStream, bucket, filter str
 			break
 		}
 		if ctx.Err() != nil {
-			return ctx.Err()
+			return 0, 0, ctx.Err()
 		}
 		if v := retry.Violation(js.Conn(), before); v != nil {
-			return fmt.Errorf("kvbinding: watch %s: %w (%w)", bucket, v, err)
+			return 0, 0, fmt.Errorf("kvbinding: watch %s: %w (%w)", bucket, v, err)
 		}
 		if errors.Is(err, jetstream.ErrStreamNotFound) || retry.Permanent(err) {
-			return fmt.Errorf("kvbinding: watch %s: %w", bucket, err)
+			return 0, 0, fmt.Errorf("kvbinding: watch %s: %w", bucket, err)
 		}
 		if err := retry.Sleep(ctx, backoff.Next()); err != nil {
-			return err
+			return 0, 0, err
 		}
 	}
 	readyDone := false
 	if info := cons.CachedInfo(); info != nil {
-		if onStart != nil {
-			onStart(info.NumPending)
+		if h.start != nil {
+			h.start(info.NumPending)
 		}
 		if info.NumPending == 0 {
-			onReady()
+			h.ready()
 			readyDone = true
 		}
 	}
@@ -79,16 +118,34 @@ func watchBucket(ctx context.Context, js jetstream.JetStream, bucket, filter str
 	// soak test failed in two of three runs (none in six with Next).
 	it, err := cons.Messages(jetstream.PullMaxMessages(4096), jetstream.PullHeartbeat(time.Second), jetstream.PullExpiry(5*time.Second))
 	if err != nil {
-		return fmt.Errorf("kvbinding: watch %s: %w", bucket, err)
+		return 0, 0, fmt.Errorf("kvbinding: watch %s: %w", bucket, err)
 	}
 	stop := context.AfterFunc(ctx, it.Stop)
 	defer stop()
 	defer it.Stop()
+	var tail *watchTail
+	if h.rewound != nil {
+		tail = &watchTail{}
+		cctx, cancel := context.WithCancel(ctx)
+		var wg sync.WaitGroup
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			tail.checkLoop(cctx, js, stream, h.rewindEvery, it.Stop)
+		}()
+		defer wg.Wait()
+		defer cancel()
+	}
 	for {
 		msg, err := it.Next()
 		if err != nil {
+			if tail != nil {
+				if seen, last, ok := tail.verdict(); ok {
+					return seen, last, errRewound
+				}
+			}
 			if ctx.Err() != nil || errors.Is(err, jetstream.ErrMsgIteratorClosed) {
-				return ctx.Err()
+				return 0, 0, ctx.Err()
 			}
 			continue
 		}
@@ -102,16 +159,126 @@ func watchBucket(ctx context.Context, js jetstream.JetStream, bucket, filter str
 			seq, pending = meta.Sequence.Stream, meta.NumPending
 		}
 		subj := msg.Subject()
+		if tail != nil {
+			tail.delivered(seq, subj, msg.Data())
+		}
 		if len(subj) > len(prefix) {
 			op := opPut
 			if h := msg.Headers(); h != nil && (h.Get("KV-Operation") != "" || h.Get(jetstream.MarkerReasonHeader) != "") {
 				op = opDelete
 			}
-			onEntry(subj[len(prefix):], op, msg.Data(), seq)
+			h.entry(subj[len(prefix):], op, msg.Data(), seq)
 		}
 		if !readyDone && pending == 0 {
-			onReady()
+			h.ready()
 			readyDone = true
 		}
+	}
+}
+
+// defaultRewindEvery is how often a watch checks its stream for a rewind.
+const defaultRewindEvery = 5 * time.Second
+
+// watchTail is the last record a watch delivered, for the rewind check.
+type watchTail struct {
+	mu   sync.Mutex
+	seq  uint64
+	subj string
+	data []byte // the delivered message's own slice: never written to
+
+	found      bool // a rewind was found: seen and last
+	seen, last uint64
+}
+
+func (t *watchTail) delivered(seq uint64, subj string, data []byte) {
+	t.mu.Lock()
+	t.seq, t.subj, t.data = seq, subj, data
+	t.mu.Unlock()
+}
+
+func (t *watchTail) verdict() (seen, last uint64, ok bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.seen, t.last, t.found
+}
+
+// checkLoop checks every period whether the stream went back below the
+// last record delivered, and stops the watch (stop) when it did. A failed
+// check (a server down, an election) is tried again at the next tick.
+func (t *watchTail) checkLoop(ctx context.Context, js jetstream.JetStream, stream string, every time.Duration, stop func()) {
+	if every <= 0 {
+		every = defaultRewindEvery
+	}
+	tick := time.NewTicker(every)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		t.mu.Lock()
+		seq, subj, data := t.seq, t.subj, t.data
+		t.mu.Unlock()
+		if seq == 0 {
+			continue
+		}
+		last, at, err := readTail(ctx, js, stream, seq)
+		if err != nil {
+			continue
+		}
+		if tailRewound(seq, subj, data, last, at) {
+			t.mu.Lock()
+			t.found, t.seen, t.last = true, seq, last
+			t.mu.Unlock()
+			stop()
+			return
+		}
+	}
+}
+
+// storedMsg is what a stream holds at a sequence (nil: nothing).
+type storedMsg struct {
+	subj string
+	data []byte
+}
+
+// readTail reads the stream's last sequence and, if it reaches seq, what
+// it holds at seq.
+func readTail(ctx context.Context, js jetstream.JetStream, stream string, seq uint64) (last uint64, at *storedMsg, err error) {
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	s, err := js.Stream(ctx, stream)
+	if err != nil {
+		return 0, nil, err
+	}
+	last = s.CachedInfo().State.LastSeq
+	if last < seq {
+		return last, nil, nil
+	}
+	m, err := s.GetMsg(ctx, seq)
+	switch {
+	case errors.Is(err, jetstream.ErrMsgNotFound):
+		return last, nil, nil
+	case err != nil:
+		return 0, nil, err
+	}
+	return last, &storedMsg{subj: m.Subject, data: m.Data}, nil
+}
+
+// tailRewound decides whether a stream lost what a watch read: the watch
+// delivered subj with data at seq; the stream's last sequence is now last,
+// and it holds at (nil: nothing) at seq. The stream went back if its end is
+// below seq, or if seq holds another record now (the sequence was lost and
+// used again). Nothing at seq is no verdict: a newer record of the same key
+// replaced it (the watch gets that one next).
+func tailRewound(seq uint64, subj string, data []byte, last uint64, at *storedMsg) bool {
+	switch {
+	case last < seq:
+		return true
+	case at == nil:
+		return false
+	default:
+		return at.subj != subj || !bytes.Equal(at.data, data)
 	}
 }

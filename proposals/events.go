@@ -15,18 +15,20 @@ const SubjectEventsPrefix = "grouping.events."
 
 // Event kinds.
 const (
-	EventBind            = "bind"       // a group was bound (accepted or redirected)
-	EventReject          = "reject"     // a proposal was rejected: another route stands
-	EventTimeout         = "timeout"    // a proposal got no decision in time
-	EventDeadLetter      = "deadletter" // messages went to the dead-letter stream
-	EventHandlerTakeover = "handler"    // a LOCAL handler became active
-	EventMove            = "move"       // a group is moving to another node (operator, node loss, no consumer, rebalance)
-	EventHandoff         = "handoff"    // a moved group's new node took it over and routes it
-	EventExpire          = "expire"     // an idle group's binding expired
-	EventClose           = "close"      // a group was closed by a Group-Seq: -1 message
-	EventUnbind          = "unbind"     // a group's binding was released by an operator
-	EventProgress        = "progress"   // how far a node is in a long takeover step (drain, catch-up)
-	EventIngressGap      = "gap"        // ingress messages were gone before a node read them (expired, removed, lost)
+	EventBind            = "bind"            // a group was bound (accepted or redirected)
+	EventReject          = "reject"          // a proposal was rejected: another route stands
+	EventTimeout         = "timeout"         // a proposal got no decision in time
+	EventDeadLetter      = "deadletter"      // messages went to the dead-letter stream
+	EventHandlerTakeover = "handler"         // a LOCAL handler became active
+	EventMove            = "move"            // a group is moving to another node (operator, node loss, no consumer, rebalance)
+	EventHandoff         = "handoff"         // a moved group's new node took it over and routes it
+	EventExpire          = "expire"          // an idle group's binding expired
+	EventClose           = "close"           // a group was closed by a Group-Seq: -1 message
+	EventUnbind          = "unbind"          // a group's binding was released by an operator
+	EventProgress        = "progress"        // how far a node is in a long takeover step (drain, catch-up)
+	EventIngressGap      = "gap"             // ingress messages were gone before a node read them (expired, removed, lost)
+	EventQueueLoss       = "queue-loss"      // the queue stream lost messages a node had stored (servers lost acknowledged writes)
+	EventBucketRewind    = "bindings-rewind" // the bindings bucket went back below what a node had read
 )
 
 // Event is the JSON body published on SubjectEventsPrefix + Kind.

@@ -35,6 +35,17 @@ const handlerQueue = "grouping-handlers"
 // subject, and replies name revisions instead of carrying records.
 const ProtocolVersion = 3
 
+// MinProtocolVersion is the oldest version this release reads. A request
+// or reply of any version from MinProtocolVersion to ProtocolVersion+1 is
+// read (fields unknown to this release ignored), so that during a rolling
+// upgrade nodes of this release and of the next one ask each other's
+// handlers: the next release may add fields, and must keep reading this
+// one's messages (see docs/operations.md, "Rolling upgrades").
+const MinProtocolVersion = 3
+
+// readableVersion reports whether messages of version v are read.
+func readableVersion(v int) bool { return v >= MinProtocolVersion && v <= ProtocolVersion+1 }
+
 // MaxProposalsPerRequest bounds one request.
 const MaxProposalsPerRequest = 1024
 
@@ -245,8 +256,8 @@ func DecodeRequest(data []byte) (Request, error) {
 			return Request{}, fmt.Errorf("%w: %v", ErrBadMessage, err)
 		}
 	}
-	if r.Version != ProtocolVersion {
-		return Request{}, fmt.Errorf("%w: protocol version %d, want %d", ErrBadMessage, r.Version, ProtocolVersion)
+	if !readableVersion(r.Version) {
+		return Request{}, fmt.Errorf("%w: protocol version %d, this release reads %d to %d", ErrBadMessage, r.Version, MinProtocolVersion, ProtocolVersion+1)
 	}
 	if err := kvbinding.ValidateNodeID(r.Proposer); err != nil {
 		return Request{}, fmt.Errorf("%w: proposer: %v", ErrBadMessage, err)
@@ -431,8 +442,8 @@ func scanReply(data []byte, n int) (Reply, bool) {
 
 // checkReply checks that r answers each proposal of req, in order.
 func checkReply(r Reply, req Request) (Reply, error) {
-	if r.Version != ProtocolVersion {
-		return Reply{}, fmt.Errorf("%w: protocol version %d, want %d", ErrBadMessage, r.Version, ProtocolVersion)
+	if !readableVersion(r.Version) {
+		return Reply{}, fmt.Errorf("%w: protocol version %d, this release reads %d to %d", ErrBadMessage, r.Version, MinProtocolVersion, ProtocolVersion+1)
 	}
 	if r.Error != "" {
 		return r, fmt.Errorf("%w: %s", ErrHandlerFailed, r.Error)

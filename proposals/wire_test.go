@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"reflect"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -305,5 +306,38 @@ func TestEventPublishSetsID(t *testing.T) {
 	}
 	if ids[1] != "given" {
 		t.Errorf("id %q, want the event's own", ids[1])
+	}
+}
+
+// TestWireVersions: a request of the next release's version, with a field
+// this release does not know, is read (a rolling upgrade); one two
+// versions ahead, or older than the oldest read, is refused.
+func TestWireVersions(t *testing.T) {
+	data, err := EncodeRequest(Request{Proposer: "n1", Proposals: []Proposal{{Group: "g", Node: "n1", Seq: 3}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cur := `{"v":` + strconv.Itoa(ProtocolVersion) + `,`
+	if !strings.HasPrefix(string(data), cur) {
+		t.Fatalf("request %s does not start with %s", data, cur)
+	}
+	for _, tc := range []struct {
+		v     int
+		extra string
+		ok    bool
+	}{
+		{ProtocolVersion, "", true},
+		{ProtocolVersion + 1, `"later":{"x":1},`, true},
+		{ProtocolVersion + 2, "", false},
+		{MinProtocolVersion - 1, "", false},
+	} {
+		msg := strings.Replace(string(data), cur, `{"v":`+strconv.Itoa(tc.v)+`,`+tc.extra, 1)
+		req, err := DecodeRequest([]byte(msg))
+		if (err == nil) != tc.ok {
+			t.Errorf("version %d: DecodeRequest(%s) = %v, want ok %v", tc.v, msg, err, tc.ok)
+		}
+		if err == nil && (len(req.Proposals) != 1 || req.Proposals[0].Group != "g") {
+			t.Errorf("version %d: decoded %+v", tc.v, req)
+		}
 	}
 }

@@ -44,6 +44,9 @@ type msgRec struct {
 	size    int    // body, subject and headers
 	invalid string // why its group id is unusable ("" if fine)
 	close   bool   // Group-Seq: -1: the group ends after this message
+	// stripped: its dead-letter copy goes without its body and the
+	// producer's headers (the servers refused the whole one).
+	stripped bool
 	// payload is the shell's (the message to republish, prepared when
 	// first needed).
 	payload any
@@ -199,6 +202,7 @@ type engineStats struct {
 	skipped, deadLettered, decisionErrors, publishErrors, asked uint64
 	timeouts, noHandler                                         uint64
 	belowFloor                                                  uint64
+	refused                                                     uint64 // publishes the servers refused for good (dead-lettered)
 }
 
 // engine is the lane engine.
@@ -469,6 +473,22 @@ func (e *engine) acked(ln *lane, m *msgRec, dlq bool, reason string, err error, 
 		if e.closing {
 			ln.inflight--
 			e.inflight--
+			return
+		}
+		if errors.Is(err, errRefused) && !m.stripped {
+			// The servers will never store it as it is: retrying would
+			// wedge its group. It goes to the dead-letter stream with the
+			// reason, whole, or, if even that is refused, without its body
+			// (its original stays in the ingress for its max age); the lane
+			// goes on once that copy is stored.
+			why := "refused by the servers: " + err.Error()
+			if dlq {
+				m.stripped = true
+				why = reason + "; its dead-letter copy was " + why + "; stored without its body"
+			}
+			e.stats.refused++
+			e.emit(action{kind: actDeadLettered, group: ln.group, count: 1, rev: m.seq, reason: why})
+			e.emit(action{kind: actPublish, ln: ln, m: m, dlq: true, reason: why})
 			return
 		}
 		// Retried with the same message (same Nats-Msg-Id) after a pause;

@@ -19,6 +19,11 @@ var (
 	ErrPermanent = errors.New("grouping: cannot set up")
 )
 
+// errRefused wraps a publish error that retrying cannot fix: the servers
+// refuse the message as it is (larger than max_payload once the router's
+// headers are added, past a stream's max_msg_size, headers past 64 KiB).
+var errRefused = errors.New("refused for good")
+
 // ErrNodeIDInUse is matched by the *NodeIDInUseError Run returns when
 // another process runs under the node's id.
 var ErrNodeIDInUse = errors.New("grouping: node id in use by another process")

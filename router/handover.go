@@ -734,7 +734,7 @@ func (r *Router) catchUp(ctx context.Context, routes map[string]kvbinding.Bindin
 		if invalid != "" {
 			// Taking the ungrouped routing binding over: dead-letter what
 			// cannot be grouped, as the lane would have.
-			r.toDeadLetter(out, msg.Subject(), seq, invalid)
+			out = r.toDeadLetter(out, msg.Subject(), seq, invalid, false)
 			byGroup[g] = append(byGroup[g], out)
 			return
 		}
@@ -860,6 +860,9 @@ func (r *Router) publishSync(ctx context.Context, m *nats.Msg) (seq uint64, err 
 		ack, err := r.js.PublishMsg(pctx, m)
 		cancel()
 		if err == nil {
+			if ack.Stream == QueueStream {
+				r.queueTail.stored(ack.Sequence, m.Header.Get(jetstream.MsgIDHeader))
+			}
 			return ack.Sequence, nil // a duplicate's ack names the first copy
 		}
 		if ctx.Err() != nil {

@@ -2,6 +2,7 @@ package router
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
 	"time"
@@ -241,21 +242,25 @@ func prepareInPlace(seq uint64, msg *nats.Msg) {
 func (r *Router) publish(a action) {
 	out := outMsg(a.m)
 	if a.dlq {
-		r.toDeadLetter(out, a.m.subject, a.m.seq, a.reason)
+		out = r.toDeadLetter(out, a.m.subject, a.m.seq, a.reason, a.m.stripped)
 	} else {
 		out.Subject = QueueSubject(a.node, a.m.subject)
 		out.Header[jetstream.ExpectedStreamHeader] = r.expectQueue
 		out.Header[HeaderEpoch] = a.epoch
 	}
 	o := outcome{ln: a.ln, m: a.m, dlq: a.dlq, reason: a.reason}
-	done := func(_ jspub.Ack, err error) {
-		o.err = err
+	id := out.Header[jetstream.MsgIDHeader][0]
+	done := func(ack jspub.Ack, err error) {
+		o.err = refusal(err)
+		if err == nil && !o.dlq {
+			r.queueTail.stored(ack.Sequence, id)
+		}
 		r.ackMu.Lock()
 		r.acks = append(r.acks, o)
 		r.ackMu.Unlock()
 	}
 	if err := r.pub.Publish(out, done); err != nil {
-		o.err = err
+		o.err = refusal(err)
 		r.do(func(e *engine, now time.Time) { r.apply(e, o, now) })
 	}
 }
@@ -298,12 +303,48 @@ func (r *Router) apply(e *engine, o outcome, now time.Time) {
 	if o.err == nil && !o.dlq {
 		r.routed.Add(1)
 	}
+	if o.err != nil && !e.closing && !errors.Is(o.err, errRefused) {
+		r.warnPublish.Warn(o.ln.group, "ingress_seq", o.m.seq, "dead_letter", o.dlq, "err", o.err)
+	}
 	e.acked(o.ln, o.m, o.dlq, o.reason, o.err, now)
 }
 
+// refusal marks err as errRefused when retrying the publish cannot fix it.
+func refusal(err error) error {
+	var api *jspub.APIError
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, nats.ErrMaxPayload),
+		errors.As(err, &api) && (api.ErrCode == jsErrMessageTooLarge || api.ErrCode == jsErrHeadersTooLarge):
+		return fmt.Errorf("%w: %w", errRefused, err)
+	}
+	return err
+}
+
+// JetStream's error codes for a message a stream will never store.
+const (
+	jsErrMessageTooLarge = 10054 // message size exceeds maximum allowed
+	jsErrHeadersTooLarge = 10097 // header size exceeds maximum allowed of 64k
+)
+
 // toDeadLetter addresses out, the prepared copy of the ingress message at
-// seq on subject, to the dead-letter stream with reason.
-func (r *Router) toDeadLetter(out *nats.Msg, subject string, seq uint64, reason string) {
+// seq on subject, to the dead-letter stream with reason. A stripped copy
+// (the servers refused the whole one) keeps only the group id, the
+// router's headers and the body's size: the original stays in the
+// ingress at seq for its max age.
+func (r *Router) toDeadLetter(out *nats.Msg, subject string, seq uint64, reason string, stripped bool) *nats.Msg {
+	if stripped {
+		h := nats.Header{}
+		for _, k := range []string{jetstream.MsgIDHeader, HeaderIngressSeq} {
+			h[k] = out.Header[k]
+		}
+		if g, invalid := GroupOf(out.Header, r.cfg.GroupHeader); g != "" && invalid == "" {
+			h.Set(r.cfg.GroupHeader, g)
+		}
+		h.Set(HeaderBodyDropped, strconv.Itoa(len(out.Data)))
+		out = &nats.Msg{Header: h}
+	}
 	out.Subject = DeadLetterSubjectPrefix + subject
 	if !r.fits(subject) {
 		out.Subject = DeadLetterTooLong
@@ -312,4 +353,5 @@ func (r *Router) toDeadLetter(out *nats.Msg, subject string, seq uint64, reason 
 	out.Header[HeaderDeadReason] = []string{reason}
 	out.Header[jetstream.ExpectedStreamHeader] = []string{DeadLetterStream}
 	out.Header[jetstream.MsgIDHeader] = []string{"dlq:" + IngressStream + ":" + strconv.FormatUint(seq, 10)}
+	return out
 }

@@ -68,6 +68,7 @@ type collector struct {
 	info, ready, reconnects                                           *prometheus.Desc
 	routed, skipped, deadLettered, publishErrors, proposals, failures *prometheus.Desc
 	held, heldBytes, lag, full, resets, gaps, missing                 *prometheus.Desc
+	queueRewinds, queueLost, bindingsRewinds                          *prometheus.Desc
 	invalid, records, unsettled                                       *prometheus.Desc
 	liveNodes, bindings, consumer, backlog                            *prometheus.Desc
 }
@@ -102,6 +103,12 @@ func newCollector(r *Router) *collector {
 			"Gaps in the ingress stream this node read over: messages gone before it read them (expired by max age, removed, or lost by a server)."),
 		missing: d("ingress_missing_messages_total",
 			"Ingress messages in those gaps: never read by this node, so not routed by it."),
+		queueRewinds: d("queue_rewinds_total",
+			"Times this node found the queue stream without a message it had stored there: its servers lost acknowledged writes."),
+		queueLost: d("queue_lost_sequences_total",
+			"Queue sequences lost in those rewinds (any node's messages; those not consumed yet are not delivered)."),
+		bindingsRewinds: d("bindings_rewinds_total",
+			"Times the bindings bucket went back below what this node had read (its servers lost acknowledged writes); the node read it again."),
 
 		invalid:   d("invalid_records_ignored_total", "Binding records the cache ignored as invalid."),
 		records:   d("binding_records", "Records in this node's binding cache, ended ones included."),
@@ -119,7 +126,7 @@ func newCollector(r *Router) *collector {
 // Describe implements prometheus.Collector.
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.info, c.ready, c.reconnects, c.routed, c.skipped, c.deadLettered,
-		c.publishErrors, c.proposals, c.failures, c.held, c.heldBytes, c.lag, c.full, c.resets, c.gaps, c.missing, c.invalid, c.records, c.unsettled,
+		c.publishErrors, c.proposals, c.failures, c.held, c.heldBytes, c.lag, c.full, c.resets, c.gaps, c.missing, c.queueRewinds, c.queueLost, c.bindingsRewinds, c.invalid, c.records, c.unsettled,
 		c.liveNodes, c.bindings, c.consumer, c.backlog} {
 		ch <- d
 	}
@@ -161,6 +168,9 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	}
 	counter(c.gaps, st.IngressGaps)
 	counter(c.missing, st.IngressMissing)
+	counter(c.queueRewinds, st.QueueRewinds)
+	counter(c.queueLost, st.QueueLostSeqs)
+	counter(c.bindingsRewinds, st.BindingsRewinds)
 
 	cache := r.cache
 	counter(c.invalid, cache.Ignored())

@@ -51,6 +51,19 @@ type Stats struct {
 	// read them (expired, removed, or lost by a server), so not routed by it.
 	IngressGaps    uint64
 	IngressMissing uint64
+	// QueueRewinds counts the times this node found the queue stream
+	// without a message it had stored there (its servers lost acknowledged
+	// writes), and QueueLostSeqs the queue sequences lost with them;
+	// BindingsRewinds the times the bindings bucket went back below what
+	// the node had read (storecheck.go).
+	// Refused counts the publishes the servers refused for good (too
+	// large once the router's headers are added): each message went to
+	// the dead-letter stream instead, without its body if need be.
+	Refused uint64
+
+	QueueRewinds    uint64
+	QueueLostSeqs   uint64
+	BindingsRewinds uint64
 	// BelowFloor counts the Skipped messages that no binding covered but
 	// that lay below the routing floor: routed before, under a binding
 	// that has ended since (docs/protocol.md, "The routing floor").
@@ -119,13 +132,14 @@ type Router struct {
 	fullSince    atomic.Int64 // unix nanos the current wait began; 0: not waiting
 	readerResets [len(resetCauses)]atomic.Uint64
 	loss         ingressLoss // ingress messages gone before the reader saw them (loss.go)
+	queueTail    queueTail   // the last queue write, for the lost-writes check (storecheck.go)
 	stopped      atomic.Bool // Run returned
 	ingressInfo  ingressInfo
 
 	// Warnings that repeat per group are logged as one line per interval
 	// (internal/logagg): failed decisions, dead-lettered groups, drains
 	// that moved what a stalled consumer held.
-	warnNoDecision, warnDeadLettered, warnLapsed *logagg.Warner
+	warnNoDecision, warnDeadLettered, warnLapsed, warnPublish *logagg.Warner
 }
 
 // New returns a router node for cfg on connection nc (which the caller
@@ -173,6 +187,7 @@ func New(nc *nats.Conn, cfg Config) (*Router, error) {
 	r.cond = sync.NewCond(&r.mu)
 	r.warnNoDecision = logagg.New(r.log, "no routing decision; the group waits and is retried", logagg.DefaultEvery)
 	r.warnDeadLettered = logagg.New(r.log, "group dead-lettered", logagg.DefaultEvery)
+	r.warnPublish = logagg.New(r.log, "publish failed; retrying in order (a full dead-letter stream refuses new entries until room is made)", logagg.DefaultEvery)
 	r.warnLapsed = logagg.New(r.log, "moving messages the old consumer was delivered and did not ack: it made no progress for its ack wait; it may still process them (the epoch tells the copies apart)", logagg.DefaultEvery)
 	r.loss.log, r.loss.nc, r.loss.node, r.loss.lim.every = r.log, nc, cfg.Node, gapReportEvery
 	if cfg.Metrics != nil {
@@ -212,9 +227,10 @@ func (r *Router) Stats() Stats {
 	return Stats{
 		Routed: r.routed.Load(), Skipped: e.stats.skipped, DeadLettered: e.stats.deadLettered,
 		DecisionErrors: e.stats.decisionErrors, PublishErrors: e.stats.publishErrors, Proposals: e.stats.asked,
-		DecisionTimeouts: e.stats.timeouts, NoHandler: e.stats.noHandler, BelowFloor: e.stats.belowFloor,
+		DecisionTimeouts: e.stats.timeouts, NoHandler: e.stats.noHandler, BelowFloor: e.stats.belowFloor, Refused: e.stats.refused,
 		Held: e.heldMsgs, HeldBytes: e.heldBytes, Position: e.position(),
 		IngressGaps: r.loss.gaps.Load(), IngressMissing: r.loss.missing.Load(),
+		QueueRewinds: r.queueTail.rewinds.Load(), QueueLostSeqs: r.queueTail.lost.Load(), BindingsRewinds: r.cache.Rewinds(),
 	}
 }
 
@@ -290,6 +306,7 @@ func (r *Router) Run(ctx context.Context) error {
 	defer func() {
 		r.warnNoDecision.Close()
 		r.warnDeadLettered.Close()
+		r.warnPublish.Close()
 		r.warnLapsed.Close()
 	}()
 	queueCons, release, err := r.setup(ctx)
@@ -328,6 +345,7 @@ func (r *Router) Run(ctx context.Context) error {
 	r.resumeDuties()
 	g.Go(func() error { r.heartbeat(gctx, queueCons); return nil })
 	g.Go(func() error { r.checkpointLoop(gctx); return nil })
+	g.Go(func() error { r.storeCheck(gctx); return nil })
 	g.Go(func() error { r.asker(gctx); return nil })
 	g.Go(func() error { r.timers(gctx); return nil })
 	g.Go(func() error { return r.read(gctx) })

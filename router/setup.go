@@ -129,7 +129,7 @@ func (r *Router) setup(ctx context.Context) (queueCons jetstream.Consumer, relea
 	}); err != nil {
 		return nil, nil, err
 	}
-	r.cache = kvbinding.NewCache(kvbinding.CacheConfig{Notify: r.changes, Logger: r.log})
+	r.cache = kvbinding.NewCache(kvbinding.CacheConfig{Notify: r.changes, Logger: r.log, OnRewind: r.bindingsRewound})
 	r.eng = newEngine(engineConfig{
 		node: r.cfg.Node, maxHeldMessages: r.cfg.MaxHeldMessages, maxHeldBytes: r.cfg.MaxHeldBytes,
 		maxInFlight: r.cfg.MaxInFlight, maxAttempts: r.cfg.MaxAttempts, timeout: r.cfg.Timeout,

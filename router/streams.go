@@ -60,6 +60,12 @@ const (
 	HeaderMovedFrom = "Grouping-Moved-From"
 	// HeaderDeadReason says why a message was dead-lettered.
 	HeaderDeadReason = "Grouping-Dead-Reason"
+	// HeaderBodyDropped is set, to the body's size, on a dead-letter copy
+	// stored without the message's body and headers because the servers
+	// refused the whole one (too large once the router's headers are
+	// added); its original stays in the ingress at HeaderIngressSeq for
+	// the ingress's max age.
+	HeaderBodyDropped = "Grouping-Body-Dropped"
 	// HeaderOrigSubject carries the ingress subject of a message
 	// dead-lettered because that subject is too long to republish.
 	HeaderOrigSubject = "Grouping-Orig-Subject"
@@ -161,9 +167,13 @@ func ensureStreams(ctx context.Context, js jetstream.JetStream, cfg Config, repl
 			MaxAge:      cfg.DeadLetterMaxAge,
 			MaxBytes:    orUnlimited(cfg.DeadLetterMaxBytes),
 			MaxMsgSize:  orUnlimited32(routed),
-			Discard:     jetstream.DiscardOld,
-			Storage:     jetstream.FileStorage,
-			Replicas:    replicas,
+			// Full, it refuses new dead letters rather than evict old ones
+			// silently: the group waits, in order, and every failed
+			// publish is counted and logged (aggregated) until an
+			// operator makes room.
+			Discard:  jetstream.DiscardNew,
+			Storage:  jetstream.FileStorage,
+			Replicas: replicas,
 		},
 		{
 			// Events are published on core NATS (fire and forget); the

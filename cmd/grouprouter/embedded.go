@@ -44,7 +44,7 @@ type embeddedServer struct {
 // the file sets none, and the store directory when storeDirSet or the file
 // sets none, and the fsync policy sync when syncSet or the file sets none
 // (its sync_interval). It refuses (router.ErrConfig) a server listening
-// beyond loopback without authentication. It reads the file only.
+// beyond loopback without authentication or without TLS. It reads the file only.
 func embeddedOptions(listen string, listenSet bool, storeDir string, storeDirSet bool, configFile string,
 	sync localnats.Sync, syncSet bool) (*server.Options, error) {
 	o := &server.Options{}
@@ -85,10 +85,17 @@ func embeddedOptions(listen string, listenSet bool, storeDir string, storeDirSet
 	}
 	o.JetStream = true
 	o.NoSigs = true // grouprouter owns SIGINT/SIGTERM
-	if !loopbackHost(o.Host) && !hasClientAuth(o) {
+	if !loopbackHost(o.Host) {
 		addr := net.JoinHostPort(o.Host, strconv.Itoa(max(o.Port, 0)))
-		return nil, fmt.Errorf("%w: the embedded NATS server would listen on %s, beyond this host, with no authentication: "+
-			"configure users (or nkeys, tokens, client certificates) in a --server-config file, or listen on 127.0.0.1", router.ErrConfig, addr)
+		switch {
+		case !hasClientAuth(o):
+			return nil, fmt.Errorf("%w: the embedded NATS server would listen on %s, beyond this host, with no authentication: "+
+				"configure users (or nkeys, tokens, client certificates) and TLS in a --server-config file, or listen on 127.0.0.1", router.ErrConfig, addr)
+		case o.TLSConfig == nil:
+			// Credentials and messages would cross the network in clear.
+			return nil, fmt.Errorf("%w: the embedded NATS server would listen on %s, beyond this host, without TLS: "+
+				"configure a tls block (cert_file, key_file) in the --server-config file, or listen on 127.0.0.1", router.ErrConfig, addr)
+		}
 	}
 	return o, nil
 }

@@ -158,7 +158,7 @@ func newRunFlags() *runFlags {
 	fs.Var(&f.dlqMaxAge, "dlq-max-age", "how long "+router.DeadLetterStream+" keeps dead letters, when this node creates it: a `DURATION`")
 	fs.Int64Var(&f.ingressBytes, "ingress-max-bytes", 0, "bound "+router.IngressStream+" to `BYTES` when this node creates it (0: none); past it producers get an error, nothing is dropped")
 	fs.Int64Var(&f.queueBytes, "queue-max-bytes", 0, "bound "+router.QueueStream+" to `BYTES` (0: none); past it routing waits and retries")
-	fs.Int64Var(&f.dlqBytes, "dlq-max-bytes", 0, "bound "+router.DeadLetterStream+" to `BYTES` (0: none); past it the oldest dead letters go")
+	fs.Int64Var(&f.dlqBytes, "dlq-max-bytes", 0, "bound "+router.DeadLetterStream+" to `BYTES` (0: none); past it new dead letters are refused and their groups wait (an aggregated warning) until room is made")
 	fs.Int64Var(&f.bindingBytes, "bindings-max-bytes", 0, "bound the bindings bucket to `BYTES` (0: none); past it new bindings wait until ended records expire")
 	fs.IntVar(&f.maxMsgSize, "max-msg-size", 0, "the largest message `BYTES` the ingress accepts (0: the server's max_payload)")
 	fs.IntVar(&f.maxHeld, "max-held", router.DefaultMaxHeldMessages, "at most `N` messages held in memory (read ahead, awaiting a decision or their group's previous publish); past it the node stops reading: back-pressure, no loss")
@@ -182,7 +182,7 @@ func newRunFlags() *runFlags {
 			"(nats-server's default is 2m: an OS crash or power loss then loses what was acknowledged since the last flush); a --server-config sync_interval stands unless --sync is given")
 	fs.StringVar(&f.httpAddr, "http", "", "serve /metrics, /healthz, /readyz and the status page / on `HOST:PORT` (default: off)")
 	fs.StringVar(&f.serverConfig, "server-config", "",
-		"embedded server: nats-server configuration `FILE` (its users, TLS, ...); --listen and --store-dir override it; listening beyond loopback needs authentication in it")
+		"embedded server: nats-server configuration `FILE` (its users, TLS, ...); --listen and --store-dir override it; listening beyond loopback needs authentication and TLS in it")
 	return f
 }
 

@@ -277,7 +277,7 @@ func TestJetStreamDomain(t *testing.T) {
 }
 
 // TestEmbeddedRefusesOpenListen: listening beyond loopback without
-// authentication is refused before anything starts.
+// authentication, or without TLS, is refused before anything starts.
 func TestEmbeddedRefusesOpenListen(t *testing.T) {
 	storeDir := filepath.Join(t.TempDir(), "store")
 	for _, listen := range []string{"0.0.0.0:4222", "[::]:4222", "192.0.2.1:4222"} {
@@ -298,10 +298,18 @@ func TestEmbeddedRefusesOpenListen(t *testing.T) {
 	if _, err := os.Stat(storeDir); !os.IsNotExist(err) {
 		t.Errorf("the store directory was created: %v", err)
 	}
-	// With users, everywhere is allowed (checked without starting).
+	// Users without TLS: refused, passwords would cross the network in clear.
 	withUsers := writeServerConfig(t, "authorization { users = [ {user: node, password: x} ] }\n")
-	if _, err := parseRunArgs([]string{"--server-config", withUsers, "--listen", "0.0.0.0:4222"}, testEnv("h")); err != nil {
-		t.Errorf("with users: %v", err)
+	code, _, errOut := runCommand(t, "run", "--server-config", withUsers, "--listen", "0.0.0.0:4222", "--store-dir", storeDir, "--node", "n1")
+	if code != exitUsage || !strings.Contains(errOut, "without TLS") {
+		t.Errorf("users without TLS: exit %d, stderr %q; want refused for lack of TLS", code, errOut)
+	}
+	// With users and TLS, everywhere is allowed (checked without starting).
+	certs := natstest.NewTLS(t)
+	withTLS := writeServerConfig(t, fmt.Sprintf("authorization { users = [ {user: node, password: x} ] }\ntls { cert_file: %q, key_file: %q }\n",
+		certs.ServerCert, certs.ServerKey))
+	if _, err := parseRunArgs([]string{"--server-config", withTLS, "--listen", "0.0.0.0:4222"}, testEnv("h")); err != nil {
+		t.Errorf("with users and TLS: %v", err)
 	}
 }
 

@@ -279,7 +279,8 @@ func streams() []string {
 // NodeEvents are the event kinds a router node publishes itself; the
 // handler publishes HandlerEvents.
 var (
-	NodeEvents    = []string{proposals.EventTimeout, proposals.EventDeadLetter, proposals.EventProgress, proposals.EventIngressGap}
+	NodeEvents = []string{proposals.EventTimeout, proposals.EventDeadLetter, proposals.EventProgress, proposals.EventIngressGap,
+		proposals.EventQueueLoss, proposals.EventBucketRewind}
 	HandlerEvents = []string{proposals.EventBind, proposals.EventReject, proposals.EventHandlerTakeover, proposals.EventMove,
 		proposals.EventHandoff, proposals.EventExpire, proposals.EventClose, proposals.EventUnbind}
 )
@@ -321,7 +322,8 @@ func (l Layout) node(node string, handler bool) User {
 			"consumer presence on its queue; a move waits for the old queue's acks")...)
 	}
 	pub = slices.Concat(pub,
-		l.api("STREAM.MSG.GET."+router.QueueStream, "a move reads the group's messages waiting on the old queue"),
+		l.api("STREAM.MSG.GET."+router.QueueStream, "a move reads the group's messages waiting on the old queue; the lost-writes check reads its last"),
+		l.api("DIRECT.GET."+kvStream(bindings), "the lost-writes check reads the bindings bucket's last record read"),
 		l.api("STREAM.MSG.DELETE."+router.QueueStream, "a move deletes each original once its copy is stored"),
 	)
 	for _, n := range l.Nodes {

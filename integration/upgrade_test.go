@@ -1,0 +1,260 @@
+package integration
+
+import (
+	"archive/tar"
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"grouprouter/internal/natstest"
+	"grouprouter/kvbinding"
+)
+
+// upgradeBase is the release a rolling upgrade starts from: the last
+// commit that landed before records were typed (untyped records, wire
+// protocol 3). Move it forward when a release changes what is stored or
+// sent, so that the test always mixes this tree with the release before.
+const upgradeBase = "0f01eb2370378d4e074ca00212ade7bcb741def2"
+
+// TestRollingUpgrade: three nodes of the previous release (two LOCAL, one
+// REMOTE) route under load on a 3-server cluster; each is stopped and
+// started again from this tree's binary, one at a time, REMOTE first,
+// while producers go on. Every message is delivered exactly once, in
+// order per group. The binaries are built and run as users run them.
+func TestRollingUpgrade(t *testing.T) {
+	oldBin := buildRelease(t, upgradeBase)
+	newBin := buildRelease(t, "")
+	c := natstest.RunCluster(t, 3)
+	urls := c.URLs()
+
+	nodes := []struct{ id, typ string }{{"n0", "LOCAL"}, {"n1", "LOCAL"}, {"n2", "REMOTE"}}
+	procs := map[string]*routerProc{}
+	for _, n := range nodes {
+		procs[n.id] = startRouterProc(t, oldBin, n.id, "--nats", urls, "--node", n.id, "--type", n.typ,
+			"--rebalance=false", "--log-level", "debug")
+	}
+	nc := natstest.Connect(t, urls)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var col collector
+	for _, n := range nodes {
+		natstest.Eventually(t, 60*time.Second, func() error {
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			defer cancel()
+			_, err := js.Consumer(ctx, "GROUPING_QUEUE", "grouping-node-"+n.id)
+			return err
+		})
+		startConsumer(t, urls, n.id, &col)
+	}
+	waitEligible(t, nc, []string{"n0", "n1", "n2"}, []string{"n0", "n1", "n2"})
+
+	// Producers publish until told to stop.
+	var (
+		mu      sync.Mutex
+		want    = map[string][]string{}
+		sent    int
+		stop    = make(chan struct{})
+		stopped = make(chan error, 1)
+	)
+	go func() {
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				stopped <- nil
+				return
+			default:
+			}
+			g := "g" + strconv.Itoa(i%12)
+			body := g + "/" + strconv.Itoa(i)
+			if err := tryPublish(js, "jms.orders", g, body); err != nil {
+				stopped <- err
+				return
+			}
+			mu.Lock()
+			want[g] = append(want[g], body)
+			sent++
+			mu.Unlock()
+			time.Sleep(5 * time.Millisecond)
+		}
+	}()
+	progress := func(more int) {
+		t.Helper()
+		mu.Lock()
+		target := sent + more
+		mu.Unlock()
+		col.waitCount(t, target, 60*time.Second)
+	}
+	progress(100)
+
+	reg, err := kvbinding.OpenRegistry(context.Background(), js, kvbinding.RegistryConfig{}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range []string{"n2", "n1", "n0"} {
+		p := procs[id]
+		start := time.Now()
+		p.stop(t)
+		procs[id] = startRouterProc(t, newBin, id, p.args...)
+		pid := procs[id].cmd.Process.Pid
+		natstest.Eventually(t, 60*time.Second, func() error {
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			defer cancel()
+			info, _, found, err := reg.LiveRecord(ctx, id)
+			switch {
+			case err != nil:
+				return err
+			case !found || info.PID != pid:
+				return fmt.Errorf("node %s not announced by the new process yet", id)
+			}
+			return nil
+		})
+		t.Logf("%s upgraded in %v", id, time.Since(start).Round(time.Millisecond))
+		progress(100)
+	}
+	close(stop)
+	if err := <-stopped; err != nil {
+		t.Fatalf("producer: %v", err)
+	}
+	mu.Lock()
+	total := sent
+	mu.Unlock()
+	got := col.waitCount(t, total, 90*time.Second)
+	checkGrouping(t, got, want)
+	if len(got) != total {
+		t.Errorf("delivered %d messages, %d sent", len(got), total)
+	}
+	t.Logf("%d messages in %d groups across the upgrade", total, len(want))
+}
+
+// routerProc is a grouprouter process run from a built binary.
+type routerProc struct {
+	cmd  *exec.Cmd
+	args []string
+	log  *lockedBuffer
+	done chan struct{}
+}
+
+// startRouterProc runs bin with args ("run" is prepended); its log is
+// shown if the test fails, and it is killed at cleanup.
+func startRouterProc(t *testing.T, bin, name string, args ...string) *routerProc {
+	t.Helper()
+	p := &routerProc{args: args, log: &lockedBuffer{}, done: make(chan struct{})}
+	p.cmd = exec.Command(bin, append([]string{"run"}, args...)...)
+	p.cmd.Stdout, p.cmd.Stderr = p.log, p.log
+	if err := p.cmd.Start(); err != nil {
+		t.Fatalf("start %s: %v", name, err)
+	}
+	go func() {
+		_ = p.cmd.Wait()
+		close(p.done)
+	}()
+	t.Cleanup(func() {
+		_ = p.cmd.Process.Kill()
+		<-p.done
+		if t.Failed() {
+			t.Logf("log of %s (%s), last 4 KiB:\n%s", name, filepath.Base(bin), tail(p.log.String(), 4096))
+		}
+	})
+	return p
+}
+
+// stop stops the process as an operator does (SIGTERM) and waits for it.
+func (p *routerProc) stop(t *testing.T) {
+	t.Helper()
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-p.done:
+	case <-time.After(30 * time.Second):
+		t.Fatalf("node did not stop within 30 s of SIGTERM; its log:\n%s", tail(p.log.String(), 4096))
+	}
+}
+
+func tail(s string, n int) string {
+	if len(s) > n {
+		return s[len(s)-n:]
+	}
+	return s
+}
+
+// buildRelease builds cmd/grouprouter at commit (this tree when "") and
+// returns the binary's path. An older commit is taken from the
+// repository's history, which the test therefore needs (a full clone).
+func buildRelease(t *testing.T, commit string) string {
+	t.Helper()
+	root, err := filepath.Abs("..")
+	if err != nil {
+		t.Fatal(err)
+	}
+	src := root
+	name := "grouprouter-current"
+	if commit != "" {
+		name = "grouprouter-" + commit[:7]
+		src = filepath.Join(t.TempDir(), "src")
+		var out, errOut bytes.Buffer
+		git := exec.Command("git", "-C", root, "archive", "--format=tar", commit)
+		git.Stdout, git.Stderr = &out, &errOut
+		if err := git.Run(); err != nil {
+			t.Fatalf("git archive %s (the test needs the repository's history: a full clone): %v: %s", commit, err, errOut.String())
+		}
+		if err := untar(&out, src); err != nil {
+			t.Fatal(err)
+		}
+	}
+	bin := filepath.Join(t.TempDir(), name)
+	build := exec.Command("go", "build", "-o", bin, "./cmd/grouprouter")
+	build.Dir = src
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("build %s: %v\n%s", name, err, out)
+	}
+	return bin
+}
+
+// untar writes the regular files and directories of the tar stream r
+// under dir.
+func untar(r io.Reader, dir string) error {
+	tr := tar.NewReader(r)
+	for {
+		h, err := tr.Next()
+		if err == io.EOF {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		path := filepath.Join(dir, filepath.FromSlash(h.Name))
+		switch h.Typeflag {
+		case tar.TypeDir:
+			if err := os.MkdirAll(path, 0o755); err != nil {
+				return err
+			}
+		case tar.TypeReg:
+			if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+				return err
+			}
+			f, err := os.OpenFile(path, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, os.FileMode(h.Mode)&0o777)
+			if err != nil {
+				return err
+			}
+			_, err = io.Copy(f, tr)
+			if cerr := f.Close(); err == nil {
+				err = cerr
+			}
+			if err != nil {
+				return err
+			}
+		}
+	}
+}

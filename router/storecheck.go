@@ -1,0 +1,129 @@
+package router
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"grouprouter/proposals"
+)
+
+// Messages a node stored on a queue and the servers lost. A server that
+// acknowledged a write before it reached the disk (the servers' fsync
+// policy: docs/operations.md) can come back without it, and without its
+// sequence: the stream's end goes back, and the next writes reuse the
+// lost sequences. The node keeps the highest queue sequence a PubAck gave
+// it, with its message's id, and every storeCheckEvery looks at the
+// queue: a stream ending below that sequence, or holding another message
+// there, lost what the node stored (nothing there is no verdict: a work
+// queue deletes what its consumer acked). The node cannot tell which of
+// the lost sequences were its own and not yet consumed; it counts the
+// rewind and the sequences (Stats.QueueRewinds, QueueLostSeqs and their
+// metrics), logs at error and announces a "queue-loss" event, once per
+// lost position. The same check for the bindings bucket is the binding
+// cache's (kvbinding.Cache.Rewinds), announced as a "bindings-rewind"
+// event.
+
+// storeCheckEvery is how often a node checks its queue for lost writes.
+const storeCheckEvery = 5 * time.Second
+
+// queueTail is the highest queue sequence this node's publishes were
+// acknowledged at, with the message's id.
+type queueTail struct {
+	mu       sync.Mutex
+	seq      uint64
+	id       string
+	reported uint64 // the seq a loss was reported for (once per position)
+
+	rewinds, lost atomic.Uint64
+}
+
+// stored records that the message with id was stored at seq.
+func (t *queueTail) stored(seq uint64, id string) {
+	t.mu.Lock()
+	if seq > t.seq {
+		t.seq, t.id = seq, id
+	}
+	t.mu.Unlock()
+}
+
+// queueLost decides whether the queue lost the message a node stored at
+// seq with id: its last sequence is now last, and at seq it holds a
+// message with atID (found false: none). It returns the lost sequences
+// when it did: all from last+1 (or seq alone when seq holds another
+// message now).
+func queueLost(seq uint64, id string, last uint64, found bool, atID string) (lo, hi uint64, lost bool) {
+	switch {
+	case last < seq:
+		return last + 1, seq, true
+	case found && atID != id:
+		return seq, seq, true
+	}
+	return 0, 0, false
+}
+
+// storeCheck checks the queue for lost writes every storeCheckEvery.
+func (r *Router) storeCheck(ctx context.Context) {
+	every(ctx, storeCheckEvery, func() { r.checkQueueTail(ctx) })
+}
+
+func (r *Router) checkQueueTail(ctx context.Context) {
+	t := &r.queueTail
+	t.mu.Lock()
+	seq, id, reported := t.seq, t.id, t.reported
+	t.mu.Unlock()
+	if seq == 0 || seq == reported {
+		return
+	}
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	s, err := r.js.Stream(ctx, QueueStream)
+	if err != nil {
+		r.log.Debug("queue stream not read for the lost-writes check; trying again later", "err", err)
+		return
+	}
+	last := s.CachedInfo().State.LastSeq
+	found, atID := false, ""
+	if last >= seq {
+		m, err := s.GetMsg(ctx, seq)
+		switch {
+		case errors.Is(err, jetstream.ErrMsgNotFound):
+		case err != nil:
+			r.log.Debug("queue message not read for the lost-writes check; trying again later", "seq", seq, "err", err)
+			return
+		default:
+			found, atID = true, nats.Header(m.Header).Get(jetstream.MsgIDHeader)
+		}
+	}
+	lo, hi, lost := queueLost(seq, id, last, found, atID)
+	if !lost {
+		return
+	}
+	t.mu.Lock()
+	t.reported = seq
+	t.mu.Unlock()
+	t.rewinds.Add(1)
+	t.lost.Add(hi - lo + 1)
+	r.log.Error("the queue stream lost messages this node stored there: its servers lost acknowledged writes; "+
+		"those of this node's messages in the lost sequences that were not consumed yet will not be delivered",
+		"from_seq", lo, "to_seq", hi, "stream_last", last, "stored_at", seq, "msg_id", id)
+	proposals.Event{Kind: proposals.EventQueueLoss, Node: r.cfg.Node, By: r.cfg.Node, FromSeq: lo,
+		Count: int(min(hi-lo+1, 1<<31-1)),
+		Reason: "queue sequences " + strconv.FormatUint(lo, 10) + "-" + strconv.FormatUint(hi, 10) +
+			" lost by the servers (this node stored " + id + " at " + strconv.FormatUint(seq, 10) + ")"}.Publish(r.nc)
+}
+
+// bindingsRewound announces that the binding cache found the bindings
+// bucket below what it had read (kvbinding.CacheConfig.OnRewind).
+func (r *Router) bindingsRewound(seen, last uint64) {
+	proposals.Event{Kind: proposals.EventBucketRewind, Node: r.cfg.Node, By: r.cfg.Node, FromSeq: last + 1,
+		Count: int(min(seen-min(last, seen), 1<<31-1)),
+		Reason: "the bindings bucket ends at revision " + strconv.FormatUint(last, 10) + " (or lost what it held there), below revision " +
+			strconv.FormatUint(seen, 10) + " this node had read: its servers lost acknowledged writes; the node read it again"}.Publish(r.nc)
+}
