@@ -79,7 +79,7 @@ func parseWhereArgs(args []string, env environment) (whereOptions, error) {
 	case o.ungrouped && fs.NArg() != 0:
 		return o, &usageError{cmd: "where", msg: fmt.Sprintf("want GROUP or --ungrouped, not both (got %q)", clip(fs.Arg(0)))}
 	case !o.ungrouped && fs.NArg() != 1:
-		return o, &usageError{cmd: "where", msg: fmt.Sprintf("want GROUP (or --ungrouped), got %d arguments", fs.NArg())}
+		return o, &usageError{cmd: "where", msg: fmt.Sprintf("want GROUP, got %d arguments (--ungrouped for the messages without a group)", fs.NArg())}
 	case !o.ungrouped:
 		o.group = fs.Arg(0)
 		if err := kvbinding.ValidateGroupID(o.group); err != nil {
