@@ -204,12 +204,16 @@ func (s *Server) history() uint64 { return uint64(max(1000, 10*s.cfg.Events)) }
 // (see the package doc), until ctx ends; then it returns nil. Without
 // Config.Conn it only samples.
 func (s *Server) Run(ctx context.Context) error {
+	sctx, stopSampling := context.WithCancel(ctx)
 	sampled := make(chan struct{})
 	go func() {
 		defer close(sampled)
-		s.sampleHistory(ctx)
+		s.sampleHistory(sctx)
 	}()
-	defer func() { <-sampled }()
+	defer func() {
+		stopSampling()
+		<-sampled
+	}()
 	if s.cfg.Conn == nil {
 		<-ctx.Done()
 		return nil
