@@ -163,14 +163,19 @@ func TestStatusPageInBrowser(t *testing.T) {
 		}
 		return nil
 	})
-	moved := groups[0]
-	target := "n0"
-	if b, _ := st.Get(context.Background(), moved); b.Node == "n0" {
-		target = "n1"
-	}
-	if _, err := proposals.Move(context.Background(), admin, moved, target, 10*time.Second); err != nil {
-		t.Fatalf("move %s to %s: %v", moved, target, err)
-	}
+	// The operator's move; retried while the handler finds the target not
+	// alive (under CPU starvation a node's 100 ms heartbeat may lapse).
+	moved, target := groups[0], ""
+	natstest.Eventually(t, 60*time.Second, func() error {
+		target = "n0"
+		if b, _ := st.Get(context.Background(), moved); b.Node == "n0" {
+			target = "n1"
+		}
+		if _, err := proposals.Move(context.Background(), admin, moved, target, 10*time.Second); err != nil {
+			return fmt.Errorf("move %s to %s: %w", moved, target, err)
+		}
+		return nil
+	})
 	natstest.Eventually(t, 30*time.Second, func() error {
 		if b, err := st.Get(context.Background(), moved); err != nil || b.Node != target || !b.Settled() {
 			return fmt.Errorf("group %s not on %s yet (%+v, %v)", moved, target, b, err)
