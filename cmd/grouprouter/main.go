@@ -57,6 +57,8 @@ func runEnv(ctx context.Context, args []string, env environment, stdout, stderr 
 		err = listBindings(ctx, rest, env, stdout, stderr)
 	case "consume":
 		err = consume(ctx, rest, env, stdout, stderr)
+	case "publish":
+		err = publishMessage(ctx, rest, env, stdout, stderr)
 	case "nodes":
 		err = listNodes(ctx, rest, env, stdout, stderr)
 	case "events":
@@ -125,6 +127,7 @@ Commands:
   where      show where one group is, why, and what of it waits where
   nodes      list the live nodes and the active LOCAL handler
   events     print the events kept in stream GROUPING_EVENTS (--follow for new ones)
+  publish    publish one message as a producer does (--group G for its group) and wait for the PubAck
   consume    consume a node's queue as an application does, printing each message
   move       move a group to another node, with its waiting messages, in order
   unbind     end a group's binding; its next message gets a new one

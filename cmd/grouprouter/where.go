@@ -25,7 +25,8 @@ type whereOptions struct {
 	conn        connSettings
 	asJSON      bool
 	groupHeader string
-	group       string // verbatim
+	group       string // verbatim; "" with --ungrouped
+	ungrouped   bool
 }
 
 func newWhereFlags(o *whereOptions) (*flag.FlagSet, *connFlags) {
@@ -34,6 +35,7 @@ func newWhereFlags(o *whereOptions) (*flag.FlagSet, *connFlags) {
 	fs.Usage = func() {}
 	conn := addConnFlags(fs, natsClientUsage)
 	fs.BoolVar(&o.asJSON, "json", false, "print a JSON object instead of text")
+	fs.BoolVar(&o.ungrouped, "ungrouped", false, "show the messages without a group id (the routing binding shown as "+ungroupedLabel+"), instead of GROUP")
 	fs.StringVar(&o.groupHeader, "group-header", router.DefaultGroupHeader, "`HEADER` holding the group id on queue messages")
 	return fs, conn
 }
@@ -42,6 +44,7 @@ func newWhereFlags(o *whereOptions) (*flag.FlagSet, *connFlags) {
 func printWhereUsage(w io.Writer) {
 	fs, _ := newWhereFlags(&whereOptions{})
 	fmt.Fprint(w, `Usage: grouprouter where [flags] GROUP
+       grouprouter where [flags] --ungrouped
 
 Shows where group GROUP is: its record (node, state, since when, decided
 and proposed by, previous node, a hand-over in progress, the reason), its
@@ -56,7 +59,9 @@ parked record: the node, the ingress seq and attempts, since when, how
 many messages wait in the parked stream, and the handler's error.
 
 GROUP is taken verbatim (quote it for the shell). A group that is nowhere
-is shown as unbound, with nothing waiting.
+is shown as unbound, with nothing waiting. --ungrouped shows the messages
+that carry no group id instead: their routing binding, "(ungrouped)" in
+groups (where ungrouped is the group named "ungrouped").
 
 Flags:
 `)
@@ -73,13 +78,17 @@ func parseWhereArgs(args []string, env environment) (whereOptions, error) {
 		}
 		return o, &usageError{cmd: "where", msg: err.Error()}
 	}
-	if fs.NArg() != 1 {
-		return o, &usageError{cmd: "where", msg: fmt.Sprintf("want GROUP, got %d arguments", fs.NArg())}
-	}
-	o.group = fs.Arg(0)
-	if err := kvbinding.ValidateGroupID(o.group); err != nil {
-		msg := strings.TrimPrefix(err.Error(), kvbinding.ErrInvalidGroupID.Error()+": ")
-		return o, &usageError{cmd: "where", msg: fmt.Sprintf("invalid GROUP %q: %s", clip(o.group), msg)}
+	switch {
+	case o.ungrouped && fs.NArg() != 0:
+		return o, &usageError{cmd: "where", msg: fmt.Sprintf("want GROUP or --ungrouped, not both (got %q)", clip(fs.Arg(0)))}
+	case !o.ungrouped && fs.NArg() != 1:
+		return o, &usageError{cmd: "where", msg: fmt.Sprintf("want GROUP, got %d arguments (--ungrouped for the messages without a group)", fs.NArg())}
+	case !o.ungrouped:
+		o.group = fs.Arg(0)
+		if err := kvbinding.ValidateGroupID(o.group); err != nil {
+			msg := strings.TrimPrefix(err.Error(), kvbinding.ErrInvalidGroupID.Error()+": ")
+			return o, &usageError{cmd: "where", msg: fmt.Sprintf("invalid GROUP %q: %s", clip(o.group), msg)}
+		}
 	}
 	if !router.ValidHeaderName(o.groupHeader) {
 		return o, fmt.Errorf("%w: group header %q is not a valid header name", router.ErrConfig, o.groupHeader)
@@ -138,6 +147,9 @@ func whereGroup(ctx context.Context, args []string, env environment, stdout, std
 		res.row.b = b
 	case errors.Is(err, kvbinding.ErrNotFound):
 		res.row.b = kvbinding.Binding{Group: o.group}
+		if o.group == ungroupedLabel {
+			fmt.Fprintf(stderr, "grouprouter where: no group named %q; for the messages without a group id: grouprouter where --ungrouped\n", ungroupedLabel)
+		}
 	default:
 		return err
 	}
