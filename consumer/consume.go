@@ -12,6 +12,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -71,7 +72,7 @@ func Consume(ctx context.Context, js jetstream.JetStream, node string, h Handler
 		return fmt.Errorf("%w: node: %v", ErrConfig, err)
 	}
 	r := &runner{
-		js: js, node: node, h: h, o: o,
+		js: js, node: node, h: h, o: o, id: uuid.NewString(),
 		log:         o.logger.With("node", node),
 		queuePrefix: router.QueueSubjectPrefix + node + ".",
 		lanes:       newLaneSet(),
@@ -96,6 +97,7 @@ func Consume(ctx context.Context, js jetstream.JetStream, node string, h Handler
 type runner struct {
 	js          jetstream.JetStream
 	node        string
+	id          string // this process's id in a replay claim
 	h           Handler
 	o           options
 	log         *slog.Logger
@@ -416,9 +418,12 @@ func (r *runner) work(hctx context.Context) {
 		r.cancels[l] = cancel
 		r.mu.Unlock()
 
-		if park {
+		switch {
+		case d == nil:
+			r.replay(ctx, l)
+		case park:
 			r.park(ctx, l, d)
-		} else {
+		default:
 			r.process(ctx, l, d, attempt)
 		}
 		r.mu.Lock()
@@ -554,6 +559,10 @@ func (r *runner) tick(ctx context.Context) {
 		r.mu.Lock()
 		due := r.lanes.progressDue(now, r.ackWait/2)
 		barriers := r.lanes.barriersDue(now, r.ackWait/2)
+		if n := r.lanes.replaysDue(now); n > 0 {
+			r.cond.Broadcast()
+			r.log.Debug("consumer: replays whose claim ran out are due here", "count", n)
+		}
 		if n := r.lanes.sweep(now, r.o.idleLane); n > 0 {
 			r.log.Debug("consumer: forgot idle lanes", "count", n)
 		}

@@ -421,7 +421,7 @@ func TestRetryThenParkInOrder(t *testing.T) {
 		if m.Headers().Get(consumer.HeaderParkReason) != "cannot apply" {
 			t.Errorf("parked message %d has reason %q", s, m.Headers().Get(consumer.HeaderParkReason))
 		}
-		if want := router.QueueSubject(node, "orders.x"); m.Subject() != consumer.ParkedSubjectPrefix+node+".orders.x" {
+		if want := router.QueueSubject(node, "orders.x"); m.Subject() != consumer.ParkedSubjectPrefix+node+".r.bad.orders.x" {
 			t.Errorf("parked on %s (queued on %s)", m.Subject(), want)
 		}
 	}

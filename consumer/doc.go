@@ -50,12 +50,23 @@
 // groups go on. After WithMaxAttempts failures, or at once for an error
 // wrapped with Terminal, the message and every later message of its group
 // are published in order to stream ParkedStream (subject
-// ParkedSubjectPrefix + node + "." + the ingress subject, the reason in
-// HeaderParkReason) and acknowledged, and the group is recorded in bucket
-// ParkedBucket, so that its later messages, on any node, follow it there
-// until the record is deleted. Consume creates the stream and the bucket
-// when they are missing; it then needs the rights to do so, and always to
-// publish on grouping.parked.> and to read and write the bucket.
+// ParkedSubjectPrefix + node + "." + the group's key + "." + the ingress
+// subject, the reason in HeaderParkReason) and acknowledged, and the group
+// is recorded in bucket ParkedBucket, so that its later messages, on any
+// node, follow it there. Consume creates the stream and the bucket when
+// they are missing; it then needs the rights to do so (grouprouter
+// permissions gives them to the consumer role).
+//
+// # Replay
+//
+// Replay (grouprouter retry, skip, release) marks the record for a
+// replay: every Consume then holds the group's arrivals, and the one of
+// the record's node claims the replay, handles the parked messages in
+// order (Message.Replayed), deleting each once handled, and deletes the
+// record. The state is in the record, so a process that dies mid-replay
+// is taken over after its claim runs out, without losing or repeating a
+// message (the one whose handler may have run is flagged Redelivered).
+// ListParked and GetParked report the parked groups.
 //
 // See docs/consuming.md.
 package consumer

@@ -23,6 +23,15 @@ var (
 	// message of a newer epoch while it ran: the group has moved on, and
 	// what the handler does with the message is no longer current.
 	ErrStale = errors.New("consumer: the group moved to a newer epoch")
+	// ErrNotParked is returned by GetParked and Replay for a group that
+	// is not parked.
+	ErrNotParked = errors.New("consumer: the group is not parked")
+	// ErrReplaying is returned by Replay while a live process replays the
+	// group, or when its record changed during the call.
+	ErrReplaying = errors.New("consumer: a replay of the group is in progress")
+	// ErrNothingToSkip is returned by Replay(ReplaySkip) when the group
+	// has no parked message left.
+	ErrNothingToSkip = errors.New("consumer: the group has no parked message to skip")
 	// ErrPanic wraps a panic recovered from a handler; it counts as a
 	// failed attempt.
 	ErrPanic = errors.New("consumer: handler panicked")

@@ -42,10 +42,20 @@ type lane struct {
 	attempts  int  // failed attempts of the head
 	notBefore time.Time
 	parked    bool
-	reason    string    // why it parked (the last error)
-	barriers  []barrier // sorted by seq
-	queued    bool      // in laneSet.ready
-	lastUsed  time.Time
+	reason    string // why it parked (the last error)
+	// hold: the group's parked record asks for a replay; its arrivals wait
+	// in the lane (they are neither run nor parked) until the replay ends.
+	hold bool
+	// replayMine: the replay is for this node; claimUntil: until when
+	// another process's claim on it stands.
+	replayMine bool
+	claimUntil time.Time
+	replayDue  bool // take the replay job next
+	replaying  bool // the replay job runs
+
+	barriers []barrier // sorted by seq
+	queued   bool      // in laneSet.ready
+	lastUsed time.Time
 }
 
 // verdict is what to do with an arriving delivery.
@@ -202,7 +212,13 @@ func (s *laneSet) active() int {
 
 // runnable reports whether l's head may start now.
 func (s *laneSet) runnable(l *lane, now time.Time) bool {
-	if s.stopping || l.running != nil || len(l.pending) == 0 || now.Before(l.notBefore) {
+	if s.stopping || l.running != nil || l.replaying {
+		return false
+	}
+	if l.replayDue {
+		return true
+	}
+	if l.hold || len(l.pending) == 0 || now.Before(l.notBefore) {
 		return false
 	}
 	return len(l.barriers) == 0 || l.pending[0].seq < l.barriers[0].seq
@@ -225,7 +241,8 @@ func (s *laneSet) kickAll(now time.Time) {
 
 // next takes the head of the first runnable lane, marking it running. It
 // returns nil when none may run. park says the head goes to the parked
-// stream instead of the handler.
+// stream instead of the handler. A lane with a nil d is the replay job of
+// a parked group (see endReplay).
 func (s *laneSet) next(now time.Time) (l *lane, d *delivery, park bool) {
 	for len(s.ready) > 0 {
 		l = s.ready[0]
@@ -234,6 +251,12 @@ func (s *laneSet) next(now time.Time) (l *lane, d *delivery, park bool) {
 		l.queued = false
 		if !s.runnable(l, now) {
 			continue
+		}
+		if l.replayDue {
+			l.replayDue, l.replaying = false, true
+			s.running++
+			l.lastUsed = now
+			return l, nil, false
 		}
 		d = l.pending[0]
 		l.pending[0] = nil
@@ -321,18 +344,91 @@ func (s *laneSet) dropHead(l *lane, now time.Time) *delivery {
 	return d
 }
 
-// setParked marks group parked or not (from the parked-groups record).
+// setParked marks group parked or not (a record without a replay).
 func (s *laneSet) setParked(group string, parked bool, now time.Time) {
+	st := notParked
+	if parked {
+		st = parkedState
+	}
+	s.setRecord(group, st, false, time.Time{}, now)
+}
+
+// parkState is what a group's parked record says.
+type parkState int
+
+const (
+	// notParked: no record; the group runs.
+	notParked parkState = iota
+	// parkedState: recorded as parked; its messages go to the parked stream.
+	parkedState
+	// replayState: an operator asked for its parked messages to be
+	// replayed; its arrivals wait.
+	replayState
+)
+
+// setRecord applies a change of group's parked record: its state, whether
+// a replay is for this node, and until when another process's claim on
+// the replay stands.
+func (s *laneSet) setRecord(group string, st parkState, mine bool, claimUntil, now time.Time) {
 	l := s.lanes[group]
 	if l == nil {
-		if !parked {
+		if st == notParked {
 			return
 		}
 		l = s.lane(group, now)
 	}
-	l.parked = parked
-	if !parked {
+	switch st {
+	case notParked:
+		l.parked, l.hold, l.replayMine = false, false, false
+		if !l.replaying {
+			l.attempts = 0
+		}
+	case parkedState:
+		l.parked, l.hold, l.replayMine = true, false, false
+	case replayState:
+		l.parked, l.hold, l.replayMine, l.claimUntil = true, true, mine, claimUntil
+		if mine && !l.replaying && !now.Before(claimUntil) {
+			l.replayDue = true
+		}
+	}
+	if st != replayState || !mine {
+		l.replayDue = false
+	}
+	s.kick(l, now)
+}
+
+// replaysDue marks the replays of this node whose other claim ran out as
+// due (a process that claimed one died), and returns how many.
+func (s *laneSet) replaysDue(now time.Time) int {
+	n := 0
+	for _, l := range s.lanes {
+		if l.hold && l.replayMine && !l.replaying && !l.replayDue && !now.Before(l.claimUntil) {
+			l.replayDue = true
+			s.kick(l, now)
+			n++
+		}
+	}
+	return n
+}
+
+// endReplay ends the replay job of l: st is the group's state after it
+// (notParked: all replayed, the record deleted; parkedState: a message
+// failed again and the group is parked at it; replayState: not done, to
+// be tried again from retryAt), done the highest ingress seq it handled.
+func (s *laneSet) endReplay(l *lane, st parkState, done uint64, retryAt, now time.Time) {
+	l.replaying = false
+	s.running--
+	l.done = max(l.done, done)
+	l.lastUsed = now
+	switch st {
+	case notParked:
+		l.parked, l.hold, l.replayMine = false, false, false
 		l.attempts = 0
+		l.notBefore = time.Time{}
+	case parkedState:
+		l.parked, l.hold = true, false
+	case replayState:
+		l.parked, l.hold, l.claimUntil = true, true, retryAt
 	}
 	s.kick(l, now)
 }

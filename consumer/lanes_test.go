@@ -23,6 +23,10 @@ type step struct {
 	after   time.Duration
 	parked  bool // for fail: the lane parks now
 	retryIn time.Duration
+	replay  bool          // for next: the group's replay job is taken
+	st      parkState     // for endReplay; for record
+	mine    bool          // for record: the replay is this node's
+	claim   time.Duration // for record: another claim stands this long
 }
 
 func TestLanes(t *testing.T) {
@@ -122,6 +126,42 @@ func TestLanes(t *testing.T) {
 			{op: "ok", group: "\x00u7"},
 			{op: "gone", group: "\x00u7"},
 		}},
+		{"a replay asked for here runs before held arrivals, which wait meanwhile", []step{
+			{op: "park", group: "g"},
+			{op: "arrive", group: "g", seq: 10, want: held},
+			{op: "record", group: "g", st: replayState, mine: true},
+			{op: "next", nextG: "g", replay: true},
+			{op: "next"}, // g replays: 10 waits
+			{op: "arrive", group: "g", seq: 11, want: held},
+			{op: "endReplay", group: "g", st: notParked, seq: 9},
+			{op: "next", next: 10, nextG: "g"},
+			{op: "arrive", group: "g", seq: 9, want: dropDone},
+		}},
+		{"a replay on another node holds the arrivals until the record goes", []step{
+			{op: "record", group: "g", st: replayState},
+			{op: "arrive", group: "g", seq: 10, want: held},
+			{op: "next"},
+			{op: "record", group: "g", st: notParked},
+			{op: "next", next: 10, nextG: "g"},
+		}},
+		{"a replay parked again parks the held arrivals behind it", []step{
+			{op: "record", group: "g", st: replayState, mine: true},
+			{op: "arrive", group: "g", seq: 10, want: held},
+			{op: "next", nextG: "g", replay: true},
+			{op: "endReplay", group: "g", st: parkedState, seq: 4},
+			{op: "next", next: 10, nextG: "g", parkIt: true},
+		}},
+		{"another process's claim is waited out, then taken over", []step{
+			{op: "record", group: "g", st: replayState, mine: true, claim: time.Minute},
+			{op: "arrive", group: "g", seq: 10, want: held},
+			{op: "next"},
+			{op: "due", after: 59 * time.Second},
+			{op: "next"},
+			{op: "due", after: time.Second},
+			{op: "next", nextG: "g", replay: true},
+			{op: "endReplay", group: "g", st: replayState},
+			{op: "next"}, // tried again after replayRetry
+		}},
 		{"a group parked elsewhere parks its arrivals", []step{
 			{op: "park", group: "g"},
 			{op: "arrive", group: "g", seq: 1, want: held},
@@ -150,6 +190,9 @@ func TestLanes(t *testing.T) {
 					}
 					l, d, park := s.next(now)
 					switch {
+					case st.replay && (l == nil || l.group != st.nextG || d != nil):
+						t.Fatalf("step %d: next = %v, %v; want the replay of %s", i, l, d, st.nextG)
+					case st.replay:
 					case st.next == 0 && l != nil:
 						t.Fatalf("step %d: next took %s/%d, want none", i, l.group, d.seq)
 					case st.next != 0 && (l == nil || l.group != st.nextG || d.seq != st.next || park != st.parkIt):
@@ -173,6 +216,12 @@ func TestLanes(t *testing.T) {
 					if _, ok := s.lanes[st.group]; ok {
 						t.Fatalf("step %d: lane %q kept", i, st.group)
 					}
+				case "record":
+					s.setRecord(st.group, st.st, st.mine, now.Add(st.claim), now)
+				case "due":
+					s.replaysDue(now)
+				case "endReplay":
+					s.endReplay(s.lanes[st.group], st.st, st.seq, now.Add(replayRetry), now)
 				case "park":
 					s.setParked(st.group, true, now)
 				case "release":
@@ -270,4 +319,31 @@ func BenchmarkIdleLaneMemory(b *testing.B) {
 		runtime.KeepAlive(s)
 	}
 	b.ReportMetric(perLane, "bytes/idle-group")
+}
+
+func TestParkedSubjects(t *testing.T) {
+	tests := []struct {
+		lane, want string
+	}{
+		{"order-7", "r.order-7"},
+		{"order 7.x", "b.b3JkZXIgNy54"},
+		{ungroupedPrefix + "12", "u._"},
+		{malformedPrefix + "3", "m._"},
+	}
+	for _, tt := range tests {
+		key := parkedKeyTokens(tt.lane)
+		if key != tt.want {
+			t.Errorf("parkedKeyTokens(%q) = %q, want %q", tt.lane, key, tt.want)
+		}
+		node, gotKey, subject, ok := parkedSubjectParts(ParkedSubjectPrefix + "n1." + key + ".jms.orders.eu")
+		if !ok || node != "n1" || gotKey != key || subject != "jms.orders.eu" {
+			t.Errorf("parts of %q: %q %q %q %v", key, node, gotKey, subject, ok)
+		}
+	}
+	if _, _, _, ok := parkedSubjectParts(ParkedSubjectPrefix + "n1.r.g"); ok {
+		t.Error("a parked subject without an ingress subject parsed")
+	}
+	if f, err := ParkedFilter("order-7"); err != nil || f != "grouping.parked.*.r.order-7.>" {
+		t.Errorf("ParkedFilter = %q, %v", f, err)
+	}
 }

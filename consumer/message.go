@@ -43,6 +43,9 @@ type Message struct {
 	Attempt int
 	// Closing is true on a message that closes its group (Group-Seq: -1).
 	Closing bool
+	// Replayed is true on a message replayed from the parked stream after
+	// an operator's retry, skip or release.
+	Replayed bool
 }
 
 // Fence is a message's fencing token: (Epoch, IngressSeq), ordered by

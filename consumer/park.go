@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"grouprouter/kvbinding"
+	"grouprouter/proposals"
 	"grouprouter/router"
 )
 
@@ -28,6 +29,65 @@ type ParkRecord struct {
 	Attempts int `json:"attempts"`
 	// At is when the group was parked.
 	At time.Time `json:"at"`
+	// State is "" while the group is parked, StateReplay once an operator
+	// asked for its parked messages to be replayed (Replay).
+	State string `json:"state,omitempty"`
+	// Mode is the replay asked for (ReplayRetry, ReplaySkip, ReplayRelease).
+	Mode ReplayMode `json:"mode,omitempty"`
+	// SkipSeq: the replay drops the parked messages up to this ingress
+	// seq unhandled (set by ReplaySkip to the head's).
+	SkipSeq uint64 `json:"skip_seq,omitempty"`
+	// Replayer is the Consume process running the replay, ClaimedAt when
+	// it last renewed its claim, Claims how many processes claimed it
+	// (more than one: a replay resumed after a crash).
+	Replayer  string    `json:"replayer,omitempty"`
+	ClaimedAt time.Time `json:"claimed_at,omitzero"`
+	Claims    int       `json:"claims,omitempty"`
+}
+
+// StateReplay is ParkRecord.State of a group whose replay was asked for.
+const StateReplay = "replay"
+
+// parkedKeyTokens is the part of a parked subject that names the lane: the
+// group's kvbinding.FullKey (two tokens), "u._" for a message without a group
+// and "m._" for one without a valid ingress sequence.
+func parkedKeyTokens(laneKey string) string {
+	switch {
+	case strings.HasPrefix(laneKey, ungroupedPrefix):
+		return "u._"
+	case strings.HasPrefix(laneKey, "\x00"):
+		return "m._"
+	}
+	key, err := kvbinding.FullKey(laneKey)
+	if err != nil {
+		return "m._"
+	}
+	return key
+}
+
+// ParkedFilter returns the subject filter of group's messages in
+// ParkedStream: ParkedSubjectPrefix + <node> + "." + <group key> + "." +
+// <ingress subject>, the group key being kvbinding.FullKey(group).
+func ParkedFilter(group string) (string, error) {
+	key, err := kvbinding.FullKey(group)
+	if err != nil {
+		return "", err
+	}
+	return ParkedSubjectPrefix + "*." + key + ".>", nil
+}
+
+// parkedSubjectParts splits a parked subject into its node, group key and
+// ingress subject.
+func parkedSubjectParts(subject string) (node, key, ingress string, ok bool) {
+	rest, found := strings.CutPrefix(subject, ParkedSubjectPrefix)
+	if !found {
+		return "", "", "", false
+	}
+	t := strings.SplitN(rest, ".", 4)
+	if len(t) != 4 {
+		return "", "", "", false
+	}
+	return t[0], t[1] + "." + t[2], t[3], true
 }
 
 // setupParking creates the parked stream and bucket if missing and
@@ -125,20 +185,29 @@ func (r *runner) applyParked(e jetstream.KeyValueEntry) {
 		r.log.Debug("consumer: ignoring a key of the parked bucket", "key", e.Key(), "err", err)
 		return
 	}
-	parked := e.Operation() == jetstream.KeyValuePut
+	st, mine, claimUntil := notParked, false, time.Time{}
+	if e.Operation() == jetstream.KeyValuePut {
+		st = parkedState
+		var rec ParkRecord
+		if err := json.Unmarshal(e.Value(), &rec); err != nil {
+			r.log.Debug("consumer: unreadable parked record; taken as parked", "group", group, "err", err)
+		} else if rec.State == StateReplay {
+			st, mine = replayState, rec.Node == r.node
+			if rec.Replayer != "" && rec.Replayer != r.id {
+				claimUntil = rec.ClaimedAt.Add(replayLease)
+			}
+		}
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if parked == r.parkedSet[group] {
-		return
-	}
-	if parked {
-		r.parkedSet[group] = true
-	} else {
+	if st == notParked {
 		delete(r.parkedSet, group)
+	} else {
+		r.parkedSet[group] = true
 	}
-	r.lanes.setParked(group, parked, time.Now())
+	r.lanes.setRecord(group, st, mine, claimUntil, time.Now())
 	r.cond.Signal()
-	r.log.Debug("consumer: parked record changed", "group", group, "parked", parked)
+	r.log.Debug("consumer: parked record changed", "group", group, "state", st, "replay_here", mine)
 }
 
 // park moves d, the head of parked lane l, to the parked stream, then
@@ -154,14 +223,18 @@ func (r *runner) park(ctx context.Context, l *lane, d *delivery) {
 	pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), opTimeout)
 	defer cancel()
 	if !recorded && !strings.HasPrefix(group, "\x00") {
-		if err := r.record(pctx, group, ParkRecord{Node: r.node, IngressSeq: d.seq, Reason: reason, Attempts: attempts, At: time.Now().UTC()}); err != nil {
+		created, err := r.record(pctx, group, ParkRecord{Node: r.node, IngressSeq: d.seq, Reason: reason, Attempts: attempts, At: time.Now().UTC()})
+		if err != nil {
 			r.warn("record", "consumer: could not record a parked group; trying again", "group", group, "err", err)
 			r.finish(l, interrupted)
 			return
 		}
+		if created {
+			r.event(proposals.EventPark, group, d.seq, reason, attempts, 0)
+		}
 	}
 	subject := strings.TrimPrefix(d.msg.Subject(), r.queuePrefix)
-	out := nats.NewMsg(ParkedSubjectPrefix + r.node + "." + subject)
+	out := nats.NewMsg(ParkedSubjectPrefix + r.node + "." + parkedKeyTokens(group) + "." + subject)
 	for k, v := range d.msg.Headers() {
 		if len(k) > 5 && strings.EqualFold(k[:5], "Nats-") {
 			continue // the queue's delivery and dedup headers
@@ -189,23 +262,33 @@ func (r *runner) park(ctx context.Context, l *lane, d *delivery) {
 	r.finish(l, succeeded)
 }
 
-// record writes group's parked record (first writer wins).
-func (r *runner) record(ctx context.Context, group string, rec ParkRecord) error {
+// record writes group's parked record (first writer wins) and reports
+// whether this call created it.
+func (r *runner) record(ctx context.Context, group string, rec ParkRecord) (bool, error) {
 	key, err := kvbinding.FullKey(group)
 	if err != nil {
-		return err
+		return false, err
 	}
 	val, err := json.Marshal(rec)
 	if err != nil {
-		return err
+		return false, err
 	}
-	if _, err := r.parkedKV.Create(ctx, key, val); err != nil && !errors.Is(err, jetstream.ErrKeyExists) {
-		return err
+	created := true
+	if _, err := r.parkedKV.Create(ctx, key, val); err != nil {
+		if !errors.Is(err, jetstream.ErrKeyExists) {
+			return false, err
+		}
+		created = false
 	}
 	r.mu.Lock()
 	r.parkedSet[group] = true
 	r.mu.Unlock()
-	return nil
+	return created, nil
+}
+
+// event publishes an event about group (fire and forget, as the router's).
+func (r *runner) event(kind, group string, seq uint64, reason string, attempts, count int) {
+	proposals.Event{Kind: kind, Group: group, Node: r.node, FromSeq: seq, By: r.node, Reason: reason, Attempt: attempts, Count: count}.Publish(r.js.Conn())
 }
 
 // scanBarriers finds the node's queue messages delivered (to another

@@ -29,6 +29,9 @@ const (
 	EventIngressGap      = "gap"             // ingress messages were gone before a node read them (expired, removed, lost)
 	EventQueueLoss       = "queue-loss"      // the queue stream lost messages a node had stored (servers lost acknowledged writes)
 	EventBucketRewind    = "bindings-rewind" // the bindings bucket went back below what a node had read
+	EventPark            = "park"            // a consumer parked a group (package consumer): its failing message and the later ones wait
+	EventRelease         = "release"         // a parked group's messages were replayed and the group runs again
+	EventSkip            = "skip"            // a parked message was dropped unhandled (grouprouter skip, or a failure during a release)
 )
 
 // Event is the JSON body published on SubjectEventsPrefix + Kind.

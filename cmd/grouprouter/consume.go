@@ -8,9 +8,12 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
+	"math"
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 	"unicode"
 	"unicode/utf8"
@@ -18,6 +21,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"grouprouter/consumer"
 	"grouprouter/kvbinding"
 	"grouprouter/router"
 )
@@ -25,10 +29,6 @@ import (
 const (
 	// consumeBatch is the most messages one pull asks for.
 	consumeBatch = 256
-	// consumePoll is how long one pull waits for messages before the next.
-	consumePoll = 5 * time.Second
-	// consumeOpTimeout bounds an ack and the clean-up at the end.
-	consumeOpTimeout = 5 * time.Second
 	// pinIDHeader is the header the server sets on messages delivered to
 	// the pinned client of a priority group.
 	pinIDHeader = "Nats-Pin-Id"
@@ -52,7 +52,7 @@ func newConsumeFlags(o *consumeOptions) (*flag.FlagSet, *connFlags) {
 	fs.StringVar(&o.node, "node", "", "consume the queue of node `ID` (default: the host name, sanitized, as for run)")
 	fs.IntVar(&o.count, "count", 0, "stop after `N` messages (0 = until interrupted)")
 	fs.BoolVar(&o.asJSON, "json", false, "print one JSON object per message instead of a line of text")
-	fs.BoolVar(&o.noAck, "no-ack", false, "do not acknowledge the messages: they stay on the queue and are delivered again after the consumer's ack wait")
+	fs.BoolVar(&o.noAck, "no-ack", false, "do not acknowledge the messages: they stay on the queue (handed back when consume stops) and a group's later messages wait behind them")
 	fs.StringVar(&o.groupHeader, "group-header", router.DefaultGroupHeader, "`HEADER` holding the group id")
 	return fs, conn
 }
@@ -62,10 +62,14 @@ func printConsumeUsage(w io.Writer) {
 	fs, _ := newConsumeFlags(&consumeOptions{})
 	fmt.Fprintf(w, `Usage: grouprouter consume [flags]
 
-Consumes a node's queue as an application does: pulls from the durable
-consumer %s<node> of stream %s (with priority group %q when the
-node's queue mode is pinned), prints each message and acknowledges it.
-The node's router must have run once, to create the consumer.
+Consumes a node's queue as an application does, with package consumer:
+pulls from the durable consumer %s<node> of stream %s (with
+priority group %q when the node's queue mode is pinned), prints each
+message, one at a time and each group in ingress order (also when
+JetStream redelivers), and acknowledges it; it unpins when it stops. A
+group parked by a consumer (grouprouter parked) has its messages parked,
+not printed. The node's router must have run once, to create the
+consumer. To run a program per message, see grouprouter work.
 
 Each message is one line:
   <ingress-seq> <group-id, or - without one> <subject> <body>
@@ -147,134 +151,92 @@ func consume(ctx context.Context, args []string, env environment, stdout, stderr
 		}
 		return requestError(err, o.conn, nc, before, "queue consumer "+name)
 	}
-	group := ""
 	if info := cons.CachedInfo(); len(info.Config.PriorityGroups) > 0 {
 		if !slices.Contains(info.Config.PriorityGroups, router.PriorityGroup) {
 			return fmt.Errorf("queue consumer %s has priority groups %v, not %q", name, info.Config.PriorityGroups, router.PriorityGroup)
 		}
-		group = router.PriorityGroup
 		for _, g := range info.PriorityGroups {
-			if g.Group == group && g.PinnedClientID != "" {
+			if g.Group == router.PriorityGroup && g.PinnedClientID != "" {
 				fmt.Fprintf(stderr, "grouprouter consume: node %s's queue is pinned to another consumer; "+
 					"waiting as its standby (the pin lapses %v after that consumer's last pull)\n", o.node, info.Config.PinnedTTL)
 			}
 		}
 	}
 
-	c := &queueReader{opts: o, nc: nc, cons: cons, group: group, stdout: stdout, queuePrefix: router.QueueSubjectPrefix + o.node + "."}
-	err = c.read(ctx)
-	if group != "" && c.pinID != "" {
-		c.unpin(ctx, js, stderr)
+	return consumeQueue(ctx, js, o, stdout, stderr)
+}
+
+// errNotNow is a consume handler's answer for a message it does not
+// print: past --count, or not acknowledged (--no-ack). Package consumer
+// keeps it unacknowledged (tried again after consumeRetry) and hands it
+// back when consume stops.
+var errNotNow = errors.New("not acknowledged by grouprouter consume")
+
+// consumeRetry is when a message consume did not acknowledge is printed
+// again, should consume still run.
+const consumeRetry = time.Minute
+
+// consumeQueue prints the node's messages through package consumer, one
+// at a time (in queue order, each group in ingress order), until
+// opts.count are printed or ctx ends.
+func consumeQueue(ctx context.Context, js jetstream.JetStream, o consumeOptions, stdout, stderr io.Writer) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	p := &printer{opts: o, stdout: stdout, queuePrefix: router.QueueSubjectPrefix + o.node + "."}
+	if o.asJSON {
+		p.enc = json.NewEncoder(stdout)
+		p.enc.SetEscapeHTML(false)
+	}
+	var (
+		mu     sync.Mutex
+		seen   int
+		failed error
+	)
+	h := func(_ context.Context, m *consumer.Message) error {
+		mu.Lock()
+		defer mu.Unlock()
+		if failed != nil || (o.count > 0 && seen >= o.count) {
+			return errNotNow
+		}
+		if err := p.print(m); err != nil {
+			failed = err
+			cancel()
+			return err
+		}
+		seen++
+		if o.count > 0 && seen >= o.count {
+			cancel()
+		}
+		if o.noAck {
+			return errNotNow
+		}
+		return nil
+	}
+	batch := consumeBatch
+	if o.count > 0 {
+		batch = min(batch, o.count) // pull no more than is left, mostly
+	}
+	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	err := consumer.Consume(ctx, js, o.node, h, consumer.WithConcurrency(1), consumer.WithPullBatch(batch),
+		consumer.WithMaxAttempts(math.MaxInt32), consumer.WithBackoff(consumeRetry, consumeRetry),
+		consumer.WithGroupHeader(o.groupHeader), consumer.WithLogger(log))
+	mu.Lock()
+	defer mu.Unlock()
+	if failed != nil {
+		return failed
+	}
+	if errors.Is(err, consumer.ErrNoQueue) {
+		return fmt.Errorf("node %s's queue consumer %s was deleted", o.node, router.QueueConsumer(o.node))
 	}
 	return err
 }
 
-// queueReader pulls from a node's queue consumer and prints the messages.
-type queueReader struct {
+// printer prints the messages consume gets.
+type printer struct {
 	opts        consumeOptions
-	nc          *nats.Conn
-	cons        jetstream.Consumer
-	group       string // priority group to pull with, or ""
 	stdout      io.Writer
-	queuePrefix string // stripped from queue subjects to show the ingress subject
+	queuePrefix string // of the queue subjects
 	enc         *json.Encoder
-	seen        int
-	pinID       string // the pin this client was last given
-}
-
-// read pulls and prints until opts.count messages are done or ctx ends.
-// Messages pulled but not printed when ctx ends are handed back (nak).
-func (c *queueReader) read(ctx context.Context) error {
-	if c.opts.asJSON {
-		c.enc = json.NewEncoder(c.stdout)
-		c.enc.SetEscapeHTML(false)
-	}
-	for ctx.Err() == nil && (c.opts.count == 0 || c.seen < c.opts.count) {
-		batch := consumeBatch
-		if c.opts.count > 0 {
-			// Never pull more than is left, so nothing is held unprinted.
-			batch = min(batch, c.opts.count-c.seen)
-		}
-		pollCtx, cancel := context.WithTimeout(ctx, consumePoll)
-		fetchOpts := []jetstream.FetchOpt{jetstream.FetchContext(pollCtx)}
-		if c.group != "" {
-			fetchOpts = append(fetchOpts, jetstream.FetchPriorityGroup(c.group))
-		}
-		msgs, err := c.cons.Fetch(batch, fetchOpts...)
-		if err != nil {
-			cancel()
-			if c.transient(err) {
-				c.pause(ctx)
-				continue
-			}
-			return fmt.Errorf("pull from %s: %w", router.QueueConsumer(c.opts.node), err)
-		}
-		var failed error
-		for msg := range msgs.Messages() {
-			if failed != nil || ctx.Err() != nil {
-				_ = msg.Nak() // not printed: let it be delivered again at once
-				continue
-			}
-			if failed = c.handle(ctx, msg); failed != nil {
-				cancel() // end the pull; what it still brings is handed back
-			}
-		}
-		cancel()
-		if failed != nil {
-			return failed
-		}
-		switch err := msgs.Error(); {
-		case err == nil, ctx.Err() != nil, errors.Is(err, context.DeadlineExceeded):
-		case errors.Is(err, jetstream.ErrPinIDMismatch):
-			c.pinID = "" // the pin moved on: the next pull asks anew
-		case errors.Is(err, jetstream.ErrConsumerDeleted), errors.Is(err, jetstream.ErrConsumerNotFound):
-			return fmt.Errorf("node %s's queue consumer %s was deleted", c.opts.node, router.QueueConsumer(c.opts.node))
-		case c.transient(err):
-			c.pause(ctx)
-		default:
-			return fmt.Errorf("pull from %s: %w", router.QueueConsumer(c.opts.node), err)
-		}
-	}
-	return nil
-}
-
-// transient reports whether a pull failed only because the connection is
-// reconnecting or the stream is between leaders; the pull is then retried.
-func (c *queueReader) transient(err error) bool {
-	return c.nc.Status() != nats.CONNECTED || errors.Is(err, nats.ErrNoResponders) ||
-		errors.Is(err, jetstream.ErrNoHeartbeat) || errors.Is(err, nats.ErrTimeout)
-}
-
-// pause waits a moment before the next pull, or until ctx ends.
-func (c *queueReader) pause(ctx context.Context) {
-	t := time.NewTimer(time.Second)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-	case <-t.C:
-	}
-}
-
-// handle prints msg and acknowledges it.
-func (c *queueReader) handle(ctx context.Context, msg jetstream.Msg) error {
-	if id := msg.Headers().Get(pinIDHeader); id != "" {
-		c.pinID = id
-	}
-	if err := c.print(msg); err != nil {
-		_ = msg.Nak()
-		return err
-	}
-	c.seen++
-	if c.opts.noAck {
-		return nil
-	}
-	// Printed, so acknowledged even if ctx ended meanwhile.
-	ackCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), consumeOpTimeout)
-	defer cancel()
-	if err := msg.DoubleAck(ackCtx); err != nil {
-		return fmt.Errorf("ack of ingress message %s: %w", orDash(msg.Headers().Get(router.HeaderIngressSeq)), err)
-	}
-	return nil
 }
 
 // consumedJSON is a message as --json prints it.
@@ -293,22 +255,22 @@ type consumedJSON struct {
 	BodyBase64 string  `json:"body_base64,omitempty"`
 }
 
-func (c *queueReader) print(msg jetstream.Msg) error {
+func (c *printer) print(msg *consumer.Message) error {
 	hdr := nats.Header{}
-	for k, v := range msg.Headers() {
+	for k, v := range msg.Header {
 		if k != pinIDHeader { // a delivery detail, not part of the message
 			hdr[k] = v
 		}
 	}
-	subject := strings.TrimPrefix(msg.Subject(), c.queuePrefix)
+	subject := msg.Subject
 	group, _ := router.GroupOf(hdr, c.opts.groupHeader) // as the router reads it
 	hasGroup := group != ""
 	seqText := hdr.Get(router.HeaderIngressSeq)
 	seq, seqErr := strconv.ParseUint(seqText, 10, 64)
-	data := msg.Data()
+	data := msg.Data
 
 	if c.enc != nil {
-		out := consumedJSON{Subject: subject, QueueSubject: msg.Subject(), Headers: hdr}
+		out := consumedJSON{Subject: subject, QueueSubject: c.queuePrefix + subject, Headers: hdr}
 		if hasGroup {
 			out.Group = &group
 		}
@@ -356,29 +318,4 @@ func quoteField(s string, last bool) string {
 		}
 	}
 	return s
-}
-
-// unpin releases this client's pin on the queue's priority group, so that
-// a standby (or the next consume) gets the messages at once rather than
-// after the pinned TTL. It leaves another client's pin alone.
-func (c *queueReader) unpin(ctx context.Context, js jetstream.JetStream, stderr io.Writer) {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), consumeOpTimeout)
-	defer cancel()
-	info, err := c.cons.Info(ctx)
-	if err != nil {
-		return
-	}
-	for _, g := range info.PriorityGroups {
-		if g.Group != c.group || g.PinnedClientID != c.pinID {
-			continue
-		}
-		s, err := js.Stream(ctx, router.QueueStream)
-		if err == nil {
-			err = s.UnpinConsumer(ctx, info.Name, c.group)
-		}
-		if err != nil {
-			fmt.Fprintf(stderr, "grouprouter consume: could not unpin: %v; another consumer of node %s gets its messages after %v\n",
-				err, c.opts.node, info.Config.PinnedTTL)
-		}
-	}
 }

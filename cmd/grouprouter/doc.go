@@ -20,10 +20,12 @@
 //	grouprouter bindings [CONNECTION] [--all] [--json]
 //	grouprouter groups [CONNECTION] [--node ID] [--state STATE] [--json]
 //	                   [--group-header Group-Id]
-//	grouprouter where [CONNECTION] [--json] [--group-header Group-Id] GROUP
+//	grouprouter where [CONNECTION] [--json] [--group-header Group-Id] GROUP|--ungrouped
 //	grouprouter nodes [CONNECTION] [--name NAME] [--json]
 //	grouprouter events [CONNECTION] [--follow] [--group GROUP] [--kind KIND]
 //	                   [--since DURATION] [--json]
+//	grouprouter publish [CONNECTION] [--group GROUP] [--group-header Group-Id]
+//	                    [--header NAME:VALUE]... SUBJECT [BODY]
 //	grouprouter consume [CONNECTION] [--node ID] [--count N] [--json]
 //	                    [--no-ack] [--group-header Group-Id]
 //	grouprouter move [CONNECTION] [--timeout 10s] [--json] [--wait] GROUP NODE
@@ -120,7 +122,11 @@
 // messages; --state selects bound, moving, released, dead-lettered,
 // unbound (no record) or all; --node lists a node's groups and reads only
 // its queue. where shows the same for one GROUP, queue by queue and router
-// by router.
+// by router; where --ungrouped for the routing binding of the messages
+// without a group id (listed as "(ungrouped)").
+//
+// publish publishes one message as a producer does, with --group in the
+// group header, and prints the ingress sequence of its PubAck.
 //
 // events prints the events kept in stream GROUPING_EVENTS, one line each
 // or, with --json, each as stored (with its unique id, a UUID version 7);

@@ -57,6 +57,8 @@ func runEnv(ctx context.Context, args []string, env environment, stdout, stderr 
 		err = listBindings(ctx, rest, env, stdout, stderr)
 	case "consume":
 		err = consume(ctx, rest, env, stdout, stderr)
+	case "publish":
+		err = publishMessage(ctx, rest, env, stdout, stderr)
 	case "nodes":
 		err = listNodes(ctx, rest, env, stdout, stderr)
 	case "events":
@@ -67,6 +69,12 @@ func runEnv(ctx context.Context, args []string, env environment, stdout, stderr 
 		err = whereGroup(ctx, rest, env, stdout, stderr)
 	case opMove, opUnbind:
 		err = moveGroup(ctx, cmd, rest, env, stdout, stderr)
+	case "work":
+		err = work(ctx, rest, env, stdout, stderr)
+	case "parked":
+		err = listParked(ctx, rest, env, stdout, stderr)
+	case "retry", "skip", "release":
+		err = replayParked(ctx, cmd, rest, env, stdout, stderr)
 	case "permissions":
 		err = printPermissions(rest, stdout)
 	case "demo":
@@ -119,9 +127,13 @@ Commands:
   where      show where one group is, why, and what of it waits where
   nodes      list the live nodes and the active LOCAL handler
   events     print the events kept in stream GROUPING_EVENTS (--follow for new ones)
+  publish    publish one message as a producer does (--group G for its group) and wait for the PubAck
   consume    consume a node's queue as an application does, printing each message
   move       move a group to another node, with its waiting messages, in order
   unbind     end a group's binding; its next message gets a new one
+  work       run a command once per message of a node's queue (body on stdin), per group in order
+  parked     list the groups a consumer parked (a message failed its attempts)
+  retry, skip, release  replay a parked group's messages in order (skip drops the head first)
   permissions  print the NATS users and permissions of a deployment, one user per role
   demo       run it all in this process: 3 NATS servers, 3 nodes, load, a node killed; checks the order
   bench      measure throughput, decisions and latency against baselines (own embedded NATS)

@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -157,5 +159,107 @@ func (w *lineWriter) Write(p []byte) (int, error) {
 		}
 		w.lines <- w.prefix + string(w.buf[:i])
 		w.buf = w.buf[i+1:]
+	}
+}
+
+// TestParkingUnderLeastPrivilege runs work as its node's generated
+// consumer user and the parking commands as the operator: a message the
+// script refuses (exit 65) parks its group, the operator lists it, looks
+// it up, skips it and retries; nothing is refused, and the group's other
+// messages are processed once, in order.
+func TestParkingUnderLeastPrivilege(t *testing.T) {
+	layout := permissions.Layout{Address: "jms", Nodes: []string{"n0"}, Handlers: []string{"n0"}, Name: "h"}
+	auth := permtest.NewAuth(t, layout)
+	pass := auth.Pass
+	inbox := map[string]string{}
+	for name, u := range auth.Users {
+		inbox[name] = u.InboxPrefix
+	}
+	srv := natstest.RunServerWith(t, auth.Configure)
+	url := srv.URL()
+	connect := func(user string) *nats.Conn {
+		return natstest.Connect(t, url, nats.UserInfo(user, pass[user]), nats.CustomInboxPrefix(inbox[user]))
+	}
+	runTestRouterOn(t, connect("node-n0"), router.Config{
+		Name: "h", Type: router.Local, Address: "jms", Timeout: time.Second, Node: "n0",
+		Heartbeat: 100 * time.Millisecond, LeaseTTL: time.Second, InboxPrefix: inbox["node-n0"],
+	})
+	as := func(user string, args ...string) []string {
+		return append([]string{args[0], "--nats", url, "--user", user, "--password", pass[user], "--inbox-prefix", inbox[user]}, args[1:]...)
+	}
+	ok := func(args []string) string {
+		t.Helper()
+		code, stdout, stderr := runCommand(t, args...)
+		if code != exitOK || strings.Contains(stderr, "ermission") {
+			t.Fatalf("%s: exit %d\nstdout %s\nstderr %s", args[0], code, stdout, stderr)
+		}
+		return stdout
+	}
+	dir := t.TempDir()
+	script, out := dir+"/work.sh", dir+"/out"
+	if err := os.WriteFile(script, []byte("body=$(cat)\n[ \"$body\" = fatal ] && exit 65\necho \"$body\" >> \""+out+"\"\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	var workErr lockedWriter
+	var errBuf bytes.Buffer
+	workErr.w = &errBuf
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan int, 1)
+	go func() {
+		done <- runContext(ctx, as("consumer-n0", "work", "--node", "n0", "--max-attempts", "1", "--", "sh", script), &bytes.Buffer{}, &workErr)
+	}()
+	defer func() {
+		cancel()
+		if code := <-done; code != exitOK {
+			t.Errorf("work: exit %d", code)
+		}
+		workErr.mu.Lock()
+		defer workErr.mu.Unlock()
+		if strings.Contains(errBuf.String(), "ermission") || strings.Contains(errBuf.String(), "level=WARN") && !strings.Contains(errBuf.String(), "parking a group") {
+			t.Errorf("work as consumer-n0 logged:\n%s", errBuf.String())
+		}
+	}()
+
+	producer := connect("producer")
+	js, err := jetstream.New(producer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, body := range []string{"one", "fatal", "two", "three"} {
+		publish(t, js, "jms.orders", []byte(body), "Group-Id", "g")
+	}
+	var pl struct {
+		Parked []parkedJSON `json:"parked"`
+	}
+	natstest.Eventually(t, 30*time.Second, func() error {
+		if err := json.Unmarshal([]byte(ok(as("operator", "parked", "--json"))), &pl); err != nil {
+			return err
+		}
+		if len(pl.Parked) != 1 || pl.Parked[0].Messages != 3 {
+			return fmt.Errorf("parked %+v", pl.Parked)
+		}
+		return nil
+	})
+	if where := ok(as("operator", "where", "g")); !strings.Contains(where, "parked:") {
+		t.Errorf("where g:\n%s", where)
+	}
+	ok(as("operator", "skip", "g"))
+	natstest.Eventually(t, 30*time.Second, func() error {
+		data, _ := os.ReadFile(out)
+		if string(data) != "one\ntwo\nthree\n" {
+			return fmt.Errorf("processed %q", data)
+		}
+		if !strings.Contains(ok(as("operator", "parked")), "(no parked group)") {
+			return errors.New("still parked")
+		}
+		return nil
+	})
+	// A retry of a group not parked is an error, not a refusal.
+	if code, _, stderr := runCommand(t, as("operator", "retry", "g")...); code != exitFailure || strings.Contains(stderr, "ermission") {
+		t.Errorf("retry: exit %d, %s", code, stderr)
+	}
+	// The observer may not ask for a replay.
+	if code, _, stderr := runCommand(t, as("observer", "parked")...); code == exitOK || !strings.Contains(stderr, "ermission") {
+		t.Errorf("parked as observer: exit %d, %q; want refused", code, stderr)
 	}
 }

@@ -14,6 +14,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"grouprouter/consumer"
 	"grouprouter/internal/jsonx"
 	"grouprouter/kvbinding"
 	"grouprouter/router"
@@ -24,7 +25,8 @@ type whereOptions struct {
 	conn        connSettings
 	asJSON      bool
 	groupHeader string
-	group       string // verbatim
+	group       string // verbatim; "" with --ungrouped
+	ungrouped   bool
 }
 
 func newWhereFlags(o *whereOptions) (*flag.FlagSet, *connFlags) {
@@ -33,6 +35,7 @@ func newWhereFlags(o *whereOptions) (*flag.FlagSet, *connFlags) {
 	fs.Usage = func() {}
 	conn := addConnFlags(fs, natsClientUsage)
 	fs.BoolVar(&o.asJSON, "json", false, "print a JSON object instead of text")
+	fs.BoolVar(&o.ungrouped, "ungrouped", false, "show the messages without a group id (the routing binding shown as "+ungroupedLabel+"), instead of GROUP")
 	fs.StringVar(&o.groupHeader, "group-header", router.DefaultGroupHeader, "`HEADER` holding the group id on queue messages")
 	return fs, conn
 }
@@ -41,6 +44,7 @@ func newWhereFlags(o *whereOptions) (*flag.FlagSet, *connFlags) {
 func printWhereUsage(w io.Writer) {
 	fs, _ := newWhereFlags(&whereOptions{})
 	fmt.Fprint(w, `Usage: grouprouter where [flags] GROUP
+       grouprouter where [flags] --ungrouped
 
 Shows where group GROUP is: its record (node, state, since when, decided
 and proposed by, previous node, a hand-over in progress, the reason), its
@@ -50,10 +54,14 @@ record): waiting (not delivered yet), unacked (delivered, not
 acknowledged: still on the queue with a stream sequence at most the
 node's consumer's last delivered one) and the age of the oldest, and the
 messages each router holds undecided (every router holds the same ones;
-"held" is the most any holds).
+"held" is the most any holds). A group a consumer parked shows its
+parked record: the node, the ingress seq and attempts, since when, how
+many messages wait in the parked stream, and the handler's error.
 
 GROUP is taken verbatim (quote it for the shell). A group that is nowhere
-is shown as unbound, with nothing waiting.
+is shown as unbound, with nothing waiting. --ungrouped shows the messages
+that carry no group id instead: their routing binding, "(ungrouped)" in
+groups (where ungrouped is the group named "ungrouped").
 
 Flags:
 `)
@@ -70,13 +78,17 @@ func parseWhereArgs(args []string, env environment) (whereOptions, error) {
 		}
 		return o, &usageError{cmd: "where", msg: err.Error()}
 	}
-	if fs.NArg() != 1 {
-		return o, &usageError{cmd: "where", msg: fmt.Sprintf("want GROUP, got %d arguments", fs.NArg())}
-	}
-	o.group = fs.Arg(0)
-	if err := kvbinding.ValidateGroupID(o.group); err != nil {
-		msg := strings.TrimPrefix(err.Error(), kvbinding.ErrInvalidGroupID.Error()+": ")
-		return o, &usageError{cmd: "where", msg: fmt.Sprintf("invalid GROUP %q: %s", clip(o.group), msg)}
+	switch {
+	case o.ungrouped && fs.NArg() != 0:
+		return o, &usageError{cmd: "where", msg: fmt.Sprintf("want GROUP or --ungrouped, not both (got %q)", clip(fs.Arg(0)))}
+	case !o.ungrouped && fs.NArg() != 1:
+		return o, &usageError{cmd: "where", msg: fmt.Sprintf("want GROUP, got %d arguments (--ungrouped for the messages without a group)", fs.NArg())}
+	case !o.ungrouped:
+		o.group = fs.Arg(0)
+		if err := kvbinding.ValidateGroupID(o.group); err != nil {
+			msg := strings.TrimPrefix(err.Error(), kvbinding.ErrInvalidGroupID.Error()+": ")
+			return o, &usageError{cmd: "where", msg: fmt.Sprintf("invalid GROUP %q: %s", clip(o.group), msg)}
+		}
 	}
 	if !router.ValidHeaderName(o.groupHeader) {
 		return o, fmt.Errorf("%w: group header %q is not a valid header name", router.ErrConfig, o.groupHeader)
@@ -99,6 +111,7 @@ type whereResult struct {
 	row    groupRow
 	queues []nodeQueue // by node
 	heldOn []heldOn    // by node
+	parked *parkedJSON // when a consumer parked it
 }
 
 // whereGroup is the where subcommand.
@@ -134,6 +147,9 @@ func whereGroup(ctx context.Context, args []string, env environment, stdout, std
 		res.row.b = b
 	case errors.Is(err, kvbinding.ErrNotFound):
 		res.row.b = kvbinding.Binding{Group: o.group}
+		if o.group == ungroupedLabel {
+			fmt.Fprintf(stderr, "grouprouter where: no group named %q; for the messages without a group id: grouprouter where --ungrouped\n", ungroupedLabel)
+		}
 	default:
 		return err
 	}
@@ -175,6 +191,13 @@ func whereGroup(ctx context.Context, args []string, env environment, stdout, std
 		res.row.q.merge(*q)
 	}
 	slices.SortFunc(res.queues, func(a, b nodeQueue) int { return strings.Compare(a.node, b.node) })
+	switch pg, err := consumer.GetParked(setupCtx, js, o.group); {
+	case err == nil:
+		p := toParkedJSON(pg)
+		res.parked = &p
+	case !errors.Is(err, consumer.ErrNotParked):
+		fmt.Fprintf(stderr, "grouprouter where: cannot tell whether the group is parked: %v\n", err)
+	}
 
 	if o.asJSON {
 		return writeWhereJSON(stdout, &res)
@@ -216,7 +239,16 @@ func writeWhereJSON(w io.Writer, res *whereResult) error {
 		buf = appendJSONTime(buf, h.Since)
 		buf = append(buf, '}')
 	}
-	buf = append(buf, "]}"...)
+	buf = append(buf, ']')
+	if res.parked != nil {
+		p, err := json.Marshal(res.parked)
+		if err != nil {
+			return err
+		}
+		buf = append(buf, `,"parked":`...)
+		buf = append(buf, p...)
+	}
+	buf = append(buf, '}')
 	var out bytes.Buffer
 	if err := json.Indent(&out, buf, "", "  "); err != nil {
 		return fmt.Errorf("where --json: %w", err) // a bug: the encoding above is wrong
@@ -260,6 +292,15 @@ func writeWhereText(w io.Writer, res *whereResult, now time.Time) error {
 	line("held", strconv.Itoa(r.held))
 	for _, h := range res.heldOn {
 		line("held on "+h.node, fmt.Sprintf("%d from seq %d, since %s (%s ago)", h.Count, h.OldestSeq, formatTime(h.Since), age(now, h.Since)))
+	}
+	if p := res.parked; p != nil {
+		st := p.State
+		if p.Mode != "" {
+			st += " (" + p.Mode + ")"
+		}
+		line("parked", fmt.Sprintf("%s by node %s at ingress seq %d after %d attempt(s), since %s (%s ago); %d message(s) parked, head %s",
+			st, p.Node, p.FirstSeq, p.Attempts, formatTime(p.Since), age(now, p.Since), p.Messages, seqOrDash(p.Head)))
+		line("parked why", flatLine(p.Reason))
 	}
 	return tw.Flush()
 }

@@ -59,6 +59,11 @@ type eventRings struct {
 	moves     ring
 	steps     []stepProgress // newest first, at most maxSteps
 	following bool
+	// loaded is closed once the follower has read the events stored when
+	// it started (the page waits for it before saying "none"); a new one
+	// replaces it when a follower starts after a closed one.
+	loaded   chan struct{}
+	isLoaded bool
 }
 
 // stepProgress is the latest progress event of one step: a node's drain or
@@ -72,7 +77,7 @@ type stepProgress struct {
 const maxSteps = 32
 
 func newEventRings(n int) eventRings {
-	return eventRings{all: ring{buf: make([]rawEvent, n)}, moves: ring{buf: make([]rawEvent, n)}}
+	return eventRings{all: ring{buf: make([]rawEvent, n)}, moves: ring{buf: make([]rawEvent, n)}, loaded: make(chan struct{})}
 }
 
 // stepKey names the step a progress event reports on; ok is false for an
@@ -134,6 +139,28 @@ func (e *eventRings) start() {
 	e.all.next, e.all.n, e.moves.next, e.moves.n = 0, 0, 0, 0
 	e.steps = nil
 	e.following = true
+	if e.isLoaded {
+		e.loaded, e.isLoaded = make(chan struct{}), false
+	}
+}
+
+// markLoaded records that the events stored when the follower started
+// have been read.
+func (e *eventRings) markLoaded() {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if !e.isLoaded {
+		close(e.loaded)
+		e.isLoaded = true
+	}
+}
+
+// loadedChan is closed once the current (or next) follower has read what
+// was stored when it started.
+func (e *eventRings) loadedChan() <-chan struct{} {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.loaded
 }
 
 func (e *eventRings) stop() {
@@ -142,16 +169,18 @@ func (e *eventRings) stop() {
 	e.mu.Unlock()
 }
 
-// latest returns the events, moves and steps kept, newest first, decoded.
-func (e *eventRings) latest() (all, moves, steps []eventV, following bool) {
+// latest returns the events, moves and steps kept, newest first, decoded,
+// and whether the follower runs and has read what was stored when it
+// started.
+func (e *eventRings) latest() (all, moves, steps []eventV, following, loaded bool) {
 	e.mu.Lock()
-	rawAll, rawMoves, following := e.all.newest(), e.moves.newest(), e.following
+	rawAll, rawMoves, following, loaded := e.all.newest(), e.moves.newest(), e.following, e.isLoaded
 	rawSteps := make([]rawEvent, len(e.steps))
 	for i, st := range e.steps {
 		rawSteps[i] = st.ev
 	}
 	e.mu.Unlock()
-	return decodeEvents(rawAll), decodeEvents(rawMoves), decodeEvents(rawSteps), following
+	return decodeEvents(rawAll), decodeEvents(rawMoves), decodeEvents(rawSteps), following, loaded && following
 }
 
 func decodeEvents(raw []rawEvent) []eventV {
@@ -170,10 +199,21 @@ func decodeEvents(raw []rawEvent) []eventV {
 // starts: enough to find the latest moves among the binds.
 func (s *Server) history() uint64 { return uint64(max(1000, 10*s.cfg.Events)) }
 
-// Run follows the events stream for the status page while status requests
-// come (see the package doc) until ctx ends, then returns nil. Without
-// Config.Conn it only waits for ctx.
+// Run samples the node's status for the page's charts every HistoryEvery
+// and follows the events stream for the page while status requests come
+// (see the package doc), until ctx ends; then it returns nil. Without
+// Config.Conn it only samples.
 func (s *Server) Run(ctx context.Context) error {
+	sctx, stopSampling := context.WithCancel(ctx)
+	sampled := make(chan struct{})
+	go func() {
+		defer close(sampled)
+		s.sampleHistory(sctx)
+	}()
+	defer func() {
+		stopSampling()
+		<-sampled
+	}()
 	if s.cfg.Conn == nil {
 		<-ctx.Done()
 		return nil
@@ -208,7 +248,7 @@ func (s *Server) follow(ctx context.Context, js jetstream.JetStream) {
 		cancel()
 		<-idleDone
 	}()
-	cons := s.eventsConsumer(fctx, js)
+	cons, last := s.eventsConsumer(fctx, js)
 	if cons == nil {
 		return
 	}
@@ -221,7 +261,10 @@ func (s *Server) follow(ctx context.Context, js jetstream.JetStream) {
 	defer stop()
 	s.events.start()
 	defer s.events.stop()
-	s.log.Debug("following the events stream for the status page")
+	s.log.Debug("following the events stream for the status page", "last_seq", last)
+	if last == 0 {
+		s.events.markLoaded()
+	}
 	for {
 		m, err := it.Next()
 		if err != nil {
@@ -236,6 +279,9 @@ func (s *Server) follow(ctx context.Context, js jetstream.JetStream) {
 			continue
 		}
 		s.events.add(m.Subject(), m.Data())
+		if md, err := m.Metadata(); err != nil || md.Sequence.Stream >= last {
+			s.events.markLoaded()
+		}
 	}
 }
 
@@ -259,8 +305,8 @@ func (s *Server) untilIdle(ctx context.Context, cancel context.CancelFunc) {
 
 // eventsConsumer creates an ordered consumer of the events stream from its
 // last history events, retrying until it exists (the router creates the
-// stream) or ctx ends (nil).
-func (s *Server) eventsConsumer(ctx context.Context, js jetstream.JetStream) jetstream.Consumer {
+// stream) or ctx ends (nil). It returns the stream's last sequence then.
+func (s *Server) eventsConsumer(ctx context.Context, js jetstream.JetStream) (jetstream.Consumer, uint64) {
 	for attempt := 1; ; attempt++ {
 		st, err := js.Stream(ctx, router.EventsStream)
 		if err == nil {
@@ -270,18 +316,18 @@ func (s *Server) eventsConsumer(ctx context.Context, js jetstream.JetStream) jet
 			}
 			var cons jetstream.Consumer
 			if cons, err = js.OrderedConsumer(ctx, router.EventsStream, cfg); err == nil {
-				return cons
+				return cons, st.CachedInfo().State.LastSeq
 			}
 		}
 		if ctx.Err() != nil {
-			return nil
+			return nil, 0
 		}
 		if attempt&(attempt-1) == 0 {
 			s.log.Warn("events stream not readable yet; retrying", "err", err, "attempt", attempt)
 		}
 		select {
 		case <-ctx.Done():
-			return nil
+			return nil, 0
 		case <-time.After(time.Second):
 		}
 	}

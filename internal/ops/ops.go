@@ -18,7 +18,10 @@
 // which a follower of stream GROUPING_EVENTS keeps in two bounded rings
 // (all events; moves, hand-offs and unbinds). The follower runs only while
 // someone looks: it starts with the first status request and stops after
-// Config.Idle without one, so /metrics alone costs no event deliveries.
+// Config.Idle without one, so /metrics alone costs no event deliveries;
+// the first request waits (up to firstEventsWait) for it to read what is
+// stored. The charts are drawn on the server, as inline SVG, from a
+// bounded history that Run samples from router.Status every HistoryEvery.
 package ops
 
 import (
@@ -70,15 +73,20 @@ type Config struct {
 // Server serves a node's operator endpoints. Its Handler may be used before
 // Run and after; Run follows the events stream for the status page.
 type Server struct {
-	cfg    Config
-	log    *slog.Logger
-	page   *template.Template
-	rates  rateSampler
-	events eventRings
+	cfg     Config
+	log     *slog.Logger
+	page    *template.Template
+	rates   rateSampler
+	events  eventRings
+	samples *history
 	// wanted wakes Run when a status request comes; lastWanted is its
 	// time, in Unix nanoseconds.
 	wanted     chan struct{}
 	lastWanted atomic.Int64
+	// loadBy is until when (Unix nanoseconds) status requests wait for
+	// the events follower to read what is stored: firstEventsWait after
+	// the request that woke it.
+	loadBy atomic.Int64
 }
 
 //go:embed status.html
@@ -103,11 +111,12 @@ func New(cfg Config) (*Server, error) {
 		return nil, err
 	}
 	return &Server{
-		cfg:    cfg,
-		log:    cfg.Logger.With("component", "http"),
-		page:   page,
-		events: newEventRings(cfg.Events),
-		wanted: make(chan struct{}, 1),
+		cfg:     cfg,
+		log:     cfg.Logger.With("component", "http"),
+		page:    page,
+		events:  newEventRings(cfg.Events),
+		samples: newHistory(),
+		wanted:  make(chan struct{}, 1),
 	}, nil
 }
 
@@ -158,13 +167,33 @@ func plain(w http.ResponseWriter, code int, line string) {
 	_, _ = w.Write([]byte(line + "\n"))
 }
 
+// firstEventsWait bounds how long a status request waits for the events
+// follower to read what is stored, so that the first render lists the
+// latest events rather than none.
+const firstEventsWait = 3 * time.Second
+
 // view takes a status snapshot for the page, and wakes the events
-// follower.
+// follower. A request that wakes the follower (the first, or the first
+// after Config.Idle without one) waits up to firstEventsWait for it to
+// read the events stored, and so do the requests in that time; later
+// ones do not wait (the stream may be unreadable).
 func (s *Server) view(ctx context.Context) view {
-	s.lastWanted.Store(time.Now().UnixNano())
+	now := time.Now().UnixNano()
+	if prev := s.lastWanted.Swap(now); prev == 0 || time.Duration(now-prev) > s.cfg.Idle {
+		s.loadBy.Store(now + int64(firstEventsWait))
+	}
 	select {
 	case s.wanted <- struct{}{}:
 	default:
+	}
+	if wait := time.Duration(s.loadBy.Load() - now); s.cfg.Conn != nil && wait > 0 {
+		timer := time.NewTimer(wait)
+		select {
+		case <-s.events.loadedChan():
+		case <-timer.C:
+		case <-ctx.Done():
+		}
+		timer.Stop()
 	}
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()

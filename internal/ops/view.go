@@ -42,6 +42,13 @@ type view struct {
 	// newest first.
 	Steps     []eventV `json:"steps"`
 	Following bool     `json:"events_following"`
+	// EventsLoaded: the follower has read the events stored when it
+	// started, so an empty list means none.
+	EventsLoaded bool `json:"events_loaded"`
+	// History is what the charts draw: a sample every HistoryEvery over
+	// the last HistorySpan; Charts the same drawn as SVG, for the page.
+	History chartsJSON      `json:"history"`
+	Charts  []template.HTML `json:"-"`
 }
 
 type counters struct {
@@ -98,14 +105,7 @@ func (s *Server) build(st router.Status) view {
 		},
 		Nodes: []nodeV{},
 	}
-	cur := sample{at: st.At, ingress: st.IngressLast, routed: st.Stats.Routed, skipped: st.Stats.Skipped,
-		dead: st.Stats.DeadLettered, failures: st.Stats.DecisionErrors, nodes: map[string]uint64{}}
-	for _, n := range st.Nodes {
-		if n.Live {
-			cur.nodes[n.Node] = n.Routed
-		}
-	}
-	r, nodeRates, ok := s.rates.observe(cur)
+	r, nodeRates, ok := s.rates.observe(rateSampleOf(st))
 	if ok {
 		v.Rates = &r
 	}
@@ -121,12 +121,30 @@ func (s *Server) build(st router.Status) view {
 		}
 		v.Nodes = append(v.Nodes, row)
 	}
-	v.Events, v.Moves, v.Steps, v.Following = s.events.latest()
+	v.Events, v.Moves, v.Steps, v.Following, v.EventsLoaded = s.events.latest()
+	if s.cfg.Conn == nil {
+		v.EventsLoaded = true // no events to read
+	}
+	charts := s.samples.charts()
+	v.History = chartsJSON{EverySeconds: HistoryEvery.Seconds(), Charts: charts}
+	v.Charts = renderCharts(charts, HistoryEvery)
 	return v
 }
 
-// Rates are computed from the counters seen by status requests: each
-// request is a sample; a rate is the increase from the oldest sample of
+// rateSampleOf is the counters of a status snapshot.
+func rateSampleOf(st router.Status) sample {
+	cur := sample{at: st.At, ingress: st.IngressLast, routed: st.Stats.Routed, skipped: st.Stats.Skipped,
+		dead: st.Stats.DeadLettered, failures: st.Stats.DecisionErrors, nodes: map[string]uint64{}}
+	for _, n := range st.Nodes {
+		if n.Live {
+			cur.nodes[n.Node] = n.Routed
+		}
+	}
+	return cur
+}
+
+// Rates are computed from the counters seen by status requests and by the
+// history's sampler (so the first request has rates): each is a sample; a rate is the increase from the oldest sample of
 // the last rateWindow to now. Samples are kept at most one per
 // sampleEvery, so a burst of requests costs no memory.
 const (

@@ -64,7 +64,7 @@ func TestEventRings(t *testing.T) {
 		e.add("grouping.events.progress", fmt.Appendf(nil, `{"id":"p%d","kind":"progress","group":%q,"node":%q,"step":%q,"count":%d,"total":50,"groups":3,"by":%q,"at":"2026-12-01T10:00:1%d.000Z"}`,
 			i, p.group, p.node, p.step, 10*(i+1), p.node, i))
 	}
-	all, moves, steps, following := e.latest()
+	all, moves, steps, following, _ := e.latest()
 	var got []string
 	for _, ev := range all {
 		got = append(got, ev.Kind+":"+ev.Group)
@@ -92,12 +92,12 @@ func TestEventRings(t *testing.T) {
 	for i := range 2 * maxSteps {
 		e.add("grouping.events.progress", fmt.Appendf(nil, `{"id":"q%d","kind":"progress","group":"x%d","node":"n3","step":"drain","count":1}`, i, i))
 	}
-	if _, _, steps, _ := e.latest(); len(steps) != maxSteps || steps[0].Group != fmt.Sprintf("x%d", 2*maxSteps-1) {
+	if _, _, steps, _, _ := e.latest(); len(steps) != maxSteps || steps[0].Group != fmt.Sprintf("x%d", 2*maxSteps-1) {
 		t.Errorf("%d steps kept (newest %q), want the %d newest", len(steps), steps[0].Group, maxSteps)
 	}
 	e.stop()
 	e.start()
-	if all, moves, steps, _ := e.latest(); len(all) != 0 || len(moves) != 0 || len(steps) != 0 {
+	if all, moves, steps, _, _ := e.latest(); len(all) != 0 || len(moves) != 0 || len(steps) != 0 {
 		t.Errorf("restarted follower kept %d events, %d moves, %d steps", len(all), len(moves), len(steps))
 	}
 }
@@ -113,7 +113,7 @@ func TestPageListsSteps(t *testing.T) {
 	e.add("grouping.events.progress", []byte(`{"id":"1","kind":"progress","node":"n2","step":"catchup","count":300,"total":1200,"groups":66,"by":"n2","at":"2026-12-01T10:00:00Z"}`))
 	e.add("grouping.events.progress", []byte(`{"id":"2","kind":"progress","group":"g7","node":"n1","prev_node":"n0","step":"drain","count":40,"by":"n1","reason":"done","at":"2026-12-01T10:00:01Z"}`))
 	var v view
-	v.Events, v.Moves, v.Steps, v.Following = e.latest()
+	v.Events, v.Moves, v.Steps, v.Following, v.EventsLoaded = e.latest()
 	var out strings.Builder
 	if err := page.Execute(&out, v); err != nil {
 		t.Fatal(err)

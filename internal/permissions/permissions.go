@@ -19,6 +19,7 @@ import (
 
 	"github.com/nats-io/nats.go/micro"
 
+	"grouprouter/consumer"
 	"grouprouter/kvbinding"
 	"grouprouter/proposals"
 	"grouprouter/router"
@@ -266,8 +267,34 @@ func (l Layout) consumer(node string) User {
 		[]Grant{{"$JS.ACK." + c + ".>", "ack what it processed"}},
 		l.api("CONSUMER.UNPIN."+c, "grouprouter consume: give up the pin when it stops"),
 		l.api("STREAM.INFO."+router.QueueStream, "grouprouter consume: nats.go unpins through a stream handle (counts, no messages)"),
+		l.parking(node),
 	)
 	return u
+}
+
+// parking are the grants package consumer needs to park node's failing
+// groups and replay them (consumer/park.go, consumer/replay.go).
+func (l Layout) parking(node string) []Grant {
+	ps, pb := consumer.ParkedStream, consumer.ParkedBucket
+	var out []Grant
+	for _, s := range []string{ps, kvStream(pb)} {
+		for _, op := range []string{"INFO", "CREATE", "UPDATE"} {
+			out = append(out, l.api("STREAM."+op+"."+s, "package consumer: create or update the parked stream and bucket")...)
+		}
+	}
+	for _, k := range ConsumerEvents {
+		out = append(out, Grant{proposals.SubjectEventsPrefix + k, "package consumer: its events"})
+	}
+	return slices.Concat(out,
+		l.api("INFO", "package consumer: nats.go reads the account's JetStream limits before it creates a bucket"),
+		[]Grant{{consumer.ParkedSubjectPrefix + node + ".>", "package consumer: park a failing group's messages"}},
+		l.kvPut(pb, ">", "package consumer: record a parked group, claim and end its replay"),
+		l.kvGet(pb, ">", "package consumer: read a parked record"),
+		l.ordered(kvStream(pb), kvSubject(pb, ">"), "package consumer: watch the parked groups"),
+		[]Grant{{"$JS.FC." + kvStream(pb) + ".>", "flow control replies of the watch"}},
+		l.api("STREAM.MSG.GET."+ps, "package consumer: read a group's parked messages to replay them"),
+		l.api("STREAM.MSG.DELETE."+ps, "package consumer: delete a replayed message"),
+	)
 }
 
 // streams are the streams of the layout, the buckets' included.
@@ -283,6 +310,8 @@ var (
 		proposals.EventQueueLoss, proposals.EventBucketRewind}
 	HandlerEvents = []string{proposals.EventBind, proposals.EventReject, proposals.EventHandlerTakeover, proposals.EventMove,
 		proposals.EventHandoff, proposals.EventExpire, proposals.EventClose, proposals.EventUnbind}
+	// ConsumerEvents are the kinds package consumer publishes.
+	ConsumerEvents = []string{proposals.EventPark, proposals.EventRelease, proposals.EventSkip}
 )
 
 func (l Layout) node(node string, handler bool) User {
@@ -404,7 +433,7 @@ func (l Layout) handlerSubscribe() []Grant {
 }
 
 func (l Layout) operator() User {
-	u := l.user("operator", Operator, "moves and unbinds groups; reads bindings, nodes, queues and events")
+	u := l.user("operator", Operator, "moves and unbinds groups; lists, retries, skips and releases parked groups; reads bindings, nodes, queues and events")
 	bindings, nodes := kvbinding.DefaultBucket, kvbinding.DefaultNodesBucket
 	pub := []Grant{{proposals.SubjectAdmin, "grouprouter move and unbind"}}
 	for _, s := range []string{kvStream(bindings), kvStream(nodes), router.QueueStream, router.EventsStream} {
@@ -419,6 +448,13 @@ func (l Layout) operator() User {
 		l.kvGet(nodes, kvbinding.LeaseKey(l.Name), "grouprouter nodes: the active handler"),
 		l.api("CONSUMER.LIST."+router.QueueStream, "grouprouter groups, where: what the queue consumers were delivered"),
 		l.api("STREAM.MSG.GET."+router.QueueStream, "grouprouter groups, where: messages waiting on queues"),
+		l.api("STREAM.INFO."+consumer.ParkedStream, "grouprouter parked, where: count the parked messages"),
+		l.api("STREAM.INFO."+kvStream(consumer.ParkedBucket), "grouprouter parked, retry, skip, release: look the bucket up"),
+		l.ordered(kvStream(consumer.ParkedBucket), kvSubject(consumer.ParkedBucket, ">"), "grouprouter parked: list the parked groups"),
+		[]Grant{{"$JS.FC." + kvStream(consumer.ParkedBucket) + ".>", "flow control replies of the listing"}},
+		l.kvGet(consumer.ParkedBucket, ">", "grouprouter parked, where, retry, skip, release: read a parked record"),
+		l.kvPut(consumer.ParkedBucket, ">", "grouprouter retry, skip, release: ask for a replay"),
+		l.api("STREAM.MSG.GET."+consumer.ParkedStream, "grouprouter parked, skip: the head parked message"),
 		l.events(),
 	)
 	u.Subscribe.Allow = append(u.Subscribe.Allow, Grant{proposals.SubjectEventsPrefix + proposals.EventProgress,

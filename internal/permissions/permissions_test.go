@@ -16,6 +16,7 @@ import (
 
 	"github.com/nats-io/nats-server/v2/server"
 
+	"grouprouter/consumer"
 	"grouprouter/kvbinding"
 	"grouprouter/proposals"
 	"grouprouter/router"
@@ -117,7 +118,8 @@ func roleChecks() []check {
 			js("CONSUMER.DELETE."+q+"."+router.QueueConsumer("n1")), js("CONSUMER.CREATE."+q+".x"), js("CONSUMER.DURABLE.CREATE."+q+".x"),
 			js("CONSUMER.CREATE."+q+"."+router.QueueConsumer("n1")))
 		// Only LOCAL nodes write bindings or the lease.
-		add(u, pub, u == "node-n0" || u == "node-n1", kvSubj(b, "r.g"), kvSubj(nb, kvbinding.LeaseKey("grouping-handler")), js("INFO"))
+		add(u, pub, u == "node-n0" || u == "node-n1", kvSubj(b, "r.g"), kvSubj(nb, kvbinding.LeaseKey("grouping-handler")))
+		add(u, pub, u == "node-n0" || u == "node-n1" || strings.HasPrefix(u, "consumer-"), js("INFO"))
 		add(u, pub, false, kvSubj(nb, kvbinding.LeaseKey("other")))
 	}
 
@@ -125,6 +127,16 @@ func roleChecks() []check {
 	c1 := q + "." + router.QueueConsumer("n1")
 	add("consumer-n1", pub, true, js("CONSUMER.INFO."+c1), js("CONSUMER.MSG.NEXT."+c1), "$JS.ACK."+c1+".1.2.3.4.5",
 		js("CONSUMER.UNPIN."+c1), js("STREAM.INFO."+q))
+	// Parking: its own node's parked subjects, the bucket, the replay.
+	pb, ps := consumer.ParkedBucket, consumer.ParkedStream
+	add("consumer-n1", pub, true, consumer.ParkedSubjectPrefix+"n1.r.g.jms.x", kvSubj(pb, "r.g"), js("DIRECT.GET.KV_"+pb+"."+kvSubj(pb, "r.g")),
+		js("STREAM.CREATE."+ps), js("STREAM.UPDATE.KV_"+pb), js("STREAM.MSG.GET."+ps), js("STREAM.MSG.DELETE."+ps),
+		proposals.SubjectEventsPrefix+proposals.EventPark, proposals.SubjectEventsPrefix+proposals.EventRelease)
+	add("consumer-n1", pub, false, consumer.ParkedSubjectPrefix+"n2.r.g.jms.x", js("STREAM.DELETE."+ps), js("STREAM.PURGE."+ps),
+		proposals.SubjectEventsPrefix+proposals.EventBind)
+	// The operator: list, read, ask for a replay; never park or delete.
+	add("operator", pub, true, js("STREAM.INFO."+ps), js("STREAM.MSG.GET."+ps), kvSubj(pb, "r.g"), js("DIRECT.GET.KV_"+pb+"."+kvSubj(pb, "r.g")))
+	add("operator", pub, false, consumer.ParkedSubjectPrefix+"n1.r.g.jms.x", js("STREAM.MSG.DELETE."+ps), js("STREAM.UPDATE."+ps))
 	c2 := q + "." + router.QueueConsumer("n2")
 	add("consumer-n1", pub, false, js("CONSUMER.INFO."+c2), js("CONSUMER.MSG.NEXT."+c2), "$JS.ACK."+c2+".1.2.3.4.5",
 		js("STREAM.MSG.GET."+q), js("DIRECT.GET."+q), router.QueueSubject("n1", "jms.x"), "jms.orders", proposals.SubjectAdmin)
@@ -226,7 +238,7 @@ func TestEveryConstantHasAPlace(t *testing.T) {
 			if !pattern.MatchString(name) || slices.Contains(covered, name) {
 				continue
 			}
-			if strings.HasPrefix(name, "Event") && (slices.Contains(NodeEvents, value) || slices.Contains(HandlerEvents, value)) {
+			if strings.HasPrefix(name, "Event") && (slices.Contains(NodeEvents, value) || slices.Contains(HandlerEvents, value) || slices.Contains(ConsumerEvents, value)) {
 				continue
 			}
 			if name == "EventsMaxBytes" || name == "HeaderOrigPrefix" || name == "DefaultInboxPrefix" {
@@ -246,7 +258,7 @@ func TestEventKinds(t *testing.T) {
 			kinds = append(kinds, value)
 		}
 	}
-	all := slices.Concat(NodeEvents, HandlerEvents)
+	all := slices.Concat(NodeEvents, HandlerEvents, ConsumerEvents)
 	sort.Strings(kinds)
 	sort.Strings(all)
 	if !slices.Equal(kinds, all) {
@@ -257,6 +269,11 @@ func TestEventKinds(t *testing.T) {
 	for _, k := range NodeEvents {
 		if !sourceMentions(t, "../../router", "Kind: proposals.Event"+eventConstName(t, k)) {
 			t.Errorf("event %s is not published by the router", k)
+		}
+	}
+	for _, k := range ConsumerEvents {
+		if !sourceMentions(t, "../../consumer", "proposals.Event"+eventConstName(t, k)) {
+			t.Errorf("event %s is not published by package consumer", k)
 		}
 	}
 	for _, k := range HandlerEvents {
