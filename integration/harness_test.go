@@ -191,12 +191,18 @@ func startConsumer(t testing.TB, url, nodeID string, c *collector) (stop func())
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	cons, err := js.Consumer(ctx, router.QueueStream, router.QueueConsumer(nodeID))
-	if err != nil {
-		t.Fatalf("consumer of %s: %v", nodeID, err)
-	}
+	// A lookup can go unanswered while the cluster elects the consumer's
+	// leader: each try has its own deadline.
+	var cons jetstream.Consumer
+	natstest.Eventually(t, 30*time.Second, func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		var err error
+		if cons, err = js.Consumer(ctx, router.QueueStream, router.QueueConsumer(nodeID)); err != nil {
+			return fmt.Errorf("consumer of %s: %w", nodeID, err)
+		}
+		return nil
+	})
 	cc, err := cons.Consume(func(m jetstream.Msg) {
 		seq, _ := strconv.ParseUint(m.Headers().Get(router.HeaderIngressSeq), 10, 64)
 		c.add(received{node: nodeID, group: m.Headers().Get("Group-Id"), body: string(m.Data()), subject: m.Subject(), seq: seq})

@@ -3,13 +3,9 @@ package integration
 import (
 	"context"
 	"fmt"
-	"strconv"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
-
-	"github.com/nats-io/nats.go/jetstream"
 
 	"grouprouter/internal/natstest"
 	"grouprouter/kvbinding"
@@ -26,66 +22,11 @@ import (
 func TestPausedPastGrace(t *testing.T) {
 	bin := buildRelease(t, "")
 	c := natstest.RunCluster(t, 3)
-	urls := c.URLs()
-	nodes := []struct{ id, typ string }{{"n0", "LOCAL"}, {"n1", "REMOTE"}, {"n2", "REMOTE"}}
-	procs := map[string]*routerProc{}
-	for _, n := range nodes {
-		procs[n.id] = startRouterProc(t, bin, n.id, "--nats", urls, "--node", n.id, "--type", n.typ,
-			"--rebalance=false", "--node-grace", "2s", "--queue-ack-wait", "2s", "--log-level", "debug")
-	}
-	nc := natstest.Connect(t, urls)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
 	var col collector
-	for _, n := range nodes {
-		natstest.Eventually(t, 60*time.Second, func() error {
-			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-			defer cancel()
-			_, err := js.Consumer(ctx, "GROUPING_QUEUE", "grouping-node-"+n.id)
-			return err
-		})
-		startConsumer(t, urls, n.id, &col)
-	}
-	waitEligible(t, nc, []string{"n0", "n1", "n2"}, []string{"n0", "n1", "n2"})
-
-	var (
-		mu      sync.Mutex
-		want    = map[string][]string{}
-		sent    int
-		stop    = make(chan struct{})
-		stopped = make(chan error, 1)
-	)
-	go func() {
-		for i := 0; ; i++ {
-			select {
-			case <-stop:
-				stopped <- nil
-				return
-			default:
-			}
-			g := "g" + strconv.Itoa(i%24)
-			body := g + "/" + strconv.Itoa(i)
-			if err := tryPublish(js, "jms.orders", g, body); err != nil {
-				stopped <- err
-				return
-			}
-			mu.Lock()
-			want[g] = append(want[g], body)
-			sent++
-			mu.Unlock()
-			time.Sleep(2 * time.Millisecond)
-		}
-	}()
-	progress := func(more int) {
-		t.Helper()
-		mu.Lock()
-		target := sent + more
-		mu.Unlock()
-		col.waitCount(t, target, 90*time.Second)
-	}
-	progress(200)
+	procs, js := startProcNodes(t, bin, c.URLs(), &col, []procNode{{"n0", "LOCAL"}, {"n1", "REMOTE"}, {"n2", "REMOTE"}},
+		"--rebalance=false", "--node-grace", "2s", "--queue-ack-wait", "2s", "--log-level", "debug")
+	prod := startProducer(t, c.URLs(), groupNames(24), 2*time.Millisecond)
+	prod.progress(t, &col, 200)
 	boundTo := func(node string) (int, error) {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
@@ -115,19 +56,13 @@ func TestPausedPastGrace(t *testing.T) {
 		return nil
 	})
 	t.Logf("n1's %d groups moved %v after the pause", had, time.Since(paused).Round(time.Millisecond))
-	progress(300) // the moved groups flow on the other nodes meanwhile
+	prod.progress(t, &col, 300) // the moved groups flow on the other nodes meanwhile
 	if err := p.cmd.Process.Signal(syscall.SIGCONT); err != nil {
 		t.Fatal(err)
 	}
 	t.Logf("n1 resumed after %v", time.Since(paused).Round(time.Millisecond))
-	progress(300)
-	close(stop)
-	if err := <-stopped; err != nil {
-		t.Fatalf("producer: %v", err)
-	}
-	mu.Lock()
-	total := sent
-	mu.Unlock()
+	prod.progress(t, &col, 300)
+	want, total := prod.finish(t)
 	got := col.waitCount(t, total, 90*time.Second)
 	time.Sleep(2 * time.Second) // a late stale copy would show here
 	got = col.all()

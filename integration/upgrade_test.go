@@ -10,7 +10,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -19,6 +18,7 @@ import (
 
 	"grouprouter/internal/natstest"
 	"grouprouter/kvbinding"
+	"grouprouter/router"
 )
 
 // upgradeBase is the release a rolling upgrade starts from: the last
@@ -37,67 +37,11 @@ func TestRollingUpgrade(t *testing.T) {
 	newBin := buildRelease(t, "")
 	c := natstest.RunCluster(t, 3)
 	urls := c.URLs()
-
-	nodes := []struct{ id, typ string }{{"n0", "LOCAL"}, {"n1", "LOCAL"}, {"n2", "REMOTE"}}
-	procs := map[string]*routerProc{}
-	for _, n := range nodes {
-		procs[n.id] = startRouterProc(t, oldBin, n.id, "--nats", urls, "--node", n.id, "--type", n.typ,
-			"--rebalance=false", "--log-level", "debug")
-	}
-	nc := natstest.Connect(t, urls)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
 	var col collector
-	for _, n := range nodes {
-		natstest.Eventually(t, 60*time.Second, func() error {
-			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-			defer cancel()
-			_, err := js.Consumer(ctx, "GROUPING_QUEUE", "grouping-node-"+n.id)
-			return err
-		})
-		startConsumer(t, urls, n.id, &col)
-	}
-	waitEligible(t, nc, []string{"n0", "n1", "n2"}, []string{"n0", "n1", "n2"})
-
-	// Producers publish until told to stop.
-	var (
-		mu      sync.Mutex
-		want    = map[string][]string{}
-		sent    int
-		stop    = make(chan struct{})
-		stopped = make(chan error, 1)
-	)
-	go func() {
-		for i := 0; ; i++ {
-			select {
-			case <-stop:
-				stopped <- nil
-				return
-			default:
-			}
-			g := "g" + strconv.Itoa(i%12)
-			body := g + "/" + strconv.Itoa(i)
-			if err := tryPublish(js, "jms.orders", g, body); err != nil {
-				stopped <- err
-				return
-			}
-			mu.Lock()
-			want[g] = append(want[g], body)
-			sent++
-			mu.Unlock()
-			time.Sleep(5 * time.Millisecond)
-		}
-	}()
-	progress := func(more int) {
-		t.Helper()
-		mu.Lock()
-		target := sent + more
-		mu.Unlock()
-		col.waitCount(t, target, 60*time.Second)
-	}
-	progress(100)
+	procs, js := startProcNodes(t, oldBin, urls, &col, []procNode{{"n0", "LOCAL"}, {"n1", "LOCAL"}, {"n2", "REMOTE"}},
+		"--rebalance=false", "--log-level", "debug")
+	prod := startProducer(t, urls, groupNames(12), 5*time.Millisecond)
+	prod.progress(t, &col, 100)
 
 	reg, err := kvbinding.OpenRegistry(context.Background(), js, kvbinding.RegistryConfig{}, nil)
 	if err != nil {
@@ -122,21 +66,74 @@ func TestRollingUpgrade(t *testing.T) {
 			return nil
 		})
 		t.Logf("%s upgraded in %v", id, time.Since(start).Round(time.Millisecond))
-		progress(100)
+		prod.progress(t, &col, 100)
 	}
-	close(stop)
-	if err := <-stopped; err != nil {
-		t.Fatalf("producer: %v", err)
-	}
-	mu.Lock()
-	total := sent
-	mu.Unlock()
+	want, total := prod.finish(t)
 	got := col.waitCount(t, total, 90*time.Second)
 	checkGrouping(t, got, want)
 	if len(got) != total {
 		t.Errorf("delivered %d messages, %d sent", len(got), total)
 	}
 	t.Logf("%d messages in %d groups across the upgrade", total, len(want))
+}
+
+// procNode names a node run as a process and its type.
+type procNode struct{ id, typ string }
+
+// startProcNodes runs nodes from bin on the servers at urls, each with
+// --nats, --node, --type and args; waits for their queue consumers and
+// consumes each queue into col; and waits until every node is announced
+// with its consumer. It returns the processes and a JetStream context.
+func startProcNodes(t *testing.T, bin, urls string, col *collector, nodes []procNode, args ...string) (map[string]*routerProc, jetstream.JetStream) {
+	t.Helper()
+	procs := map[string]*routerProc{}
+	ids := make([]string, len(nodes))
+	for i, n := range nodes {
+		ids[i] = n.id
+		procs[n.id] = startRouterProc(t, bin, n.id, append([]string{"--nats", urls, "--node", n.id, "--type", n.typ}, args...)...)
+	}
+	nc := natstest.Connect(t, urls)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range ids {
+		natstest.Eventually(t, 60*time.Second, func() error {
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			defer cancel()
+			_, err := js.Consumer(ctx, router.QueueStream, router.QueueConsumer(id))
+			return err
+		})
+		startConsumer(t, urls, id, col)
+	}
+	waitEligible(t, nc, ids, ids)
+	return procs, js
+}
+
+// groupNames returns g0..g<n-1>.
+func groupNames(n int) []string {
+	out := make([]string, n)
+	for i := range out {
+		out[i] = "g" + strconv.Itoa(i)
+	}
+	return out
+}
+
+// progress waits until more messages than p has sent so far are in col.
+func (p *producer) progress(t *testing.T, col *collector, more int) {
+	t.Helper()
+	_, sent := p.total()
+	col.waitCount(t, sent+more, 90*time.Second)
+}
+
+// finish stops p and returns what it sent; a publish that failed fails the test.
+func (p *producer) finish(t *testing.T) (map[string][]string, int) {
+	t.Helper()
+	p.halt()
+	if p.errors > 0 {
+		t.Fatalf("the producer stopped on a failed publish")
+	}
+	return p.total()
 }
 
 // routerProc is a grouprouter process run from a built binary.
