@@ -93,20 +93,27 @@ func ListParked(ctx context.Context, js jetstream.JetStream) ([]ParkedGroup, err
 	return out, nil
 }
 
-// GetParked returns group's parked record and messages, or ErrNotParked.
-func GetParked(ctx context.Context, js jetstream.JetStream, group string) (ParkedGroup, error) {
+// openParked reads group's parked record and messages, with the bucket
+// and the group's key in it, or returns ErrNotParked.
+func openParked(ctx context.Context, js jetstream.JetStream, group string) (ParkedGroup, jetstream.KeyValue, string, error) {
 	key, err := kvbinding.FullKey(group)
 	if err != nil {
-		return ParkedGroup{}, fmt.Errorf("%w: %v", ErrConfig, err)
+		return ParkedGroup{}, nil, "", fmt.Errorf("%w: %v", ErrConfig, err)
 	}
 	kv, err := js.KeyValue(ctx, ParkedBucket)
 	if errors.Is(err, jetstream.ErrBucketNotFound) {
-		return ParkedGroup{}, ErrNotParked
+		return ParkedGroup{}, nil, "", ErrNotParked
 	}
 	if err != nil {
-		return ParkedGroup{}, fmt.Errorf("consumer: bucket %s: %w", ParkedBucket, err)
+		return ParkedGroup{}, nil, "", fmt.Errorf("consumer: bucket %s: %w", ParkedBucket, err)
 	}
 	pg, err := getParked(ctx, js, kv, group, key)
+	return pg, kv, key, err
+}
+
+// GetParked returns group's parked record and messages, or ErrNotParked.
+func GetParked(ctx context.Context, js jetstream.JetStream, group string) (ParkedGroup, error) {
+	pg, _, key, err := openParked(ctx, js, group)
 	if err != nil {
 		return pg, err
 	}
@@ -203,18 +210,7 @@ func Replay(ctx context.Context, js jetstream.JetStream, group string, mode Repl
 			return ParkedGroup{}, fmt.Errorf("%w: node: %v", ErrConfig, err)
 		}
 	}
-	key, err := kvbinding.FullKey(group)
-	if err != nil {
-		return ParkedGroup{}, fmt.Errorf("%w: %v", ErrConfig, err)
-	}
-	kv, err := js.KeyValue(ctx, ParkedBucket)
-	if errors.Is(err, jetstream.ErrBucketNotFound) {
-		return ParkedGroup{}, ErrNotParked
-	}
-	if err != nil {
-		return ParkedGroup{}, fmt.Errorf("consumer: bucket %s: %w", ParkedBucket, err)
-	}
-	pg, err := getParked(ctx, js, kv, group, key)
+	pg, kv, key, err := openParked(ctx, js, group)
 	if err != nil {
 		return pg, err
 	}

@@ -155,9 +155,8 @@ func TestBurstOfLongIDsLogsAggregatedWarnings(t *testing.T) {
 // deleted, b is bound and routed.
 func TestDigestKeyHoldingAnotherGroupNeverRoutesIt(t *testing.T) {
 	s := natstest.RunServer(t)
-	logs := &lockedBuffer{}
 	cfg := testConfig("n0", router.Local)
-	cfg.Logger = slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	logs := captureLogs(&cfg, slog.LevelWarn)
 	n0 := startNode(t, s.URL(), cfg)
 	var got collector
 	startConsumer(t, s.URL(), "n0", &got)

@@ -31,14 +31,8 @@ import (
 // "gap" event, and goes on routing the messages published after it.
 func TestIngressLostWritesAfterRestart(t *testing.T) {
 	s := natstest.RunServer(t)
-	logs := &lockedBuffer{}
 	cfg := testConfig("n0", router.Local)
-	var w io.Writer = logs
-	level := slog.LevelError
-	if os.Getenv("GROUPROUTER_TEST_LOG") != "" {
-		w, level = io.MultiWriter(logs, os.Stderr), slog.LevelDebug
-	}
-	cfg.Logger = slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: level}))
+	logs := captureLogs(&cfg, slog.LevelError)
 	n0 := startNode(t, s.URL(), cfg)
 	var before collector
 	stopConsumer := startConsumer(t, s.URL(), "n0", &before)
@@ -121,14 +115,8 @@ func TestIngressLostWritesAfterRestart(t *testing.T) {
 // not read.
 func TestIngressRewoundUnderARunningNode(t *testing.T) {
 	s := natstest.RunServer(t)
-	logs := &lockedBuffer{}
 	cfg := testConfig("n0", router.Local)
-	var w io.Writer = logs
-	level := slog.LevelError
-	if os.Getenv("GROUPROUTER_TEST_LOG") != "" {
-		w, level = io.MultiWriter(logs, os.Stderr), slog.LevelDebug
-	}
-	cfg.Logger = slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: level}))
+	logs := captureLogs(&cfg, slog.LevelError)
 	n0 := startNode(t, s.URL(), cfg)
 	var c collector
 	startConsumer(t, s.URL(), "n0", &c)
@@ -153,6 +141,18 @@ func TestIngressRewoundUnderARunningNode(t *testing.T) {
 	if l := logs.String(); !strings.Contains(l, "last sequence is behind what this node has read") || !strings.Contains(l, "stream_last=0 next=11") {
 		t.Errorf("no error logged about the ingress going back; the node's log:\n%s", l)
 	}
+}
+
+// captureLogs points cfg's logger at a buffer the test reads, from
+// level up; with GROUPROUTER_TEST_LOG set, at stderr too, from debug up.
+func captureLogs(cfg *router.Config, level slog.Level) *lockedBuffer {
+	logs := &lockedBuffer{}
+	var w io.Writer = logs
+	if os.Getenv("GROUPROUTER_TEST_LOG") != "" {
+		w, level = io.MultiWriter(logs, os.Stderr), slog.LevelDebug
+	}
+	cfg.Logger = slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: level}))
+	return logs
 }
 
 // forgetStream stops s, empties every message block of its stream and
@@ -187,9 +187,8 @@ func forgetStream(t testing.TB, s *natstest.Server, stream string) {
 // event; what it routes afterwards is delivered.
 func TestQueueLostWritesUnderARunningNode(t *testing.T) {
 	s := natstest.RunServer(t)
-	logs := &lockedBuffer{}
 	cfg := testConfig("n0", router.Local)
-	cfg.Logger = slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelError}))
+	logs := captureLogs(&cfg, slog.LevelError)
 	n0 := startNode(t, s.URL(), cfg)
 	nc := s.Connect()
 	js, _ := jetstream.New(nc)
@@ -242,9 +241,8 @@ func TestQueueLostWritesUnderARunningNode(t *testing.T) {
 // delivered in order.
 func TestBindingsRewoundUnderARunningNode(t *testing.T) {
 	s := natstest.RunServer(t)
-	logs := &lockedBuffer{}
 	cfg := testConfig("n0", router.Local)
-	cfg.Logger = slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelError}))
+	logs := captureLogs(&cfg, slog.LevelError)
 	n0 := startNode(t, s.URL(), cfg)
 	var c collector
 	startConsumer(t, s.URL(), "n0", &c)
