@@ -53,9 +53,12 @@
 // ParkedSubjectPrefix + node + "." + the group's key + "." + the ingress
 // subject, the reason in HeaderParkReason) and acknowledged, and the group
 // is recorded in bucket ParkedBucket, so that its later messages, on any
-// node, follow it there. Consume creates the stream and the bucket when
-// they are missing; it then needs the rights to do so (grouprouter
-// permissions gives them to the consumer role).
+// node, follow it there. The stream and the bucket are the router's: a
+// LOCAL router node creates them (router.EnsureParking); Consume creates
+// them only when they are missing and it may, and otherwise waits for
+// them. Consume works through a JetStream API prefix (js from
+// jetstream.NewWithAPIPrefix), as a consumer in an account of its own does
+// (grouprouter permissions prints that layout).
 //
 // # Replay
 //

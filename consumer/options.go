@@ -22,15 +22,18 @@ const (
 	// done mark and epoch) before it is forgotten.
 	DefaultIdleLane = 5 * time.Minute
 	// ParkedStream holds parked messages, subjects
-	// ParkedSubjectPrefix + <node> + "." + <ingress subject>.
-	ParkedStream = "GROUPING_PARKED"
+	// ParkedSubjectPrefix + <node> + "." + <ingress subject>. It lives with
+	// the router's state: a LOCAL router node creates it
+	// (router.EnsureParking), and Consume creates it only when it is
+	// missing.
+	ParkedStream = router.ParkedStream
 	// ParkedSubjectPrefix starts the subjects of ParkedStream.
-	ParkedSubjectPrefix = "grouping.parked."
+	ParkedSubjectPrefix = router.ParkedSubjectPrefix
 	// ParkedBucket is the KV bucket that records the parked groups: key
 	// kvbinding.FullKey(group), value a JSON ParkRecord.
-	ParkedBucket = "grouping-parked"
+	ParkedBucket = router.ParkedBucket
 	// HeaderParkReason says why a message was parked.
-	HeaderParkReason = "Grouping-Park-Reason"
+	HeaderParkReason = router.HeaderParkReason
 	// HeaderParkAttempts says how many times its handler failed.
 	HeaderParkAttempts = "Grouping-Park-Attempts"
 )

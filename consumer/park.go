@@ -95,57 +95,49 @@ func parkedSubjectParts(subject string) (node, key, ingress string, ok bool) {
 // deleting its key) is known before the first message is taken. It
 // returns the function that stops the watch.
 func (r *runner) setupParking(ctx context.Context) (func(), error) {
-	for err := r.tryParking(ctx); err != nil; err = r.tryParking(ctx) {
+	for logged, err := false, r.tryParking(ctx); err != nil; logged, err = true, r.tryParking(ctx) {
 		switch {
 		case ctx.Err() != nil:
 			return func() {}, nil
 		case !isTransient(err):
 			return func() {}, err
 		}
-		r.log.Debug("consumer: setting up the parked stream; retrying", "err", err)
+		if !logged {
+			// Where a consumer may not create them, it waits for a LOCAL
+			// router node to.
+			r.log.Info("consumer: waiting for the parked stream and bucket; retrying every second", "err", err)
+		} else {
+			r.log.Debug("consumer: the parked stream and bucket are not ready; retrying", "err", err)
+		}
 		if !sleep(ctx, time.Second) {
 			return func() {}, nil
 		}
 	}
+	// The watch runs until the returned function stops it; the initial
+	// records are in before it returns (ready), so that a group parked
+	// before the start is known before its first message is taken.
 	wctx, cancel := context.WithCancel(ctx)
-	w, err := r.parkedKV.WatchAll(wctx)
-	if err != nil {
+	ready, done := make(chan struct{}), make(chan struct{})
+	var werr error
+	go func() {
+		defer close(done)
+		werr = kvbinding.WatchBucket(wctx, r.js, ParkedBucket, ">", r.applyParked, func() { close(ready) })
+	}()
+	select {
+	case <-ready:
+	case <-done:
 		cancel()
 		if ctx.Err() != nil {
 			return func() {}, nil
 		}
-		return func() {}, fmt.Errorf("consumer: watch bucket %s: %w", ParkedBucket, err)
+		return func() {}, fmt.Errorf("consumer: watch bucket %s: %w", ParkedBucket, werr)
+	case <-ctx.Done():
+		cancel()
+		<-done
+		return func() {}, nil
 	}
-	// The initial values end with a nil entry.
-	for initial := true; initial; {
-		select {
-		case <-ctx.Done():
-			cancel()
-			return func() {}, nil
-		case e, ok := <-w.Updates():
-			if !ok {
-				cancel()
-				return func() {}, fmt.Errorf("consumer: watch of bucket %s ended", ParkedBucket)
-			}
-			if e == nil {
-				initial = false
-				continue
-			}
-			r.applyParked(e)
-		}
-	}
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		for e := range w.Updates() {
-			if e != nil {
-				r.applyParked(e)
-			}
-		}
-	}()
 	return func() {
 		cancel()
-		_ = w.Stop()
 		<-done
 	}, nil
 }
@@ -153,43 +145,27 @@ func (r *runner) setupParking(ctx context.Context) (func(), error) {
 func (r *runner) tryParking(ctx context.Context) error {
 	cctx, cancel := context.WithTimeout(ctx, opTimeout)
 	defer cancel()
-	_, err := r.js.CreateOrUpdateStream(cctx, jetstream.StreamConfig{
-		Name:        ParkedStream,
-		Description: "grouprouter parked messages: " + ParkedSubjectPrefix + "<node>.<subject>, reason in " + HeaderParkReason,
-		Subjects:    []string{ParkedSubjectPrefix + ">"},
-		Retention:   jetstream.LimitsPolicy,
-		Storage:     jetstream.FileStorage,
-		Replicas:    r.o.replicas,
-		Duplicates:  2 * time.Minute,
-	})
+	kv, err := router.EnsureParking(cctx, r.js, r.o.replicas)
 	if err != nil {
-		return fmt.Errorf("consumer: stream %s: %w", ParkedStream, err)
-	}
-	kv, err := r.js.CreateOrUpdateKeyValue(cctx, jetstream.KeyValueConfig{
-		Bucket:      ParkedBucket,
-		Description: "grouprouter parked groups: key per group, value a consumer.ParkRecord",
-		Storage:     jetstream.FileStorage,
-		Replicas:    r.o.replicas,
-	})
-	if err != nil {
-		return fmt.Errorf("consumer: bucket %s: %w", ParkedBucket, err)
+		return fmt.Errorf("consumer: the parked stream and bucket (a LOCAL router node creates them): %w", err)
 	}
 	r.parkedKV = kv
 	return nil
 }
 
-// applyParked applies a change of ParkedBucket.
-func (r *runner) applyParked(e jetstream.KeyValueEntry) {
-	group, err := kvbinding.GroupFromKey(e.Key())
+// applyParked applies a change of ParkedBucket (the record of key, or its
+// deletion).
+func (r *runner) applyParked(key string, deleted bool, value []byte, _ uint64) {
+	group, err := kvbinding.GroupFromKey(key)
 	if err != nil {
-		r.log.Debug("consumer: ignoring a key of the parked bucket", "key", e.Key(), "err", err)
+		r.log.Debug("consumer: ignoring a key of the parked bucket", "key", key, "err", err)
 		return
 	}
 	st, mine, claimUntil := notParked, false, time.Time{}
-	if e.Operation() == jetstream.KeyValuePut {
+	if !deleted {
 		st = parkedState
 		var rec ParkRecord
-		if err := json.Unmarshal(e.Value(), &rec); err != nil {
+		if err := json.Unmarshal(value, &rec); err != nil {
 			r.log.Debug("consumer: unreadable parked record; taken as parked", "group", group, "err", err)
 		} else if rec.State == StateReplay {
 			st, mine = replayState, rec.Node == r.node

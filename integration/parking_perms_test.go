@@ -37,10 +37,7 @@ func TestPermsParkingLeastPrivilege(t *testing.T) {
 	n0.launch()
 	n0.waitReady(30 * time.Second)
 
-	cjs, err := jetstream.New(a.connect(t, 1, "consumer-n0", "consumer-n0"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	cjs := a.js(t, a.connect(t, 1, "consumer-n0", "consumer-n0"), "consumer-n0")
 	var (
 		fault atomic.Bool
 		mu    sync.Mutex

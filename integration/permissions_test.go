@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -28,6 +29,8 @@ import (
 // of the block `grouprouter permissions` prints for layout.
 type authCluster struct {
 	c      *natstest.Cluster
+	auth   *permtest.Auth
+	layout permissions.Layout
 	users  map[string]permissions.User
 	pass   map[string]string
 	errsMu sync.Mutex
@@ -42,7 +45,7 @@ type authCluster struct {
 func runAuthCluster(t *testing.T, layout permissions.Layout) *authCluster {
 	t.Helper()
 	auth := permtest.NewAuth(t, layout)
-	a := &authCluster{users: auth.Users, pass: auth.Pass, errs: map[string][]error{}}
+	a := &authCluster{auth: auth, layout: layout, users: auth.Users, pass: auth.Pass, errs: map[string][]error{}}
 	t.Cleanup(func() {
 		if t.Failed() {
 			a.errsMu.Lock()
@@ -98,16 +101,22 @@ func (a *authCluster) violations(name string) []string {
 
 // expectViolation waits until connection name reports a permissions
 // violation of kind ("publish" or "subscription") on a subject starting
-// with subject.
-func (a *authCluster) expectViolation(t *testing.T, name, kind, subject string) {
+// with subject (or with one of the others).
+func (a *authCluster) expectViolation(t *testing.T, name, kind, subject string, others ...string) {
 	t.Helper()
-	want := strings.ToLower(fmt.Sprintf("permissions violation for %s to %q", kind, subject))
-	want = strings.TrimSuffix(want, `"`)
+	var wants []string
+	for _, s := range append([]string{subject}, others...) {
+		want := strings.ToLower(fmt.Sprintf("permissions violation for %s to %q", kind, s))
+		wants = append(wants, strings.TrimSuffix(want, `"`))
+	}
+	want := strings.Join(wants, " or ")
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		for _, v := range a.violations(name) {
-			if strings.Contains(strings.ToLower(v), want) {
-				return
+			for _, w := range wants {
+				if strings.Contains(strings.ToLower(v), w) {
+					return
+				}
 			}
 		}
 		if time.Now().After(deadline) {
@@ -147,22 +156,36 @@ func (a *authCluster) deniedSubscribe(t *testing.T, user, subject string) {
 	nc.Close()
 }
 
+// js returns a JetStream context of user's connection nc (under its API
+// prefix, for a consumer).
+func (a *authCluster) js(t testing.TB, nc *nats.Conn, user string) jetstream.JetStream {
+	t.Helper()
+	js, err := a.auth.JetStream(nc, user)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return js
+}
+
 // deniedJS runs a JetStream call of user and expects it to fail, with the
-// server reporting a violation on api (the request subject).
+// server reporting a violation on api (the request subject in the router's
+// account; for a user in the consumers' account, as its API prefix maps it).
 func (a *authCluster) deniedJS(t *testing.T, user, api string, call func(ctx context.Context, js jetstream.JetStream) error) {
 	t.Helper()
 	name := fmt.Sprintf("%s denied %s", user, api)
 	nc := a.connect(t, 0, user, name)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
+	js := a.js(t, nc, user)
+	var mapped []string
+	if a.users[user].APIPrefix != "" {
+		// Through its API prefix, or a raw request on $JS.API itself.
+		mapped = append(mapped, a.layout.ImportedSubject(api))
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
 	if err := call(ctx, js); err == nil {
 		t.Errorf("%s: %s succeeded", user, api)
 	}
-	a.expectViolation(t, name, "publish", api)
+	a.expectViolation(t, name, "publish", api, mapped...)
 	nc.Close()
 }
 
@@ -171,10 +194,7 @@ func (a *authCluster) deniedJS(t *testing.T, user, api string, call func(ctx con
 func (a *authCluster) consumeAs(t *testing.T, i int, user, node string, col *collector) (stop func()) {
 	t.Helper()
 	nc := a.connect(t, i, user, user)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	js := a.js(t, nc, user)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	var cons jetstream.Consumer
@@ -195,6 +215,36 @@ func (a *authCluster) consumeAs(t *testing.T, i int, user, node string, col *col
 	return stop
 }
 
+// startNodes starts the layout's nodes, each with its own user on its own
+// server (node i on server i%3), LOCAL as the layout says. The first
+// LOCAL node creates the streams and buckets (a REMOTE node may not, and
+// would wait: TestPermsRemoteNodeWaitsForLocal); the others start once it
+// is ready.
+func (a *authCluster) startNodes(t *testing.T) []*node {
+	t.Helper()
+	var nodes []*node
+	for i, id := range a.layout.Nodes {
+		typ := router.Remote
+		if slices.Contains(a.layout.Handlers, id) {
+			typ = router.Local
+		}
+		cfg := testConfig(id, typ)
+		cfg.Name = a.layout.Name
+		u := a.users["node-"+id]
+		cfg.InboxPrefix = u.InboxPrefix
+		n := &node{t: t, id: id, cfg: cfg, url: a.c.Servers[i%3].URL(), opts: a.opts(t, u.Name, u.Name)}
+		n.launch()
+		if id == a.layout.Handlers[0] {
+			n.waitReady(30 * time.Second)
+		}
+		nodes = append(nodes, n)
+	}
+	for _, n := range nodes {
+		n.waitReady(30 * time.Second)
+	}
+	return nodes
+}
+
 // TestPermissionsLeastPrivilege runs a 3-server cluster whose users are
 // exactly those of the generated permissions block: every role does its
 // job with its own user (n0 and n1 LOCAL, n2 REMOTE and started first,
@@ -205,30 +255,7 @@ func TestPermissionsLeastPrivilege(t *testing.T) {
 	layout := permissions.Layout{Address: "jms", Nodes: []string{"n0", "n1", "n2"}, Handlers: []string{"n0", "n1"}, Name: "my-grouping-handler"}
 	a := runAuthCluster(t, layout)
 
-	// Nodes, each with its own user on its own server. The LOCAL node n0
-	// creates the streams and buckets (a REMOTE node may not, and would
-	// wait: TestPermsRemoteNodeWaitsForLocal); the others start once it
-	// routes (main has no retry yet of a KV read on a bucket created a
-	// moment ago: issue 8, item 1).
-	var nodes []*node
-	for i, id := range layout.Nodes {
-		typ := router.Local
-		if id == "n2" {
-			typ = router.Remote
-		}
-		cfg := testConfig(id, typ)
-		u := a.users["node-"+id]
-		cfg.InboxPrefix = u.InboxPrefix
-		n := &node{t: t, id: id, cfg: cfg, url: a.c.Servers[i].URL(), opts: a.opts(t, u.Name, u.Name)}
-		n.launch()
-		if id == "n0" {
-			n.waitReady(30 * time.Second)
-		}
-		nodes = append(nodes, n)
-	}
-	for _, n := range nodes[1:] {
-		n.waitReady(30 * time.Second)
-	}
+	a.startNodes(t)
 
 	// Observer: live events, before anything is routed.
 	observer := a.connect(t, 1, "observer", "observer")
@@ -375,10 +402,7 @@ func TestPermissionsLeastPrivilege(t *testing.T) {
 		}
 	}
 	// A consumer gives up its pin as grouprouter consume does when it stops.
-	cjs, err := jetstream.New(a.connect(t, 2, "consumer-n2", "consumer-n2-unpin"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	cjs := a.js(t, a.connect(t, 2, "consumer-n2", "consumer-n2-unpin"), "consumer-n2")
 	if qs, err := cjs.Stream(ctx, router.QueueStream); err != nil {
 		t.Errorf("consumer-n2: queue stream: %v", err)
 	} else if err := qs.UnpinConsumer(ctx, router.QueueConsumer("n2"), router.PriorityGroup); err != nil {
@@ -453,10 +477,9 @@ func TestPermissionsLeastPrivilege(t *testing.T) {
 		if _, err := store.Get(ctx, "forged"); !errors.Is(err, kvbinding.ErrNotFound) {
 			t.Errorf("forged proposal wrote a record: %v", err)
 		}
-		// A LOCAL node's replies reach nodes and the operator, never a
-		// producer or a consumer.
-		a.deniedPublish(t, "node-n0", "_INBOX.producer.x")
-		a.deniedPublish(t, "node-n0", "_INBOX.consumer-n1.x")
+		// A LOCAL node's replies reach nodes and the operator, never the
+		// observer (producers and consumers are in other accounts).
+		a.deniedPublish(t, "node-n0", "_INBOX.observer.x")
 	})
 	t.Run("operator", func(t *testing.T) {
 		a.deniedPublish(t, "operator", "$KV."+kvbinding.DefaultBucket+".r.order-3")

@@ -41,6 +41,25 @@ type watchHooks struct {
 	rewindEvery time.Duration
 }
 
+// WatchBucket follows the records of bucket whose keys match filter (a
+// KV key filter: "x.*", ">"): first the latest record of every such key,
+// then every change, calling entry for each in revision order (deleted for
+// a delete or purge, whose value says nothing) and ready once the initial
+// records are in. It returns when ctx ends, or with the error that keeps
+// it from following the bucket (a missing bucket, a permissions
+// violation); a cluster still forming or electing is waited out.
+//
+// Unlike KeyValue.Watch it needs only a pull consumer's API requests
+// (CONSUMER.CREATE, MSG.NEXT, DELETE): it works through a JetStream API
+// prefix, where an account reaches the bucket by service imports, which
+// carry no push delivery.
+func WatchBucket(ctx context.Context, js jetstream.JetStream, bucket, filter string, entry func(key string, deleted bool, value []byte, rev uint64), ready func()) error {
+	return watchBucket(ctx, js, bucket, filter, watchHooks{
+		entry: func(key string, op entryOp, value []byte, rev uint64) { entry(key, op == opDelete, value, rev) },
+		ready: ready,
+	})
+}
+
 // errRewound stops a watch whose stream went back below what it delivered.
 var errRewound = errors.New("kvbinding: the bucket went back below what was read")
 

@@ -122,7 +122,7 @@ func cannotPlace(err error) bool {
 }
 
 // ensureStreams creates the ingress, queue, dead-letter and events streams
-// if they are missing, and checks that existing ones capture the right
+// (and package consumer's parked stream and bucket) if they are missing, and checks that existing ones capture the right
 // subjects. Only a LOCAL node creates them (and then the buckets): a
 // REMOTE node waits, until ctx ends, for them and the buckets to exist, so
 // that its NATS user needs no right to create (or to shape) a stream.
@@ -205,7 +205,10 @@ func ensureStreams(ctx context.Context, js jetstream.JetStream, cfg Config, repl
 			return err
 		}
 	}
-	return nil
+	// Package consumer's parked stream and bucket: with the router's state,
+	// created here so that consumers need no right to create streams.
+	_, err := EnsureParking(ctx, js, replicas)
+	return err
 }
 
 // routerHeaderBytes is room for the headers the router adds to a message it

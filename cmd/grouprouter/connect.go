@@ -59,6 +59,7 @@ type connFlags struct {
 	context     string
 	inboxPrefix string
 	jsDomain    string
+	jsAPIPrefix string
 }
 
 // addConnFlags defines the connection flags on fs; natsUsage documents
@@ -77,6 +78,7 @@ func addConnFlags(fs *flag.FlagSet, natsUsage string) *connFlags {
 	fs.StringVar(&f.context, "context", "", "read connection settings from the nats CLI context `NAME` (env "+envContext+"); flags and variables override it")
 	fs.StringVar(&f.inboxPrefix, "inbox-prefix", "", "`PREFIX` of the reply subjects (default "+router.DefaultInboxPrefix+")")
 	fs.StringVar(&f.jsDomain, "js-domain", "", "JetStream `DOMAIN` of the streams and buckets")
+	fs.StringVar(&f.jsAPIPrefix, "js-api-prefix", "", "JetStream API `PREFIX` for a user in another account than the router's, which imports the router's JetStream API under it (grouprouter permissions prints it; consumers use it)")
 	return f
 }
 
@@ -89,6 +91,9 @@ type connSettings struct {
 	Creds, NKey, Cert, Key, CA string // file paths
 	TLSFirst                   bool
 	InboxPrefix, JSDomain      string
+	// JSAPIPrefix is the JetStream API prefix of a user in another
+	// account than the router's (a consumer's), "" for $JS.API.
+	JSAPIPrefix string
 	// Context is the nats CLI context read, "" if none.
 	Context string
 	// PasswordFlag is set when a password was on the command line
@@ -185,6 +190,7 @@ func (f *connFlags) resolve(env environment, defaultURL string) (connSettings, e
 	s.TLSFirst = f.tlsFirst || (!set["tlsfirst"] && nctx.TLSFirst)
 	s.InboxPrefix, _ = pick("inbox-prefix", f.inboxPrefix, "", nctx.InboxPrefix)
 	s.JSDomain, _ = pick("js-domain", f.jsDomain, "", nctx.JSDomain)
+	s.JSAPIPrefix, _ = pick("js-api-prefix", f.jsAPIPrefix, "", nctx.JSAPIPrefix)
 
 	if s.User == "" && s.passwordSource != "--password" {
 		s.Password = "" // an ambient NATS_PASSWORD without a user: ignored, as the nats CLI does
@@ -202,6 +208,12 @@ func (f *connFlags) resolve(env environment, defaultURL string) (connSettings, e
 	}
 	if s.JSDomain != "" && strings.ContainsAny(s.JSDomain, ". \t\r\n*>") {
 		return connSettings{}, fmt.Errorf("%w: JetStream domain %q: want one subject token", router.ErrConfig, s.JSDomain)
+	}
+	if p := strings.TrimSuffix(s.JSAPIPrefix, "."); s.JSAPIPrefix != "" && (p == "" || strings.ContainsAny(p, " \t\r\n*>") || strings.Contains(p, "..") || strings.HasPrefix(p, ".")) {
+		return connSettings{}, fmt.Errorf("%w: JetStream API prefix %q: want subject tokens without wildcards", router.ErrConfig, s.JSAPIPrefix)
+	}
+	if s.JSAPIPrefix != "" && s.JSDomain != "" {
+		return connSettings{}, fmt.Errorf("%w: --js-api-prefix and --js-domain both name where the JetStream API is: give one", router.ErrConfig)
 	}
 	return s, nil
 }
@@ -264,8 +276,12 @@ func (s connSettings) identity() string {
 	return ""
 }
 
-// jetStream returns a JetStream context in the settings' domain.
+// jetStream returns a JetStream context in the settings' domain, or under
+// their API prefix.
 func (s connSettings) jetStream(nc *nats.Conn) (jetstream.JetStream, error) {
+	if s.JSAPIPrefix != "" {
+		return jetstream.NewWithAPIPrefix(nc, s.JSAPIPrefix)
+	}
 	if s.JSDomain != "" {
 		return jetstream.NewWithDomain(nc, s.JSDomain)
 	}
@@ -502,15 +518,15 @@ type natsContext struct {
 	Key         string `json:"key"`
 	CA          string `json:"ca"`
 	JSDomain    string `json:"jetstream_domain"`
+	JSAPIPrefix string `json:"jetstream_api_prefix"`
 	InboxPrefix string `json:"inbox_prefix"`
 	TLSFirst    bool   `json:"tls_first"`
 
 	// Settings grouprouter does not support: a context using them is
 	// refused rather than half applied.
-	NSC         string `json:"nsc"`
-	UserJWT     string `json:"user_jwt"`
-	SocksProxy  string `json:"socks_proxy"`
-	JSAPIPrefix string `json:"jetstream_api_prefix"`
+	NSC        string `json:"nsc"`
+	UserJWT    string `json:"user_jwt"`
+	SocksProxy string `json:"socks_proxy"`
 }
 
 // contextPath returns the file of the nats CLI context name:
@@ -548,7 +564,7 @@ func loadContext(env environment, name string) (natsContext, error) {
 	if err := json.Unmarshal(data, &c); err != nil {
 		return natsContext{}, fmt.Errorf("%w: nats context %q (%s): %v", router.ErrConfig, name, path, err)
 	}
-	for field, v := range map[string]string{"nsc": c.NSC, "user_jwt": c.UserJWT, "socks_proxy": c.SocksProxy, "jetstream_api_prefix": c.JSAPIPrefix} {
+	for field, v := range map[string]string{"nsc": c.NSC, "user_jwt": c.UserJWT, "socks_proxy": c.SocksProxy} {
 		if v != "" {
 			return natsContext{}, fmt.Errorf("%w: nats context %q sets %q, which grouprouter does not support", router.ErrConfig, name, field)
 		}

@@ -306,6 +306,9 @@ func parseRunArgs(args []string, env environment) (runOptions, error) {
 		InboxPrefix: opts.conn.InboxPrefix,
 		JSDomain:    opts.conn.JSDomain,
 	}
+	if opts.conn.JSAPIPrefix != "" {
+		return runOptions{}, fmt.Errorf("%w: --js-api-prefix: a router node connects in the router's own account (the prefix is for consumers in another account; see docs/permissions.md)", router.ErrConfig)
+	}
 	if f.rbTolerance < 0 || f.rbMoves <= 0 || f.rbCoolDown <= 0 {
 		return runOptions{}, fmt.Errorf("%w: rebalance-tolerance must be >= 0, rebalance-rate and rebalance-cool-down > 0, got %d, %d and %v",
 			router.ErrConfig, f.rbTolerance, f.rbMoves, time.Duration(f.rbCoolDown))

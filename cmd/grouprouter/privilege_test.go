@@ -51,7 +51,11 @@ func TestCommandsUnderLeastPrivilege(t *testing.T) {
 	}
 	// The commands' connection flags, per user (as an operator types them).
 	as := func(user string, args ...string) []string {
-		return append([]string{args[0], "--nats", url, "--user", user, "--password", pass[user], "--inbox-prefix", inbox[user]}, args[1:]...)
+		conn := []string{args[0], "--nats", url, "--user", user, "--password", pass[user], "--inbox-prefix", inbox[user]}
+		if p := auth.Users[user].APIPrefix; p != "" {
+			conn = append(conn, "--js-api-prefix", p)
+		}
+		return append(conn, args[1:]...)
 	}
 	ok := func(args []string) string {
 		t.Helper()
@@ -185,7 +189,11 @@ func TestParkingUnderLeastPrivilege(t *testing.T) {
 		Heartbeat: 100 * time.Millisecond, LeaseTTL: time.Second, InboxPrefix: inbox["node-n0"],
 	})
 	as := func(user string, args ...string) []string {
-		return append([]string{args[0], "--nats", url, "--user", user, "--password", pass[user], "--inbox-prefix", inbox[user]}, args[1:]...)
+		conn := []string{args[0], "--nats", url, "--user", user, "--password", pass[user], "--inbox-prefix", inbox[user]}
+		if p := auth.Users[user].APIPrefix; p != "" {
+			conn = append(conn, "--js-api-prefix", p)
+		}
+		return append(conn, args[1:]...)
 	}
 	ok := func(args []string) string {
 		t.Helper()

@@ -1,9 +1,24 @@
-// Package permissions generates the NATS users and permissions of a
-// grouprouter deployment, one user per role (producer, consumer of node N,
-// router node N with or without the LOCAL handler, operator, observer), as
-// a nats-server authorization block. The subjects come from the constants
+// Package permissions generates the NATS accounts, users and permissions of
+// a grouprouter deployment, one user per role (producer, consumer of node
+// N, router node N with or without the LOCAL handler, operator, observer),
+// as a nats-server accounts block. The subjects come from the constants
 // the router, the handler and the buckets use, so the block stays true as
 // they change.
+//
+// The router's users and state live in the router's account; producers in
+// an account of their own, and the consumers of each node in one of their
+// own, each reaching the router's only through service imports of exactly
+// what the role needs.
+// A reply subject named by a client of another account is remapped where
+// its request crosses into the router's account, so no reply (a PubAck, a
+// JetStream API response) can be aimed at the router's state: inside one
+// account, nats-server checks a reply subject against its reserved
+// prefixes only, not against the publisher's permissions. And as a reply
+// may still be aimed at a subject its own account imports, each account
+// imports only what each of its users may publish anyway: a reply gains
+// nobody a right. Consumers reach
+// the JetStream API of the router's account under a prefix (Layout.APIPrefix,
+// jetstream.NewWithAPIPrefix).
 //
 // Every user gets its own inbox prefix (InboxPrefix + "." + user name) and
 // may subscribe only there: replies, PubAcks and pull-consumer deliveries
@@ -54,6 +69,17 @@ const (
 	// PasswordEnvPrefix + the user name in upper case, '-' as '_', is the
 	// environment variable nats-server reads the user's password from.
 	PasswordEnvPrefix = "GROUPROUTER_PASS_"
+	// DefaultRouterAccount holds the router nodes, the operator, the
+	// observer and every stream and bucket (JetStream is enabled there
+	// only).
+	DefaultRouterAccount = "GROUPROUTER"
+	// DefaultProducerAccount holds the producers: they import the
+	// router's <address>.> only.
+	DefaultProducerAccount = "PRODUCERS"
+	// DefaultConsumerAccount + "_" + <node> holds the consumers of the
+	// node's queue: they import their queue consumer's API, its acks and
+	// the node's parking.
+	DefaultConsumerAccount = "CONSUMERS"
 )
 
 // Layout is a deployment: the producers' address, the router nodes, which
@@ -71,11 +97,22 @@ type Layout struct {
 	// InboxPrefix is the stem of the users' inbox prefixes: user U
 	// connects with InboxPrefix.U. One token. Default DefaultInboxPrefix.
 	InboxPrefix string
-	// JSDomain, when set, also allows the JetStream API requests (and KV
-	// writes) under $JS.<JSDomain>.API, as clients of another domain send
-	// them. A server of that domain maps them to $JS.API before checking
-	// permissions, so the $JS.API forms are always kept.
+	// JSDomain, when set, also allows the router account's users the
+	// JetStream API requests (and KV writes) under $JS.<JSDomain>.API, as
+	// clients of another domain send them. A server of that domain maps
+	// them to $JS.API before checking permissions, so the $JS.API forms are
+	// always kept.
 	JSDomain string
+	// RouterAccount and ProducerAccount name the router's and the
+	// producers' accounts; node N's consumers are in ConsumerAccount_N.
+	// Defaults DefaultRouterAccount, DefaultProducerAccount,
+	// DefaultConsumerAccount.
+	RouterAccount, ProducerAccount, ConsumerAccount string
+	// APIPrefix is where the consumers' account imports the router
+	// account's JetStream API ($JS.API.X becomes APIPrefix.X, and a KV
+	// write $KV.B.K becomes APIPrefix.$KV.B.K, as nats.go sends them
+	// under a prefix). Default "JS." + RouterAccount + ".API".
+	APIPrefix string
 }
 
 func (l Layout) withDefaults() Layout {
@@ -87,6 +124,18 @@ func (l Layout) withDefaults() Layout {
 	}
 	if l.InboxPrefix == "" {
 		l.InboxPrefix = DefaultInboxPrefix
+	}
+	if l.RouterAccount == "" {
+		l.RouterAccount = DefaultRouterAccount
+	}
+	if l.ProducerAccount == "" {
+		l.ProducerAccount = DefaultProducerAccount
+	}
+	if l.ConsumerAccount == "" {
+		l.ConsumerAccount = DefaultConsumerAccount
+	}
+	if l.APIPrefix == "" {
+		l.APIPrefix = "JS." + l.RouterAccount + ".API"
 	}
 	return l
 }
@@ -133,7 +182,37 @@ func (l Layout) Validate() error {
 	if l.JSDomain != "" && !validToken(l.JSDomain) {
 		return fmt.Errorf("%w: JetStream domain %q: want one subject token", ErrLayout, l.JSDomain)
 	}
+	accounts := []string{l.RouterAccount, l.ProducerAccount}
+	for _, n := range l.Nodes {
+		accounts = append(accounts, l.consumerAccount(n))
+	}
+	for i, a := range accounts {
+		if !validAccount(a) {
+			return fmt.Errorf("%w: account %q: want letters, digits, '-' or '_'", ErrLayout, a)
+		}
+		if slices.Contains(accounts[:i], a) {
+			return fmt.Errorf("%w: the router's, the producers' and each node's consumers' accounts must differ (%s)", ErrLayout, strings.Join(accounts, ", "))
+		}
+	}
+	for _, tok := range strings.Split(l.APIPrefix, ".") {
+		if !validToken(tok) {
+			return fmt.Errorf("%w: JetStream API prefix %q: want subject tokens without wildcards", ErrLayout, l.APIPrefix)
+		}
+	}
+	if strings.HasPrefix(l.APIPrefix, "$") || strings.HasPrefix(l.APIPrefix, l.InboxPrefix+".") || l.APIPrefix == l.InboxPrefix ||
+		strings.HasPrefix(l.APIPrefix+".", l.Address+".") || strings.HasPrefix(l.APIPrefix, "grouping.") {
+		return fmt.Errorf("%w: JetStream API prefix %q: must not be a system ($), inbox, address or grouping subject", ErrLayout, l.APIPrefix)
+	}
 	return nil
+}
+
+// consumerAccount is the account of node's consumers.
+func (l Layout) consumerAccount(node string) string { return l.ConsumerAccount + "_" + node }
+
+func validAccount(a string) bool {
+	return a != "" && !strings.ContainsFunc(a, func(r rune) bool {
+		return !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '-' || r == '_')
+	})
 }
 
 func validToken(s string) bool {
@@ -154,12 +233,31 @@ type Rule struct {
 	Deny  []Grant
 }
 
+// Import is a subject of the router's account that a user's account
+// reaches through a service import: the user publishes on To, which the
+// import maps to Subject in the router's account (To is Subject when the
+// import keeps the subject). Stream: the request is answered by many
+// messages (pull deliveries).
+type Import struct {
+	Subject, To string
+	Stream      bool
+	Why         string
+}
+
 // User is one NATS user of the layout.
 type User struct {
 	// Name is the user name: producer, consumer-<node>, node-<node>,
 	// operator, observer.
 	Name string
 	Role Role
+	// Account is the account the user is in.
+	Account string
+	// APIPrefix is the JetStream API prefix the user must use (nats.go
+	// jetstream.NewWithAPIPrefix, --js-api-prefix), "" for $JS.API.
+	APIPrefix string
+	// Imports are the router account's subjects the user reaches from its
+	// account (its publish grants name their To side).
+	Imports []Import
 	// Node is the node of a consumer or node user.
 	Node string
 	// Handler is set on the node users of LOCAL nodes.
@@ -201,9 +299,16 @@ func (l Layout) Users() ([]User, error) {
 	return append(users, l.operator(), l.observer()), nil
 }
 
-// user starts a user with its inbox.
+// user starts a user with its inbox, in the router's account unless it is
+// a producer or a consumer.
 func (l Layout) user(name string, role Role, about string) User {
-	u := User{Name: name, Role: role, About: about, InboxPrefix: l.InboxPrefix + "." + name, PasswordEnv: PasswordEnv(name)}
+	u := User{Name: name, Role: role, Account: l.RouterAccount, About: about, InboxPrefix: l.InboxPrefix + "." + name, PasswordEnv: PasswordEnv(name)}
+	switch role {
+	case Producer:
+		u.Account = l.ProducerAccount
+	case Consumer:
+		u.Account, u.APIPrefix = l.consumerAccount(strings.TrimPrefix(name, consumerUser(""))), l.APIPrefix
+	}
 	u.Subscribe.Allow = []Grant{{u.InboxPrefix + ".>", "its own inbox: replies (JetStream API, PubAcks, requests) and pull deliveries"}}
 	return u
 }
@@ -251,56 +356,76 @@ func (l Layout) ordered(stream, filter, why string) []Grant {
 	)
 }
 
+// ImportedSubject is the subject a consumer publishes on to reach subject
+// of the router's account: the JetStream API and KV writes under
+// l.APIPrefix, anything else as it is.
+func (l Layout) ImportedSubject(subject string) string {
+	l = l.withDefaults()
+	switch {
+	case strings.HasPrefix(subject, "$JS.API."):
+		return l.APIPrefix + "." + strings.TrimPrefix(subject, "$JS.API.")
+	case strings.HasPrefix(subject, "$KV."):
+		return l.APIPrefix + "." + subject
+	}
+	return subject
+}
+
+// imported gives u subject of the router's account through a service
+// import of its account: the grant is on the imported side.
+func (l Layout) imported(u *User, subject string, stream bool, why string) {
+	to := l.ImportedSubject(subject)
+	u.Publish.Allow = append(u.Publish.Allow, Grant{to, why})
+	u.Imports = append(u.Imports, Import{Subject: subject, To: to, Stream: stream, Why: why})
+}
+
 func (l Layout) producer() User {
-	u := l.user("producer", Producer, "publishes on "+l.Address+".> (stored by "+router.IngressStream+")")
-	u.Publish.Allow = []Grant{{l.Address + ".>", "the messages to group; the PubAck comes to the inbox"}}
+	u := l.user("producer", Producer, "publishes on "+l.Address+".> (stored by "+router.IngressStream+" in account "+l.RouterAccount+")")
+	l.imported(&u, l.Address+".>", false, "the messages to group; the PubAck comes to the inbox")
 	return u
 }
 
 func (l Layout) consumer(node string) User {
-	u := l.user(consumerUser(node), Consumer, "pulls and acks node "+node+"'s queue (consumer "+router.QueueConsumer(node)+")")
+	u := l.user(consumerUser(node), Consumer, "pulls and acks node "+node+"'s queue (consumer "+router.QueueConsumer(node)+" in account "+l.RouterAccount+")")
 	u.Node = node
 	c := router.QueueStream + "." + router.QueueConsumer(node)
-	u.Publish.Allow = slices.Concat(
-		l.api("CONSUMER.INFO."+c, "look up the queue consumer"),
-		l.api("CONSUMER.MSG.NEXT."+c, "pull (with priority group "+router.PriorityGroup+")"),
-		[]Grant{{"$JS.ACK." + c + ".>", "ack what it processed"}},
-		l.api("CONSUMER.UNPIN."+c, "grouprouter consume: give up the pin when it stops"),
-		l.api("STREAM.INFO."+router.QueueStream, "grouprouter consume: nats.go unpins through a stream handle (counts, no messages)"),
-		l.parking(node),
-	)
+	l.imported(&u, "$JS.API.CONSUMER.INFO."+c, false, "look up the queue consumer")
+	l.imported(&u, "$JS.API.CONSUMER.MSG.NEXT."+c, true, "pull (with priority group "+router.PriorityGroup+")")
+	l.imported(&u, "$JS.ACK."+c+".>", false, "ack what it processed")
+	l.imported(&u, "$JS.API.CONSUMER.UNPIN."+c, false, "package consumer: give up the pin when it stops")
+	l.imported(&u, "$JS.API.STREAM.INFO."+router.QueueStream, false, "package consumer: nats.go unpins through a stream handle (counts, no messages)")
+	l.parking(&u, node)
 	return u
 }
 
-// parking are the grants package consumer needs to park node's failing
-// groups and replay them (consumer/park.go, consumer/replay.go).
-func (l Layout) parking(node string) []Grant {
+// parking gives u what package consumer needs to park node's failing
+// groups and replay them (consumer/park.go, consumer/replay.go). The
+// parked stream and bucket are the router account's: a LOCAL node creates
+// them (router.EnsureParking); a consumer only looks them up.
+func (l Layout) parking(u *User, node string) {
 	ps, pb := consumer.ParkedStream, consumer.ParkedBucket
-	var out []Grant
 	for _, s := range []string{ps, kvStream(pb)} {
-		for _, op := range []string{"INFO", "CREATE", "UPDATE"} {
-			out = append(out, l.api("STREAM."+op+"."+s, "package consumer: create or update the parked stream and bucket")...)
-		}
+		l.imported(u, "$JS.API.STREAM.INFO."+s, false, "package consumer: look up the parked stream and bucket")
 	}
 	for _, k := range ConsumerEvents {
-		out = append(out, Grant{proposals.SubjectEventsPrefix + k, "package consumer: its events"})
+		l.imported(u, proposals.SubjectEventsPrefix+k, false, "package consumer: its "+k+" events")
 	}
-	return slices.Concat(out,
-		l.api("INFO", "package consumer: nats.go reads the account's JetStream limits before it creates a bucket"),
-		[]Grant{{consumer.ParkedSubjectPrefix + node + ".>", "package consumer: park a failing group's messages"}},
-		l.kvPut(pb, ">", "package consumer: record a parked group, claim and end its replay"),
-		l.kvGet(pb, ">", "package consumer: read a parked record"),
-		l.ordered(kvStream(pb), kvSubject(pb, ">"), "package consumer: watch the parked groups"),
-		[]Grant{{"$JS.FC." + kvStream(pb) + ".>", "flow control replies of the watch"}},
-		l.api("STREAM.MSG.GET."+ps, "package consumer: read a group's parked messages to replay them"),
-		l.api("STREAM.MSG.DELETE."+ps, "package consumer: delete a replayed message"),
-	)
+	l.imported(u, consumer.ParkedSubjectPrefix+node+".>", false, "package consumer: park a failing group's messages")
+	l.imported(u, kvSubject(pb, ">"), false, "package consumer: record a parked group, claim and end its replay")
+	l.imported(u, "$JS.API.DIRECT.GET."+kvStream(pb)+"."+kvSubject(pb, ">"), false, "package consumer: read a parked record")
+	why := "package consumer: watch the parked groups (an ordered pull consumer)"
+	l.imported(u, "$JS.API.CONSUMER.CREATE."+kvStream(pb)+".*."+kvSubject(pb, ">"), false, why+": create it")
+	l.imported(u, "$JS.API.CONSUMER.MSG.NEXT."+kvStream(pb)+".*", true, why+": pull from it")
+	l.imported(u, "$JS.API.CONSUMER.DELETE."+kvStream(pb)+".*", false, why+": delete it after a reset")
+	l.imported(u, "$JS.API.STREAM.MSG.GET."+ps, false, "package consumer: read a group's parked messages to replay them")
+	l.imported(u, "$JS.API.STREAM.MSG.DELETE."+ps, false, "package consumer: delete a replayed message")
 }
 
-// streams are the streams of the layout, the buckets' included.
+// streams are the streams of the layout, the buckets' included (the parked
+// ones too: a LOCAL node creates them).
 func streams() []string {
 	return []string{router.IngressStream, router.QueueStream, router.DeadLetterStream, router.EventsStream,
-		kvStream(kvbinding.DefaultBucket), kvStream(kvbinding.DefaultNodesBucket)}
+		kvStream(kvbinding.DefaultBucket), kvStream(kvbinding.DefaultNodesBucket),
+		router.ParkedStream, kvStream(router.ParkedBucket)}
 }
 
 // NodeEvents are the event kinds a router node publishes itself; the
@@ -371,15 +496,11 @@ func (l Layout) node(node string, handler bool) User {
 }
 
 // handlerDeny bounds a handler's replies: they go to the inboxes of nodes,
-// the operator and tools (nats micro ls), never to a producer (a forged
-// PubAck would lose a message), a consumer (a forged delivery would
-// inject one) or the observer.
+// the operator and tools (nats micro ls), never to the observer. Producers
+// and consumers are in other accounts, which no publish of the router's
+// account reaches but through the replies of their own requests.
 func (l Layout) handlerDeny() []Grant {
-	deny := []Grant{{l.InboxPrefix + ".producer.>", "never a reply to a producer: a forged PubAck would lose a message"}}
-	for _, n := range l.Nodes {
-		deny = append(deny, Grant{l.InboxPrefix + "." + consumerUser(n) + ".>", "never a reply to a consumer: a forged delivery would inject a message"})
-	}
-	return append(deny, Grant{l.InboxPrefix + ".observer.>", "never a reply to the observer"})
+	return []Grant{{l.InboxPrefix + ".observer.>", "never a reply to the observer"}}
 }
 
 // handlerPublish is what a LOCAL node publishes besides a node's rights.

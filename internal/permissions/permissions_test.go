@@ -46,6 +46,18 @@ func allowed(r Rule, subject string) bool {
 	return match(r.Allow) && !match(r.Deny)
 }
 
+// reaches reports whether u may publish subject of the router's account:
+// in that account by its permissions, from another one only on the
+// subject an import of u maps to it, when its permissions allow that.
+func reaches(l Layout, u User, subject string) bool {
+	if u.Account == l.withDefaults().RouterAccount {
+		return allowed(u.Publish, subject)
+	}
+	return slices.ContainsFunc(u.Imports, func(imp Import) bool {
+		return server.SubjectMatchesFilter(subject, imp.Subject) && allowed(u.Publish, l.ImportedSubject(subject))
+	})
+}
+
 const (
 	pub = "pub"
 	sub = "sub"
@@ -74,6 +86,7 @@ var covered = []string{
 	"QueueSubjectPrefix", "DeadLetterSubjectPrefix", "QueueConsumerPrefix", "PriorityGroup", "DeadLetterTooLong",
 	"SubjectProposePrefix", "SubjectPropose", "SubjectAdmin", "SubjectHandlerPrefix", "SubjectEventsPrefix", "ServiceName",
 	"DefaultBucket", "DefaultNodesBucket",
+	"ParkedStream", "ParkedBucket", "ParkedSubjectPrefix", // as consumer's: the consumer-n1 checks
 	// Event kinds: TestEventKinds.
 }
 
@@ -119,7 +132,7 @@ func roleChecks() []check {
 			js("CONSUMER.CREATE."+q+"."+router.QueueConsumer("n1")))
 		// Only LOCAL nodes write bindings or the lease.
 		add(u, pub, u == "node-n0" || u == "node-n1", kvSubj(b, "r.g"), kvSubj(nb, kvbinding.LeaseKey("grouping-handler")))
-		add(u, pub, u == "node-n0" || u == "node-n1" || strings.HasPrefix(u, "consumer-"), js("INFO"))
+		add(u, pub, u == "node-n0" || u == "node-n1", js("INFO"))
 		add(u, pub, false, kvSubj(nb, kvbinding.LeaseKey("other")))
 	}
 
@@ -130,10 +143,18 @@ func roleChecks() []check {
 	// Parking: its own node's parked subjects, the bucket, the replay.
 	pb, ps := consumer.ParkedBucket, consumer.ParkedStream
 	add("consumer-n1", pub, true, consumer.ParkedSubjectPrefix+"n1.r.g.jms.x", kvSubj(pb, "r.g"), js("DIRECT.GET.KV_"+pb+"."+kvSubj(pb, "r.g")),
-		js("STREAM.CREATE."+ps), js("STREAM.UPDATE.KV_"+pb), js("STREAM.MSG.GET."+ps), js("STREAM.MSG.DELETE."+ps),
+		js("STREAM.INFO."+ps), js("STREAM.INFO.KV_"+pb), js("STREAM.MSG.GET."+ps), js("STREAM.MSG.DELETE."+ps),
 		proposals.SubjectEventsPrefix+proposals.EventPark, proposals.SubjectEventsPrefix+proposals.EventRelease)
+	add("consumer-n1", pub, true, ordered("KV_"+pb, kvSubj(pb, ">"))...)
+	// The parked stream and bucket are the router's: a LOCAL node creates
+	// them, a consumer may not shape them.
 	add("consumer-n1", pub, false, consumer.ParkedSubjectPrefix+"n2.r.g.jms.x", js("STREAM.DELETE."+ps), js("STREAM.PURGE."+ps),
+		js("STREAM.CREATE."+ps), js("STREAM.UPDATE."+ps), js("STREAM.CREATE.KV_"+pb), js("STREAM.UPDATE.KV_"+pb),
 		proposals.SubjectEventsPrefix+proposals.EventBind)
+	for _, n := range []string{"n0", "n1"} {
+		add("node-"+n, pub, true, js("STREAM.CREATE."+ps), js("STREAM.CREATE.KV_"+pb))
+	}
+	add("node-n2", pub, false, js("STREAM.CREATE."+ps), js("STREAM.CREATE.KV_"+pb))
 	// The operator: list, read, ask for a replay; never park or delete.
 	add("operator", pub, true, js("STREAM.INFO."+ps), js("STREAM.MSG.GET."+ps), kvSubj(pb, "r.g"), js("DIRECT.GET.KV_"+pb+"."+kvSubj(pb, "r.g")))
 	add("operator", pub, false, consumer.ParkedSubjectPrefix+"n1.r.g.jms.x", js("STREAM.MSG.DELETE."+ps), js("STREAM.UPDATE."+ps))
@@ -168,7 +189,7 @@ func roleChecks() []check {
 			js("CONSUMER.CREATE."+q+"."+router.QueueConsumer(n)), js("CONSUMER.CREATE."+q+"."+router.QueueConsumer(n)+".grouping.queue.n3.>"),
 			js("CONSUMER.CREATE."+q+"."+router.QueueConsumer("n3")+"."+router.QueueFilter("n3")),
 			js("CONSUMER.CREATE.KV_"+nb+".OC_1"), js("STREAM.MSG.DELETE."+router.IngressStream), js("STREAM.CREATE.OTHER"),
-			"_INBOX.producer.x", "_INBOX.consumer-n1.x", "_INBOX.observer.x")
+			"_INBOX.observer.x")
 	}
 	// LOCAL nodes: the handler; REMOTE node n2: none of it.
 	for _, n := range []string{"n0", "n1", "n2"} {
@@ -217,11 +238,11 @@ func TestRoles(t *testing.T) {
 		if !ok {
 			t.Fatalf("no user %s", c.user)
 		}
-		r := u.Publish
+		got := reaches(defaultLayout, u, c.subject)
 		if c.dir == sub {
-			r = u.Subscribe
+			got = allowed(u.Subscribe, c.subject)
 		}
-		if got := allowed(r, c.subject); got != c.want {
+		if got != c.want {
 			t.Errorf("%s %s %s: allowed %v, want %v", c.user, c.dir, c.subject, got, c.want)
 		}
 	}
@@ -381,6 +402,95 @@ func sourceMentions(t *testing.T, dir, s string) bool {
 	return false
 }
 
+// TestAccounts: the router's users and JetStream are in the router's
+// account; producers import only the address, consumers only their queue
+// consumer's API, its acks and the parking; every import is exported to
+// its account and nothing else is exported; deliveries are stream
+// responses.
+func TestAccounts(t *testing.T) {
+	accounts, err := defaultLayout.Accounts()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(accounts) != 5 {
+		t.Fatalf("%d accounts", len(accounts))
+	}
+	r, p := accounts[0], accounts[1]
+	if r.Name != DefaultRouterAccount || !r.JetStream || len(r.Imports) != 0 || p.Name != DefaultProducerAccount {
+		t.Fatalf("accounts %+v", accounts)
+	}
+	names := func(us []User) (out []string) {
+		for _, u := range us {
+			out = append(out, u.Name)
+		}
+		return out
+	}
+	if got := names(r.Users); !slices.Equal(got, []string{"node-n0", "node-n1", "node-n2", "operator", "observer"}) {
+		t.Errorf("router account users %v", got)
+	}
+	if got := names(p.Users); !slices.Equal(got, []string{"producer"}) {
+		t.Errorf("producer account users %v", got)
+	}
+	if len(p.Imports) != 1 || p.Imports[0].Subject != "jms.>" || p.Imports[0].To != "jms.>" {
+		t.Errorf("producer imports %+v", p.Imports)
+	}
+	exported := map[string]Export{}
+	for _, e := range r.Exports {
+		exported[e.Subject] = e
+	}
+	imports := 0
+	for i, a := range accounts[1:] {
+		if a.JetStream || len(a.Exports) != 0 {
+			t.Errorf("account %s: JetStream %v, exports %v", a.Name, a.JetStream, a.Exports)
+		}
+		if i > 0 {
+			node := defaultLayout.Nodes[i-1]
+			if got := names(a.Users); a.Name != "CONSUMERS_"+node || !slices.Equal(got, []string{"consumer-" + node}) {
+				t.Errorf("account %s users %v", a.Name, got)
+			}
+		}
+		for _, imp := range a.Imports {
+			imports++
+			e, ok := exported[imp.Subject]
+			if !ok || !slices.Contains(e.Accounts, a.Name) || e.Stream != imp.Stream {
+				t.Errorf("%s imports %+v; export %+v", a.Name, imp, e)
+			}
+			if strings.HasPrefix(imp.Subject, "$JS.API.") && imp.To != "JS.GROUPROUTER.API."+strings.TrimPrefix(imp.Subject, "$JS.API.") {
+				t.Errorf("%s imports %s as %s", a.Name, imp.Subject, imp.To)
+			}
+			if strings.Contains(imp.Subject, "MSG.NEXT") != imp.Stream {
+				t.Errorf("%s: %s stream response %v", a.Name, imp.Subject, imp.Stream)
+			}
+			// An account imports only what its user may publish: a
+			// reply aimed at an import gains nobody a right.
+			if !allowed(a.Users[0].Publish, imp.To) {
+				t.Errorf("%s imports %s, which its user may not publish", a.Name, imp.To)
+			}
+			// Nothing of the router's own state: no bucket but the
+			// parked one, no queue subject, no handler subject, no API
+			// request of the ingress, and nothing of another node.
+			for _, bad := range []string{kvbinding.DefaultBucket, kvbinding.DefaultNodesBucket, router.QueueSubjectPrefix, proposals.SubjectPropose, proposals.SubjectAdmin, router.IngressStream} {
+				if strings.Contains(imp.Subject, strings.TrimSuffix(bad, "*")) {
+					t.Errorf("%s imports %s", a.Name, imp.Subject)
+				}
+			}
+			for _, other := range defaultLayout.Nodes {
+				if i > 0 && other != defaultLayout.Nodes[i-1] && (strings.Contains(imp.Subject, router.QueueConsumer(other)) || strings.Contains(imp.Subject, consumer.ParkedSubjectPrefix+other)) {
+					t.Errorf("%s imports %s", a.Name, imp.Subject)
+				}
+			}
+		}
+	}
+	if len(exported) == 0 || len(exported) > imports {
+		t.Errorf("%d exports for %d imports", len(exported), imports)
+	}
+	for _, e := range r.Exports {
+		if len(e.Accounts) == 0 {
+			t.Errorf("export %s to nobody", e.Subject)
+		}
+	}
+}
+
 // TestConfigParsesAsGenerated: nats-server's own parser reads the block
 // into exactly the users and permissions of the model, with the
 // passwords from its environment (a plain one and a bcrypt hash).
@@ -413,14 +523,25 @@ func TestConfigParsesAsGenerated(t *testing.T) {
 		}
 		return out
 	}
-	for i, u := range users {
-		got := opts.Users[i]
+	parsed := map[string]*server.User{}
+	for _, u := range opts.Users {
+		parsed[u.Username] = u
+	}
+	for _, u := range users {
+		got, ok := parsed[u.Name]
+		if !ok {
+			t.Errorf("user %s not parsed", u.Name)
+			continue
+		}
 		want := "pw-" + u.Name
 		if u.Name == "producer" {
 			want = hash
 		}
-		if got.Username != u.Name || got.Password != want {
-			t.Errorf("user %d: %q with password %q, want %q with %q", i, got.Username, got.Password, u.Name, want)
+		if got.Password != want {
+			t.Errorf("user %s: password %q, want %q", u.Name, got.Password, want)
+		}
+		if got.Account == nil || got.Account.GetName() != u.Account {
+			t.Errorf("user %s: account %v, want %s", u.Name, got.Account, u.Account)
 		}
 		p := got.Permissions
 		if p == nil || p.Publish == nil || p.Subscribe == nil || p.Response != nil {

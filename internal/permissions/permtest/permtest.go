@@ -6,25 +6,38 @@ import (
 	"bytes"
 	"crypto/rand"
 	"encoding/hex"
+	"fmt"
 	"os"
 	"path/filepath"
 	"testing"
 
 	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"grouprouter/internal/permissions"
 )
 
-// Auth is the users of a generated permissions block, for servers of a
-// test: the block as nats-server parsed it, and every user with the random
-// password the test gave it.
+// Auth is the accounts and users of a generated permissions block, for
+// servers of a test, and every user with the random password the test
+// gave it.
 type Auth struct {
-	// ServerUsers are the block's users, for server.Options.Users.
-	ServerUsers []*server.User
 	// Users and Pass are every user and its password, by user name.
 	Users map[string]permissions.User
 	Pass  map[string]string
+	// AdminPass is the password of AdminUser, a user of the router's
+	// account without permissions that the tests add to the block, to
+	// look at the state as it is (every stream, every key).
+	AdminPass string
+	// path is the block's file: every server parses it for itself (a
+	// server owns the accounts it is given).
+	path          string
+	routerAccount string
 }
+
+// AdminUser is the name of the tests' unrestricted user of the router's
+// account (not in the generated block).
+const AdminUser = "test-admin"
 
 // NewAuth writes layout's permissions block to a file, gives every user a
 // random password (set, for the test, in the environment variable the
@@ -51,14 +64,40 @@ func NewAuth(t *testing.T, layout permissions.Layout) *Auth {
 		a.Users[u.Name], a.Pass[u.Name] = u, "p"+hex.EncodeToString(b)
 		t.Setenv(u.PasswordEnv, a.Pass[u.Name])
 	}
-	parsed, err := server.ProcessConfigFile(path)
-	if err != nil {
+	a.path, a.routerAccount = path, layout.RouterAccount
+	if a.routerAccount == "" {
+		a.routerAccount = permissions.DefaultRouterAccount
+	}
+	b := make([]byte, 12)
+	_, _ = rand.Read(b)
+	a.AdminPass = "a" + hex.EncodeToString(b)
+	if _, err := server.ProcessConfigFile(path); err != nil {
 		t.Fatalf("nats-server does not parse the generated block: %v", err)
 	}
-	a.ServerUsers = parsed.Users
 	return a
 }
 
-// Configure sets the users on a server's options (for natstest.RunServerWith and
-// natstest.RunClusterWith).
-func (a *Auth) Configure(o *server.Options) { o.Users = a.ServerUsers }
+// Configure sets the block's accounts and users on a server's options (for
+// natstest.RunServerWith and natstest.RunClusterWith), parsed anew for
+// each server.
+func (a *Auth) Configure(o *server.Options) {
+	parsed, err := server.ProcessConfigFile(a.path)
+	if err != nil {
+		panic(fmt.Sprintf("permtest: the block parsed once and not again: %v", err))
+	}
+	o.Accounts, o.Users = parsed.Accounts, parsed.Users
+	for _, acc := range parsed.Accounts {
+		if acc.GetName() == a.routerAccount {
+			o.Users = append(o.Users, &server.User{Username: AdminUser, Password: a.AdminPass, Account: acc})
+		}
+	}
+}
+
+// JetStream returns a JetStream context for user's connection nc: under
+// the user's JetStream API prefix when it has one (a consumer).
+func (a *Auth) JetStream(nc *nats.Conn, user string) (jetstream.JetStream, error) {
+	if p := a.Users[user].APIPrefix; p != "" {
+		return jetstream.NewWithAPIPrefix(nc, p)
+	}
+	return jetstream.New(nc)
+}
