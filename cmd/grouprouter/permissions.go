@@ -11,7 +11,7 @@ import (
 )
 
 type permissionsFlags struct {
-	address, nodes, handlers, name, inboxPrefix, jsDomain string
+	address, nodes, handlers, name, inboxPrefix, jsDomain      string
 	routerAccount, producerAccount, consumerAccount, apiPrefix string
 }
 
