@@ -54,9 +54,9 @@
 // subject, the reason in HeaderParkReason) and acknowledged, and the group
 // is recorded in bucket ParkedBucket, so that its later messages, on any
 // node, follow it there. The stream and the bucket are the router's: a
-// LOCAL router node creates them (router.EnsureParking); Consume creates
-// them only when they are missing and it may, and otherwise waits for
-// them. Consume works through a JetStream API prefix (js from
+// LOCAL router node creates them (router.EnsureParking). Through a
+// JetStream API prefix Consume waits for them; with the account's own API
+// it creates missing ones. Consume works through an API prefix (js from
 // jetstream.NewWithAPIPrefix), as a consumer in an account of its own does
 // (grouprouter permissions prints that layout).
 //

@@ -99,7 +99,7 @@ func (r *runner) setupParking(ctx context.Context) (func(), error) {
 		switch {
 		case ctx.Err() != nil:
 			return func() {}, nil
-		case !isTransient(err):
+		case !isTransient(err) && !errors.Is(err, jetstream.ErrStreamNotFound) && !errors.Is(err, jetstream.ErrBucketNotFound):
 			return func() {}, err
 		}
 		if !logged {
@@ -145,6 +145,20 @@ func (r *runner) setupParking(ctx context.Context) (func(), error) {
 func (r *runner) tryParking(ctx context.Context) error {
 	cctx, cancel := context.WithTimeout(ctx, opTimeout)
 	defer cancel()
+	if p := r.js.Options().APIPrefix; p != "" && p != jetstream.DefaultAPIPrefix {
+		// Through an API prefix, in an account of its own: the router's
+		// account holds the stream and the bucket, and a LOCAL node
+		// creates them there; the consumer may only look them up.
+		if _, err := r.js.Stream(cctx, ParkedStream); err != nil {
+			return fmt.Errorf("consumer: stream %s (a LOCAL router node creates it): %w", ParkedStream, err)
+		}
+		kv, err := r.js.KeyValue(cctx, ParkedBucket)
+		if err != nil {
+			return fmt.Errorf("consumer: bucket %s (a LOCAL router node creates it): %w", ParkedBucket, err)
+		}
+		r.parkedKV = kv
+		return nil
+	}
 	kv, err := router.EnsureParking(cctx, r.js, r.o.replicas)
 	if err != nil {
 		return fmt.Errorf("consumer: the parked stream and bucket (a LOCAL router node creates them): %w", err)

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+
+	natsretry "grouprouter/internal/retry"
 )
 
 // The parked stream and bucket of package consumer (see its doc): they
@@ -37,6 +39,8 @@ func ParkedStreamConfig(replicas int) jetstream.StreamConfig {
 		Storage:     jetstream.FileStorage,
 		Replicas:    replicas,
 		Duplicates:  2 * time.Minute,
+		// Replays delete parked messages one by one; nothing purges.
+		DenyPurge: true,
 	}
 }
 
@@ -71,6 +75,38 @@ func EnsureParking(ctx context.Context, js jetstream.JetStream, replicas int) (j
 		}
 		if attempt >= 2 {
 			return nil, fmt.Errorf("grouping: create bucket %s: %w", ParkedBucket, err)
+		}
+	}
+}
+
+// ensureParking creates the parked stream and bucket, on a LOCAL node,
+// once the node routes: in the background, so that they do not delay its
+// start, retrying (with a backoff up to 30 s) until they exist or ctx ends.
+// Consumers wait for them meanwhile.
+func (r *Router) ensureParking(ctx context.Context, replicas int) {
+	backoff := natsretry.Backoff{Min: 500 * time.Millisecond, Max: 30 * time.Second}
+	for logged := false; ; logged = true {
+		before := r.nc.LastError()
+		cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		_, err := EnsureParking(cctx, r.js, replicas)
+		cancel()
+		if err == nil {
+			r.log.Debug("the parked stream and bucket are there", "stream", ParkedStream, "bucket", ParkedBucket, "replicas", replicas)
+			return
+		}
+		if ctx.Err() != nil {
+			return
+		}
+		if v := natsretry.Violation(r.nc, before); v != nil {
+			err = fmt.Errorf("%w (%w)", v, err)
+		}
+		if !logged {
+			r.log.Warn("creating the parked stream and bucket (package consumer waits for them); retrying", "err", err)
+		} else {
+			r.log.Debug("creating the parked stream and bucket; retrying", "err", err)
+		}
+		if natsretry.Sleep(ctx, backoff.Next()) != nil {
+			return
 		}
 	}
 }

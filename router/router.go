@@ -81,6 +81,8 @@ type Router struct {
 	js  jetstream.JetStream
 	cfg Config
 	log *slog.Logger
+	// replicas is what the streams got: the parked ones get it too.
+	replicas int
 
 	store   *kvbinding.Store
 	cache   *kvbinding.Cache
@@ -355,6 +357,9 @@ func (r *Router) Run(ctx context.Context) error {
 	}
 	if r.cfg.GroupTimeout > 0 {
 		g.Go(func() error { r.reaper(gctx); return nil })
+	}
+	if r.cfg.Type == Local {
+		g.Go(func() error { r.ensureParking(gctx, max(r.replicas, 1)); return nil })
 	}
 	g.Go(func() error { r.handOverLoop(gctx); return nil })
 	r.resumeDuties()

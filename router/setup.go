@@ -103,6 +103,7 @@ func (r *Router) setup(ctx context.Context) (queueCons jetstream.Consumer, relea
 	}); err != nil {
 		return nil, nil, err
 	}
+	r.replicas = replicas
 	if err := r.setupStep(ctx, "bindings bucket", func(ctx context.Context) (err error) {
 		r.store, err = kvbinding.OpenStore(ctx, r.js, kvbinding.StoreConfig{Replicas: replicas, MaxBytes: r.cfg.BindingsMaxBytes})
 		return err

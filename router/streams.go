@@ -122,7 +122,7 @@ func cannotPlace(err error) bool {
 }
 
 // ensureStreams creates the ingress, queue, dead-letter and events streams
-// (and package consumer's parked stream and bucket) if they are missing, and checks that existing ones capture the right
+// if they are missing, and checks that existing ones capture the right
 // subjects. Only a LOCAL node creates them (and then the buckets): a
 // REMOTE node waits, until ctx ends, for them and the buckets to exist, so
 // that its NATS user needs no right to create (or to shape) a stream.
@@ -146,6 +146,11 @@ func ensureStreams(ctx context.Context, js jetstream.JetStream, cfg Config, repl
 			Discard:     jetstream.DiscardNew,
 			Storage:     jetstream.FileStorage,
 			Replicas:    replicas,
+			// Nothing removes an ingress message but its age: a removed
+			// one would be a loss (reported as a gap, but a loss). A purge
+			// stays allowed, for an operator resetting a deployment (the
+			// bench does between phases); no role has the right.
+			DenyDelete: true,
 		},
 		{
 			Name:        QueueStream,
@@ -158,6 +163,9 @@ func ensureStreams(ctx context.Context, js jetstream.JetStream, cfg Config, repl
 			Storage:     jetstream.FileStorage,
 			Replicas:    replicas,
 			Duplicates:  queueDuplicates,
+			// A move deletes the messages it copied, one by one; nothing
+			// purges a queue.
+			DenyPurge: true,
 		},
 		{
 			Name:        DeadLetterStream,
@@ -187,6 +195,8 @@ func ensureStreams(ctx context.Context, js jetstream.JetStream, cfg Config, repl
 			Discard:     jetstream.DiscardOld,
 			Storage:     jetstream.FileStorage,
 			Replicas:    replicas,
+			DenyDelete:  true,
+			DenyPurge:   true,
 		},
 	}
 	if cfg.Type != Local {
@@ -205,10 +215,7 @@ func ensureStreams(ctx context.Context, js jetstream.JetStream, cfg Config, repl
 			return err
 		}
 	}
-	// Package consumer's parked stream and bucket: with the router's state,
-	// created here so that consumers need no right to create streams.
-	_, err := EnsureParking(ctx, js, replicas)
-	return err
+	return nil
 }
 
 // routerHeaderBytes is room for the headers the router adds to a message it
