@@ -77,6 +77,7 @@ func Consume(ctx context.Context, js jetstream.JetStream, node string, h Handler
 		queuePrefix: router.QueueSubjectPrefix + node + ".",
 		lanes:       newLaneSet(),
 		parkedSet:   make(map[string]bool),
+		parkedAhead: make(map[string]uint64),
 		cancels:     make(map[*lane]context.CancelCauseFunc),
 		timers:      make(map[*lane]*time.Timer),
 	}
@@ -114,6 +115,10 @@ type runner struct {
 	cond      *sync.Cond
 	lanes     *laneSet
 	parkedSet map[string]bool // groups recorded in ParkedBucket
+	// parkedAhead holds the revision of a parked record this process wrote
+	// and applied before the watch brought it (touchParked): the watch's
+	// older changes of the group are stale until it gets there.
+	parkedAhead map[string]uint64
 	cancels   map[*lane]context.CancelCauseFunc
 	timers    map[*lane]*time.Timer
 	pinID     string

@@ -169,7 +169,7 @@ func (r *runner) tryParking(ctx context.Context) error {
 
 // applyParked applies a change of ParkedBucket (the record of key, or its
 // deletion).
-func (r *runner) applyParked(key string, deleted bool, value []byte, _ uint64) {
+func (r *runner) applyParked(key string, deleted bool, value []byte, rev uint64) {
 	group, err := kvbinding.GroupFromKey(key)
 	if err != nil {
 		r.log.Debug("consumer: ignoring a key of the parked bucket", "key", key, "err", err)
@@ -190,6 +190,13 @@ func (r *runner) applyParked(key string, deleted bool, value []byte, _ uint64) {
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	if ahead, ok := r.parkedAhead[group]; ok {
+		if rev < ahead {
+			r.log.Debug("consumer: a parked record change older than one applied; ignored", "group", group, "revision", rev, "applied", ahead)
+			return
+		}
+		delete(r.parkedAhead, group)
+	}
 	if st == notParked {
 		delete(r.parkedSet, group)
 	} else {
@@ -213,7 +220,7 @@ func (r *runner) park(ctx context.Context, l *lane, d *delivery) {
 	pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), opTimeout)
 	defer cancel()
 	if !recorded && !strings.HasPrefix(group, "\x00") {
-		created, err := r.record(pctx, group, ParkRecord{Node: r.node, IngressSeq: d.seq, Reason: reason, Attempts: attempts, At: time.Now().UTC()})
+		created, err := r.record(pctx, group, ParkRecord{Node: r.node, IngressSeq: d.seq, Reason: reason, Attempts: attempts, At: time.Now().UTC()}, false)
 		if err != nil {
 			r.warn("record", "consumer: could not record a parked group; trying again", "group", group, "err", err)
 			r.finish(l, interrupted)
@@ -241,6 +248,18 @@ func (r *runner) park(ctx context.Context, l *lane, d *delivery) {
 		r.finish(l, interrupted)
 		return
 	}
+	if parkedHook != nil {
+		parkedHook(group, d.seq)
+	}
+	if !strings.HasPrefix(group, "\x00") {
+		if err := r.touchParked(pctx, group, d.seq, reason, attempts); err != nil {
+			// Published (a second publish is deduplicated), not acked:
+			// tried again after a backoff.
+			r.warn("record", "consumer: could not record a parked message; trying again", "group", group, "ingress_seq", d.seq, "err", err)
+			r.finish(l, interrupted)
+			return
+		}
+	}
 	r.mu.Lock()
 	cur := l.running
 	r.mu.Unlock()
@@ -252,9 +271,53 @@ func (r *runner) park(ctx context.Context, l *lane, d *delivery) {
 	r.finish(l, succeeded)
 }
 
+// parkedHook, if set (by tests only), runs after a message was published
+// to the parked stream, before touchParked.
+var parkedHook func(group string, seq uint64)
+
+// touchParked tells a replay of group that a message was just parked: it
+// writes the record again as it is, conditionally, so that a replay that
+// has read the parked stream up to before this message fails to delete the
+// record and reads on. Should the record be gone (a replay ended before the
+// message landed: the process parked it on a view of the record that was
+// already old), it records the group parked again, at this message, so
+// that the group's later messages follow it rather than pass it; the
+// operator's next retry replays it.
+func (r *runner) touchParked(ctx context.Context, group string, seq uint64, reason string, attempts int) error {
+	key, err := kvbinding.FullKey(group)
+	if err != nil {
+		return err
+	}
+	for range 5 {
+		e, err := r.parkedKV.Get(ctx, key)
+		if errors.Is(err, jetstream.ErrKeyNotFound) {
+			rec := ParkRecord{Node: r.node, IngressSeq: seq, Reason: "parked as a replay ended: " + reason, Attempts: attempts, At: time.Now().UTC()}
+			created, err := r.record(ctx, group, rec, true)
+			if err != nil {
+				return err
+			}
+			if created {
+				r.event(proposals.EventPark, group, seq, rec.Reason, attempts, 0)
+				r.log.Warn("consumer: a message was parked as its group's replay ended; the group is parked again (retry replays it)",
+					"group", group, "ingress_seq", seq)
+				return nil
+			}
+			continue // recorded by another process meanwhile: touch that
+		}
+		if err != nil {
+			return err
+		}
+		if _, err := r.parkedKV.Update(ctx, key, e.Value(), e.Revision()); err == nil || !casConflict(err) {
+			return err
+		}
+	}
+	return errors.New("consumer: the parked record kept changing")
+}
+
 // record writes group's parked record (first writer wins) and reports
-// whether this call created it.
-func (r *runner) record(ctx context.Context, group string, rec ParkRecord) (bool, error) {
+// whether this call created it. With ahead, a record it created applies to
+// the group's lane at once.
+func (r *runner) record(ctx context.Context, group string, rec ParkRecord, ahead bool) (bool, error) {
 	key, err := kvbinding.FullKey(group)
 	if err != nil {
 		return false, err
@@ -264,7 +327,8 @@ func (r *runner) record(ctx context.Context, group string, rec ParkRecord) (bool
 		return false, err
 	}
 	created := true
-	if _, err := r.parkedKV.Create(ctx, key, val); err != nil {
+	rev, err := r.parkedKV.Create(ctx, key, val)
+	if err != nil {
 		if !errors.Is(err, jetstream.ErrKeyExists) {
 			return false, err
 		}
@@ -272,6 +336,14 @@ func (r *runner) record(ctx context.Context, group string, rec ParkRecord) (bool
 	}
 	r.mu.Lock()
 	r.parkedSet[group] = true
+	if created && ahead {
+		// Parked again at once, not when the watch brings it (it may
+		// first bring the delete before it): the group's next message must
+		// not pass the one just parked.
+		r.parkedAhead[group] = rev
+		r.lanes.setRecord(group, parkedState, false, time.Time{}, time.Now())
+		r.cond.Signal()
+	}
 	r.mu.Unlock()
 	return created, nil
 }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -355,4 +356,47 @@ func TestReplayStoppedMidwayIsResumed(t *testing.T) {
 	if !rec2.redeliv[bad[2]] {
 		t.Errorf("the message whose handler was cut (%d) not flagged Redelivered", bad[2])
 	}
+}
+
+// TestParkedAsReplayEndsStaysParked: a message parked just after its
+// group's replay ended (the record deleted between the publish to the
+// parked stream and what follows, as when the parking process still saw
+// the group parked) parks the group again at that message, with a park
+// event, and the group's later messages follow it there: none of them is
+// handled before it.
+func TestParkedAsReplayEndsStaysParked(t *testing.T) {
+	q := newQueue(t, true, 30*time.Second)
+	ev := watchEvents(t, q.nc)
+	kv, err := router.EnsureParking(context.Background(), q.js, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var deleted atomic.Bool
+	consumer.SetParkedHook(func(group string, seq uint64) {
+		if group == "bad" && seq == 7 && deleted.CompareAndSwap(false, true) {
+			if err := kv.Delete(context.Background(), "r.bad"); err != nil {
+				t.Errorf("delete the record: %v", err)
+			}
+		}
+	})
+	t.Cleanup(func() { consumer.SetParkedHook(nil) })
+	var fault atomic.Bool
+	fault.Store(true)
+	bad, rec, _ := parkBad(t, q, 6, &fault, nil)
+	if !deleted.Load() {
+		t.Fatal("the hook never ran")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	pg, err := consumer.GetParked(ctx, q.js, "bad")
+	if err != nil {
+		t.Fatalf("bad not parked again: %v", err)
+	}
+	if pg.Record.IngressSeq != 7 || !strings.HasPrefix(pg.Record.Reason, "parked as a replay ended") || pg.Head != bad[1] {
+		t.Errorf("parked again as %+v (head %d), want at 7, head %d", pg.Record, pg.Head, bad[1])
+	}
+	if got := rec.of("bad"); !slices.Equal(got, bad[:1]) {
+		t.Errorf("bad handled %v, want only %v: its later messages passed a parked one", got, bad[:1])
+	}
+	waitFor(t, "two park events", func() bool { return len(ev.of("park")) == 2 })
 }
