@@ -113,6 +113,12 @@ type Lease struct {
 // Checkpoint is how far a node has routed the ingress stream: every
 // sequence below Next is done except those listed in Pending.
 type Checkpoint struct {
+	// Node is the node whose checkpoint it is (set by SaveCheckpoint): a
+	// copy of one node's checkpoint under another's key is refused (a node
+	// user reads its own with a direct get, which answers with the record
+	// itself, to whatever reply subject it names). Empty in checkpoints of
+	// earlier releases.
+	Node    string      `json:"node,omitempty"`
 	Next    uint64      `json:"next"`
 	Pending [][2]uint64 `json:"pending,omitempty"` // inclusive ranges still to route
 	// Caught holds, for each group this node is taking over, the last
@@ -468,6 +474,7 @@ func (r *Registry) WatchLease(ctx context.Context, name string, fn func(holder s
 
 // SaveCheckpoint stores the node's routing checkpoint.
 func (r *Registry) SaveCheckpoint(ctx context.Context, node string, c Checkpoint) error {
+	c.Node = node
 	data, err := encodeRecord(recordCheckpoint, &c)
 	if err != nil {
 		return err
@@ -495,6 +502,9 @@ func (r *Registry) LoadCheckpoint(ctx context.Context, node string) (Checkpoint,
 	if c.Next == 0 {
 		// Every checkpoint a node saves has read something or starts at 1.
 		return Checkpoint{}, false, fmt.Errorf("%w: %s: no next sequence", ErrInvalidCheckpoint, node)
+	}
+	if c.Node != "" && c.Node != node {
+		return Checkpoint{}, false, fmt.Errorf("%w: %s: the checkpoint of node %q under its key", ErrInvalidCheckpoint, node, c.Node)
 	}
 	if err := c.Validate(); err != nil {
 		return Checkpoint{}, false, fmt.Errorf("%w: %s: %v", ErrInvalidCheckpoint, node, err)

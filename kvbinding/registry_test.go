@@ -135,3 +135,48 @@ func TestLiveRecord(t *testing.T) {
 		}
 	}
 }
+
+// TestCheckpointCopiedUnderAnotherKey: a node's checkpoint stored, as it
+// is, under another node's key (a direct get answers with the stored
+// record to any reply subject its requester names) is refused there and
+// still read under its own; a checkpoint of an earlier release, which
+// names no node, is read.
+func TestCheckpointCopiedUnderAnotherKey(t *testing.T) {
+	s := natstest.RunServer(t)
+	js, err := jetstream.New(s.Connect())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	reg, err := OpenRegistry(ctx, js, RegistryConfig{}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := reg.SaveCheckpoint(ctx, "n2", Checkpoint{Next: 9}); err != nil {
+		t.Fatal(err)
+	}
+	kv, err := js.KeyValue(ctx, DefaultNodesBucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, err := kv.Get(ctx, CheckpointKey("n2"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kv.Put(ctx, CheckpointKey("n1"), e.Value()); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok, err := reg.LoadCheckpoint(ctx, "n1"); ok || !errors.Is(err, ErrInvalidCheckpoint) {
+		t.Errorf("n2's checkpoint under n1's key: ok %v, err %v", ok, err)
+	}
+	if c, ok, err := reg.LoadCheckpoint(ctx, "n2"); !ok || err != nil || c.Next != 9 || c.Node != "n2" {
+		t.Errorf("n2's own: %+v %v %v", c, ok, err)
+	}
+	if _, err := kv.Put(ctx, CheckpointKey("n3"), []byte(`{"record":"checkpoint","v":1,"next":4}`)); err != nil {
+		t.Fatal(err)
+	}
+	if c, ok, err := reg.LoadCheckpoint(ctx, "n3"); !ok || err != nil || c.Next != 4 {
+		t.Errorf("a checkpoint naming no node: %+v %v %v", c, ok, err)
+	}
+}

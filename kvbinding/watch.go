@@ -3,8 +3,11 @@ package kvbinding
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -275,14 +278,54 @@ func readTail(ctx context.Context, js jetstream.JetStream, stream string, seq ui
 	if last < seq {
 		return last, nil, nil
 	}
-	m, err := s.GetMsg(ctx, seq)
+	m, err := msgGet(ctx, js, stream, seq)
 	switch {
 	case errors.Is(err, jetstream.ErrMsgNotFound):
 		return last, nil, nil
 	case err != nil:
 		return 0, nil, err
 	}
-	return last, &storedMsg{subj: m.Subject, data: m.Data}, nil
+	return last, m, nil
+}
+
+// msgGet reads the message at seq of stream with a STREAM.MSG.GET request,
+// never a direct get, whatever the stream allows: its answer is JSON around
+// the message, not the stored message itself, so that a reply subject aimed
+// at a bucket key (a requester may name any) stores no copy of a record
+// there. Node users are given this request on the bindings bucket, not the
+// direct get.
+func msgGet(ctx context.Context, js jetstream.JetStream, stream string, seq uint64) (*storedMsg, error) {
+	o := js.Options()
+	prefix := jetstream.DefaultAPIPrefix
+	switch {
+	case o.Domain != "":
+		prefix = "$JS." + o.Domain + ".API."
+	case o.APIPrefix != "":
+		prefix = strings.TrimSuffix(o.APIPrefix, ".") + "."
+	}
+	resp, err := js.Conn().RequestWithContext(ctx, prefix+"STREAM.MSG.GET."+stream, []byte(`{"seq":`+strconv.FormatUint(seq, 10)+`}`))
+	if err != nil {
+		return nil, err
+	}
+	var r struct {
+		Message *struct {
+			Subject string `json:"subject"`
+			Data    []byte `json:"data"`
+		} `json:"message"`
+		Error *jetstream.APIError `json:"error"`
+	}
+	if err := json.Unmarshal(resp.Data, &r); err != nil {
+		return nil, fmt.Errorf("kvbinding: get message %d of %s: %w", seq, stream, err)
+	}
+	switch {
+	case r.Error != nil && r.Error.ErrorCode == jetstream.JSErrCodeMessageNotFound:
+		return nil, jetstream.ErrMsgNotFound
+	case r.Error != nil:
+		return nil, fmt.Errorf("kvbinding: get message %d of %s: %w", seq, stream, r.Error)
+	case r.Message == nil:
+		return nil, fmt.Errorf("kvbinding: get message %d of %s: an answer without a message", seq, stream)
+	}
+	return &storedMsg{subj: r.Message.Subject, data: r.Message.Data}, nil
 }
 
 // tailRewound decides whether a stream lost what a watch read: the watch

@@ -172,7 +172,13 @@ func roleChecks() []check {
 			js("DIRECT.GET.KV_"+nb+"."+kvSubj(nb, kvbinding.CheckpointKey(n))),
 			js("CONSUMER.CREATE."+q+"."+router.QueueConsumer(n)+"."+router.QueueFilter(n)),
 			js("CONSUMER.INFO."+q+"."+router.QueueConsumer("n0")), js("CONSUMER.INFO."+q+"."+router.QueueConsumer("n2")),
-			js("STREAM.MSG.GET."+q), js("STREAM.MSG.DELETE."+q))
+			js("STREAM.MSG.GET."+q), js("STREAM.MSG.DELETE."+q), js("STREAM.MSG.GET.KV_"+b))
+		// A node reads binding records only as JSON around them (the
+		// rewind check), never with a direct get, whose answer is the
+		// record itself: aimed by a reply subject at another key, it
+		// would write a binding. LOCAL nodes (the handler) write them anyway.
+		add(u, pub, false, js("DIRECT.GET.KV_"+b))
+		add(u, pub, n != "n2", js("DIRECT.GET.KV_"+b+"."+kvSubj(b, "r.order-42")))
 		for _, k := range NodeEvents {
 			add(u, pub, true, proposals.SubjectEventsPrefix+k)
 		}
