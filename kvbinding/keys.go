@@ -84,8 +84,14 @@ func LegacyKey(group string) (string, bool) {
 }
 
 func digestKey(group string) string {
+	var b [digestKeyLen]byte
+	return string(appendDigestKey(b[:0], group))
+}
+
+// appendDigestKey appends group's digest key to b.
+func appendDigestKey(b []byte, group string) []byte {
 	sum := sha256.Sum256([]byte(group))
-	return "h." + base64.RawURLEncoding.EncodeToString(sum[:])
+	return base64.RawURLEncoding.AppendEncode(append(b, "h."...), sum[:])
 }
 
 // digested reports whether a group id's Key is a digest key (its full key
@@ -117,7 +123,8 @@ func Ref(group string) string {
 	if !digested(group) || ValidateGroupID(group) != nil {
 		return group
 	}
-	return refMark + digestKey(group)
+	var b [len(refMark) + digestKeyLen]byte
+	return string(appendDigestKey(append(b[:0], refMark...), group))
 }
 
 // IsRef reports whether s is the Ref of a group with a digest key (and so
