@@ -279,7 +279,7 @@ func (b Binding) Marshal() ([]byte, error) {
 	if err := b.Validate(); err != nil {
 		return nil, err
 	}
-	return b.AppendJSON(make([]byte, 0, 256)), nil
+	return b.AppendJSON(make([]byte, 0, 256+len(b.Group))), nil
 }
 
 // UnmarshalBinding decodes a bucket value and validates it.

@@ -37,11 +37,14 @@ const (
 
 // CacheConfig configures a Cache.
 type CacheConfig struct {
-	// Notify, if not nil, receives the group of every change the cache
-	// applies once it is ready ("" is the ungrouped routing binding), in
-	// revision order, from the goroutine that applied it (the watch, or a
-	// caller of Apply), outside the cache's lock. The send blocks: the
-	// receiver must keep reading until the cache's Run returns.
+	// Notify, if not nil, receives the Ref of the group of every change
+	// the cache applies once it is ready ("" is the ungrouped routing
+	// binding), in revision order, from the goroutine that applied it (the
+	// watch, or a caller of Apply), outside the cache's lock. The send
+	// blocks: the receiver must keep reading until the cache's Run
+	// returns. A ref is the group id itself but for long ids (see Ref):
+	// the delete of a digest key carries no value, and the cache does not
+	// keep long ids, so it cannot name their group.
 	Notify chan<- string
 	// Logger receives the keys of values the cache ignores. Default: discard.
 	Logger *slog.Logger
@@ -64,15 +67,22 @@ type CacheConfig struct {
 // group's last valid record (and lists the bad revision in Bad, for the
 // handler to restore the record over it), or, when it has none, counts
 // the group as unbound (Binding.Invalid) until a valid revision comes.
+//
+// Every map of the cache is keyed by Ref: a group id up to 62 plain
+// characters, the digest key of a longer one. A long id is kept only while
+// its record is moving or in a hand-over step (the handler's monitor and
+// the takeovers need it); otherwise Lookup of a ref returns a record whose
+// Group is "", and Store.Names reads the ids from the bucket.
 type Cache struct {
 	mu     sync.RWMutex
-	m      map[string]entry
+	m      map[string]entry    // by Ref
 	drains map[string][]string // Drain lists of records in StepDrain
 	routed map[string]uint64   // Routed of records in a step
 	bad    map[string]uint64   // revisions of bad values over valid records
 	// unsettled holds the groups whose record is moving or in a
-	// hand-over step: what the handler's monitor looks after.
-	unsettled map[string]struct{}
+	// hand-over step (what the handler's monitor looks after): each ref's
+	// group id.
+	unsettled map[string]string
 	names     []string // interned node names; names[0] = ""
 	index     map[string]uint32
 	counts    []int // bound groups per interned node
@@ -87,12 +97,9 @@ type Cache struct {
 	replay      *Cache
 	onRewind    func(seen, last uint64)
 	rewindCheck time.Duration
-	// digests names the group of each digest key ("h.") with a record:
-	// the key does not say it, and a delete carries no value.
-	digests map[string]string
-	// legacy holds the full key ("r."/"b.", longer than MaxKeyLen) of
-	// each group whose record stands under one, written before digest
-	// keys (LegacyKey).
+	// legacy holds, by ref, the full key ("r."/"b.", longer than
+	// MaxKeyLen) of each group whose record stands under one, written
+	// before digest keys (LegacyKey).
 	legacy map[string]string
 
 	notify chan<- string
@@ -114,8 +121,7 @@ func NewCache(cfg CacheConfig) *Cache {
 		drains:    make(map[string][]string),
 		routed:    make(map[string]uint64),
 		bad:       make(map[string]uint64),
-		unsettled: make(map[string]struct{}),
-		digests:   make(map[string]string),
+		unsettled: make(map[string]string),
 		legacy:    make(map[string]string),
 		done:      make(chan struct{}),
 		names:     []string{""},
@@ -139,20 +145,40 @@ func (c *Cache) Ready() <-chan struct{} { return c.ready }
 func (c *Cache) Ignored() uint64 { return c.ignored.Load() }
 
 // Lookup returns the cached record for a group ("" for the ungrouped
-// routing binding).
+// routing binding), or for a group's Ref: a caller that looks a long id
+// up often keeps its ref, which costs no hashing. The record's Group is
+// the group asked for; asked by the ref of a long id, it is the id while
+// the cache keeps it (the record is unsettled), else "".
 func (c *Cache) Lookup(group string) (Binding, bool) {
+	ref := group
+	if !IsRef(group) {
+		ref = Ref(group)
+	}
 	c.mu.RLock()
-	e, ok := c.m[group]
+	e, ok := c.m[ref]
 	if !ok {
 		c.mu.RUnlock()
 		return Binding{}, false
 	}
-	r := c.routeLocked(group, e)
+	r := c.routeLocked(ref, e)
 	c.mu.RUnlock()
+	if !IsRef(group) {
+		r.Group = group
+	}
 	return r, true
 }
 
-func (c *Cache) routeLocked(group string, e entry) Binding {
+// nameLocked returns the group id of a ref, or "" when the cache does not
+// keep it.
+func (c *Cache) nameLocked(ref string) string {
+	if !IsRef(ref) {
+		return ref
+	}
+	return c.unsettled[ref]
+}
+
+func (c *Cache) routeLocked(ref string, e entry) Binding {
+	group := c.nameLocked(ref)
 	r := Binding{Group: group, Revision: e.rev, Epoch: e.epoch, PrevNode: c.names[e.prev], Node: c.names[e.node]}
 	switch e.state {
 	case stateDead:
@@ -167,12 +193,12 @@ func (c *Cache) routeLocked(group string, e entry) Binding {
 		r.State, r.FromSeq = StateBound, e.seq
 		switch e.step {
 		case stepDrain:
-			r.Step, r.Drain = StepDrain, c.drains[group]
+			r.Step, r.Drain = StepDrain, c.drains[ref]
 		case stepCatchUp:
 			r.Step = StepCatchUp
 		}
 		if e.step != stepNone {
-			r.Routed = c.routed[group]
+			r.Routed = c.routed[ref]
 		}
 	}
 	return r
@@ -219,41 +245,49 @@ func (c *Cache) Apply(b Binding) bool {
 	if err := b.Validate(); err != nil {
 		return false
 	}
+	ref := Ref(b.Group)
 	c.mu.Lock()
-	changed := c.applyLocked(b, false)
+	changed := c.applyLocked(ref, b, false)
 	c.mu.Unlock()
 	if changed {
-		c.changed(b.Group)
+		c.changed(ref)
 	}
 	return changed
 }
 
-// changed notifies a change, once the initial records are in (the
-// receiver looks at every record once the cache is ready).
-func (c *Cache) changed(group string) {
+// changed notifies a change of ref's record, once the initial records are
+// in (the receiver looks at every record once the cache is ready).
+func (c *Cache) changed(ref string) {
 	if c.notify == nil || !c.warm.Load() {
 		return
 	}
 	select {
-	case c.notify <- group:
+	case c.notify <- ref:
 	case <-c.done:
 	}
 }
 
-func (c *Cache) applyLocked(b Binding, fromWatch bool) bool {
+// applyLocked records b, the record of ref's group.
+func (c *Cache) applyLocked(ref string, b Binding, fromWatch bool) bool {
 	if fromWatch {
 		if b.Revision <= c.watchRev {
 			return false
 		}
 		c.watchRev = b.Revision
 	}
-	old, had := c.m[b.Group]
+	old, had := c.m[ref]
 	if had && old.rev >= b.Revision {
 		return false
 	}
-	delete(c.bad, b.Group)
+	delete(c.bad, ref)
 	if had {
-		c.uncount(b.Group, old)
+		c.uncount(ref, old)
+	}
+	// The id is kept only where the record is unsettled; for a short id
+	// the ref is the id.
+	name := ref
+	if IsRef(ref) {
+		name = b.Group
 	}
 	e := entry{rev: b.Revision, epoch: b.OwnerEpoch(), prev: c.intern(b.PrevNode), node: c.intern(b.Node)}
 	switch b.State {
@@ -264,55 +298,58 @@ func (c *Cache) applyLocked(b Binding, fromWatch bool) bool {
 	case StateMoving:
 		e.state, e.seq = stateMoving, b.FromSeq
 		c.leaving[e.prev]++
-		c.unsettled[b.Group] = struct{}{}
+		c.unsettled[ref] = name
 	default:
 		e.state, e.seq = stateBound, b.FromSeq
 		switch b.Step {
 		case StepDrain:
 			e.step = stepDrain
-			c.drains[b.Group] = append([]string(nil), b.Drain...)
-			c.unsettled[b.Group] = struct{}{}
+			c.drains[ref] = append([]string(nil), b.Drain...)
+			c.unsettled[ref] = name
 		case StepCatchUp:
 			e.step = stepCatchUp
-			c.unsettled[b.Group] = struct{}{}
+			c.unsettled[ref] = name
 		}
 		if b.Routed != 0 {
-			c.routed[b.Group] = b.Routed
+			c.routed[ref] = b.Routed
 		}
 		if b.Group != "" {
 			c.counts[e.node]++
 		}
 	}
-	c.m[b.Group] = e
+	c.m[ref] = e
 	return true
 }
 
-// invalidLocked records that group's latest value, at rev, is unusable.
-func (c *Cache) invalidLocked(group string, rev uint64) bool {
+// invalidLocked records that ref's latest value, at rev, is unusable.
+func (c *Cache) invalidLocked(ref string, rev uint64) bool {
 	if rev <= c.watchRev {
 		return false
 	}
 	c.watchRev = rev
-	old, had := c.m[group]
+	old, had := c.m[ref]
 	if had && old.rev >= rev {
 		return false
 	}
 	if had && old.state != stateInvalid {
 		// Keep routing by the last valid record; the handler writes it
 		// back over the bad value (Bad).
-		c.bad[group] = rev
+		c.bad[ref] = rev
 		return false
 	}
 	if had {
-		c.uncount(group, old)
+		c.uncount(ref, old)
 	}
-	c.m[group] = entry{rev: rev, state: stateInvalid}
+	c.m[ref] = entry{rev: rev, state: stateInvalid}
 	return true
 }
 
 // Bad returns the groups whose latest value is unusable while the cache
 // keeps their last valid record, with the bad value's revision: the
-// handler restores the valid record over it.
+// handler restores the valid record over it. They are named by Ref: a
+// long id's record, looked up by its ref, names its group only while it
+// is unsettled (the handler cannot write back the others: nodes keep
+// routing by the valid record until the group's next change).
 func (c *Cache) Bad() map[string]uint64 {
 	c.mu.RLock()
 	defer c.mu.RUnlock()
@@ -326,34 +363,34 @@ func (c *Cache) Bad() map[string]uint64 {
 	return out
 }
 
-func (c *Cache) deleteLocked(group string, rev uint64) bool {
+func (c *Cache) deleteLocked(ref string, rev uint64) bool {
 	if rev <= c.watchRev {
 		return false
 	}
 	c.watchRev = rev
-	delete(c.bad, group)
-	old, had := c.m[group]
+	delete(c.bad, ref)
+	old, had := c.m[ref]
 	if !had || old.rev >= rev {
 		return false
 	}
-	c.uncount(group, old)
-	delete(c.m, group)
+	c.uncount(ref, old)
+	delete(c.m, ref)
 	return true
 }
 
-func (c *Cache) uncount(group string, e entry) {
+func (c *Cache) uncount(ref string, e entry) {
 	switch {
-	case e.state == stateBound && group != "":
+	case e.state == stateBound && ref != "":
 		c.counts[e.node]--
 	case e.state == stateMoving:
 		c.leaving[e.prev]--
 	}
 	if e.step == stepDrain {
-		delete(c.drains, group)
+		delete(c.drains, ref)
 	}
 	if e.state == stateMoving || e.step != stepNone {
-		delete(c.unsettled, group)
-		delete(c.routed, group)
+		delete(c.unsettled, ref)
+		delete(c.routed, ref)
 	}
 }
 
@@ -407,8 +444,8 @@ func (c *Cache) Unsettled() map[string]Binding {
 	c.mu.RLock()
 	defer c.mu.RUnlock()
 	out := make(map[string]Binding, len(c.unsettled))
-	for g := range c.unsettled {
-		out[g] = c.routeLocked(g, c.m[g])
+	for ref, g := range c.unsettled {
+		out[g] = c.routeLocked(ref, c.m[ref])
 	}
 	return out
 }
@@ -505,7 +542,7 @@ func (c *Cache) adopt(r *Cache) {
 	}
 	c.m, c.drains, c.routed, c.bad, c.unsettled = r.m, r.drains, r.routed, r.bad, r.unsettled
 	c.names, c.index, c.counts, c.leaving = r.names, r.index, r.counts, r.leaving
-	c.digests, c.legacy = r.digests, r.legacy
+	c.legacy = r.legacy
 	c.watchRev = r.watchRev
 	c.mu.Unlock()
 	c.log.Info("bindings read again after the bucket went back", "records", len(r.m), "changed", len(changed))
@@ -539,33 +576,36 @@ func (c *Cache) applyEntry(key string, op entryOp, value []byte, rev uint64) {
 		return // not a key of ours
 	}
 	long := !digest && len(key) > MaxKeyLen // a legacy full key
-	known := !digest
-	if digest {
+	var ref string
+	switch {
+	case digest:
 		// The key does not say whose it is: the record does, and the
-		// cache remembers it for the delete.
-		c.mu.RLock()
-		group, known = c.digests[key]
-		c.mu.RUnlock()
+		// cache needs only the key to find it again (a delete carries no
+		// value).
+		ref = refOfKey(key)
+	case long:
+		ref = Ref(group)
+	default:
+		ref = group
 	}
 	if op == opDelete {
-		if !known {
-			return // nothing cached under it
-		}
 		c.mu.Lock()
-		changed := c.deleteLocked(group, rev)
-		c.forgetKeyLocked(key, group, digest, long)
+		changed := c.deleteLocked(ref, rev)
+		if _, had := c.m[ref]; !had && long && c.legacy[ref] == key {
+			delete(c.legacy, ref)
+		}
 		c.mu.Unlock()
 		if changed {
-			c.changed(group)
+			c.changed(ref)
 		}
 		return
 	}
 	// A revision the cache already holds (the handler wrote it and applied
 	// it) needs no decoding. (Not while warming up: then every record is
 	// new, and the check costs a lookup.)
-	if c.warm.Load() && known {
+	if c.warm.Load() {
 		c.mu.Lock()
-		if e, had := c.m[group]; had && e.rev >= rev {
+		if e, had := c.m[ref]; had && e.rev >= rev {
 			c.watchRev = max(c.watchRev, rev)
 			c.mu.Unlock()
 			return
@@ -576,62 +616,45 @@ func (c *Cache) applyEntry(key string, op entryOp, value []byte, rev uint64) {
 	if !ok {
 		var err error
 		if b, err = UnmarshalBinding(value); err != nil {
-			c.refuse(key, group, known, rev, err.Error())
+			c.refuse(key, ref, !digest || c.holds(ref), rev, err.Error())
 			return
 		}
 	}
 	switch {
 	case digest && !KeyHolds(key, b.Group):
-		c.refuse(key, group, known, rev, "the value is the record of group "+quote(b.Group)+", whose key is another")
-		return
-	case digest && known && b.Group != group:
-		c.refuse(key, group, known, rev, "the value is the record of group "+quote(b.Group)+", not of "+quote(group))
+		// Another group's record (a SHA-256 collision, or forged): it
+		// routes neither group. It marks the key's group when the cache
+		// holds a record of it.
+		c.refuse(key, ref, c.holds(ref), rev, "the value is the record of group "+quote(b.Group)+", whose key is another")
 		return
 	case !digest && b.Group != group:
-		c.refuse(key, group, known, rev, "the value is the record of group "+quote(b.Group))
+		c.refuse(key, ref, true, rev, "the value is the record of group "+quote(b.Group))
 		return
 	}
-	group = b.Group
 	if b.Epoch > rev {
-		if digest {
-			c.mu.Lock()
-			c.digests[key] = group // the invalid mark below goes with the key's delete
-			c.mu.Unlock()
-		}
 		// An epoch is the revision of an earlier record: one from the
 		// future was not written by a handler.
-		c.refuse(key, group, true, rev, "epoch "+strconv.FormatUint(b.Epoch, 10)+" is past the record's revision")
+		c.refuse(key, ref, true, rev, "epoch "+strconv.FormatUint(b.Epoch, 10)+" is past the record's revision")
 		return
 	}
 	b.Revision = rev
 	c.mu.Lock()
-	changed := c.applyLocked(b, true)
-	if _, had := c.m[group]; had {
-		switch {
-		case digest:
-			c.digests[key] = group
-		case long:
-			c.legacy[group] = key
-		}
+	changed := c.applyLocked(ref, b, true)
+	if _, had := c.m[ref]; had && long {
+		c.legacy[ref] = key
 	}
 	c.mu.Unlock()
 	if changed {
-		c.changed(group)
+		c.changed(ref)
 	}
 }
 
-// forgetKeyLocked forgets which group a digest key, or which legacy key
-// a group, stood for, once the group's record is gone.
-func (c *Cache) forgetKeyLocked(key, group string, digest, long bool) {
-	if _, had := c.m[group]; had {
-		return
-	}
-	switch {
-	case digest:
-		delete(c.digests, key)
-	case long && c.legacy[group] == key:
-		delete(c.legacy, group)
-	}
+// holds reports whether the cache has an entry under ref.
+func (c *Cache) holds(ref string) bool {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	_, ok := c.m[ref]
+	return ok
 }
 
 // LegacyKey returns the full key ("r."/"b.", longer than MaxKeyLen) under
@@ -639,25 +662,29 @@ func (c *Cache) forgetKeyLocked(key, group string, digest, long bool) {
 // and false when its record (if any) stands under Key(group). Give it to
 // Store.UseLegacyKeys.
 func (c *Cache) LegacyKey(group string) (string, bool) {
+	if !digested(group) {
+		return "", false
+	}
+	ref := Ref(group)
 	c.mu.RLock()
 	defer c.mu.RUnlock()
-	key, ok := c.legacy[group]
+	key, ok := c.legacy[ref]
 	return key, ok
 }
 
 // refuse records that the value of key at rev is unusable and logs why.
-// A digest key whose group is not known (known false) marks no group.
-func (c *Cache) refuse(key, group string, known bool, rev uint64, why string) {
+// Unless mark is set, it marks no group.
+func (c *Cache) refuse(key, ref string, mark bool, rev uint64, why string) {
 	c.ignored.Add(1)
 	c.log.Warn("ignoring an invalid binding record", "key", shortID(key), "revision", rev, "reason", why)
-	if !known {
+	if !mark {
 		return
 	}
 	c.mu.Lock()
-	changed := c.invalidLocked(group, rev)
+	changed := c.invalidLocked(ref, rev)
 	c.mu.Unlock()
 	if changed {
-		c.changed(group)
+		c.changed(ref)
 	}
 }
 
@@ -676,9 +703,11 @@ func groupOfKey(key string) (string, error) {
 	return GroupFromKey(key)
 }
 
-// GroupsOf returns the groups whose record involves node: bound to it
-// (whatever the step), or, for a move in progress, moved away from it.
-func (c *Cache) GroupsOf(node string) []string {
+// RefsOf returns the refs (see Ref) of the groups whose record involves
+// node: bound to it (whatever the step), or, for a move in progress,
+// moved away from it. A ref is the group id but for long ids:
+// Store.Names reads those ids.
+func (c *Cache) RefsOf(node string) []string {
 	c.mu.RLock()
 	defer c.mu.RUnlock()
 	i, ok := c.index[node]
@@ -686,21 +715,22 @@ func (c *Cache) GroupsOf(node string) []string {
 		return nil
 	}
 	var out []string
-	for g, e := range c.m {
+	for ref, e := range c.m {
 		if (e.state == stateBound && e.node == i) || (e.state == stateMoving && e.prev == i) {
-			out = append(out, g)
+			out = append(out, ref)
 		}
 	}
 	return out
 }
 
-// Each calls fn for every cached record until fn returns false. It holds
-// the cache's read lock: fn must not call back into the cache.
-func (c *Cache) Each(fn func(group string, r Binding) bool) {
+// Each calls fn for every cached record, with its group's ref (see Ref),
+// until fn returns false. It holds the cache's read lock: fn must not
+// call back into the cache.
+func (c *Cache) Each(fn func(ref string, r Binding) bool) {
 	c.mu.RLock()
 	defer c.mu.RUnlock()
-	for g, e := range c.m {
-		if !fn(g, c.routeLocked(g, e)) {
+	for ref, e := range c.m {
+		if !fn(ref, c.routeLocked(ref, e)) {
 			return
 		}
 	}

@@ -19,7 +19,7 @@ func bound(group, node string, from, rev uint64) Binding {
 
 func TestCacheIgnoresRevisionsAlreadyApplied(t *testing.T) {
 	c := NewCache(CacheConfig{})
-	watch := func(b Binding) { c.mu.Lock(); c.applyLocked(b, true); c.mu.Unlock() }
+	watch := func(b Binding) { c.mu.Lock(); c.applyLocked(Ref(b.Group), b, true); c.mu.Unlock() }
 	watch(bound("g", "n1", 1, 1))
 	watch(bound("h", "n2", 2, 2))
 	c.mu.Lock()
@@ -190,8 +190,8 @@ func TestCacheOwnersCountsMovesInProgress(t *testing.T) {
 	if got["n2"] || !got["n3"] {
 		t.Fatalf("after the fence Owners = %v, want n3 and not n2", got)
 	}
-	if gs := c.GroupsOf("n3"); len(gs) != 1 || gs[0] != "b" {
-		t.Fatalf("GroupsOf(n3) = %v", gs)
+	if gs := c.RefsOf("n3"); len(gs) != 1 || gs[0] != "b" {
+		t.Fatalf("RefsOf(n3) = %v", gs)
 	}
 	if d := c.Draining(); len(d) != 1 || d["n2"] != 1 {
 		t.Fatalf("Draining = %v, want n2: 1", d)

@@ -3,6 +3,7 @@ package kvbinding
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 )
@@ -10,8 +11,8 @@ import (
 func longID(c string) string { return strings.Repeat(c, 1000) }
 
 // TestCacheDigestKeys: a record under a digest key is cached under the
-// group its value names, and its delete (which carries no value) removes
-// it; a record whose group's key is another, or that names another group
+// key's ref (never the id its value names), and its delete (which carries
+// no value) removes it; a record whose group's key is another, or that names another group
 // than the one the key held, is refused and routes nothing.
 func TestCacheDigestKeys(t *testing.T) {
 	c := NewCache(CacheConfig{})
@@ -45,8 +46,8 @@ func TestCacheDigestKeys(t *testing.T) {
 	if _, ok := c.Lookup(b); ok {
 		t.Fatal("b is routed by a record under a's key")
 	}
-	if c.Bad()[a] != 3 {
-		t.Fatalf("Bad = %v, want a at 3", c.Bad())
+	if c.Bad()[Ref(a)] != 3 {
+		t.Fatalf("Bad = %v, want a's ref at 3", c.Bad())
 	}
 	if c.Ignored() != 2 {
 		t.Fatalf("Ignored = %d, want 2", c.Ignored())
@@ -56,8 +57,8 @@ func TestCacheDigestKeys(t *testing.T) {
 	if _, ok := c.Lookup(a); ok {
 		t.Fatal("a's record outlived the delete of its digest key")
 	}
-	if len(c.digests) != 0 {
-		t.Fatalf("digests after the delete: %v", c.digests)
+	if len(c.m) != 0 || len(c.bad) != 0 {
+		t.Fatalf("entries after the delete: %d, bad %v", len(c.m), c.bad)
 	}
 	// A delete of a digest key the cache never held changes nothing.
 	c.applyEntry(kb, opDelete, nil, 5)
@@ -164,5 +165,125 @@ func TestStoreDigestKeys(t *testing.T) {
 	}
 	if _, err := st.Create(ctx, bound(old, "n2", 10, 0)); !errors.Is(err, ErrExists) {
 		t.Fatalf("Create over the legacy record = %v, want ErrExists", err)
+	}
+}
+
+// TestRef: a group with a full key is its own ref; a long id's ref is the
+// mark and its digest key, the same whether it is plain or not, and never
+// a group id.
+func TestRef(t *testing.T) {
+	for _, tc := range []struct {
+		name, group string
+		digest      bool
+	}{
+		{"ungrouped", "", false},
+		{"short plain", "order-42", false},
+		{"62 plain characters", strings.Repeat("p", 62), false},
+		{"63 plain characters", strings.Repeat("p", 63), true},
+		{"short, not plain (a base64 key of 62 bytes)", strings.Repeat("é", 22) + "a", false},
+		{"47 bytes, not plain (a base64 key of 65 bytes)", "a.b" + strings.Repeat("c", 44), true},
+		{"1000 bytes", longID("a"), true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ref := Ref(tc.group)
+			key, err := Key(tc.group)
+			if tc.group != "" && err != nil {
+				t.Fatal(err)
+			}
+			if IsRef(ref) != tc.digest || IsDigestKey(key) != tc.digest {
+				t.Fatalf("Ref = %.20q (IsRef %v), Key = %.20q; want digest %v", ref, IsRef(ref), key, tc.digest)
+			}
+			if tc.digest && (ref != "\xff"+key || ValidateGroupID(ref) == nil) {
+				t.Fatalf("Ref = %q, want the mark and key %q, not a group id", ref, key)
+			}
+			if !tc.digest && ref != tc.group {
+				t.Fatalf("Ref = %q, want the id", ref)
+			}
+		})
+	}
+}
+
+// TestCacheKeepsNoLongID: the cache holds a settled long id's record by
+// its ref, without the id, and notifies the ref; it keeps the id while
+// the record is unsettled (the handler's monitor and takeovers need it)
+// and drops it once the record settles again.
+func TestCacheKeepsNoLongID(t *testing.T) {
+	notes := make(chan string, 8)
+	c := NewCache(CacheConfig{Notify: notes})
+	c.warm.Store(true)
+	a := longID("a")
+	ka, _ := Key(a)
+	put := func(b Binding, rev uint64) {
+		t.Helper()
+		v, err := b.Marshal()
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.applyEntry(ka, opPut, v, rev)
+		if got := <-notes; got != Ref(a) {
+			t.Fatalf("notified %.20q, want a's ref", got)
+		}
+	}
+	put(Binding{Group: a, State: StateBound, Node: "n1", FromSeq: 3, DecidedBy: "h"}, 1)
+	if r, ok := c.Lookup(Ref(a)); !ok || r.Node != "n1" || r.Group != "" {
+		t.Fatalf("Lookup(ref) = %+v, %v; want n1's record, no id", r, ok)
+	}
+	if r, ok := c.Lookup(a); !ok || r.Group != a {
+		t.Fatalf("Lookup(a) = %.40q, %v; want the id asked for", r.Group, ok)
+	}
+	if refs := c.RefsOf("n1"); len(refs) != 1 || refs[0] != Ref(a) {
+		t.Fatalf("RefsOf(n1) = %q", refs)
+	}
+	if len(c.unsettled) != 0 {
+		t.Fatalf("a settled record keeps %d ids", len(c.unsettled))
+	}
+	put(Binding{Group: a, State: StateMoving, Node: "n2", PrevNode: "n1", FromSeq: 5, Epoch: 1, DecidedBy: "h"}, 2)
+	if r, _ := c.Lookup(Ref(a)); r.Group != a {
+		t.Fatalf("an unsettled record looked up by ref names %.20q", r.Group)
+	}
+	if u := c.Unsettled(); u[a].State != StateMoving {
+		t.Fatalf("Unsettled = %v", u)
+	}
+	put(Binding{Group: a, State: StateBound, Node: "n2", FromSeq: 5, Epoch: 2, DecidedBy: "h"}, 3)
+	if r, _ := c.Lookup(Ref(a)); r.Group != "" || len(c.unsettled) != 0 {
+		t.Fatalf("the settled record still names its id (%d kept)", len(c.unsettled))
+	}
+	c.applyEntry(ka, opDelete, nil, 4)
+	if got := <-notes; got != Ref(a) {
+		t.Fatalf("the delete notified %.20q, want a's ref", got)
+	}
+}
+
+// TestStoreNames: Names reads the ids of long refs from the bucket, one by
+// one or in one scan, names short ids by themselves, and leaves out a ref
+// whose record is gone.
+func TestStoreNames(t *testing.T) {
+	st, _ := openTestStore(t)
+	ctx := context.Background()
+	var refs []string
+	want := map[string]string{}
+	for i := range 12 {
+		g := fmt.Sprintf("%02d-", i) + longID("n")[3:]
+		if _, err := st.Create(ctx, bound(g, "n1", 1, 0)); err != nil {
+			t.Fatal(err)
+		}
+		refs = append(refs, Ref(g))
+		want[Ref(g)] = g
+	}
+	refs = append(refs, "short", Ref(longID("z"))) // never written
+	want["short"] = "short"
+	for _, n := range []int{3, len(refs)} { // by Get, then by a scan
+		got, err := st.Names(ctx, refs[len(refs)-n:])
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, r := range refs[len(refs)-n:] {
+			if got[r] != want[r] {
+				t.Fatalf("n=%d: Names[%.12q] = %.12q, want %.12q", n, r, got[r], want[r])
+			}
+		}
+		if _, ok := got[Ref(longID("z"))]; ok {
+			t.Fatal("a ref with no record was named")
+		}
 	}
 }

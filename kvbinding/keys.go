@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 	"unicode/utf8"
+	"unsafe"
 )
 
 // MaxGroupIDLen is the longest group id accepted, in bytes.
@@ -84,9 +85,58 @@ func LegacyKey(group string) (string, bool) {
 }
 
 func digestKey(group string) string {
-	sum := sha256.Sum256([]byte(group))
-	return "h." + base64.RawURLEncoding.EncodeToString(sum[:])
+	var b [digestKeyLen]byte
+	return string(appendDigestKey(b[:0], group))
 }
+
+// appendDigestKey appends group's digest key to b.
+func appendDigestKey(b []byte, group string) []byte {
+	// Hashed in place: a copy of a 1,000-byte id for each key or ref was
+	// a tenth of what a burst of long ids allocated. Sum256 only reads.
+	sum := sha256.Sum256(unsafe.Slice(unsafe.StringData(group), len(group)))
+	return base64.RawURLEncoding.AppendEncode(append(b, "h."...), sum[:])
+}
+
+// digested reports whether a group id's Key is a digest key (its full key
+// is longer than MaxKeyLen), without building the full key.
+func digested(group string) bool {
+	n := len(group)
+	switch {
+	case n+2 > MaxKeyLen:
+		return true // even "r." + id is too long
+	case 2+base64.RawURLEncoding.EncodedLen(n) <= MaxKeyLen:
+		return false // even "b." + base64(id) fits
+	}
+	return !isPlain(group)
+}
+
+// refMark starts the Ref of a group with a digest key. No group id starts
+// with it: it is not valid UTF-8.
+const refMark = "\xff"
+
+// Ref returns the name the binding cache knows a group by: the id itself
+// when its Key is its full key (ids of up to 62 plain characters), else
+// "\xff" and its digest key, 46 bytes whatever the id's length. The cache
+// keeps no long id in memory: it is keyed by refs, notifies refs
+// (CacheConfig.Notify), and takes a ref wherever it takes a group. The
+// ungrouped routing binding's ref is "". Refs are injective on valid ids
+// as digest keys are (a group with a full key never has a ref starting
+// with "\xff").
+func Ref(group string) string {
+	if !digested(group) || ValidateGroupID(group) != nil {
+		return group
+	}
+	var b [len(refMark) + digestKeyLen]byte
+	return string(appendDigestKey(append(b[:0], refMark...), group))
+}
+
+// IsRef reports whether s is the Ref of a group with a digest key (and so
+// not a group id).
+func IsRef(s string) bool { return strings.HasPrefix(s, refMark) }
+
+// refOfKey returns the Ref of the group whose record stands under a digest
+// key.
+func refOfKey(key string) string { return refMark + key }
 
 // IsDigestKey reports whether key has the form of a digest key.
 func IsDigestKey(key string) bool {
@@ -103,14 +153,14 @@ func KeyHolds(key, group string) bool {
 	if group == "" {
 		return key == UngroupedKey
 	}
-	full, err := FullKey(group)
-	if err != nil {
+	if ValidateGroupID(group) != nil {
 		return false
 	}
-	if len(full) <= MaxKeyLen {
-		return key == full
+	if digested(group) && IsDigestKey(key) {
+		return key == digestKey(group)
 	}
-	return key == full || key == digestKey(group)
+	full, _ := FullKey(group)
+	return key == full
 }
 
 // GroupFromKey returns the group id a full key (FullKey: "r." or "b.", of

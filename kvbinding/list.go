@@ -67,3 +67,63 @@ func ScanBindings(ctx context.Context, js jetstream.JetStream, bucket string, fn
 	}
 	return fmt.Errorf("kvbinding: scan %s: ended early", bucket)
 }
+
+// namesByGet is the most long ids Names reads one by one; more are read
+// in one scan of the bucket.
+const namesByGet = 8
+
+// errNamed stops the scan of Names once every ref is named.
+var errNamed = errors.New("kvbinding: every ref named")
+
+// Names returns the group ids of refs (see Ref), by ref: a ref that is a
+// group id names itself; the long ids are read from their records in the
+// bucket (the cache does not keep them), one by one when there are a few,
+// else in one scan of the bucket. A ref whose record is gone, or is not
+// its group's, is left out. It returns the error of a read (the refs named
+// so far with it).
+func (s *Store) Names(ctx context.Context, refs []string) (map[string]string, error) {
+	out := make(map[string]string, len(refs))
+	want := map[string]bool{}
+	for _, r := range refs {
+		if IsRef(r) {
+			want[r] = true
+		} else {
+			out[r] = r
+		}
+	}
+	if len(want) > 0 && len(want) <= namesByGet {
+		for r := range want {
+			e, err := s.kv.Get(ctx, r[len(refMark):])
+			if errors.Is(err, jetstream.ErrKeyNotFound) || errors.Is(err, jetstream.ErrKeyDeleted) {
+				continue // gone, or under a legacy key: the scan looks
+			}
+			if err != nil {
+				return out, fmt.Errorf("kvbinding: names: %w", err)
+			}
+			if b, err := decodeEntry(e); err == nil && Ref(b.Group) == r {
+				out[r] = b.Group
+				delete(want, r)
+			}
+		}
+	}
+	if len(want) == 0 {
+		return out, nil
+	}
+	err := ScanBindings(ctx, s.js, s.bucket, func(b Binding) error {
+		if !digested(b.Group) {
+			return nil
+		}
+		if r := Ref(b.Group); want[r] {
+			out[r] = b.Group
+			delete(want, r)
+			if len(want) == 0 {
+				return errNamed
+			}
+		}
+		return nil
+	})
+	if err != nil && !errors.Is(err, errNamed) {
+		return out, fmt.Errorf("kvbinding: names: %w", err)
+	}
+	return out, nil
+}

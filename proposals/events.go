@@ -71,7 +71,7 @@ func (e Event) Publish(nc *nats.Conn) {
 	if e.ID == "" {
 		e.ID = NewEventID()
 	}
-	_ = nc.Publish(SubjectEventsPrefix+e.Kind, e.AppendJSON(make([]byte, 0, 160)))
+	_ = nc.Publish(SubjectEventsPrefix+e.Kind, e.AppendJSON(make([]byte, 0, 160+len(e.Group)+len(e.Reason))))
 }
 
 // AppendJSON appends the event's JSON encoding, as encoding/json writes it

@@ -112,11 +112,14 @@ func (h *Handler) monitorInput(now time.Time) MonitorInput {
 	for _, node := range over {
 		busy := map[string]bool{}
 		for _, g := range live[node].Busy {
-			busy[g] = true
+			busy[kvbinding.Ref(g)] = true
 		}
-		for _, g := range h.cache.GroupsOf(node) {
-			if r, ok := h.cache.Lookup(g); ok && r.Settled() && r.Node == node && g != "" {
-				in.Candidates[node] = append(in.Candidates[node], Candidate{Group: g, Busy: busy[g] || live[node].BusyMore})
+		// Candidates are named by ref (the cache keeps no long id); the
+		// moves chosen are named in rebalance. A long id's cool-down is
+		// therefore counted from the move's start.
+		for _, ref := range h.cache.RefsOf(node) {
+			if r, ok := h.cache.Lookup(ref); ok && r.Settled() && r.Node == node && ref != "" {
+				in.Candidates[node] = append(in.Candidates[node], Candidate{Group: ref, Busy: busy[ref] || live[node].BusyMore})
 			}
 		}
 	}
@@ -131,14 +134,26 @@ func (h *Handler) rebalance(ctx context.Context, moves []RebalanceMove, nodes ma
 		h.mon.state.RebalanceDone()
 		h.mon.mu.Unlock()
 	}()
+	refs := make([]string, 0, len(moves))
+	for _, mv := range moves {
+		refs = append(refs, mv.Group)
+	}
+	names, err := h.store.Names(ctx, refs)
+	if err != nil {
+		h.log.Warn("cannot read the ids of long groups to rebalance; moving the others", "err", err)
+	}
 	groups := make([]string, 0, len(moves))
 	inputs := make([]Input, 0, len(moves))
 	for _, mv := range moves {
+		name, ok := names[mv.Group]
+		if !ok {
+			continue // gone meanwhile, or unreadable
+		}
 		reason := fmt.Sprintf("rebalance: %s holds %d of %d groups over %d nodes with a consumer", mv.From,
 			nodes[mv.From].Groups, totalGroups(nodes), len(Eligible(nodes, false)))
-		groups = append(groups, mv.Group)
+		groups = append(groups, name)
 		inputs = append(inputs, Input{Op: OpMove, By: h.id, Node: mv.To, Reason: reason})
-		h.log.Debug("rebalancing a group", "group", logagg.Short(mv.Group), "from", mv.From, "to", mv.To)
+		h.log.Debug("rebalancing a group", "group", logagg.Short(name), "from", mv.From, "to", mv.To)
 	}
 	moved, failed := h.applyMany(ctx, groups, inputs, h.liveState(), causeRebalance)
 	h.log.Info("groups moved to rebalance", "moved", moved, "failed", failed)
@@ -160,13 +175,19 @@ func (h *Handler) restoreBad(ctx context.Context) {
 	if len(bad) == 0 {
 		return
 	}
+	// By ref: the cache names a long id only while its record is
+	// unsettled; the others cannot be written back (nodes keep routing by
+	// the valid record).
 	groups := make([]string, 0, len(bad))
-	for g := range bad {
-		groups = append(groups, g)
+	for ref := range bad {
+		if r, ok := h.cache.Lookup(ref); ok && (r.Group != "" || ref == "") {
+			groups = append(groups, r.Group)
+		}
 	}
 	defer h.locks.lock(groups)()
 	var writes []kvbinding.Write
-	for g, rev := range bad {
+	for _, g := range groups {
+		rev := bad[kvbinding.Ref(g)]
 		r, ok := h.cache.Lookup(g)
 		if !ok || r.Invalid {
 			continue
@@ -223,7 +244,11 @@ func (h *Handler) evacuate(ctx context.Context, node string, groups []string, re
 		fence, caught = c.Start(), c.Caught
 	}
 	if all {
-		groups = h.cache.GroupsOf(node)
+		var err error
+		if groups, err = h.groupsOf(ctx, node); err != nil {
+			h.log.Warn("cannot read the ids of the long groups of a node to evacuate; will retry", "node", node, "err", err)
+			return
+		}
 	}
 	if len(groups) == 0 {
 		return
@@ -286,14 +311,25 @@ func (h *Handler) rebind(ctx context.Context, node string) {
 	live := h.liveState()
 	delete(live, node)
 	reason := "node " + node + " has had no queue consumer for " + h.cfg.RebindAfter.String()
-	var groups []string
-	var inputs []Input
-	for _, group := range h.cache.GroupsOf(node) {
-		if group == "" {
+	var refs []string
+	for _, ref := range h.cache.RefsOf(node) {
+		if ref == "" {
 			continue // the ungrouped router needs no consumer of its own
 		}
-		cur, ok := h.cache.Lookup(group)
-		if !ok || !cur.Settled() || cur.Node != node {
+		if cur, ok := h.cache.Lookup(ref); ok && cur.Settled() && cur.Node == node {
+			refs = append(refs, ref)
+		}
+	}
+	names, err := h.store.Names(ctx, refs)
+	if err != nil {
+		h.log.Warn("cannot read the ids of the long groups of a node without a consumer; will retry", "node", node, "err", err)
+		return
+	}
+	var groups []string
+	var inputs []Input
+	for _, ref := range refs {
+		group, ok := names[ref]
+		if !ok {
 			continue
 		}
 		target := PickTarget(live, group, "")
@@ -306,4 +342,21 @@ func (h *Handler) rebind(ctx context.Context, node string) {
 	h.log.Warn("moving groups off node", "node", node, "groups", len(groups), "reason", reason)
 	moved, failed := h.applyMany(ctx, groups, inputs, live, causeNoConsumer)
 	h.log.Info("groups asked to move off node", "node", node, "moved", moved, "failed", failed)
+}
+
+// groupsOf returns the groups whose record involves node (Cache.RefsOf),
+// the long ids read back from the bucket.
+func (h *Handler) groupsOf(ctx context.Context, node string) ([]string, error) {
+	refs := h.cache.RefsOf(node)
+	names, err := h.store.Names(ctx, refs)
+	if err != nil {
+		return nil, err
+	}
+	groups := make([]string, 0, len(names))
+	for _, ref := range refs {
+		if g, ok := names[ref]; ok {
+			groups = append(groups, g)
+		}
+	}
+	return groups, nil
 }

@@ -20,9 +20,11 @@ import (
 // hand-over, liveness) do the I/O. It is not safe for concurrent use: the
 // Router calls it with Router.mu held.
 
-// records is what the engine reads of the binding records.
+// records is what the engine reads of the binding records. The engine
+// looks records up by ref (kvbinding.Ref: the group id, or the digest ref
+// of a long id), which it computes once per lane.
 type records interface {
-	Lookup(group string) (kvbinding.Binding, bool)
+	Lookup(ref string) (kvbinding.Binding, bool)
 }
 
 // engineConfig is what the engine needs of the node's configuration.
@@ -57,7 +59,10 @@ type msgRec struct {
 // time. The lane of ungrouped messages (group "") publishes without that
 // limit.
 type lane struct {
-	group    string
+	group string
+	// ref is the group's kvbinding.Ref: the id itself (the same string)
+	// but for a long id, whose records the cache knows only by digest.
+	ref      string
 	msgs     []*msgRec
 	inflight int
 	waiting  bool // the head needs a binding
@@ -215,7 +220,10 @@ type engine struct {
 	recs records
 	out  []action
 
-	lanes     map[string]*lane
+	lanes map[string]*lane // by group
+	// byRef holds the lanes of long ids by ref (record changes come by
+	// ref); the others' ref is their group.
+	byRef     map[string]*lane
 	heldMsgs  int
 	heldBytes int64
 	inflight  int
@@ -242,7 +250,7 @@ type engine struct {
 	rr          int
 
 	// lastActive: when each group bound here last had a message routed
-	// (only with a group timeout).
+	// (only with a group timeout), by ref.
 	lastActive map[string]int64
 	// recent: the groups that had a message routed since the last
 	// announcement (busyGroups), at most MaxBusyListed; recentMore: more
@@ -250,7 +258,7 @@ type engine struct {
 	recent     map[string]struct{}
 	recentMore bool
 	// duties: the record revisions of takeovers handed to the shell, so
-	// that each is handed once.
+	// that each is handed once, by ref.
 	duties map[string]uint64
 	// aliveUntil: until when this node's liveness record surely exists
 	// (zero: not known, not fenced); held: lanes that stopped while it was
@@ -267,6 +275,7 @@ func newEngine(cfg engineConfig, recs records, rnd *rand.Rand) *engine {
 		recs:      recs,
 		rnd:       rnd,
 		lanes:     make(map[string]*lane),
+		byRef:     make(map[string]*lane),
 		assigned:  make(map[string]int),
 		liveState: map[string]proposals.NodeState{},
 		duties:    make(map[string]uint64),
@@ -278,6 +287,32 @@ func newEngine(cfg engineConfig, recs records, rnd *rand.Rand) *engine {
 		e.lastActive = make(map[string]int64)
 	}
 	return e
+}
+
+// newLane registers an empty lane for group, whose ref is ref.
+func (e *engine) newLane(group, ref string) *lane {
+	ln := &lane{group: group, ref: ref}
+	e.lanes[group] = ln
+	if ref != group {
+		e.byRef[ref] = ln
+	}
+	return ln
+}
+
+// dropLane forgets a lane.
+func (e *engine) dropLane(ln *lane) {
+	delete(e.lanes, ln.group)
+	if ln.ref != ln.group {
+		delete(e.byRef, ln.ref)
+	}
+}
+
+// laneOf returns the lane of the group whose ref is ref, if any.
+func (e *engine) laneOf(ref string) *lane {
+	if kvbinding.IsRef(ref) {
+		return e.byRef[ref]
+	}
+	return e.lanes[ref]
 }
 
 // take returns the actions produced so far and resets the list.
@@ -315,7 +350,8 @@ func (e *engine) ingest(group string, m *msgRec, now time.Time) {
 	}
 	ln := e.lanes[group]
 	if ln == nil {
-		if route, ok := e.recs.Lookup(group); ok {
+		ref := kvbinding.Ref(group)
+		if route, ok := e.recs.Lookup(ref); ok {
 			if owner, act := proposals.Owner(route, m.seq, e.cfg.node); act == proposals.RouteTo && owner != e.cfg.node {
 				// Routed by another node (or dead-lettered by one).
 				e.track.resolve(m.seq)
@@ -323,8 +359,7 @@ func (e *engine) ingest(group string, m *msgRec, now time.Time) {
 				return
 			}
 		}
-		ln = &lane{group: group}
-		e.lanes[group] = ln
+		ln = e.newLane(group, ref)
 	}
 	ln.msgs = append(ln.msgs, m)
 	e.heldMsgs++
@@ -337,7 +372,7 @@ func (e *engine) pump(ln *lane, now time.Time) {
 	if ln.deadLettering || ln.changing {
 		return
 	}
-	route, known := e.recs.Lookup(ln.group)
+	route, known := e.recs.Lookup(ln.ref)
 	if known && ln.inflight == 0 {
 		if duty := proposals.DutyOf(route, e.cfg.node); duty == proposals.DutyFence {
 			e.fence(ln, route, now)
@@ -371,7 +406,7 @@ func (e *engine) pump(ln *lane, now time.Time) {
 			e.decided(ln, now)
 			ln.waiting = false
 			e.dropAsk(ln)
-			e.duty(ln.group, route)
+			e.duty(ln.ref, ln.group, route)
 			return
 		}
 		e.decided(ln, now)
@@ -408,7 +443,7 @@ func (e *engine) pump(ln *lane, now time.Time) {
 		return
 	}
 	if len(ln.msgs) == 0 && ln.inflight == 0 && ln.ask == nil {
-		delete(e.lanes, ln.group)
+		e.dropLane(ln)
 	}
 }
 
@@ -521,7 +556,7 @@ func (e *engine) acked(ln *lane, m *msgRec, dlq bool, reason string, err error, 
 	if ln.group != "" {
 		ln.msgs[0] = nil
 		ln.msgs = ln.msgs[1:]
-		e.touch(ln.group, now)
+		e.touch(ln, now)
 	}
 	e.release(m)
 	if m.close && ln.group != "" {
@@ -539,7 +574,7 @@ func (e *engine) acked(ln *lane, m *msgRec, dlq bool, reason string, err error, 
 // node's queue and the move drains it).
 func (e *engine) retryPublish(r retry, now time.Time) {
 	if !r.dlq && r.ln.group != "" && !r.ln.deadLettering {
-		if route, ok := e.recs.Lookup(r.ln.group); ok {
+		if route, ok := e.recs.Lookup(r.ln.ref); ok {
 			if owner, act := proposals.Owner(route, r.m.seq, e.cfg.node); act == proposals.RouteTo && owner != e.cfg.node {
 				r.ln.inflight--
 				e.inflight--
@@ -555,16 +590,17 @@ func (e *engine) retryPublish(r retry, now time.Time) {
 		node = e.ungroupedDestination()
 	}
 	epoch := r.ln.epochHdr
-	if route, ok := e.recs.Lookup(r.ln.group); ok && !r.dlq {
+	if route, ok := e.recs.Lookup(r.ln.ref); ok && !r.dlq {
 		epoch = r.ln.epochHeader(route.Epoch)
 	}
 	e.emit(action{kind: actPublish, ln: r.ln, m: r.m, node: node, dlq: r.dlq, reason: r.reason, epoch: epoch})
 }
 
-// changed takes a change of group's record.
-func (e *engine) changed(group string, now time.Time) {
-	route, ok := e.recs.Lookup(group)
-	if ln := e.lanes[group]; ln != nil {
+// changed takes a change of a group's record, by the group's ref (as the
+// cache notifies it).
+func (e *engine) changed(ref string, now time.Time) {
+	route, ok := e.recs.Lookup(ref)
+	if ln := e.laneOf(ref); ln != nil {
 		if ln.changing && ln.ask != nil && ok && route.Revision > ln.ask.after {
 			// The record moved past the one we asked a change of.
 			e.dropAsk(ln)
@@ -580,44 +616,53 @@ func (e *engine) changed(group string, now time.Time) {
 			// The lane may hold nothing that waits for this record (its
 			// messages were the previous owner's, before FromSeq): the
 			// takeover step is handed here, not by pump.
-			e.duty(group, route)
+			e.duty(ref, ln.group, route)
 		}
 		return
 	}
 	if !ok {
-		delete(e.duties, group)
+		delete(e.duties, ref)
 		return
 	}
-	switch proposals.DutyOf(route, e.cfg.node) {
-	case proposals.DutyFence:
-		ln := &lane{group: group}
-		e.lanes[group] = ln
-		e.fence(ln, route, now)
+	// A record that asks something of this node is unsettled: the cache
+	// names even a long id's group then.
+	group := route.Group
+	if !kvbinding.IsRef(ref) {
+		group = ref
+	}
+	switch d := proposals.DutyOf(route, e.cfg.node); {
+	case d == proposals.DutyNone:
+		delete(e.duties, ref)
+	case group == "" && ref != "":
+		// Not named (cannot happen with the cache): nothing to act on.
+	case d == proposals.DutyFence:
+		e.fence(e.newLane(group, ref), route, now)
 	default:
-		e.duty(group, route)
+		e.duty(ref, group, route)
 	}
 }
 
 // duty hands a takeover the record asks of this node to the shell, once
 // per revision.
-func (e *engine) duty(group string, route kvbinding.Binding) {
+func (e *engine) duty(ref, group string, route kvbinding.Binding) {
 	d := proposals.DutyOf(route, e.cfg.node)
 	if d != proposals.DutyDrain && d != proposals.DutyCatchUp {
-		delete(e.duties, group)
+		delete(e.duties, ref)
 		return
 	}
-	if e.duties[group] >= route.Revision {
+	if e.duties[ref] >= route.Revision {
 		return
 	}
-	e.duties[group] = route.Revision
+	e.duties[ref] = route.Revision
 	e.emit(action{kind: actDuty, group: group, duty: d, rev: route.Revision})
 }
 
 // dutyDone forgets a takeover the shell gave up on, so that the record
 // hands it again (the shell retries).
 func (e *engine) dutyDone(group string, rev uint64) {
-	if e.duties[group] == rev {
-		delete(e.duties, group)
+	ref := kvbinding.Ref(group)
+	if e.duties[ref] == rev {
+		delete(e.duties, ref)
 	}
 }
 
@@ -653,7 +698,7 @@ func (e *engine) fence(ln *lane, route kvbinding.Binding, now time.Time) {
 // askRelease asks the handler to end this node's binding of ln's group
 // after through.
 func (e *engine) askRelease(ln *lane, through uint64, kind, reason string, now time.Time) {
-	route, ok := e.recs.Lookup(ln.group)
+	route, ok := e.recs.Lookup(ln.ref)
 	if !ok || !route.Settled() || route.Node != e.cfg.node {
 		e.pump(ln, now)
 		return
@@ -926,7 +971,7 @@ func (e *engine) replied(batch []*ask, ds []proposals.Decision, err error, now t
 		// Accepted or rejected: the record that stands is at d.Revision;
 		// the watch brings it. Until then the lane waits (at most the
 		// timeout: then the ask counts as failed).
-		if route, ok := e.recs.Lookup(ln.group); ok && route.Revision >= d.Revision {
+		if route, ok := e.recs.Lookup(ln.ref); ok && route.Revision >= d.Revision {
 			e.answered(ln, now)
 			continue
 		}
@@ -946,7 +991,7 @@ func (e *engine) answered(ln *lane, now time.Time) {
 		return
 	}
 	if len(ln.msgs) > 0 {
-		if route, ok := e.recs.Lookup(ln.group); ok {
+		if route, ok := e.recs.Lookup(ln.ref); ok {
 			if _, act := proposals.Owner(route, ln.msgs[0].seq, e.cfg.node); act != proposals.RoutePropose {
 				e.decided(ln, now)
 			}
@@ -1014,7 +1059,7 @@ func (e *engine) failed(a *ask, err error, now time.Time) {
 // it), which a dead-letter record through this lane's messages would make
 // every node drop: the group then only waits, not dead-lettered.
 func (e *engine) holdsFirst(ln *lane) bool {
-	route, ok := e.recs.Lookup(ln.group)
+	route, ok := e.recs.Lookup(ln.ref)
 	if !ok || route.Invalid {
 		return true
 	}
@@ -1056,7 +1101,7 @@ func (e *engine) deadLettered(ln *lane, now time.Time) {
 	}
 	e.emit(action{kind: actDeadLettered, group: ln.group, count: a.p.Count, rev: a.p.Seq, reason: a.p.Reason})
 	rev := uint64(0)
-	if route, ok := e.recs.Lookup(ln.group); ok {
+	if route, ok := e.recs.Lookup(ln.ref); ok {
 		rev = route.Revision
 	}
 	a.after = rev
@@ -1072,14 +1117,15 @@ type failure struct {
 	err     error
 }
 
-// touch records that a message of group was routed now (idle expiry).
-func (e *engine) touch(group string, now time.Time) {
+// touch records that a message of ln's group was routed now (idle
+// expiry).
+func (e *engine) touch(ln *lane, now time.Time) {
 	if e.lastActive != nil {
-		e.lastActive[group] = now.UnixNano()
+		e.lastActive[ln.ref] = now.UnixNano()
 	}
-	if _, ok := e.recent[group]; !ok && !e.recentMore {
+	if _, ok := e.recent[ln.group]; !ok && !e.recentMore {
 		if len(e.recent) < kvbinding.MaxBusyListed {
-			e.recent[group] = struct{}{}
+			e.recent[ln.group] = struct{}{}
 		} else {
 			e.recentMore = true
 		}
@@ -1110,30 +1156,55 @@ func (e *engine) busyGroups() (busy []string, more bool) {
 }
 
 // reap asks to release this node's groups idle for the group timeout.
-// mine lists the groups bound here.
-func (e *engine) reap(mine []string, now time.Time) {
-	timeout := e.cfg.groupTimeout.Nanoseconds()
-	for _, g := range mine {
-		if g == "" {
+// mine lists the refs of the groups bound here (Cache.RefsOf). It returns
+// the refs of the long ids due, which it cannot name: the shell reads
+// their ids and hands them to reapNamed.
+func (e *engine) reap(mine []string, now time.Time) (unnamed []string) {
+	for _, ref := range mine {
+		if ref == "" {
 			continue
 		}
-		last, seen := e.lastActive[g]
-		if !seen {
-			e.lastActive[g] = now.UnixNano() // bound before this node started: idle from now
+		if _, seen := e.lastActive[ref]; !seen {
+			e.lastActive[ref] = now.UnixNano() // bound before this node started: idle from now
 			continue
 		}
-		if now.UnixNano()-last < timeout || e.lanes[g] != nil {
+		if !e.idle(ref, now) {
 			continue
 		}
-		route, ok := e.recs.Lookup(g)
-		if !ok || !route.Settled() || route.Node != e.cfg.node {
+		if kvbinding.IsRef(ref) {
+			unnamed = append(unnamed, ref)
 			continue
 		}
-		delete(e.lastActive, g)
-		ln := &lane{group: g}
-		e.lanes[g] = ln
-		e.askRelease(ln, e.position()-1, proposals.EventExpire, fmt.Sprintf("no message for %v (group-timeout)", e.cfg.groupTimeout), now)
+		e.expire(ref, ref, now)
 	}
+	return unnamed
+}
+
+// reapNamed releases the long ids reap returned, by ref, if they are still
+// idle.
+func (e *engine) reapNamed(names map[string]string, now time.Time) {
+	for ref, group := range names {
+		if _, seen := e.lastActive[ref]; seen && e.idle(ref, now) {
+			e.expire(group, ref, now)
+		}
+	}
+}
+
+// idle reports whether the group of ref, seen active, has been idle for
+// the group timeout and is settled on this node.
+func (e *engine) idle(ref string, now time.Time) bool {
+	if now.UnixNano()-e.lastActive[ref] < e.cfg.groupTimeout.Nanoseconds() || e.laneOf(ref) != nil {
+		return false
+	}
+	route, ok := e.recs.Lookup(ref)
+	return ok && route.Settled() && route.Node == e.cfg.node
+}
+
+// expire asks to release an idle group.
+func (e *engine) expire(group, ref string, now time.Time) {
+	delete(e.lastActive, ref)
+	ln := e.newLane(group, ref)
+	e.askRelease(ln, e.position()-1, proposals.EventExpire, fmt.Sprintf("no message for %v (group-timeout)", e.cfg.groupTimeout), now)
 }
 
 // setLive takes the set of live nodes and their consumer presence. A group

@@ -2,6 +2,7 @@ package router
 
 import (
 	"math/rand/v2"
+	"strings"
 	"testing"
 	"time"
 
@@ -120,5 +121,53 @@ func TestEngineTakeoverFromCoversTheResumeCheckpoint(t *testing.T) {
 	}
 	if got := e.takeoverFrom("g"); got != 38 {
 		t.Errorf("takeoverFrom = %d, want 38 (the checkpoint's Next)", got)
+	}
+}
+
+// A long id's lane is found by its ref, which is how the cache tells of
+// its record's changes (the cache keeps no long id): the record that
+// binds it here publishes the held message, and a move away from this
+// node, once the lane is gone, makes a fence ask naming the full id (the
+// cache names a long id while its record is unsettled).
+func TestEngineLongIDFollowsItsRef(t *testing.T) {
+	now := testNow
+	cache := kvbinding.NewCache(kvbinding.CacheConfig{})
+	e := newEngine(engineConfig{node: "n1", maxHeldMessages: 1000, maxHeldBytes: 1 << 20, maxInFlight: 100, timeout: time.Second},
+		cache, rand.New(rand.NewPCG(1, 2)))
+	e.setLive(map[string]proposals.NodeState{"n1": {HasConsumer: true}, "n2": {HasConsumer: true}}, now)
+	e.take()
+	long := "g-" + strings.Repeat("x", 998)
+	ref := kvbinding.Ref(long)
+	if !kvbinding.IsRef(ref) {
+		t.Fatalf("a 1000-byte id has no digest ref")
+	}
+	e.ingest(long, &msgRec{seq: 7}, now)
+	e.take()
+	if ln := e.laneOf(ref); ln == nil || ln.group != long {
+		t.Fatalf("the lane is not found by its ref")
+	}
+	cache.Apply(kvbinding.Binding{Group: long, State: kvbinding.StateBound, Node: "n1", FromSeq: 1, Revision: 3, DecidedBy: "h"})
+	e.changed(ref, now)
+	var pub *action
+	for _, a := range e.take() {
+		if a.kind == actPublish {
+			pub = &a
+		}
+	}
+	if pub == nil || pub.m.seq != 7 {
+		t.Fatalf("the record did not publish the held message")
+	}
+	e.acked(pub.ln, pub.m, false, "", nil, now)
+	e.take()
+	if e.laneOf(ref) != nil || len(e.byRef) != 0 {
+		t.Fatalf("the lane outlived its last message")
+	}
+	cache.Apply(kvbinding.Binding{Group: long, State: kvbinding.StateMoving, Node: "n2", PrevNode: "n1", FromSeq: 8, Epoch: 3,
+		Revision: 4, DecidedBy: "h"})
+	e.changed(ref, now)
+	e.take()
+	batch := e.askBatch(10, now)
+	if len(batch) != 1 || batch[0].p.Op != proposals.OpFence || batch[0].p.Group != long {
+		t.Fatalf("asks %+v, want a fence of the long id", batch)
 	}
 }

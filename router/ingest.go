@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"time"
 
@@ -65,7 +66,15 @@ func (r *Router) ingest(batch []ingressMsg, recs []ingested) []ingested {
 		msg := in.msg
 		hdr := msg.Header
 		group, invalid := r.classify(hdr, msg.Subject)
-		m := &msgRec{seq: in.seq, subject: msg.Subject, size: len(msg.Data) + len(msg.Subject) + headerSize(hdr), invalid: invalid}
+		hsize := headerSize(hdr)
+		if hsize >= detachHeadersFrom && hsize > len(msg.Data)/2 {
+			// The body shares its buffer with the headers as received,
+			// which are also held decoded: a long group id would be held
+			// twice, for as long as the message waits. The body alone is
+			// kept (a copy, smaller than what it frees).
+			msg.Data = slices.Clone(msg.Data)
+		}
+		m := &msgRec{seq: in.seq, subject: msg.Subject, size: len(msg.Data) + len(msg.Subject) + hsize, invalid: invalid}
 		if v := hdr[HeaderGroupSeq]; len(v) > 0 && v[0] == "-1" {
 			m.close = true
 		}
@@ -104,6 +113,11 @@ func (r *Router) ingest(batch []ingressMsg, recs []ingested) []ingested {
 	r.perform(acts)
 	return recs
 }
+
+// detachHeadersFrom is the size of headers (headerSize) from which a held
+// message keeps its body apart from the buffer it was received in, when
+// the headers are also at least half the body's size (a long group id).
+const detachHeadersFrom = 512
 
 // classify returns the group a message is routed under and, when it
 // cannot be grouped, why: its group id is unusable (GroupOf) or its subject

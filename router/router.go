@@ -110,7 +110,7 @@ type Router struct {
 	reading bool        // the reader waits on cond
 	held    heldTracker // since when groups are held undecided (inspect.go)
 
-	changes   chan string // groups whose record changed, from the cache
+	changes   chan string // refs of the groups whose record changed, from the cache
 	askWake   chan struct{}
 	timerWake chan struct{}
 	duties    *dutyQueue
@@ -506,8 +506,8 @@ func (r *Router) drain() {
 	r.log.Info("node stopped", "position", ckpt.Next, "routed", r.routed.Load())
 }
 
-// changeLoop feeds the engine the groups whose record changed, whatever
-// has arrived under one lock (a burst of new bindings costs one lock, not
+// changeLoop feeds the engine the refs (kvbinding.Ref) of the groups
+// whose record changed, whatever has arrived under one lock (a burst of new bindings costs one lock, not
 // one per binding).
 func (r *Router) changeLoop(ctx context.Context) {
 	var batch []string
@@ -546,9 +546,9 @@ const maxChangeBatch = 256
 // concern this node (hand-overs it owes, takeovers handed to it).
 func (r *Router) resumeDuties() {
 	var todo []string
-	r.cache.Each(func(g string, route kvbinding.Binding) bool {
+	r.cache.Each(func(ref string, route kvbinding.Binding) bool {
 		if proposals.DutyOf(route, r.cfg.Node) != proposals.DutyNone {
-			todo = append(todo, g)
+			todo = append(todo, ref)
 		}
 		return true
 	})
@@ -857,7 +857,19 @@ func (r *Router) position() uint64 {
 // so a busy group costs no KV write.
 func (r *Router) reaper(ctx context.Context) {
 	every(ctx, r.cfg.ReaperPeriod, func() {
-		mine := r.cache.GroupsOf(r.cfg.Node)
-		r.do(func(e *engine, now time.Time) { e.reap(mine, now) })
+		mine := r.cache.RefsOf(r.cfg.Node)
+		var long []string
+		r.do(func(e *engine, now time.Time) { long = e.reap(mine, now) })
+		if len(long) == 0 {
+			return
+		}
+		// The cache keeps no long id: read those due from the bucket.
+		names, err := r.store.Names(ctx, long)
+		if err != nil {
+			r.log.Warn("cannot read the ids of idle long groups; they are released later", "err", err)
+		}
+		if len(names) > 0 {
+			r.do(func(e *engine, now time.Time) { e.reapNamed(names, now) })
+		}
 	})
 }

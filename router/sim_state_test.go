@@ -231,7 +231,7 @@ func (c *simCache) unsettled() []string {
 	return out
 }
 
-// groupsOf is Cache.GroupsOf, sorted.
+// groupsOf is Cache.RefsOf (the simulation's ids are short: a ref is the id), sorted.
 func (c *simCache) groupsOf(node string) []string {
 	var out []string
 	for _, g := range sortedKeys(c.m) {

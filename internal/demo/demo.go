@@ -313,14 +313,14 @@ func (d *run) step(ctx context.Context, now time.Time) {
 	switch d.st {
 	case stSteady:
 		if now.Sub(d.start) >= d.cfg.Duration/2 {
-			groups := d.w.cache.GroupsOf(n2.id)
+			groups := d.w.cache.RefsOf(n2.id) // the demo's ids are short: each ref is the id
 			d.killAt, d.killed = now, len(groups)
 			d.l.markKill(now, groups)
 			n2.kill()
 			d.st = stKilled
 		}
 	case stKilled:
-		if d.movedAt.IsZero() && len(d.w.cache.GroupsOf(n2.id)) == 0 {
+		if d.movedAt.IsZero() && len(d.w.cache.RefsOf(n2.id)) == 0 {
 			d.movedAt = now
 		}
 		if _, waiting := d.l.flowAgain(); waiting > 0 && now.Sub(d.killAt) < time.Minute {
