@@ -158,6 +158,8 @@ func ensureStreams(ctx context.Context, js jetstream.JetStream, cfg Config, repl
 			Storage:     jetstream.FileStorage,
 			Replicas:    replicas,
 			Duplicates:  queueDuplicates,
+			// A group's backlog is published in atomic batches (protocol.md, "Batches").
+			AllowAtomicPublish: true,
 		},
 		{
 			Name:        DeadLetterStream,
