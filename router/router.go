@@ -78,6 +78,8 @@ type Stats struct {
 	// that failed: their messages were then published one at a time.
 	Batches       uint64
 	BatchFailures uint64
+	// InFlightBatches is the atomic batches awaiting their outcome now.
+	InFlightBatches int
 }
 
 // Router is one grouprouter node. Create it with New and start it with Run.
@@ -242,7 +244,7 @@ func (r *Router) Stats() Stats {
 		Routed: r.routed.Load(), Skipped: e.stats.skipped, DeadLettered: e.stats.deadLettered,
 		DecisionErrors: e.stats.decisionErrors, PublishErrors: e.stats.publishErrors, Proposals: e.stats.asked,
 		DecisionTimeouts: e.stats.timeouts, NoHandler: e.stats.noHandler, BelowFloor: e.stats.belowFloor, Refused: e.stats.refused,
-		Batches: e.stats.batches, BatchFailures: e.stats.batchFailures,
+		Batches: e.stats.batches, BatchFailures: e.stats.batchFailures, InFlightBatches: e.batches,
 		WindowCuts: e.stats.windowCuts, ProposalWindow: int(e.pace.limit),
 		Held: e.heldMsgs, HeldBytes: e.heldBytes, Position: e.position(),
 		IngressGaps: r.loss.gaps.Load(), IngressMissing: r.loss.missing.Load(),
