@@ -134,7 +134,7 @@ func TestParseFlags(t *testing.T) {
 			if (err == nil) != tt.ok || (err != nil && !errors.Is(err, ErrUsage)) {
 				t.Fatalf("parseFlags(%v) = %+v, %v", tt.args, c, err)
 			}
-			if tt.name == "defaults" && (len(c.Servers) != 2 || c.Nodes != 1 || c.Payload != 1024 || c.WarmStart != 200_000 || len(c.Workloads) != 3) {
+			if tt.name == "defaults" && (len(c.Servers) != 2 || c.Nodes != 1 || c.Payload != 1024 || c.WarmStart != 200_000 || len(c.Workloads) != 4) {
 				t.Fatalf("defaults = %+v", c)
 			}
 			if tt.name == "defaults" && c.Sync != (localnats.Sync{Interval: localnats.ServerDefaultSync}) {
