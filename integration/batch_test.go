@@ -240,3 +240,39 @@ func ingressOrder(t *testing.T, js jetstream.JetStream) map[string][]string {
 		}
 	}
 }
+
+// A queue stream created before batches (without allow_atomic) is updated
+// by the LOCAL node when it starts, and its backlogs then go in batches.
+func TestQueueStreamBeforeBatchesIsUpdated(t *testing.T) {
+	c := natstest.RunCluster(t, 3)
+	admin := natstest.Connect(t, c.URLs(), nats.Name("test-admin"))
+	js, err := jetstream.New(admin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: router.QueueStream, Subjects: []string{router.QueueSubjectPrefix + ">"},
+		Retention: jetstream.WorkQueuePolicy, Storage: jetstream.FileStorage, Replicas: 3, Duplicates: 2 * time.Minute}); err != nil {
+		t.Fatal(err)
+	}
+	n0 := startNode(t, c.Servers[0].URL(), testConfig("n0", router.Local))
+	if !streamInfo(t, js, router.QueueStream).Config.AllowAtomicPublish {
+		t.Fatalf("the queue stream still does not allow atomic publishes after a LOCAL node started")
+	}
+	col := &timedCollector{}
+	startAppConsumer(t, c.Servers[0].URL(), "n0", col)
+	waitEligible(t, admin, []string{"n0"}, []string{"n0"})
+	b := startHotBurst(admin, []string{"old-0"}, 500)
+	if err := b.wait(60 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	want := ingressOrder(t, js)
+	col.waitConsumed(t, want, 60*time.Second)
+	checkDelivered(t, col.all(), want, true, false)
+	if s := n0.r.Stats(); s.Batches == 0 {
+		t.Errorf("no atomic batch published on the updated queue stream (stats %+v)", s)
+	} else {
+		t.Logf("%d messages routed in %d batches (and one at a time)", s.Routed, s.Batches)
+	}
+}

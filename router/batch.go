@@ -98,6 +98,7 @@ func (r *Router) publishBatch(a action) {
 		out := r.queueMsg(m, a)
 		out.Header[headerBatchID] = []string{id}
 		out.Header[headerBatchSeq] = []string{strconv.Itoa(i + 1)}
+		out.Reply = "" // only the commit is answered
 		err := r.nc.PublishMsg(out)
 		delete(out.Header, headerBatchID)
 		delete(out.Header, headerBatchSeq)
