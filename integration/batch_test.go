@@ -213,32 +213,49 @@ func (b *hotBurst) wait(d time.Duration) error {
 }
 
 // ingressOrder returns each group's bodies in the ingress stream's order.
+// A read that fails (a stream leader still being elected after a server
+// restart) is taken up again from the next sequence.
 func ingressOrder(t *testing.T, js jetstream.JetStream) map[string][]string {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	last := streamState(t, js, router.IngressStream).LastSeq
-	cons, err := js.OrderedConsumer(ctx, router.IngressStream, jetstream.OrderedConsumerConfig{})
-	if err != nil {
-		t.Fatal(err)
-	}
 	want := map[string][]string{}
-	for {
-		batch, err := cons.Fetch(500, jetstream.FetchMaxWait(5*time.Second))
-		if err != nil {
-			t.Fatal(err)
+	next := uint64(1)
+	var lastErr error
+	for next <= last {
+		if ctx.Err() != nil {
+			t.Fatalf("reading the ingress up to %d: at %d: %v", last, next, lastErr)
 		}
-		for m := range batch.Messages() {
-			g := m.Headers().Get("Group-Id")
-			want[g] = append(want[g], string(m.Data()))
-			if meta, err := m.Metadata(); err == nil && meta.Sequence.Stream >= last {
-				return want
+		cons, err := js.OrderedConsumer(ctx, router.IngressStream, jetstream.OrderedConsumerConfig{
+			DeliverPolicy: jetstream.DeliverByStartSequencePolicy, OptStartSeq: next})
+		if err != nil {
+			lastErr = err
+			time.Sleep(100 * time.Millisecond)
+			continue
+		}
+		for next <= last {
+			batch, err := cons.Fetch(500, jetstream.FetchMaxWait(5*time.Second))
+			if err != nil {
+				lastErr = err
+				break
+			}
+			for m := range batch.Messages() {
+				meta, err := m.Metadata()
+				if err != nil || meta.Sequence.Stream < next {
+					continue
+				}
+				g := m.Headers().Get("Group-Id")
+				want[g] = append(want[g], string(m.Data()))
+				next = meta.Sequence.Stream + 1
+			}
+			if err := batch.Error(); err != nil {
+				lastErr = err
+				break
 			}
 		}
-		if err := batch.Error(); err != nil {
-			t.Fatalf("reading the ingress: %v", err)
-		}
 	}
+	return want
 }
 
 // A queue stream created before batches (without allow_atomic) is updated
