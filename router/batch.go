@@ -71,7 +71,9 @@ func (r *Router) queueBatch(ctx context.Context) int {
 		return 1
 	}
 	c.AllowAtomicPublish = true
-	us, err := r.js.UpdateStream(ctx, c)
+	uctx, cancel := context.WithTimeout(ctx, 5*time.Second) // a denied request gets no answer
+	defer cancel()
+	us, err := r.js.UpdateStream(uctx, c)
 	if err != nil || !us.CachedInfo().Config.AllowAtomicPublish {
 		r.log.Warn("could not allow atomic batches on the queue stream: publishing one message at a time per group",
 			"stream", QueueStream, "err", err, "hint", "nats-server 2.12 or later, and the right to update the stream")
