@@ -39,6 +39,7 @@ const (
 	DefaultMaxHeldMessages  = 100_000
 	DefaultMaxHeldBytes     = 64 << 20
 	DefaultMaxInFlight      = 4096
+	DefaultMaxBatch         = 64
 	DefaultHeartbeat        = time.Second
 	DefaultLeaseTTL         = 2 * time.Second
 	DefaultCheckpoint       = time.Second
@@ -80,6 +81,13 @@ type Config struct {
 	MaxHeldBytes    int64
 	// MaxInFlight bounds the queue publishes awaiting their ack.
 	MaxInFlight int
+	// MaxBatch: a group with a backlog has up to this many of its next
+	// messages published as one atomic batch, one round trip instead of
+	// one each (docs/protocol.md, "Batches"). Default 64; 1 turns batches
+	// off. Batches are used only on a replicated queue stream that allows
+	// atomic publishes (on R1 file storage they are slower than single
+	// publishes: docs/performance.md).
+	MaxBatch int
 	// Replicas of the streams and buckets; 0 (auto) asks for 3 when the
 	// node's server is in a cluster and 1 otherwise, and settles for 1 when
 	// the cluster cannot place 3 within clusterFormingWait (see Replicas).
@@ -206,6 +214,9 @@ func (c Config) withDefaults() Config {
 	if c.MaxInFlight == 0 {
 		c.MaxInFlight = DefaultMaxInFlight
 	}
+	if c.MaxBatch == 0 {
+		c.MaxBatch = DefaultMaxBatch
+	}
 	if c.Heartbeat == 0 {
 		c.Heartbeat = DefaultHeartbeat
 	}
@@ -288,6 +299,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("%w: max attempts must be >= 0, got %d", ErrConfig, c.MaxAttempts)
 	case c.MaxHeldMessages < 0, c.MaxHeldBytes < 0, c.MaxInFlight < 0:
 		return fmt.Errorf("%w: held/in-flight bounds must be > 0", ErrConfig)
+	case c.MaxBatch < 0 || c.MaxBatch > maxAtomicBatch:
+		return fmt.Errorf("%w: max batch must be 0 (default) to %d, got %d", ErrConfig, maxAtomicBatch, c.MaxBatch)
 	case c.Replicas < 0 || c.Replicas > 5:
 		return fmt.Errorf("%w: replicas must be 0 (auto) to 5, got %d", ErrConfig, c.Replicas)
 	case c.IngressMaxBytes < 0, c.QueueMaxBytes < 0, c.DeadLetterMaxBytes < 0, c.BindingsMaxBytes < 0, c.MaxMessageSize < 0:

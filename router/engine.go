@@ -37,6 +37,13 @@ type engineConfig struct {
 	timeout         time.Duration // proposal timeout: a non-proposer's fallback delay
 	localFirst      bool
 	groupTimeout    time.Duration
+	// maxBatch: a group with a backlog publishes up to this many of its
+	// next messages as one atomic batch (below 2: one message at a time);
+	// maxBatchBytes bounds a batch's size, maxBatches the batches in
+	// flight at once (the servers take 50 per stream).
+	maxBatch      int
+	maxBatchBytes int
+	maxBatches    int
 }
 
 // msgRec is an ingress message held by the router.
@@ -55,9 +62,9 @@ type msgRec struct {
 }
 
 // lane holds one group's messages that are not done yet, in ingress order.
-// For a group, at most one message (the head) is being published at a
-// time. The lane of ungrouped messages (group "") publishes without that
-// limit.
+// For a group, one publish at a time is in flight: the head alone, or the
+// first batch messages as one atomic batch (all stored or none). The lane
+// of ungrouped messages (group "") publishes without that limit.
 type lane struct {
 	group string
 	// ref is the group's kvbinding.Ref: the id itself (the same string)
@@ -65,8 +72,14 @@ type lane struct {
 	ref      string
 	msgs     []*msgRec
 	inflight int
-	waiting  bool // the head needs a binding
-	ask      *ask // the lane's ask of the handler, if any
+	// batch: the lane's publish in flight is its first batch messages, as
+	// one atomic batch (0: one message, or nothing). singles: after a
+	// batch failed, that many of its messages go one at a time (each
+	// deduplicated by its own Nats-Msg-Id) before the lane batches again.
+	batch   int
+	singles int
+	waiting bool // the head needs a binding
+	ask     *ask // the lane's ask of the handler, if any
 	// changing: this node asked for a change of the group's record
 	// (fence, release) or is dead-lettering it: nothing moves until the
 	// record changes or the ask fails.
@@ -181,15 +194,19 @@ const (
 	// actWindow: a timeout halved the window of proposals in flight to
 	// count (log it, aggregated).
 	actWindow
+	// actBatch: publish batch, the lane's first messages, onto node's
+	// queue as one atomic batch and report the outcome with ackedBatch.
+	actBatch
 )
 
 // action is one thing the engine asks its shells to do.
 type action struct {
-	kind actKind
-	ln   *lane
-	m    *msgRec
-	node string // actPublish: destination queue's node
-	dlq  bool   // actPublish: to the dead-letter stream, reason in reason
+	kind  actKind
+	ln    *lane
+	m     *msgRec
+	batch []*msgRec // actBatch
+	node  string    // actPublish: destination queue's node
+	dlq   bool      // actPublish: to the dead-letter stream, reason in reason
 	// epoch: actPublish to a queue: the HeaderEpoch value.
 	epoch []string
 	group string // actDuty
@@ -212,6 +229,7 @@ type engineStats struct {
 	windowCuts                                                  uint64 // times a timeout halved the window of proposals in flight
 	belowFloor                                                  uint64
 	refused                                                     uint64 // publishes the servers refused for good (dead-lettered)
+	batches, batchFailures                                      uint64 // atomic batches published, and those that failed (their messages went one at a time)
 }
 
 // engine is the lane engine.
@@ -227,6 +245,7 @@ type engine struct {
 	heldMsgs  int
 	heldBytes int64
 	inflight  int
+	batches   int // atomic batches in flight
 	track     tracker
 	resume    resumePoint
 	closing   bool
@@ -438,6 +457,14 @@ func (e *engine) pump(ln *lane, now time.Time) {
 			continue
 		}
 		ln.inflight = 1
+		if n := e.batchable(ln, route); n > 1 {
+			ln.batch = n
+			e.inflight += n
+			e.batches++
+			e.stats.batches++
+			e.emit(action{kind: actBatch, ln: ln, batch: ln.msgs[:n:n], node: e.cfg.node, epoch: ln.epochHeader(route.Epoch)})
+			return
+		}
 		e.inflight++
 		e.emit(action{kind: actPublish, ln: ln, m: m, node: e.cfg.node, epoch: ln.epochHeader(route.Epoch)})
 		return
@@ -445,6 +472,35 @@ func (e *engine) pump(ln *lane, now time.Time) {
 	if len(ln.msgs) == 0 && ln.inflight == 0 && ln.ask == nil {
 		e.dropLane(ln)
 	}
+}
+
+// batchable returns how many of a grouped lane's first messages, routed
+// by this node under route, go as one atomic batch: as many as follow in
+// this node's range of the group, up to the bounds, ending with a closing
+// message. 1 (the head alone) when batches are off or the lane has no
+// backlog, so that a group with none keeps one publish's latency; after a
+// failed batch, while its messages go one at a time; or when the node has
+// its bound of batches in flight.
+func (e *engine) batchable(ln *lane, route kvbinding.Binding) int {
+	if e.cfg.maxBatch < 2 || len(ln.msgs) < 2 || ln.singles > 0 || e.batches >= e.cfg.maxBatches {
+		return 1
+	}
+	size := 0
+	n := 0
+	for _, m := range ln.msgs[:min(len(ln.msgs), e.cfg.maxBatch)] {
+		if n > 0 {
+			if owner, act := proposals.Owner(route, m.seq, e.cfg.node); act != proposals.RouteTo || owner != e.cfg.node ||
+				m.invalid != "" || size+m.size > e.cfg.maxBatchBytes {
+				break
+			}
+		}
+		size += m.size
+		n++
+		if m.close {
+			break // the group ends after it: its release waits for it
+		}
+	}
+	return n
 }
 
 // decided observes, for a lane waiting for a binding this node asked for,
@@ -490,9 +546,17 @@ func (e *engine) alive(until, now time.Time) {
 // popDone removes a lane's head as done.
 func (e *engine) popDone(ln *lane) {
 	m := ln.msgs[0]
+	ln.popHead()
+	e.release(m)
+}
+
+// popHead drops the lane's head.
+func (ln *lane) popHead() {
 	ln.msgs[0] = nil
 	ln.msgs = ln.msgs[1:]
-	e.release(m)
+	if ln.singles > 0 {
+		ln.singles--
+	}
 }
 
 // release accounts a message as done.
@@ -554,8 +618,7 @@ func (e *engine) acked(ln *lane, m *msgRec, dlq bool, reason string, err error, 
 		e.stats.deadLettered++
 	}
 	if ln.group != "" {
-		ln.msgs[0] = nil
-		ln.msgs = ln.msgs[1:]
+		ln.popHead()
 		e.touch(ln, now)
 	}
 	e.release(m)
@@ -563,6 +626,48 @@ func (e *engine) acked(ln *lane, m *msgRec, dlq bool, reason string, err error, 
 		// The group's last message is on its queue: end the binding
 		// (later messages of the group wait for it, then bind afresh).
 		e.askRelease(ln, m.seq, proposals.EventClose, "closed by a "+HeaderGroupSeq+": -1 message", now)
+		return
+	}
+	e.pump(ln, now)
+}
+
+// ackedBatch takes the outcome of an atomic batch the engine asked for
+// (the lane's first ln.batch messages). Stored, the messages are done. On
+// a failure none of them was stored, or all were (an ack lost, or a batch
+// refused because it holds a message stored before, by a publish whose
+// outcome was lost or before a restart): either way each message then goes
+// alone, in order, each deduplicated by its own Nats-Msg-Id, so that
+// nothing is stored twice or out of order; the lane batches again after
+// them.
+func (e *engine) ackedBatch(ln *lane, err error, now time.Time) {
+	n := ln.batch
+	ln.batch = 0
+	e.batches--
+	e.inflight -= n
+	if err != nil {
+		e.stats.publishErrors++
+		e.stats.batchFailures++
+		if e.closing {
+			ln.inflight--
+			return
+		}
+		ln.singles = n
+		e.inflight++ // the head, retried alone (ln.inflight stays 1)
+		due := now.Add(backoffBase)
+		e.pubRetry = append(e.pubRetry, retry{ln: ln, m: ln.msgs[0], due: due})
+		e.emit(action{kind: actRetry, at: due})
+		return
+	}
+	ln.inflight--
+	last := ln.msgs[n-1]
+	for range n {
+		m := ln.msgs[0]
+		ln.popHead()
+		e.release(m)
+	}
+	e.touch(ln, now)
+	if last.close {
+		e.askRelease(ln, last.seq, proposals.EventClose, "closed by a "+HeaderGroupSeq+": -1 message", now)
 		return
 	}
 	e.pump(ln, now)

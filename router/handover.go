@@ -596,6 +596,9 @@ func (r *Router) moveGroup(ctx context.Context, stream jetstream.Stream, found [
 		for k, v := range q.msg.Header {
 			out.Header[k] = v
 		}
+		// Stored by an atomic batch, it carries that batch's headers: alone
+		// it is no batch's part.
+		dropBatchHeaders(out.Header)
 		out.Header.Set(jetstream.MsgIDHeader, moveID(rev, q.ingressSeq))
 		out.Header.Set(HeaderMovedFrom, q.from)
 		out.Header.Set(jetstream.ExpectedStreamHeader, QueueStream)

@@ -283,6 +283,7 @@ func (r *Router) publish(a action) {
 type outcome struct {
 	ln     *lane
 	m      *msgRec
+	batch  int // an atomic batch of the lane's first batch messages (m nil)
 	dlq    bool
 	reason string
 	err    error
@@ -314,6 +315,15 @@ func (r *Router) ackBatch() {
 
 // apply hands the engine one publish outcome.
 func (r *Router) apply(e *engine, o outcome, now time.Time) {
+	if o.batch > 0 {
+		if o.err == nil {
+			r.routed.Add(uint64(o.batch))
+		} else if !e.closing {
+			r.warnPublish.Warn(o.ln.group, "batch", o.batch, "err", o.err)
+		}
+		e.ackedBatch(o.ln, o.err, now)
+		return
+	}
 	if o.err == nil && !o.dlq {
 		r.routed.Add(1)
 	}

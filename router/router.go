@@ -73,6 +73,13 @@ type Stats struct {
 	// that lay below the routing floor: routed before, under a binding
 	// that has ended since (docs/protocol.md, "The routing floor").
 	BelowFloor uint64
+	// Batches counts the atomic batches this node published (each
+	// carries several messages of one group), and BatchFailures those
+	// that failed: their messages were then published one at a time.
+	Batches       uint64
+	BatchFailures uint64
+	// InFlightBatches is the atomic batches awaiting their outcome now.
+	InFlightBatches int
 }
 
 // Router is one grouprouter node. Create it with New and start it with Run.
@@ -239,6 +246,7 @@ func (r *Router) Stats() Stats {
 		Routed: r.routed.Load(), Skipped: e.stats.skipped, DeadLettered: e.stats.deadLettered,
 		DecisionErrors: e.stats.decisionErrors, PublishErrors: e.stats.publishErrors, Proposals: e.stats.asked,
 		DecisionTimeouts: e.stats.timeouts, NoHandler: e.stats.noHandler, BelowFloor: e.stats.belowFloor, Refused: e.stats.refused,
+		Batches: e.stats.batches, BatchFailures: e.stats.batchFailures, InFlightBatches: e.batches,
 		WindowCuts: e.stats.windowCuts, ProposalWindow: int(e.pace.limit),
 		Held: e.heldMsgs, HeldBytes: e.heldBytes, Position: e.position(),
 		IngressGaps: r.loss.gaps.Load(), IngressMissing: r.loss.missing.Load(),
@@ -265,6 +273,8 @@ func (r *Router) perform(acts []action) {
 		switch a.kind {
 		case actPublish:
 			r.publish(a)
+		case actBatch:
+			r.publishBatch(a)
 		case actAsk:
 			wake(r.askWake)
 		case actRetry:

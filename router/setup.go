@@ -130,6 +130,7 @@ func (r *Router) setup(ctx context.Context) (queueCons jetstream.Consumer, relea
 	}); err != nil {
 		return nil, nil, err
 	}
+	batch := r.queueBatch(ctx)
 	r.cache = kvbinding.NewCache(kvbinding.CacheConfig{Notify: r.changes, Logger: r.log, OnRewind: r.bindingsRewound})
 	// Records of long ids written before digest keys stay under their
 	// full key: the cache knows which (kvbinding.Key).
@@ -138,6 +139,7 @@ func (r *Router) setup(ctx context.Context) (queueCons jetstream.Consumer, relea
 		node: r.cfg.Node, maxHeldMessages: r.cfg.MaxHeldMessages, maxHeldBytes: r.cfg.MaxHeldBytes,
 		maxInFlight: r.cfg.MaxInFlight, maxAttempts: r.cfg.MaxAttempts, timeout: r.cfg.Timeout,
 		localFirst: r.cfg.LocalFirst, groupTimeout: r.cfg.GroupTimeout,
+		maxBatch: batch, maxBatchBytes: maxBatchBytes, maxBatches: maxAtomicInFlight,
 	}, r.cache, rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64())))
 	if r.pub, err = jspub.New(r.nc, 5*time.Second, jspub.WithBatchEnd(r.ackBatch)); err != nil {
 		return nil, nil, &SetupError{Step: "queue publisher", Err: err}

@@ -178,6 +178,7 @@ type simStats struct {
 	excusedWindow, excusedDrain, excusedDLQ, excusedMover     uint64
 	redeliveries                                              uint64
 	records, events                                           uint64
+	batches, batchMsgs, batchFailures                         uint64
 	virtual                                                   time.Duration
 }
 
@@ -193,6 +194,9 @@ func (s *simStats) add(o simStats) {
 	s.excusedDLQ += o.excusedDLQ
 	s.excusedMover += o.excusedMover
 	s.redeliveries += o.redeliveries
+	s.batches += o.batches
+	s.batchMsgs += o.batchMsgs
+	s.batchFailures += o.batchFailures
 	s.records += o.records
 	s.events += o.events
 	s.virtual += o.virtual
@@ -243,7 +247,10 @@ func (c *simChecker) publishing(node string, f *simFlight) {
 			continue
 		}
 		for _, g := range live {
-			if c.storedOnce(g.p.id) {
+			if c.storedOnce(g.p.id) || g.batch.doomed(c.w.q) {
+				// Stores nothing new: a duplicate, or part of an atomic
+				// batch that holds a duplicate (refused whole when it lands:
+				// the node sent a failed batch's messages alone since).
 				continue
 			}
 			what := fmt.Sprintf("%s publishes %s's seq %d (%s) while %s's publish of its seq %d (%s, id %s, sent at %.4fs on revision %d) is on its way",

@@ -13,8 +13,11 @@ import (
 var (
 	errSimPublish = errors.New("sim: publish failed")
 	errSimTimeout = errors.New("sim: timed out")
-	errSimOp      = errors.New("sim: operation failed")
-	errSimCancel  = errors.New("sim: canceled")
+	// errSimDupBatch: JetStream refused an atomic batch holding a message
+	// id it stored before.
+	errSimDupBatch = errors.New("sim: atomic publish batch contains duplicate message id")
+	errSimOp       = errors.New("sim: operation failed")
+	errSimCancel   = errors.New("sim: canceled")
 	// errSimSuperseded: a takeover step's record moved past its revision
 	// (errSuperseded).
 	errSimSuperseded = errors.New("sim: the record moved past the step's revision")
@@ -71,6 +74,48 @@ type simFlight struct {
 	sent    time.Duration
 	landed  bool
 	dropped bool
+	batch   *simBatch // the atomic batch it is a part of, if any
+}
+
+// simBatch is an atomic batch on its way: its flights land together, or
+// none does.
+type simBatch struct {
+	flights []*simFlight
+}
+
+// doomed reports whether the batch, should it land now, would be refused:
+// one of its message ids is stored within the duplicate window (false for
+// no batch).
+func (b *simBatch) doomed(q *simQueues) bool {
+	if b == nil {
+		return false
+	}
+	for _, f := range b.flights {
+		if r, ok := q.ids[f.p.id]; ok && q.w.clock-r.at < queueDuplicates {
+			return true
+		}
+	}
+	return false
+}
+
+// land has the batch reach the server: every message is stored, or, when
+// one's id is stored already within the duplicate window, none (JetStream
+// refuses such a batch whole, err_code 10201). It reports which.
+func (b *simBatch) land(n *simNode) bool {
+	q := n.w.q
+	stored := !b.doomed(q)
+	for _, f := range b.flights {
+		if stored {
+			f.landed = true
+			q.store(n.id, f.p)
+		} else {
+			f.dropped = true
+		}
+	}
+	if !stored {
+		n.w.logf("queue", "refused a batch of %d from %s: it holds a message stored before", len(b.flights), n.id)
+	}
+	return stored
 }
 
 func newSimNode(w *simWorld, id string, local bool) *simNode {
@@ -96,6 +141,7 @@ func (n *simNode) start() {
 	n.eng = newEngine(engineConfig{
 		node: n.id, maxHeldMessages: p.maxHeld, maxHeldBytes: DefaultMaxHeldBytes, maxInFlight: p.maxInFlight,
 		maxAttempts: p.maxAttempts, timeout: p.timeout, localFirst: p.localFirst, groupTimeout: p.groupTimeout,
+		maxBatch: p.maxBatch, maxBatches: p.maxBatches, maxBatchBytes: maxBatchBytes,
 	}, n.cache, rand.New(rand.NewPCG(w.rng.Uint64(), w.rng.Uint64())))
 	ckpt := w.reg.ckpt[n.id]
 	n.eng.resume = resumePoint{ckpt: ckpt}
@@ -158,6 +204,8 @@ func (n *simNode) perform(a action) {
 	switch a.kind {
 	case actPublish:
 		n.publish(a)
+	case actBatch:
+		n.publishBatch(a)
 	case actAsk:
 		n.wakeAsker()
 	case actRetry:
@@ -443,18 +491,7 @@ func (n *simNode) send(p simPub, cb func(sseq uint64, err error)) {
 		p.view = r.Revision
 	}
 	f := &simFlight{p: p, sent: w.clock}
-	if len(n.flights) > 64 {
-		live := n.flights[:0]
-		for _, g := range n.flights {
-			if !g.landed && !g.dropped {
-				live = append(live, g)
-			}
-		}
-		clear(n.flights[len(live):])
-		n.flights = live
-	}
-	n.flights = append(n.flights, f)
-	w.chk.publishing(n.id, f)
+	n.track(f)
 	if w.chance(w.p.pPubFail) {
 		w.after(w.lat(), func() {
 			if f.landed || f.dropped {
@@ -494,6 +531,107 @@ func (n *simNode) send(p simPub, cb func(sseq uint64, err error)) {
 		if n.alive() && f.landed {
 			cb(sseq, nil)
 		}
+	})
+}
+
+// track adds f to the node's publishes on their way.
+func (n *simNode) track(f *simFlight) {
+	if len(n.flights) > 64 {
+		live := n.flights[:0]
+		for _, g := range n.flights {
+			if !g.landed && !g.dropped {
+				live = append(live, g)
+			}
+		}
+		clear(n.flights[len(live):])
+		n.flights = live
+	}
+	n.flights = append(n.flights, f)
+	n.w.chk.publishing(n.id, f)
+}
+
+// sendBatch publishes ps as one atomic batch, as Router.publishBatch: cb
+// gets nil once all are stored, or an error (none stored, or all: an ack
+// lost), unless the node died meanwhile.
+func (n *simNode) sendBatch(ps []simPub, cb func(err error)) {
+	w := n.w
+	b := &simBatch{}
+	for _, p := range ps {
+		if r, ok := n.cache.Lookup(p.group); ok {
+			p.view = r.Revision
+		}
+		f := &simFlight{p: p, sent: w.clock, batch: b}
+		b.flights = append(b.flights, f)
+		n.track(f)
+	}
+	w.chk.stats.batches++
+	w.chk.stats.batchMsgs += uint64(len(ps))
+	settled := func() bool { return b.flights[0].landed || b.flights[0].dropped }
+	if w.chance(w.p.pPubFail) {
+		w.after(w.lat(), func() {
+			if settled() {
+				return
+			}
+			for _, f := range b.flights {
+				f.dropped = true
+			}
+			if n.alive() {
+				w.chk.stats.batchFailures++
+				cb(errSimPublish)
+			}
+		})
+		return
+	}
+	land := w.lat()
+	if w.chance(w.p.pLate) {
+		land = w.between(simPubTimeout, simPubTimeout+3*time.Second)
+	}
+	ackAt := land + w.lat()
+	lost := w.chance(w.p.pAckLost)
+	stored := false
+	w.after(land, func() {
+		if !settled() {
+			stored = b.land(n)
+		}
+	})
+	if lost || ackAt > simPubTimeout {
+		w.after(simPubTimeout, func() {
+			if n.alive() {
+				w.chk.stats.batchFailures++
+				cb(errSimTimeout)
+			}
+		})
+		return
+	}
+	w.after(ackAt, func() {
+		if !n.alive() || !settled() {
+			return
+		}
+		if !stored {
+			w.chk.stats.batchFailures++
+			cb(errSimDupBatch)
+			return
+		}
+		cb(nil)
+	})
+}
+
+// publishBatch carries out an actBatch.
+func (n *simNode) publishBatch(a action) {
+	ln := a.ln
+	ps := make([]simPub, len(a.batch))
+	for i, m := range a.batch {
+		ps[i] = simPub{node: a.node, seq: m.seq, group: ln.group, id: simIngressID(m.seq), kind: simRouted}
+	}
+	first, last := a.batch[0].seq, a.batch[len(a.batch)-1].seq
+	if n.w.tracing {
+		n.logf("publishes seqs %d..%d of %q to %q as one batch of %d", first, last, ln.group, a.node, len(ps))
+	}
+	n.sendBatch(ps, func(err error) {
+		if n.w.tracing {
+			n.logf("batch %d..%d: %v", first, last, err)
+		}
+		n.do(func(e *engine, now time.Time) { e.ackedBatch(ln, err, now) })
 	})
 }
 
@@ -638,6 +776,17 @@ func (n *simNode) kill() {
 	}
 	for _, f := range n.flights {
 		if f.landed || f.dropped {
+			continue
+		}
+		if f.batch != nil {
+			// A batch lands whole or not at all.
+			if w.rng.IntN(2) == 0 {
+				f.batch.land(n)
+			} else {
+				for _, g := range f.batch.flights {
+					g.dropped = true
+				}
+			}
 			continue
 		}
 		if w.rng.IntN(2) == 0 {

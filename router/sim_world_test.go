@@ -71,10 +71,16 @@ type simProfile struct {
 	active                          time.Duration // faults and producers stop after this
 
 	// Node and handler settings.
-	timeout      time.Duration
-	maxAttempts  int
-	maxHeld      int
-	maxInFlight  int
+	timeout     time.Duration
+	maxAttempts int
+	maxHeld     int
+	maxInFlight int
+	// maxBatch, maxBatches: atomic batches of a group's backlog (off
+	// below 2) and the batches a node keeps in flight.
+	maxBatch, maxBatches int
+	// bursts: the producer publishes in up to 4 bursts of 50 ms, so that
+	// groups have backlogs (batches).
+	bursts       bool
 	localFirst   bool
 	groupTimeout time.Duration
 	reaperPeriod time.Duration
@@ -152,6 +158,10 @@ func newSimProfile(rng *rand.Rand) simProfile {
 	if rng.IntN(5) == 0 {
 		p.rebindAfter = -1
 	}
+	if rng.IntN(4) != 0 {
+		p.maxBatch, p.maxBatches = 2+rng.IntN(7), 1+rng.IntN(3)
+		p.bursts = rng.IntN(2) == 0
+	}
 	p.calm = rng.IntN(5) == 0
 	if p.calm {
 		return p
@@ -186,6 +196,12 @@ func (p simProfile) String() string {
 	}
 	if p.rebalance.Enabled {
 		extra += ", rebalancing"
+	}
+	if p.maxBatch > 1 {
+		extra += fmt.Sprintf(", batches of %d (%d in flight)", p.maxBatch, p.maxBatches)
+		if p.bursts {
+			extra += " with bursts"
+		}
 	}
 	if p.calm {
 		return fmt.Sprintf("calm: %d nodes (%d LOCAL)%s, %d groups, %d messages", p.nodes, p.locals, extra, p.groups, p.messages)
@@ -385,7 +401,18 @@ func (w *simWorld) setup() {
 	}
 	// The producer: messages at random times over most of the active phase.
 	times := make([]time.Duration, p.messages)
+	var bursts []time.Duration
+	if p.bursts {
+		bursts = make([]time.Duration, 1+w.rng.IntN(4))
+		for i := range bursts {
+			bursts[i] = w.between(200*time.Millisecond, p.active*7/10)
+		}
+	}
 	for i := range times {
+		if len(bursts) > 0 {
+			times[i] = bursts[w.rng.IntN(len(bursts))] + w.between(0, 50*time.Millisecond)
+			continue
+		}
 		times[i] = w.between(200*time.Millisecond, p.active*7/10)
 	}
 	slices.Sort(times)

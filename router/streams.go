@@ -166,6 +166,8 @@ func ensureStreams(ctx context.Context, js jetstream.JetStream, cfg Config, repl
 			// A move deletes the messages it copied, one by one; nothing
 			// purges a queue.
 			DenyPurge: true,
+			// A group's backlog is published in atomic batches (protocol.md, "Batches").
+			AllowAtomicPublish: true,
 		},
 		{
 			Name:        DeadLetterStream,

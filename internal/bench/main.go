@@ -52,6 +52,7 @@ type config struct {
 	Keep       bool
 	CPUProfile string
 	Sync       localnats.Sync
+	MaxBatch   int
 }
 
 // Defaults: the steady state runs the 100,000 messages; the whole
@@ -95,7 +96,8 @@ func parseFlags(args []string, stdout, stderr io.Writer) (config, error) {
 	fs.IntVar(&c.Groups, "groups", defaultGroups, "hot groups of the steady state")
 	fs.IntVar(&c.Payload, "payload", defaultPayload, "message body size in bytes")
 	fs.Float64Var(&c.Rate, "rate", 0, "publish rate (msgs/s) of the latency runs; 0 = half the measured peak")
-	fs.StringVar(&workloads, "workloads", "steady,cardinality,zipf", "workloads to run: steady, cardinality, zipf, burst")
+	fs.StringVar(&workloads, "workloads", "steady,cardinality,zipf,hot", "workloads to run: steady, cardinality, zipf, hot (1 and 10 groups), burst")
+	fs.IntVar(&c.MaxBatch, "max-batch", 0, "the router nodes' MaxBatch (messages of a group per atomic batch; 1 turns batches off); 0 = the router's default")
 	fs.IntVar(&c.WarmStart, "warm-start", defaultWarmStart, "bindings written before the cache warm start (0 skips it)")
 	fs.IntVar(&c.ZipfGroups, "zipf-groups", defaultZipfGroups, "distinct groups of the zipf workload")
 	fs.Float64Var(&c.ZipfS, "zipf-s", defaultZipfS, "exponent of the zipf workload (> 1)")
@@ -134,18 +136,20 @@ func parseFlags(args []string, stdout, stderr io.Writer) (config, error) {
 	}
 	for _, w := range strings.Split(workloads, ",") {
 		switch w = strings.TrimSpace(w); w {
-		case wlSteady, wlCardinality, wlZipf, wlBurst:
+		case wlSteady, wlCardinality, wlZipf, wlHot, wlBurst:
 			if !slices.Contains(c.Workloads, w) {
 				c.Workloads = append(c.Workloads, w)
 			}
 		case "":
 		default:
-			return c, fmt.Errorf("%w: unknown workload %q (want steady, cardinality, zipf, burst)", ErrUsage, w)
+			return c, fmt.Errorf("%w: unknown workload %q (want steady, cardinality, zipf, hot, burst)", ErrUsage, w)
 		}
 	}
 	switch {
 	case len(c.Workloads) == 0:
 		return c, fmt.Errorf("%w: no workload", ErrUsage)
+	case c.MaxBatch < 0:
+		return c, fmt.Errorf("%w: --max-batch %d: want >= 0", ErrUsage, c.MaxBatch)
 	case c.Nodes < 1 || c.Nodes > 16:
 		return c, fmt.Errorf("%w: --nodes %d: want 1 to 16", ErrUsage, c.Nodes)
 	case c.Messages < 1, c.Decisions < 1, c.Creates < 1, c.Groups < 1, c.Burst < 1:
@@ -289,6 +293,14 @@ type wlResult struct {
 	// svcNoEvents is the decision service while the events stream is
 	// deleted: the events are published, not stored.
 	svcNoEvents figure
+	// hot: the hot workload's throughput runs, one per hotGroupCounts.
+	hot []hotRun
+}
+
+// hotRun is a throughput run of the hot workload over groups groups.
+type hotRun struct {
+	groups int
+	thr    measure
 }
 
 // serverResults holds everything measured on one NATS set-up.
@@ -547,6 +559,9 @@ func (b *bencher) startNodes(ctx context.Context, e *env, n, consumed int, profi
 		if i == 0 && profile != "" {
 			args = append(args, "--cpuprofile", profile)
 		}
+		if b.cfg.MaxBatch > 0 {
+			args = append(args, "--max-batch", strconv.Itoa(b.cfg.MaxBatch))
+		}
 		if i == 1 && skipProfile != "" {
 			args = append(args, "--cpuprofile", skipProfile)
 		}
@@ -732,6 +747,24 @@ func (b *bencher) routerPhase(ctx context.Context, e *env, n int, tag string, wo
 						rate: rate, keepLat: true, groupPrefix: pref, groups: roundRobin(hot, false)})
 				}); err != nil {
 					return err
+				}
+			case wlHot:
+				for _, k := range hotGroupCounts {
+					htag := tag + "h" + strconv.Itoa(k)
+					hot := hotGroups(htag, k)
+					pref := "hot-" + htag + "-"
+					if _, err = b.measureRun(ctx, e, kids, runSpec{label: label(wl, fmt.Sprintf("%d group(s) warm-up", k)), n: k,
+						groupPrefix: pref, groups: roundRobin(hot, true), newGroups: k}); err != nil {
+						return err
+					}
+					thr, err := b.medianRun(b.cfg.Repeat, func() (measure, error) {
+						return b.measureRun(ctx, e, kids, runSpec{label: label(wl, fmt.Sprintf("%d group(s) throughput", k)),
+							n: min(b.cfg.Messages, maxHotMessages), groupPrefix: pref, groups: roundRobin(hot, false)})
+					})
+					if err != nil {
+						return err
+					}
+					res.hot = append(res.hot, hotRun{groups: k, thr: thr})
 				}
 			case wlCardinality:
 				pref := "new-" + tag + "-"

@@ -83,6 +83,7 @@ func TestMainRuns(t *testing.T) {
 		"steady/1/end-to-end vs write ceiling", "baseline/0/write ceiling (raw publish / 2)",
 		"steady/2/CPU per ingress msg, node routing all (n0)", "steady/2/CPU per ingress msg, node skipping all (n1)",
 		"warm-start/1/heap per cached binding (at 2,000)",
+		"hot/1/1 group(s) end-to-end", "hot/1/10 group(s) end-to-end",
 	} {
 		r, ok := seen[key]
 		if !ok {
@@ -101,6 +102,11 @@ func TestMainRuns(t *testing.T) {
 	}
 	if r := seen["steady/1/end-to-end vs write ceiling"]; r.BaselineName != "ceiling" || r.Ratio <= 0 || r.Met == nil {
 		t.Errorf("steady row has no write-ceiling ratio and target: %+v", r)
+	}
+	for _, k := range []string{"hot/1/1 group(s) end-to-end", "hot/1/10 group(s) end-to-end"} {
+		if r := seen[k]; r.BaselineName != "relay" || r.Ratio <= 0 {
+			t.Errorf("%s has no relay ratio: %+v", k, r)
+		}
 	}
 	if t.Failed() {
 		t.Logf("stderr:\n%s", errOut.String())
@@ -134,7 +140,7 @@ func TestParseFlags(t *testing.T) {
 			if (err == nil) != tt.ok || (err != nil && !errors.Is(err, ErrUsage)) {
 				t.Fatalf("parseFlags(%v) = %+v, %v", tt.args, c, err)
 			}
-			if tt.name == "defaults" && (len(c.Servers) != 2 || c.Nodes != 1 || c.Payload != 1024 || c.WarmStart != 200_000 || len(c.Workloads) != 3) {
+			if tt.name == "defaults" && (len(c.Servers) != 2 || c.Nodes != 1 || c.Payload != 1024 || c.WarmStart != 200_000 || len(c.Workloads) != 4) {
 				t.Fatalf("defaults = %+v", c)
 			}
 			if tt.name == "defaults" && c.Sync != (localnats.Sync{Interval: localnats.ServerDefaultSync}) {

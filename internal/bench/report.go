@@ -334,6 +334,26 @@ func (sr *serverResults) rows(cfg config) []Row {
 			continue
 		}
 		n := sr.nodes
+		if wl == wlHot {
+			for _, h := range res.hot {
+				r := rb.add(wl, n, fmt.Sprintf("%d group(s) end-to-end", h.groups), h.thr.Rate, unitMsgs).noise(h.thr.Foreign)
+				if relay == nil {
+					continue
+				}
+				r.vs("relay", relay.thr.Rate).noise(relay.thr.Foreign)
+				if sr.servers >= 3 { // the targets are on replicated streams
+					switch h.groups {
+					case 1:
+						r.atLeast(0.5)
+					case 10:
+						r.atLeast(0.8)
+					}
+				}
+				rb.add(wl, n, fmt.Sprintf("%d group(s) router CPU per msg (all nodes)", h.groups), us(h.thr.CPUPerMsg()), unitUsPerMsg).
+					noise(h.thr.Foreign).vs("relay", us(relay.thr.CPUPerMsg())).noise(relay.thr.Foreign)
+			}
+			continue
+		}
 		common(wl, n, res)
 		switch wl {
 		case wlSteady:

@@ -15,7 +15,18 @@ const (
 	wlSteady      = "steady"
 	wlCardinality = "cardinality"
 	wlZipf        = "zipf"
+	// wlHot: the steady state of a few hot groups (hotGroupCounts), each
+	// with a backlog: what one group's order costs against the relay.
+	wlHot = "hot"
 )
+
+// hotGroupCounts are the group counts of the hot workload's runs.
+var hotGroupCounts = [...]int{1, 10}
+
+// maxHotMessages bounds the messages of a hot throughput run (at most
+// --messages): one group published one message per round trip runs at a
+// few thousand a second.
+const maxHotMessages = 20_000
 
 // hotGroups returns the ids of the steady state's hot groups.
 func hotGroups(tag string, n int) []string {
