@@ -514,6 +514,7 @@ func (l Layout) handlerPublish(node string) []Grant {
 	for _, s := range streams() {
 		pub = append(pub, l.api("STREAM.CREATE."+s, "create the layout when it is missing (REMOTE nodes wait for it)")...)
 	}
+	pub = append(pub, l.api("STREAM.UPDATE."+router.QueueStream, "allow atomic batches on a queue stream created before them (a handler may create the layout anyway)")...)
 	pub = slices.Concat(pub,
 		l.api("INFO", "nats.go reads the account's JetStream limits before it creates a bucket"),
 		l.kvPut(bindings, ">", "the only writer of binding records"),
