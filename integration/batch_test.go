@@ -54,10 +54,10 @@ func TestBatchesAcrossFaults(t *testing.T) {
 				publish(t, js, "jms.orders", g, g+"/first")
 			}
 			owner := nodeOf(t, nodes, waitBound(t, st, hot[0], 10*time.Second))
-			// The owner's first checkpoint is saved before the fault. A node
-			// that crashes before its first one restarts at the routing
-			// floor, which the floor's rule lets pass what it had not
-			// routed (a window of its own, reported; not the batches').
+			// The owner's first checkpoint is saved before the fault, so
+			// that the crash hits a node resuming from its checkpoint (a
+			// node without one holds the routing floor:
+			// TestFloorHeldByALiveNodeWithoutCheckpoint).
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()
 			reg, err := kvbinding.OpenRegistry(ctx, js, kvbinding.RegistryConfig{}, nil)

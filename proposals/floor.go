@@ -21,9 +21,10 @@ import (
 const floorEvery = time.Second
 
 // NextFloor returns the routing floor after prev. starts holds, for each
-// live node with a usable checkpoint, its checkpoint's Start (every
-// sequence below it is done at that node); live nodes without one are left
-// out (they start reading at the floor, so they hold nothing below it).
+// live node, its checkpoint's Start (every sequence below it is done at
+// that node), or 0 for a live node without a usable checkpoint: such a
+// node started reading at the floor of its start and may hold messages
+// from there, so it holds the floor where it is until it saves one.
 // ingressNext is the ingress stream's last sequence plus one (0: unknown).
 //
 // The floor is the least of starts, never below prev (monotonic: a node
@@ -94,13 +95,20 @@ func (h *Handler) advanceFloor(ctx context.Context) {
 		c, ok, err := h.reg.LoadCheckpoint(ctx, node)
 		switch {
 		case errors.Is(err, kvbinding.ErrInvalidCheckpoint):
-			// That node re-reads from the duplicate window's start: it is
-			// left out, like a node without a checkpoint.
+			// That node re-reads from the floor: it holds the floor, as a
+			// node without a checkpoint does.
+			starts[node] = 0
 		case err != nil:
 			h.floorWarn(now, "cannot read a live node's checkpoint; keeping the routing floor", err)
 			return
 		case ok:
 			starts[node] = c.Start()
+		default:
+			// Live without a checkpoint yet: it started reading at the
+			// floor of its start, and its groups' messages above that are
+			// routed by it alone. Raising the floor past them would have
+			// it skip them after a crash (it restarts at the floor).
+			starts[node] = 0
 		}
 	}
 	var ingressNext uint64

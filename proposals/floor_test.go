@@ -1,10 +1,13 @@
 package proposals
 
 import (
+	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
+	"grouprouter/internal/natstest"
 	"grouprouter/kvbinding"
 )
 
@@ -21,6 +24,7 @@ func TestNextFloor(t *testing.T) {
 		{"never lowered: a node restarted from an older checkpoint", 100, map[string]uint64{"n1": 120, "n2": 40}, 300, 100, false},
 		{"raised as the slowest node moves on", 100, map[string]uint64{"n1": 150, "n2": 130}, 300, 130, false},
 		{"a node lagging holds it", 100, map[string]uint64{"n1": 5000, "n2": 101}, 6000, 101, false},
+		{"a live node without a checkpoint yet (0) holds it", 100, map[string]uint64{"n1": 500, "n2": 0}, 600, 100, false},
 		{"no live node with a checkpoint: kept (a stopped cluster)", 70, nil, 300, 70, false},
 		{"no floor, no checkpoint", 0, map[string]uint64{}, 0, 0, false},
 		{"ingress unknown: no bound", 10, map[string]uint64{"n1": 50}, 0, 50, false},
@@ -77,4 +81,39 @@ func TestTransitionBindBelowFloor(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestFloorHeldByALiveNodeWithoutCheckpoint: while a live node has no
+// checkpoint yet (it started at the floor and may hold its groups'
+// messages from there), the active handler does not raise the floor past
+// it, however far the other nodes are; once it saves one, the floor moves.
+func TestFloorHeldByALiveNodeWithoutCheckpoint(t *testing.T) {
+	s := natstest.RunServer(t)
+	e := startHandler(t, s, "h1", liveNodes)
+	natstest.Eventually(t, 5*time.Second, func() error {
+		if !e.h.Active() {
+			return natstest.ErrNotYet
+		}
+		return nil
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := e.h.reg.SaveCheckpoint(ctx, "n1", kvbinding.Checkpoint{Next: 500}); err != nil {
+		t.Fatal(err)
+	}
+	// Three rounds of the floor (one a second) with n2 live and without
+	// a checkpoint.
+	time.Sleep(3 * floorEvery)
+	if f := e.h.Floor(); f != 0 {
+		t.Fatalf("floor %d raised past n2, live without a checkpoint", f)
+	}
+	if err := e.h.reg.SaveCheckpoint(ctx, "n2", kvbinding.Checkpoint{Next: 300}); err != nil {
+		t.Fatal(err)
+	}
+	natstest.Eventually(t, 10*time.Second, func() error {
+		if f := e.h.Floor(); f != 300 {
+			return fmt.Errorf("floor %d, want 300", f)
+		}
+		return nil
+	})
 }
