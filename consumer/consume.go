@@ -182,6 +182,11 @@ func (r *runner) run(ctx context.Context) error {
 
 	pull := []jetstream.PullConsumeOpt{
 		jetstream.PullMaxMessages(r.o.pullBatch),
+		// A pull request can outlive the process that sent it (seen across
+		// accounts: TestPermissionsLeastPrivilege waits for it), and what
+		// the servers deliver to it waits for the ack wait: a short expiry
+		// (nats.go's default is 30 s) bounds that window.
+		jetstream.PullExpiry(pullExpiry),
 		jetstream.ConsumeErrHandler(r.consumeErr),
 	}
 	if r.pinned {
@@ -270,6 +275,9 @@ func (r *runner) lookup(ctx context.Context) (*jetstream.ConsumerInfo, error) {
 		}
 	}
 }
+
+// pullExpiry is how long a pull request of Consume waits on the server.
+const pullExpiry = 5 * time.Second
 
 func isTransient(err error) bool {
 	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout) ||

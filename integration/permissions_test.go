@@ -324,6 +324,23 @@ func TestPermissionsLeastPrivilege(t *testing.T) {
 		to = "n2"
 	}
 	stops[from]()
+	// Its pull requests go with its connection (the server tracks their
+	// interest back into the consumer's account); until then a message
+	// could still be delivered to them.
+	adminJS, err := jetstream.New(natstest.Connect(t, a.c.Servers[0].URL(), nats.UserInfo(permtest.AdminUser, a.auth.AdminPass)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	natstest.Eventually(t, 20*time.Second, func() error {
+		c, err := adminJS.Consumer(ctx, router.QueueStream, router.QueueConsumer(from))
+		if err != nil {
+			return err
+		}
+		if w := c.CachedInfo().NumWaiting; w != 0 {
+			return fmt.Errorf("%d pull requests of the stopped consumer of %s still wait", w, from)
+		}
+		return nil
+	})
 	pjs, err := jetstream.New(a.connect(t, 0, "producer", "producer-after"))
 	if err != nil {
 		t.Fatal(err)
