@@ -119,9 +119,9 @@ type runner struct {
 	// and applied before the watch brought it (touchParked): the watch's
 	// older changes of the group are stale until it gets there.
 	parkedAhead map[string]uint64
-	cancels   map[*lane]context.CancelCauseFunc
-	timers    map[*lane]*time.Timer
-	pinID     string
+	cancels     map[*lane]context.CancelCauseFunc
+	timers      map[*lane]*time.Timer
+	pinID       string
 	// lastDelivery is the consumer sequence of the last delivery seen;
 	// only the pull's callback (serial) uses it once pulling began.
 	lastDelivery uint64
