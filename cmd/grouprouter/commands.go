@@ -11,7 +11,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"grouprouter/internal/bench"
+	"grouprouter/cmd/grouprouter/internal/bench"
 )
 
 // command is a row of the command table: main dispatches on it, and

@@ -7,7 +7,7 @@ import (
 	"fmt"
 	"strings"
 
-	"grouprouter/internal/demo"
+	"grouprouter/cmd/grouprouter/internal/demo"
 )
 
 // demoOptions are the demo command's flags.
