@@ -76,7 +76,7 @@ func (o *eventsOptions) check(in *invocation) error {
 	return nil
 }
 
-// run runs the command.
+// run prints the events asked for.
 func (o *eventsOptions) run(ctx context.Context, in *invocation) error {
 	nc, js := in.nc, in.js
 	stdout := in.stdout

@@ -92,7 +92,7 @@ func (o *groupsOptions) check(in *invocation) error {
 	return nil
 }
 
-// run runs the command.
+// run lists the groups asked for.
 func (o *groupsOptions) run(ctx context.Context, in *invocation) error {
 	nc, js := in.nc, in.js
 	stdout := in.stdout

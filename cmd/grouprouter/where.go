@@ -97,7 +97,7 @@ type whereResult struct {
 	parked *parkedJSON // when a consumer parked it
 }
 
-// run runs the command.
+// run shows where the group is.
 func (o *whereOptions) run(ctx context.Context, in *invocation) error {
 	nc, js := in.nc, in.js
 	stdout, stderr := in.stdout, in.stderr
