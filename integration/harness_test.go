@@ -8,7 +8,6 @@ import (
 	"log/slog"
 	"os"
 	"sort"
-	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -16,6 +15,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"grouprouter/consumer"
 	"grouprouter/internal/natstest"
 	"grouprouter/kvbinding"
 	"grouprouter/proposals"
@@ -128,7 +128,7 @@ type received struct {
 	node    string // whose queue it came from
 	group   string
 	body    string
-	subject string
+	subject string // the producer's
 	seq     uint64 // ingress sequence
 }
 
@@ -182,8 +182,9 @@ func (c *collector) waitGroup(t testing.TB, group string, n int, d time.Duration
 	return rs
 }
 
-// startConsumer consumes node's queue as an application would: the
-// documented durable consumer, pulled with the priority group.
+// startConsumer consumes node's queue as an application would, with
+// package consumer (each group in order, redeliveries held in place),
+// recording every message with its headers' group and ingress sequence.
 func startConsumer(t testing.TB, url, nodeID string, c *collector) (stop func()) {
 	t.Helper()
 	nc := natstest.Connect(t, url, nats.Name("consumer-"+nodeID))
@@ -191,31 +192,33 @@ func startConsumer(t testing.TB, url, nodeID string, c *collector) (stop func())
 	if err != nil {
 		t.Fatal(err)
 	}
-	// A lookup can go unanswered while the cluster elects the consumer's
+	// Consume needs the node's queue consumer (its router creates it). A
+	// lookup can go unanswered while the cluster elects the consumer's
 	// leader: each try has its own deadline.
-	var cons jetstream.Consumer
 	natstest.Eventually(t, 30*time.Second, func() error {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
-		var err error
-		if cons, err = js.Consumer(ctx, router.QueueStream, router.QueueConsumer(nodeID)); err != nil {
+		if _, err := js.Consumer(ctx, router.QueueStream, router.QueueConsumer(nodeID)); err != nil {
 			return fmt.Errorf("consumer of %s: %w", nodeID, err)
 		}
 		return nil
 	})
-	cc, err := cons.Consume(func(m jetstream.Msg) {
-		seq, _ := strconv.ParseUint(m.Headers().Get(router.HeaderIngressSeq), 10, 64)
-		c.add(received{node: nodeID, group: m.Headers().Get("Group-Id"), body: string(m.Data()), subject: m.Subject(), seq: seq})
-		_ = m.Ack()
-	}, jetstream.PullPriorityGroup(router.PriorityGroup), jetstream.PullExpiry(2*time.Second))
-	if err != nil {
-		t.Fatalf("consume %s: %v", nodeID, err)
-	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		done <- consumer.Consume(ctx, js, nodeID, func(_ context.Context, m *consumer.Message) error {
+			c.add(received{node: nodeID, group: m.Header.Get("Group-Id"), body: string(m.Data), subject: m.Subject, seq: m.IngressSeq})
+			return nil
+		}, consumer.WithDrainTimeout(5*time.Second))
+	}()
 	stopped := false
 	stop = func() {
 		if !stopped {
 			stopped = true
-			cc.Stop()
+			cancel()
+			if err := <-done; err != nil {
+				t.Errorf("consumer of %s: %v", nodeID, err)
+			}
 			nc.Close()
 		}
 	}

@@ -5,7 +5,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -22,9 +21,8 @@ import (
 // ungroupedLabel shows the routing binding of messages without a group id.
 const ungroupedLabel = "(ungrouped)"
 
-// printBindingsUsage writes the bindings subcommand's help.
-func printBindingsUsage(w io.Writer, fs *flag.FlagSet) {
-	fmt.Fprint(w, `Usage: grouprouter bindings [flags]
+// bindingsHelp is the bindings command's help.
+const bindingsHelp = `Usage: grouprouter bindings [flags]
 
 Lists the current group bindings (group -> node; state bound, or moving to
 another node) sorted by group, as a table or as JSON. With --all it also
@@ -32,45 +30,32 @@ lists the ended records (released, dead-lettered), kept for a while after
 the binding ended. 'grouprouter groups' adds what waits on the queues.
 
 Flags:
-`)
-	fs.SetOutput(w)
-	fs.PrintDefaults()
+`
+
+// bindingsFlags are the bindings command's flags.
+type bindingsFlags struct {
+	asJSON, all bool
 }
 
-// listBindings is the bindings subcommand.
-func listBindings(ctx context.Context, args []string, env environment, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("bindings", flag.ContinueOnError)
-	fs.SetOutput(io.Discard)
-	fs.Usage = func() {}
-	conn := addConnFlags(fs, natsClientUsage)
-	asJSON := fs.Bool("json", false, "print a JSON array of the bindings instead of a table")
-	all := fs.Bool("all", false, "also list ended records (released, dead-lettered)")
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			printBindingsUsage(stdout, fs)
-			return err
-		}
-		return &usageError{cmd: "bindings", msg: err.Error()}
-	}
-	if fs.NArg() > 0 {
-		return &usageError{cmd: "bindings", msg: fmt.Sprintf("unexpected argument %q", fs.Arg(0))}
-	}
-	s, err := conn.resolve(env, defaultNATSURL)
-	if err != nil {
-		return err
-	}
-	nc, js, err := connectClient(s, "bindings", warnTo(stderr))
-	if err != nil {
-		return err
-	}
-	defer nc.Close()
+func newBindingsFlags(fs *flag.FlagSet) *bindingsFlags {
+	f := &bindingsFlags{}
+	fs.BoolVar(&f.asJSON, "json", false, "print a JSON array of the bindings instead of a table")
+	fs.BoolVar(&f.all, "all", false, "also list ended records (released, dead-lettered)")
+	return f
+}
+
+func (f *bindingsFlags) check(*invocation) error { return nil }
+
+// run lists the bindings.
+func (f *bindingsFlags) run(ctx context.Context, in *invocation) error {
+	nc, js, s := in.nc, in.js, in.conn
 	if err := requireBucket(ctx, nc, js, s, kvbinding.DefaultBucket, "bindings"); err != nil {
 		return err
 	}
 	before := nc.LastError()
 	var list []kvbinding.Binding
-	err = kvbinding.ScanBindings(ctx, js, kvbinding.DefaultBucket, func(b kvbinding.Binding) error {
-		if *all || b.State == kvbinding.StateBound || b.State == kvbinding.StateMoving {
+	err := kvbinding.ScanBindings(ctx, js, kvbinding.DefaultBucket, func(b kvbinding.Binding) error {
+		if f.all || b.State == kvbinding.StateBound || b.State == kvbinding.StateMoving {
 			list = append(list, b)
 		}
 		return nil
@@ -79,10 +64,10 @@ func listBindings(ctx context.Context, args []string, env environment, stdout, s
 		return requestError(err, s, nc, before, "list the bindings")
 	}
 	sort.Slice(list, func(i, j int) bool { return list[i].Group < list[j].Group })
-	if *asJSON {
-		return writeBindingsJSON(stdout, list)
+	if f.asJSON {
+		return writeBindingsJSON(in.stdout, list)
 	}
-	return writeBindingsTable(stdout, list)
+	return writeBindingsTable(in.stdout, list)
 }
 
 // bindingJSON is a binding as --json prints it: the stored value plus its

@@ -36,7 +36,6 @@ const (
 
 // consumeOptions is what the consume subcommand needs, parsed and checked.
 type consumeOptions struct {
-	conn        connSettings
 	node        string
 	count       int
 	asJSON      bool
@@ -44,23 +43,19 @@ type consumeOptions struct {
 	groupHeader string
 }
 
-func newConsumeFlags(o *consumeOptions) (*flag.FlagSet, *connFlags) {
-	fs := flag.NewFlagSet("consume", flag.ContinueOnError)
-	fs.SetOutput(io.Discard) // errors are reported as one line by the caller
-	fs.Usage = func() {}
-	conn := addConnFlags(fs, natsClientUsage)
+func newConsumeFlags(fs *flag.FlagSet) *consumeOptions {
+	o := &consumeOptions{}
 	fs.StringVar(&o.node, "node", "", "consume the queue of node `ID` (default: the host name, sanitized, as for run)")
 	fs.IntVar(&o.count, "count", 0, "stop after `N` messages (0 = until interrupted)")
 	fs.BoolVar(&o.asJSON, "json", false, "print one JSON object per message instead of a line of text")
 	fs.BoolVar(&o.noAck, "no-ack", false, "do not acknowledge the messages: they stay on the queue (handed back when consume stops) and a group's later messages wait behind them")
 	fs.StringVar(&o.groupHeader, "group-header", router.DefaultGroupHeader, "`HEADER` holding the group id")
-	return fs, conn
+	return o
 }
 
-// printConsumeUsage writes the consume subcommand's help.
-func printConsumeUsage(w io.Writer) {
-	fs, _ := newConsumeFlags(&consumeOptions{})
-	fmt.Fprintf(w, `Usage: grouprouter consume [flags]
+// consumeHelp is the consume command's help.
+func consumeHelp() string {
+	return fmt.Sprintf(`Usage: grouprouter consume [flags]
 
 Consumes a node's queue as an application does, with package consumer:
 pulls from the durable consumer %s<node> of stream %s (with
@@ -81,63 +76,34 @@ with "body_base64" in place of "body" when the body is not valid UTF-8.
 
 Flags:
 `, router.QueueConsumerPrefix, router.QueueStream, router.PriorityGroup)
-	fs.SetOutput(w)
-	fs.PrintDefaults()
 }
 
-// parseConsumeArgs parses the consume subcommand's arguments. It returns
-// flag.ErrHelp for -h, a *usageError for command-line mistakes and errors
-// wrapping router.ErrConfig for invalid values.
-func parseConsumeArgs(args []string, env environment) (consumeOptions, error) {
-	var o consumeOptions
-	fs, conn := newConsumeFlags(&o)
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return consumeOptions{}, err
-		}
-		return consumeOptions{}, &usageError{cmd: "consume", msg: err.Error()}
-	}
-	if fs.NArg() > 0 {
-		return consumeOptions{}, &usageError{cmd: "consume", msg: fmt.Sprintf("unexpected argument %q", fs.Arg(0))}
-	}
-	set := make(map[string]bool)
-	fs.Visit(func(fl *flag.Flag) { set[fl.Name] = true })
-	if !set["node"] {
-		o.node = sanitizeNodeID(env.hostname())
+// check defaults --node to the host name and validates the flags.
+func (o *consumeOptions) check(in *invocation) error {
+	if !in.isSet("node") {
+		o.node = sanitizeNodeID(in.env.hostname())
 	}
 	if err := kvbinding.ValidateNodeID(o.node); err != nil {
-		return consumeOptions{}, fmt.Errorf("%w: node: %v", router.ErrConfig, err)
+		return fmt.Errorf("%w: node: %v", router.ErrConfig, err)
 	}
 	if o.count < 0 {
-		return consumeOptions{}, fmt.Errorf("%w: --count must be >= 0, got %d", router.ErrConfig, o.count)
+		return fmt.Errorf("%w: --count must be >= 0, got %d", router.ErrConfig, o.count)
 	}
 	if !router.ValidHeaderName(o.groupHeader) {
-		return consumeOptions{}, fmt.Errorf("%w: group header %q is not a valid header name", router.ErrConfig, o.groupHeader)
+		return fmt.Errorf("%w: group header %q is not a valid header name", router.ErrConfig, o.groupHeader)
 	}
-	var err error
-	if o.conn, err = conn.resolve(env, defaultNATSURL); err != nil {
-		return consumeOptions{}, err
-	}
-	return o, nil
+	return nil
 }
 
-// consume is the consume subcommand.
-func consume(ctx context.Context, args []string, env environment, stdout, stderr io.Writer) error {
-	o, err := parseConsumeArgs(args, env)
-	if errors.Is(err, flag.ErrHelp) {
-		printConsumeUsage(stdout)
-		return err
-	}
-	if err != nil {
-		return err
-	}
-	nc, js, err := connectClient(o.conn, "consume-"+o.node, warnTo(stderr),
-		nats.MaxReconnects(-1), nats.ReconnectWait(reconnectWait))
-	if err != nil {
-		return err
-	}
-	defer nc.Close()
+// dial names the connection after the node; it reconnects for as long as
+// consume runs.
+func (o *consumeOptions) dial() (string, []nats.Option) {
+	return "consume-" + o.node, []nats.Option{nats.MaxReconnects(-1), nats.ReconnectWait(reconnectWait)}
+}
 
+// run prints the node's queue.
+func (o *consumeOptions) run(ctx context.Context, in *invocation) error {
+	nc, js, stderr := in.nc, in.js, in.stderr
 	name := router.QueueConsumer(o.node)
 	before := nc.LastError()
 	cons, err := js.Consumer(ctx, router.QueueStream, name)
@@ -145,11 +111,11 @@ func consume(ctx context.Context, args []string, env environment, stdout, stderr
 		switch {
 		case errors.Is(err, jetstream.ErrStreamNotFound), errors.Is(err, jetstream.ErrConsumerNotFound):
 			return fmt.Errorf("node %s has no queue consumer yet: is its router running? (no consumer %s on stream %s at %s)",
-				o.node, name, router.QueueStream, redactURLs(o.conn.URL))
+				o.node, name, router.QueueStream, redactURLs(in.conn.URL))
 		case ctx.Err() != nil:
 			return nil // interrupted while looking up
 		}
-		return requestError(err, o.conn, nc, before, "queue consumer "+name)
+		return requestError(err, in.conn, nc, before, "queue consumer "+name)
 	}
 	if info := cons.CachedInfo(); len(info.Config.PriorityGroups) > 0 {
 		if !slices.Contains(info.Config.PriorityGroups, router.PriorityGroup) {
@@ -163,7 +129,7 @@ func consume(ctx context.Context, args []string, env environment, stdout, stderr
 		}
 	}
 
-	return consumeQueue(ctx, js, o, stdout, stderr)
+	return consumeQueue(ctx, js, *o, in.stdout, stderr)
 }
 
 // errNotNow is a consume handler's answer for a message it does not

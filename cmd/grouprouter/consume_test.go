@@ -263,22 +263,33 @@ func TestConsumeInterrupted(t *testing.T) {
 	}
 }
 
+// parseConsumeArgs parses consume's arguments.
+func parseConsumeArgs(args []string, env environment) (consumeOptions, connSettings, error) {
+	a, conn, err := parseCommand("consume", args, env)
+	if err != nil {
+		return consumeOptions{}, connSettings{}, err
+	}
+	return *a.(*consumeOptions), conn, nil
+}
+
 func TestParseConsumeArgs(t *testing.T) {
-	o, err := parseConsumeArgs(nil, testEnv("broker-1.example.com"))
+	o, conn, err := parseConsumeArgs(nil, testEnv("broker-1.example.com"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := consumeOptions{conn: connSettings{URL: defaultNATSURL, urlSource: "default"}, node: "broker-1-example-com", groupHeader: "Group-Id"}
-	if o != want {
-		t.Errorf("defaults\n got %+v\nwant %+v", o, want)
+	want := consumeOptions{node: "broker-1-example-com", groupHeader: "Group-Id"}
+	wantConn := connSettings{URL: defaultNATSURL, urlSource: "default"}
+	if o != want || conn != wantConn {
+		t.Errorf("defaults\n got %+v %+v\nwant %+v %+v", o, conn, want, wantConn)
 	}
-	o, err = parseConsumeArgs([]string{"--nats", " nats://a:1 ", "--node", "n2", "--count", "7", "--json", "--no-ack", "--group-header", "JMSXGroupID"}, testEnv("h"))
+	o, conn, err = parseConsumeArgs([]string{"--nats", " nats://a:1 ", "--node", "n2", "--count", "7", "--json", "--no-ack", "--group-header", "JMSXGroupID"}, testEnv("h"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	want = consumeOptions{conn: connSettings{URL: "nats://a:1", urlSource: "--nats"}, node: "n2", count: 7, asJSON: true, noAck: true, groupHeader: "JMSXGroupID"}
-	if o != want {
-		t.Errorf("flags\n got %+v\nwant %+v", o, want)
+	want = consumeOptions{node: "n2", count: 7, asJSON: true, noAck: true, groupHeader: "JMSXGroupID"}
+	wantConn = connSettings{URL: "nats://a:1", urlSource: "--nats"}
+	if o != want || conn != wantConn {
+		t.Errorf("flags\n got %+v %+v\nwant %+v %+v", o, conn, want, wantConn)
 	}
 
 	for _, tt := range []struct {
@@ -294,7 +305,7 @@ func TestParseConsumeArgs(t *testing.T) {
 		{[]string{"--bogus"}, true, "flag provided but not defined: -bogus"},
 		{[]string{"n1"}, true, `unexpected argument "n1"`},
 	} {
-		_, err := parseConsumeArgs(tt.args, testEnv("h"))
+		_, _, err := parseConsumeArgs(tt.args, testEnv("h"))
 		var ue *usageError
 		switch {
 		case err == nil:
@@ -307,7 +318,7 @@ func TestParseConsumeArgs(t *testing.T) {
 			t.Errorf("%v: error %q does not contain %q", tt.args, err, tt.want)
 		}
 	}
-	if _, err := parseConsumeArgs([]string{"-h"}, testEnv("h")); !errors.Is(err, flag.ErrHelp) {
+	if _, _, err := parseConsumeArgs([]string{"-h"}, testEnv("h")); !errors.Is(err, flag.ErrHelp) {
 		t.Errorf("-h: %v", err)
 	}
 }

@@ -5,27 +5,28 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"io"
 	"strings"
 
-	"grouprouter/internal/demo"
+	"grouprouter/cmd/grouprouter/internal/demo"
 )
 
-func newDemoFlags(cfg *demo.Config) *flag.FlagSet {
-	fs := flag.NewFlagSet("demo", flag.ContinueOnError)
-	fs.SetOutput(io.Discard)
-	fs.Usage = func() {}
+// demoOptions are the demo command's flags.
+type demoOptions struct {
+	cfg demo.Config
+}
+
+func newDemoFlags(fs *flag.FlagSet) *demoOptions {
+	o := &demoOptions{}
+	cfg := &o.cfg
 	fs.DurationVar(&cfg.Duration, "duration", demo.DefaultDuration, "how long the producers publish (`DURATION`, like 30s); n2 is killed halfway")
 	fs.IntVar(&cfg.Groups, "groups", demo.DefaultGroups, "how many groups the messages are spread over")
 	fs.Float64Var(&cfg.Rate, "rate", demo.DefaultRate, "messages a second, all producers together")
 	fs.BoolVar(&cfg.NoKill, "no-kill", false, "run without killing node n2")
-	return fs
+	return o
 }
 
-// printDemoUsage writes the demo subcommand's help.
-func printDemoUsage(w io.Writer) {
-	fs := newDemoFlags(&demo.Config{})
-	fmt.Fprint(w, `Usage: grouprouter demo [flags]
+// demoHelp is the demo command's help.
+const demoHelp = `Usage: grouprouter demo [flags]
 
 Runs grouprouter end to end in this process, with no NATS needed: a
 3-server JetStream cluster on 127.0.0.1 (random ports, stores in a
@@ -48,28 +49,19 @@ Exit codes: 0 every message once and in order; 1 not so (the summary says
 which), or the demo could not run; 2 bad arguments.
 
 Flags:
-`)
-	fs.SetOutput(w)
-	fs.PrintDefaults()
+`
+
+// check validates the demo's settings.
+func (o *demoOptions) check(in *invocation) error {
+	if err := o.cfg.Validate(); err != nil {
+		return in.usagef("%s", strings.TrimPrefix(err.Error(), demo.ErrConfig.Error()+": "))
+	}
+	return nil
 }
 
-// runDemo is the demo subcommand.
-func runDemo(ctx context.Context, args []string, env environment, stdout io.Writer) error {
-	var cfg demo.Config
-	fs := newDemoFlags(&cfg)
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			printDemoUsage(stdout)
-			return err
-		}
-		return &usageError{cmd: "demo", msg: err.Error()}
-	}
-	if fs.NArg() > 0 {
-		return &usageError{cmd: "demo", msg: fmt.Sprintf("unexpected argument %q", fs.Arg(0))}
-	}
-	if err := cfg.Validate(); err != nil {
-		return &usageError{cmd: "demo", msg: strings.TrimPrefix(err.Error(), demo.ErrConfig.Error()+": ")}
-	}
+// run runs the demo and writes its summary.
+func (o *demoOptions) run(ctx context.Context, in *invocation) error {
+	cfg, stdout, env := o.cfg, in.stdout, in.env
 	cfg.Out, cfg.Terminal = stdout, isTerminal(stdout, env)
 	sum, err := demo.Run(ctx, cfg)
 	if err != nil {

@@ -137,31 +137,31 @@ func startEmbedded(o *server.Options, log *slog.Logger) (*embeddedServer, error)
 	}
 
 	fatal := make(chan string, 1)
-	srv, err := server.NewServer(o)
-	if err != nil {
-		return nil, fmt.Errorf("embedded NATS server: %w", err)
-	}
 	debug := log.Enabled(context.Background(), slog.LevelDebug)
-	srv.SetLoggerV2(&natsLogger{log: log.With("component", "nats-server"), fatal: fatal}, debug, false, false)
-	srv.Start()
-
-	deadline := time.Now().Add(embeddedReadyTimeout)
-	for !srv.ReadyForConnections(50 * time.Millisecond) {
+	setLogger := func(srv *server.Server) {
+		srv.SetLoggerV2(&natsLogger{log: log.With("component", "nats-server"), fatal: fatal}, debug, false, false)
+	}
+	var fatalErr error // what a fatal log line said, once one came
+	fatalLogged := func() error {
 		select {
 		case msg := <-fatal:
-			srv.Shutdown()
-			srv.WaitForShutdown()
+			fatalErr = fmt.Errorf("embedded NATS server: %s", msg)
 			if isAddrInUse(msg) {
-				return nil, listenError(listen, errPortInUse)
+				fatalErr = listenError(listen, errPortInUse)
 			}
-			return nil, fmt.Errorf("embedded NATS server: %s", msg)
 		default:
 		}
-		if time.Now().After(deadline) {
-			srv.Shutdown()
-			srv.WaitForShutdown()
-			return nil, fmt.Errorf("embedded NATS server: not ready after %v", embeddedReadyTimeout)
-		}
+		return fatalErr
+	}
+	srv, err := localnats.StartServer(o, embeddedReadyTimeout, setLogger, fatalLogged)
+	switch {
+	case err == nil:
+	case fatalErr != nil:
+		return nil, fatalErr
+	case errors.Is(err, localnats.ErrNotReady):
+		return nil, fmt.Errorf("embedded NATS server: not ready after %v", embeddedReadyTimeout)
+	default:
+		return nil, fmt.Errorf("embedded NATS server: %w", err)
 	}
 
 	clientHost := host

@@ -7,7 +7,6 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"io"
 	"slices"
 	"strconv"
 	"strings"
@@ -38,11 +37,8 @@ type eventsOptions struct {
 	asJSON  bool
 }
 
-func newEventsFlags(o *eventsOptions) (*flag.FlagSet, *connFlags) {
-	fs := flag.NewFlagSet("events", flag.ContinueOnError)
-	fs.SetOutput(io.Discard)
-	fs.Usage = func() {}
-	conn := addConnFlags(fs, natsClientUsage)
+func newEventsFlags(fs *flag.FlagSet) *eventsOptions {
+	o := &eventsOptions{}
 	fs.BoolVar(&o.follow, "follow", false, "keep printing new events until interrupted, instead of stopping at the end of the stream")
 	fs.Func("group", "only the events of group `GROUP` (taken verbatim)", func(s string) error {
 		o.group, o.groupOn = s, true
@@ -51,13 +47,12 @@ func newEventsFlags(o *eventsOptions) (*flag.FlagSet, *connFlags) {
 	fs.StringVar(&o.kind, "kind", "", "only events of `KIND`: "+strings.Join(eventKinds, ", "))
 	fs.DurationVar(&o.since, "since", 0, "start with the events of the last `DURATION` (like 10m) instead of the oldest kept")
 	fs.BoolVar(&o.asJSON, "json", false, "print each event as stored, one JSON object per line")
-	return fs, conn
+	return o
 }
 
-// printEventsUsage writes the events subcommand's help.
-func printEventsUsage(w io.Writer) {
-	fs, _ := newEventsFlags(&eventsOptions{})
-	fmt.Fprintf(w, `Usage: grouprouter events [flags]
+// eventsHelp is the events command's help.
+func eventsHelp() string {
+	return fmt.Sprintf(`Usage: grouprouter events [flags]
 
 Prints the events kept in stream %s (grouping.events.<kind>), oldest
 first, one line per event: time, kind, group, node(s) (previous -> new for a
@@ -68,50 +63,23 @@ UUID version 7, is unique.
 
 Flags:
 `, router.EventsStream)
-	fs.SetOutput(w)
-	fs.PrintDefaults()
 }
 
-// parseEventsArgs parses the events subcommand's arguments.
-func parseEventsArgs(args []string, env environment) (eventsOptions, error) {
-	var o eventsOptions
-	fs, conn := newEventsFlags(&o)
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return o, err
-		}
-		return o, &usageError{cmd: "events", msg: err.Error()}
-	}
-	if fs.NArg() > 0 {
-		return o, &usageError{cmd: "events", msg: fmt.Sprintf("unexpected argument %q", fs.Arg(0))}
-	}
+// check validates the flags and arguments.
+func (o *eventsOptions) check(in *invocation) error {
 	if o.kind != "" && !slices.Contains(eventKinds, o.kind) {
-		return o, &usageError{cmd: "events", msg: fmt.Sprintf("unknown kind %q (want one of %s)", o.kind, strings.Join(eventKinds, ", "))}
+		return &usageError{cmd: in.cmd, msg: fmt.Sprintf("unknown kind %q (want one of %s)", o.kind, strings.Join(eventKinds, ", "))}
 	}
 	if o.since < 0 {
-		return o, &usageError{cmd: "events", msg: fmt.Sprintf("--since must be > 0, got %v", o.since)}
+		return &usageError{cmd: in.cmd, msg: fmt.Sprintf("--since must be > 0, got %v", o.since)}
 	}
-	var err error
-	if o.conn, err = conn.resolve(env, defaultNATSURL); err != nil {
-		return o, err
-	}
-	return o, nil
+	return nil
 }
 
-// listEvents is the events subcommand.
-func listEvents(ctx context.Context, args []string, env environment, stdout, stderr io.Writer) error {
-	o, err := parseEventsArgs(args, env)
-	if err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			printEventsUsage(stdout)
-		}
-		return err
-	}
-	nc, js, err := connectClient(o.conn, "events", warnTo(stderr))
-	if err != nil {
-		return err
-	}
-	defer nc.Close()
+// run prints the events asked for.
+func (o *eventsOptions) run(ctx context.Context, in *invocation) error {
+	nc, js := in.nc, in.js
+	stdout := in.stdout
 
 	setupCtx, cancel := context.WithTimeout(ctx, nodesTimeout)
 	defer cancel()
@@ -119,9 +87,9 @@ func listEvents(ctx context.Context, args []string, env environment, stdout, std
 	stream, err := js.Stream(setupCtx, router.EventsStream)
 	switch {
 	case errors.Is(err, jetstream.ErrStreamNotFound):
-		return fmt.Errorf("no events yet: is a grouprouter node running? (no stream %q at %s)", router.EventsStream, redactURLs(o.conn.URL))
+		return fmt.Errorf("no events yet: is a grouprouter node running? (no stream %q at %s)", router.EventsStream, redactURLs(in.conn.URL))
 	case err != nil:
-		return requestError(err, o.conn, nc, before, "stream "+router.EventsStream)
+		return requestError(err, in.conn, nc, before, "stream "+router.EventsStream)
 	}
 	last := stream.CachedInfo().State.LastSeq
 	cfg := jetstream.OrderedConsumerConfig{DeliverPolicy: jetstream.DeliverAllPolicy}

@@ -4,7 +4,6 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"io"
 	"log/slog"
 	"net"
 	"os"
@@ -84,6 +83,7 @@ type runOptions struct {
 // runFlags holds the run subcommand's flag values before merging.
 type runFlags struct {
 	fs           *flag.FlagSet
+	opts         runOptions // merged by check
 	conn         *connFlags
 	config       string
 	serverConfig string
@@ -123,9 +123,9 @@ type runFlags struct {
 	httpAddr     string
 }
 
-func newRunFlags() *runFlags {
+func newRunFlags(fs *flag.FlagSet) action {
 	f := &runFlags{
-		fs:           flag.NewFlagSet("run", flag.ContinueOnError),
+		fs:           fs,
 		timeout:      msDuration(defaultTimeout),
 		reaperPeriod: msDuration(defaultReaperPeriod),
 		nodeGrace:    msDuration(defaultNodeGrace),
@@ -134,7 +134,6 @@ func newRunFlags() *runFlags {
 		eventsMaxAge: msDuration(router.DefaultEventsMaxAge),
 		dlqMaxAge:    msDuration(router.DefaultDeadLetterMaxAge),
 	}
-	fs := f.fs
 	fs.StringVar(&f.config, "config", "", "read the `FILE` holding a <grouping-handler> element (flags override it)")
 	f.conn = addConnFlags(fs, "join the NATS servers at `URL`s, comma-separated (env "+envURL+"); without servers to join an embedded server is started")
 	fs.StringVar(&f.node, "node", "", "this node's `ID`, [A-Za-z0-9_-]{1,64} (default: the host name, sanitized)")
@@ -186,10 +185,8 @@ func newRunFlags() *runFlags {
 	return f
 }
 
-// printRunUsage writes the run subcommand's help.
-func printRunUsage(w io.Writer) {
-	f := newRunFlags()
-	fmt.Fprint(w, `Usage: grouprouter run [flags]
+// runHelp is the run command's help.
+const runHelp = `Usage: grouprouter run [flags]
 
 Runs a grouprouter node. Settings come from, in order of precedence: flags,
 the <grouping-handler> element of --config, defaults
@@ -198,28 +195,20 @@ never, reaper-period 30s). The file's <timeout>, <group-timeout> and
 <reaper-period> are milliseconds, -1 meaning never for the last two.
 
 Flags:
-`)
-	f.fs.SetOutput(w)
-	f.fs.PrintDefaults()
+`
+
+// check merges the parsed flags with --config and the defaults into
+// f.opts, and validates the result. It returns errors wrapping
+// router.ErrConfig for invalid settings. It touches no network and
+// creates no directory.
+func (f *runFlags) check(in *invocation) error {
+	var err error
+	f.opts, err = f.merge(in.env)
+	return err
 }
 
-// parseRunArgs parses and merges the run subcommand's arguments and
-// validates the result. It returns flag.ErrHelp for -h, a *usageError for
-// command-line mistakes, and errors wrapping router.ErrConfig for invalid
-// settings. It touches no network and creates no directory.
-func parseRunArgs(args []string, env environment) (runOptions, error) {
-	f := newRunFlags()
-	f.fs.SetOutput(io.Discard) // errors are reported as one line by the caller
-	f.fs.Usage = func() {}
-	if err := f.fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return runOptions{}, err
-		}
-		return runOptions{}, &usageError{cmd: "run", msg: err.Error()}
-	}
-	if f.fs.NArg() > 0 {
-		return runOptions{}, &usageError{cmd: "run", msg: fmt.Sprintf("unexpected argument %q", f.fs.Arg(0))}
-	}
+// merge merges the parsed flags with --config and the defaults.
+func (f *runFlags) merge(env environment) (runOptions, error) {
 	set := make(map[string]bool)
 	f.fs.Visit(func(fl *flag.Flag) { set[fl.Name] = true })
 

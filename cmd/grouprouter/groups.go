@@ -3,7 +3,6 @@ package main
 import (
 	"bufio"
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -34,22 +33,18 @@ type groupsOptions struct {
 	groupHeader string
 }
 
-func newGroupsFlags(o *groupsOptions) (*flag.FlagSet, *connFlags) {
-	fs := flag.NewFlagSet("groups", flag.ContinueOnError)
-	fs.SetOutput(io.Discard)
-	fs.Usage = func() {}
-	conn := addConnFlags(fs, natsClientUsage)
+func newGroupsFlags(fs *flag.FlagSet) *groupsOptions {
+	o := &groupsOptions{}
 	fs.StringVar(&o.node, "node", "", "only the groups of node `ID`: bound to it, moving off it, or with messages on its queue (only its queue is read)")
 	fs.StringVar(&o.state, "state", stateCurrent, "only groups in `STATE`: bound, moving, released, dead-lettered, unbound, current (bound or moving, or with messages waiting, unacked or held) or all")
 	fs.BoolVar(&o.asJSON, "json", false, "print a JSON array, one object per line, instead of a table")
 	fs.StringVar(&o.groupHeader, "group-header", router.DefaultGroupHeader, "`HEADER` holding the group id on queue messages")
-	return fs, conn
+	return o
 }
 
-// printGroupsUsage writes the groups subcommand's help.
-func printGroupsUsage(w io.Writer) {
-	fs, _ := newGroupsFlags(&groupsOptions{})
-	fmt.Fprint(w, `Usage: grouprouter groups [flags]
+// groupsHelp is the groups command's help.
+func groupsHelp() string {
+	return `Usage: grouprouter groups [flags]
 
 Lists the groups: where each is bound, since when and why, and how many of
 its messages are on queues or held by the routers, in the order of their
@@ -75,61 +70,35 @@ consumer on a work queue): a long backlog takes a while. The table is
 aligned per 4096 rows.
 
 Flags:
-`)
-	fs.SetOutput(w)
-	fs.PrintDefaults()
+`
 }
 
-func parseGroupsArgs(args []string, env environment) (groupsOptions, error) {
-	var o groupsOptions
-	fs, conn := newGroupsFlags(&o)
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return o, err
-		}
-		return o, &usageError{cmd: "groups", msg: err.Error()}
-	}
-	if fs.NArg() > 0 {
-		return o, &usageError{cmd: "groups", msg: fmt.Sprintf("unexpected argument %q", fs.Arg(0))}
-	}
+// check validates the flags and arguments.
+func (o *groupsOptions) check(in *invocation) error {
 	if o.node != "" {
 		if err := kvbinding.ValidateNodeID(o.node); err != nil {
-			return o, &usageError{cmd: "groups", msg: "invalid --node: " + err.Error()}
+			return &usageError{cmd: in.cmd, msg: "invalid --node: " + err.Error()}
 		}
 	}
 	switch o.state {
 	case stateCurrent, stateAll, stateUnbound, string(kvbinding.StateBound), string(kvbinding.StateMoving),
 		string(kvbinding.StateReleased), string(kvbinding.StateDeadLettered):
 	default:
-		return o, &usageError{cmd: "groups", msg: fmt.Sprintf("unknown --state %q (want bound, moving, released, dead-lettered, unbound, current or all)", o.state)}
+		return &usageError{cmd: in.cmd, msg: fmt.Sprintf("unknown --state %q (want bound, moving, released, dead-lettered, unbound, current or all)", o.state)}
 	}
 	if !router.ValidHeaderName(o.groupHeader) {
-		return o, fmt.Errorf("%w: group header %q is not a valid header name", router.ErrConfig, o.groupHeader)
+		return fmt.Errorf("%w: group header %q is not a valid header name", router.ErrConfig, o.groupHeader)
 	}
-	var err error
-	if o.conn, err = conn.resolve(env, defaultNATSURL); err != nil {
-		return o, err
-	}
-	return o, nil
+	return nil
 }
 
-// listGroups is the groups subcommand.
-func listGroups(ctx context.Context, args []string, env environment, stdout, stderr io.Writer) error {
-	o, err := parseGroupsArgs(args, env)
-	if err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			printGroupsUsage(stdout)
-		}
-		return err
-	}
-	nc, js, err := connectClient(o.conn, "groups", warnTo(stderr))
-	if err != nil {
-		return err
-	}
-	defer nc.Close()
+// run lists the groups asked for.
+func (o *groupsOptions) run(ctx context.Context, in *invocation) error {
+	nc, js := in.nc, in.js
+	stdout := in.stdout
 	setupCtx, cancel := context.WithTimeout(ctx, nodesTimeout)
 	defer cancel()
-	if err := requireBucket(setupCtx, nc, js, o.conn, kvbinding.DefaultBucket, "bindings"); err != nil {
+	if err := requireBucket(setupCtx, nc, js, in.conn, kvbinding.DefaultBucket, "bindings"); err != nil {
 		return err
 	}
 	held, _, err := heldGroups(setupCtx, js)

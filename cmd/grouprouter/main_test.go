@@ -2,6 +2,8 @@ package main
 
 import (
 	"bytes"
+	"fmt"
+	"io"
 	"os"
 	"strings"
 	"sync"
@@ -86,4 +88,54 @@ func (s *syncBuffer) String() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.b.String()
+}
+
+// parseCommand parses and checks args as command name does, connecting
+// to nothing, and returns its action and (for a client command) its
+// connection settings.
+func parseCommand(name string, args []string, env environment) (action, connSettings, error) {
+	c, ok := lookupCommand(name)
+	if !ok {
+		return nil, connSettings{}, fmt.Errorf("no command %q", name)
+	}
+	a, in, err := c.parse(args, env, io.Discard, io.Discard)
+	if err != nil {
+		return nil, connSettings{}, err
+	}
+	return a, in.conn, nil
+}
+
+// parseRunArgs parses run's arguments into the merged options.
+func parseRunArgs(args []string, env environment) (runOptions, error) {
+	a, _, err := parseCommand("run", args, env)
+	if err != nil {
+		return runOptions{}, err
+	}
+	return a.(*runFlags).opts, nil
+}
+
+// TestCommandTable checks the table: every command has its help, and
+// every listed one a summary and a unique name.
+func TestCommandTable(t *testing.T) {
+	seen := make(map[string]bool)
+	for _, c := range commands() {
+		if seen[c.name] {
+			t.Errorf("command %q twice", c.name)
+		}
+		seen[c.name] = true
+		if (c.setup == nil) == (c.main == nil) {
+			t.Errorf("%s: want setup or main, not both or neither", c.name)
+		}
+		if c.setup == nil {
+			continue
+		}
+		var buf bytes.Buffer
+		c.writeHelp(&buf)
+		if !strings.HasPrefix(buf.String(), "Usage: grouprouter "+c.name) || !strings.Contains(buf.String(), "Flags:\n  -") {
+			t.Errorf("%s -h:\n%s", c.name, &buf)
+		}
+		if c.client && !strings.Contains(buf.String(), "-nats") {
+			t.Errorf("%s is a client command without --nats", c.name)
+		}
+	}
 }

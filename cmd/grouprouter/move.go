@@ -41,12 +41,8 @@ type moveOptions struct {
 	node    string // the target; "" for unbind
 }
 
-func newMoveFlags(op string, o *moveOptions) (*flag.FlagSet, *connFlags) {
-	fs := flag.NewFlagSet(op, flag.ContinueOnError)
-	fs.SetOutput(io.Discard) // errors are reported as one line by the caller
-	fs.Usage = func() {}
-	o.timeout = msDuration(defaultMoveTimeout)
-	conn := addConnFlags(fs, natsClientUsage)
+func newMoveFlags(op string, fs *flag.FlagSet) *moveOptions {
+	o := &moveOptions{op: op, timeout: msDuration(defaultMoveTimeout)}
 	fs.Var(&o.timeout, "timeout", "how long to wait for the LOCAL handler's answer, and with --wait for the hand-over: a `DURATION` like 10s, or milliseconds like 10000")
 	fs.BoolVar(&o.asJSON, "json", false, "print the record as a JSON object (as 'bindings --json' prints one) instead of a table")
 	done := "the group is bound to NODE and its new node has taken it over"
@@ -54,32 +50,30 @@ func newMoveFlags(op string, o *moveOptions) (*flag.FlagSet, *connFlags) {
 		done = "the group is released"
 	}
 	fs.BoolVar(&o.wait, "wait", false, "wait until "+done+" (at most --timeout), then print the final record")
-	return fs, conn
+	return o
 }
 
-// printMoveUsage writes the move or unbind subcommand's help.
-func printMoveUsage(w io.Writer, op string) {
-	fs, _ := newMoveFlags(op, &moveOptions{})
-	if op == opMove {
-		fmt.Fprint(w, `Usage: grouprouter move [flags] GROUP NODE
+// moveHelp is the help of move (op opMove) or unbind (op opUnbind).
+func moveHelp(op string) string {
+	what := `Usage: grouprouter move [flags] GROUP NODE
 
 Moves group GROUP to node NODE. The active LOCAL handler writes a "moving"
 record; the node the group is bound to then stops routing it and hands it
 over to NODE with its waiting messages, in order: NODE moves them to its
 own queue before it routes anything else of the group. NODE must be alive
 and, when some node's queue has a consumer, have one too.
-`)
-	} else {
-		fmt.Fprint(w, `Usage: grouprouter unbind [flags] GROUP
+`
+	if op == opUnbind {
+		what = `Usage: grouprouter unbind [flags] GROUP
 
 Ends the binding of group GROUP. The active LOCAL handler writes a
 "moving" record without a target; the node the group is bound to then
 stops routing it, routes what it has of it, in order, and releases it.
 The group's next message gets a new binding, as a new group's does (the
 old node keeps it when it is eligible).
-`)
+`
 	}
-	fmt.Fprint(w, `
+	return what + `
 GROUP is taken verbatim: any UTF-8 text, spaces and dots included (quote it
 for the shell; put -- before a GROUP that starts with '-'). Flags go before
 the arguments.
@@ -98,58 +92,41 @@ eligible, the group is being moved already) or failed (no LOCAL handler
 answering, timeout); 2 bad arguments.
 
 Flags:
-`)
-	fs.SetOutput(w)
-	fs.PrintDefaults()
+`
 }
 
-// parseMoveArgs parses the arguments of the move (op opMove) or unbind
-// (opUnbind) subcommand. It returns flag.ErrHelp for -h, a *usageError for
-// command-line mistakes and errors wrapping router.ErrConfig for invalid
-// flag values.
-func parseMoveArgs(op string, args []string, env environment) (moveOptions, error) {
-	o := moveOptions{op: op}
-	fs, conn := newMoveFlags(op, &o)
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return moveOptions{}, err
-		}
-		return moveOptions{}, &usageError{cmd: op, msg: err.Error()}
-	}
+// check reads GROUP (and NODE) and checks the flags.
+func (o *moveOptions) check(in *invocation) error {
 	want := []string{"GROUP", "NODE"}
-	if op == opUnbind {
+	if o.op == opUnbind {
 		want = want[:1]
 	}
-	pos := fs.Args()
+	pos := in.args()
 	if len(pos) != len(want) {
 		msg := fmt.Sprintf("want %s, got %d argument%s", strings.Join(want, " "), len(pos), plural(len(pos)))
 		for _, a := range pos {
-			if len(a) > 1 && strings.HasPrefix(a, "-") && fs.Lookup(strings.TrimLeft(strings.SplitN(a, "=", 2)[0], "-")) != nil {
+			if len(a) > 1 && strings.HasPrefix(a, "-") && in.fs.Lookup(strings.TrimLeft(strings.SplitN(a, "=", 2)[0], "-")) != nil {
 				msg = fmt.Sprintf("flag %s must come before %s", a, strings.Join(want, " "))
 				break
 			}
 		}
-		return moveOptions{}, &usageError{cmd: op, msg: msg}
+		return in.usagef("%s", msg)
 	}
 	o.group = pos[0]
 	if err := kvbinding.ValidateGroupID(o.group); err != nil {
 		msg := strings.TrimPrefix(err.Error(), kvbinding.ErrInvalidGroupID.Error()+": ")
-		return moveOptions{}, &usageError{cmd: op, msg: fmt.Sprintf("invalid GROUP %q: %s", clip(o.group), msg)}
+		return in.usagef("invalid GROUP %q: %s", clip(o.group), msg)
 	}
-	if op == opMove {
+	if o.op == opMove {
 		o.node = pos[1]
 		if err := kvbinding.ValidateNodeID(o.node); err != nil {
-			return moveOptions{}, &usageError{cmd: op, msg: "invalid NODE: " + err.Error()}
+			return in.usagef("invalid NODE: %v", err)
 		}
 	}
 	if o.timeout <= 0 {
-		return moveOptions{}, fmt.Errorf("%w: --timeout must be > 0, got %v", router.ErrConfig, time.Duration(o.timeout))
+		return fmt.Errorf("%w: --timeout must be > 0, got %v", router.ErrConfig, time.Duration(o.timeout))
 	}
-	var err error
-	if o.conn, err = conn.resolve(env, defaultNATSURL); err != nil {
-		return moveOptions{}, err
-	}
-	return o, nil
+	return nil
 }
 
 func plural(n int) string {
@@ -159,22 +136,11 @@ func plural(n int) string {
 	return "s"
 }
 
-// moveGroup is the move (op opMove) and unbind (op opUnbind) subcommand.
-func moveGroup(ctx context.Context, op string, args []string, env environment, stdout, stderr io.Writer) error {
-	o, err := parseMoveArgs(op, args, env)
-	if errors.Is(err, flag.ErrHelp) {
-		printMoveUsage(stdout, op)
-		return err
-	}
-	if err != nil {
-		return err
-	}
-	nc, js, err := connectClient(o.conn, op, warnTo(stderr))
-	if err != nil {
-		return err
-	}
-	defer nc.Close()
-
+// run asks the LOCAL handler for the move or unbind, and with --wait
+// follows it.
+func (o *moveOptions) run(ctx context.Context, in *invocation) error {
+	nc, js, stdout, stderr, env := in.nc, in.js, in.stdout, in.stderr, in.env
+	o.conn = in.conn // for the messages
 	timeout := time.Duration(o.timeout)
 	var events <-chan proposals.Event
 	if o.wait {
@@ -216,7 +182,7 @@ func moveGroup(ctx context.Context, op string, args []string, env environment, s
 			line.w = io.Discard
 		}
 	}
-	w := &moveWatch{o: o, written: b, start: time.Now(), line: line}
+	w := &moveWatch{o: *o, written: b, start: time.Now(), line: line}
 	final, err := o.waitDone(ctx, wctx, store, b, events, w)
 	w.line.finish("")
 	if err != nil {

@@ -2,8 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -24,19 +22,12 @@ const (
 	drainTimeout = 10 * time.Second
 )
 
-// runNode is the run subcommand: it validates the configuration, starts
+// run is the run subcommand: it validates the configuration, starts
 // the embedded server if there are no servers to join, connects (waiting
 // for NATS as long as it takes), and runs the router until ctx ends. Then
 // it drains the connection and stops the server.
-func runNode(ctx context.Context, args []string, env environment, stdout, stderr io.Writer) error {
-	opts, err := parseRunArgs(args, env)
-	if errors.Is(err, flag.ErrHelp) {
-		printRunUsage(stdout)
-		return err
-	}
-	if err != nil {
-		return err
-	}
+func (f *runFlags) run(ctx context.Context, in *invocation) error {
+	opts, stderr := f.opts, in.stderr
 	log := newLogger(stderr, opts.logLevel, opts.logJSON)
 	opts.cfg.Logger = log
 	web, err := listenHTTP(opts.httpAddr, log) // http.go; nil without --http

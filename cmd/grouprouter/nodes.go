@@ -24,20 +24,21 @@ const nodesTimeout = 10 * time.Second
 // timeLayout is how the tables print times.
 const timeLayout = "2006-01-02T15:04:05.000Z07:00"
 
-func newNodesFlags() (fs *flag.FlagSet, conn *connFlags, name *string, asJSON *bool) {
-	fs = flag.NewFlagSet("nodes", flag.ContinueOnError)
-	fs.SetOutput(io.Discard)
-	fs.Usage = func() {}
-	conn = addConnFlags(fs, natsClientUsage)
-	name = fs.String("name", defaultName, "grouping-handler `NAME` whose active LOCAL handler to show")
-	asJSON = fs.Bool("json", false, `print a JSON object {"nodes": [...], "handler": {...} or null} instead of a table`)
-	return fs, conn, name, asJSON
+// nodesOptions are the nodes command's flags.
+type nodesOptions struct {
+	name   string
+	asJSON bool
 }
 
-// printNodesUsage writes the nodes subcommand's help.
-func printNodesUsage(w io.Writer) {
-	fs, _, _, _ := newNodesFlags()
-	fmt.Fprint(w, `Usage: grouprouter nodes [flags]
+func newNodesFlags(fs *flag.FlagSet) *nodesOptions {
+	o := &nodesOptions{}
+	fs.StringVar(&o.name, "name", defaultName, "grouping-handler `NAME` whose active LOCAL handler to show")
+	fs.BoolVar(&o.asJSON, "json", false, `print a JSON object {"nodes": [...], "handler": {...} or null} instead of a table`)
+	return o
+}
+
+// nodesHelp is the nodes command's help.
+const nodesHelp = `Usage: grouprouter nodes [flags]
 
 Lists the live nodes, sorted by id, as they last announced themselves
 (CONSUMER: whether a consumer is pulling from the node's queue; POSITION:
@@ -46,37 +47,19 @@ decision; the counters are since the node started), and which node's
 LOCAL handler is active for --name.
 
 Flags:
-`)
-	fs.SetOutput(w)
-	fs.PrintDefaults()
-}
+`
 
-// listNodes is the nodes subcommand.
-func listNodes(ctx context.Context, args []string, env environment, stdout, stderr io.Writer) error {
-	fs, conn, name, asJSON := newNodesFlags()
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			printNodesUsage(stdout)
-			return err
-		}
-		return &usageError{cmd: "nodes", msg: err.Error()}
-	}
-	if fs.NArg() > 0 {
-		return &usageError{cmd: "nodes", msg: fmt.Sprintf("unexpected argument %q", fs.Arg(0))}
-	}
-	if err := kvbinding.ValidateNodeID(*name); err != nil {
+// check validates --name.
+func (o *nodesOptions) check(*invocation) error {
+	if err := kvbinding.ValidateNodeID(o.name); err != nil {
 		return fmt.Errorf("%w: name: %v", router.ErrConfig, strings.Replace(err.Error(), "node id", "name", 1))
 	}
-	s, err := conn.resolve(env, defaultNATSURL)
-	if err != nil {
-		return err
-	}
-	nc, js, err := connectClient(s, "nodes", warnTo(stderr))
-	if err != nil {
-		return err
-	}
-	defer nc.Close()
+	return nil
+}
 
+// run lists the nodes.
+func (o *nodesOptions) run(ctx context.Context, in *invocation) error {
+	nc, js, s, stdout := in.nc, in.js, in.conn, in.stdout
 	ctx, cancel := context.WithTimeout(ctx, nodesTimeout)
 	defer cancel()
 	if err := requireBucket(ctx, nc, js, s, kvbinding.DefaultNodesBucket, "nodes"); err != nil {
@@ -94,16 +77,16 @@ func listNodes(ctx context.Context, args []string, env environment, stdout, stde
 	sort.Slice(nodes, func(i, j int) bool { return nodes[i].Node < nodes[j].Node })
 
 	var handler *handlerJSON
-	lease, err := reg.GetLease(ctx, *name)
+	lease, err := reg.GetLease(ctx, o.name)
 	switch {
 	case err == nil:
-		handler = &handlerJSON{Name: *name, Holder: lease.Holder, Since: lease.Since, Revision: lease.Revision}
+		handler = &handlerJSON{Name: o.name, Holder: lease.Holder, Since: lease.Since, Revision: lease.Revision}
 	case errors.Is(err, jetstream.ErrKeyNotFound), errors.Is(err, jetstream.ErrKeyDeleted):
 	default:
-		return requestError(err, s, nc, before, "handler lease "+*name)
+		return requestError(err, s, nc, before, "handler lease "+o.name)
 	}
 
-	if *asJSON {
+	if o.asJSON {
 		return writeNodesJSON(stdout, nodes, handler)
 	}
 	return writeNodesTable(stdout, nodes, handler)

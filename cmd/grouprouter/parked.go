@@ -6,7 +6,6 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"io"
 	"log/slog"
 	"strconv"
 	"strings"
@@ -45,20 +44,36 @@ func toParkedJSON(pg consumer.ParkedGroup) parkedJSON {
 		State: st, Mode: string(pg.Record.Mode), Reason: pg.Record.Reason, Attempts: pg.Record.Attempts, Since: pg.Record.At}
 }
 
-func newParkedFlags(cmd string, asJSON *bool, node *string) (*flag.FlagSet, *connFlags) {
-	fs := flag.NewFlagSet(cmd, flag.ContinueOnError)
-	fs.SetOutput(io.Discard)
-	fs.Usage = func() {}
-	conn := addConnFlags(fs, natsClientUsage)
-	fs.BoolVar(asJSON, "json", false, "print JSON instead of text")
-	if node != nil {
-		fs.StringVar(node, "node", "", "`NODE` whose consumer replays the group (default: the node the group is bound to, else the one that parked it)")
-	}
-	return fs, conn
+// parkedOptions are the parked command's flags.
+type parkedOptions struct {
+	asJSON bool
 }
 
-var parkedHelp = map[string]string{
-	"parked": `Usage: grouprouter parked [flags]
+func newParkedFlags(fs *flag.FlagSet) *parkedOptions {
+	o := &parkedOptions{}
+	fs.BoolVar(&o.asJSON, "json", false, "print JSON instead of text")
+	return o
+}
+
+// replayOptions are what retry, skip and release were asked for.
+type replayOptions struct {
+	cmd    string // retry, skip or release
+	asJSON bool
+	node   string
+	group  string
+}
+
+func newReplayFlags(cmd string, fs *flag.FlagSet) *replayOptions {
+	o := &replayOptions{cmd: cmd}
+	fs.BoolVar(&o.asJSON, "json", false, "print JSON instead of text")
+	fs.StringVar(&o.node, "node", "", "`NODE` whose consumer replays the group (default: the node the group is bound to, else the one that parked it)")
+	return o
+}
+
+// parkedHelp is the help of parked, retry, skip and release.
+func parkedHelp(cmd string) string {
+	return map[string]string{
+		"parked": `Usage: grouprouter parked [flags]
 
 Lists the groups a consumer (package consumer, grouprouter work or
 consume) parked: a message of the group failed its attempts, and it and
@@ -67,62 +82,32 @@ NODE is the node that parked it, FIRST the ingress seq it parked at, HEAD
 the first still parked, COUNT the parked messages, STATE "parked" or
 "replay" (a retry, skip or release runs).
 `,
-	"retry": `Usage: grouprouter retry [flags] GROUP
+		"retry": `Usage: grouprouter retry [flags] GROUP
 
 Replays parked group GROUP: its consumer handles the parked messages in
 ingress order, each once, before any later message of the group, then the
 group runs again. A message that fails its attempts again parks the group
 again at it.
 `,
-	"skip": `Usage: grouprouter skip [flags] GROUP
+		"skip": `Usage: grouprouter skip [flags] GROUP
 
 Drops the first parked message of GROUP unhandled (an event "skip" and a
 warning give its ingress seq), then replays the rest as retry does.
 `,
-	"release": `Usage: grouprouter release [flags] GROUP
+		"release": `Usage: grouprouter release [flags] GROUP
 
 Replays the parked messages of GROUP as retry does, and releases the
 group whatever happens: a message that fails its attempts again is dropped
 (an event "skip" with its ingress seq) instead of parking the group.
 `,
+	}[cmd] + "\nGROUP is taken verbatim (quote it for the shell).\n\nFlags:\n"
 }
 
-func printParkedUsage(w io.Writer, cmd string) {
-	var asJSON bool
-	var node string
-	np := &node
-	if cmd == "parked" {
-		np = nil
-	}
-	fs, _ := newParkedFlags(cmd, &asJSON, np)
-	fmt.Fprint(w, parkedHelp[cmd]+"\nGROUP is taken verbatim (quote it for the shell).\n\nFlags:\n")
-	fs.SetOutput(w)
-	fs.PrintDefaults()
-}
+func (o *parkedOptions) check(*invocation) error { return nil }
 
-// listParked is the parked subcommand.
-func listParked(ctx context.Context, args []string, env environment, stdout, stderr io.Writer) error {
-	var asJSON bool
-	fs, conn := newParkedFlags("parked", &asJSON, nil)
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			printParkedUsage(stdout, "parked")
-			return err
-		}
-		return &usageError{cmd: "parked", msg: err.Error()}
-	}
-	if fs.NArg() > 0 {
-		return &usageError{cmd: "parked", msg: fmt.Sprintf("unexpected argument %q", fs.Arg(0))}
-	}
-	s, err := conn.resolve(env, defaultNATSURL)
-	if err != nil {
-		return err
-	}
-	nc, js, err := connectClient(s, "parked", warnTo(stderr))
-	if err != nil {
-		return err
-	}
-	defer nc.Close()
+// run lists the parked groups.
+func (o *parkedOptions) run(ctx context.Context, in *invocation) error {
+	nc, js, s, stdout, asJSON := in.nc, in.js, in.conn, in.stdout, o.asJSON
 	ctx, cancel := context.WithTimeout(ctx, nodesTimeout)
 	defer cancel()
 	before := nc.LastError()
@@ -167,41 +152,27 @@ func seqOrDash(n uint64) string {
 
 func flatLine(s string) string { return strings.ReplaceAll(s, "\n", " ") }
 
-// replayParked is the retry, skip and release subcommands.
-func replayParked(ctx context.Context, cmd string, args []string, env environment, stdout, stderr io.Writer) error {
-	var (
-		asJSON bool
-		node   string
-	)
-	fs, conn := newParkedFlags(cmd, &asJSON, &node)
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			printParkedUsage(stdout, cmd)
-			return err
-		}
-		return &usageError{cmd: cmd, msg: err.Error()}
+// check reads GROUP and checks --node.
+func (o *replayOptions) check(in *invocation) error {
+	if in.fs.NArg() != 1 {
+		return in.usagef("want GROUP, got %d arguments", in.fs.NArg())
 	}
-	if fs.NArg() != 1 {
-		return &usageError{cmd: cmd, msg: fmt.Sprintf("want GROUP, got %d arguments", fs.NArg())}
+	o.group = in.fs.Arg(0)
+	if err := kvbinding.ValidateGroupID(o.group); err != nil {
+		return in.usagef("invalid GROUP %q: %v", clip(o.group), err)
 	}
-	group := fs.Arg(0)
-	if err := kvbinding.ValidateGroupID(group); err != nil {
-		return &usageError{cmd: cmd, msg: fmt.Sprintf("invalid GROUP %q: %v", clip(group), err)}
-	}
-	if node != "" {
-		if err := kvbinding.ValidateNodeID(node); err != nil {
+	if o.node != "" {
+		if err := kvbinding.ValidateNodeID(o.node); err != nil {
 			return fmt.Errorf("%w: node: %v", router.ErrConfig, err)
 		}
 	}
-	s, err := conn.resolve(env, defaultNATSURL)
-	if err != nil {
-		return err
-	}
-	nc, js, err := connectClient(s, cmd, warnTo(stderr))
-	if err != nil {
-		return err
-	}
-	defer nc.Close()
+	return nil
+}
+
+// run asks for the replay.
+func (o *replayOptions) run(ctx context.Context, in *invocation) error {
+	nc, js, s, stdout, stderr := in.nc, in.js, in.conn, in.stdout, in.stderr
+	cmd, group, node, asJSON := o.cmd, o.group, o.node, o.asJSON
 	ctx, cancel := context.WithTimeout(ctx, nodesTimeout)
 	defer cancel()
 	before := nc.LastError()

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"io"
 	"strings"
 	"time"
 
@@ -21,12 +20,12 @@ const publishTimeout = 10 * time.Second
 
 // publishOptions is what the publish subcommand was asked for.
 type publishOptions struct {
-	conn        connSettings
 	subject     string
 	body        string
 	group       string // "" sends no group header
 	groupHeader string
 	headers     nats.Header
+	extra       headerFlags // --header
 }
 
 // headerFlags collects repeated --header NAME:VALUE flags.
@@ -47,88 +46,55 @@ func (f *headerFlags) Set(v string) error {
 	return nil
 }
 
-func newPublishFlags(o *publishOptions, hf *headerFlags) (*flag.FlagSet, *connFlags) {
-	fs := flag.NewFlagSet("publish", flag.ContinueOnError)
-	fs.SetOutput(io.Discard)
-	fs.Usage = func() {}
-	conn := addConnFlags(fs, natsClientUsage)
+func newPublishFlags(fs *flag.FlagSet) *publishOptions {
+	o := &publishOptions{}
 	fs.StringVar(&o.group, "group", "", "group `ID` (sent in --group-header); without it the message has no group")
 	fs.StringVar(&o.groupHeader, "group-header", router.DefaultGroupHeader, "`HEADER` holding the group id")
-	fs.Var(hf, "header", "extra header `NAME:VALUE` (repeatable)")
-	return fs, conn
+	fs.Var(&o.extra, "header", "extra header `NAME:VALUE` (repeatable)")
+	return o
 }
 
-// printPublishUsage writes the publish subcommand's help.
-func printPublishUsage(w io.Writer) {
-	fs, _ := newPublishFlags(&publishOptions{}, &headerFlags{})
-	fmt.Fprint(w, `Usage: grouprouter publish [flags] SUBJECT [BODY]
+// publishHelp is the publish command's help.
+const publishHelp = `Usage: grouprouter publish [flags] SUBJECT [BODY]
 
 Publishes one message, as a producer does, and waits for JetStream's
 PubAck: "stored" means the ingress stream holds it and a node will route
 it. SUBJECT must be under the routers' --address (jms.> by default).
 
 Flags:
-`)
-	fs.SetOutput(w)
-	fs.PrintDefaults()
-}
+`
 
-func parsePublishArgs(args []string, env environment) (publishOptions, error) {
-	var (
-		o  publishOptions
-		hf headerFlags
-	)
-	fs, conn := newPublishFlags(&o, &hf)
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return o, err
-		}
-		return o, &usageError{cmd: "publish", msg: err.Error()}
+// check reads SUBJECT and BODY and builds the headers.
+func (o *publishOptions) check(in *invocation) error {
+	if in.fs.NArg() < 1 || in.fs.NArg() > 2 {
+		return in.usagef("want SUBJECT [BODY], got %d arguments", in.fs.NArg())
 	}
-	if fs.NArg() < 1 || fs.NArg() > 2 {
-		return o, &usageError{cmd: "publish", msg: fmt.Sprintf("want SUBJECT [BODY], got %d arguments", fs.NArg())}
-	}
-	o.subject, o.body = fs.Arg(0), fs.Arg(1)
+	o.subject, o.body = in.fs.Arg(0), in.fs.Arg(1)
 	if o.subject == "" || strings.ContainsAny(o.subject, " \t\r\n*>") {
-		return o, &usageError{cmd: "publish", msg: fmt.Sprintf("invalid SUBJECT %q: no spaces or wildcards", clip(o.subject))}
+		return in.usagef("invalid SUBJECT %q: no spaces or wildcards", clip(o.subject))
 	}
 	if !router.ValidHeaderName(o.groupHeader) {
-		return o, fmt.Errorf("%w: group header %q is not a valid header name", router.ErrConfig, o.groupHeader)
+		return fmt.Errorf("%w: group header %q is not a valid header name", router.ErrConfig, o.groupHeader)
 	}
 	if o.group != "" {
 		if err := kvbinding.ValidateGroupID(o.group); err != nil {
 			msg := strings.TrimPrefix(err.Error(), kvbinding.ErrInvalidGroupID.Error()+": ")
-			return o, &usageError{cmd: "publish", msg: fmt.Sprintf("invalid --group %q: %s", clip(o.group), msg)}
+			return in.usagef("invalid --group %q: %s", clip(o.group), msg)
 		}
 	}
-	o.headers = hf.h
+	o.headers = o.extra.h
 	if o.headers == nil {
 		o.headers = nats.Header{}
 	}
 	if o.group != "" {
 		o.headers.Set(o.groupHeader, o.group)
 	}
-	var err error
-	if o.conn, err = conn.resolve(env, defaultNATSURL); err != nil {
-		return o, err
-	}
-	return o, nil
+	return nil
 }
 
-// publishMessage is the publish subcommand.
-func publishMessage(ctx context.Context, args []string, env environment, stdout, stderr io.Writer) error {
-	o, err := parsePublishArgs(args, env)
-	if err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			printPublishUsage(stdout)
-		}
-		return err
-	}
-	nc, js, err := connectClient(o.conn, "publish", warnTo(stderr))
-	if err != nil {
-		return err
-	}
-	defer nc.Close()
+// run publishes the message and waits for its PubAck.
+func (o *publishOptions) run(ctx context.Context, in *invocation) error {
+	nc, js, stdout := in.nc, in.js, in.stdout
 	ctx, cancel := context.WithTimeout(ctx, publishTimeout)
 	defer cancel()
 	before := nc.LastError()
@@ -137,9 +103,9 @@ func publishMessage(ctx context.Context, args []string, env environment, stdout,
 	if err != nil {
 		if errors.Is(err, nats.ErrNoResponders) || errors.Is(err, jetstream.ErrNoStreamResponse) {
 			return fmt.Errorf("no stream stores %q at %s: is a grouprouter node running, and the subject under its --address?",
-				o.subject, redactURLs(o.conn.URL))
+				o.subject, redactURLs(in.conn.URL))
 		}
-		return requestError(err, o.conn, nc, before, "publish")
+		return requestError(err, in.conn, nc, before, "publish")
 	}
 	group := displayGroup(o.group)
 	fmt.Fprintf(stdout, "stored: stream %s seq %d, group %s\n", ack.Stream, ack.Sequence, group)

@@ -255,7 +255,8 @@ func TestWhereUngrouped(t *testing.T) {
 		}
 	}
 	var buf bytes.Buffer
-	printWhereUsage(&buf)
+	whereCmd, _ := lookupCommand("where")
+	whereCmd.writeHelp(&buf)
 	if !strings.Contains(buf.String(), "--ungrouped") {
 		t.Errorf("where's help does not mention --ungrouped:\n%s", &buf)
 	}
@@ -284,7 +285,7 @@ func TestPublishArgs(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			o, err := parsePublishArgs(tt.args, testEnv("h"))
+			a, _, err := parseCommand("publish", tt.args, testEnv("h"))
 			if tt.err != "" {
 				if err == nil || !strings.Contains(err.Error(), tt.err) {
 					t.Fatalf("err %v, want one saying %q", err, tt.err)
@@ -294,6 +295,7 @@ func TestPublishArgs(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
+			o := a.(*publishOptions)
 			if o.subject != tt.subject || len(o.headers) != len(tt.headers) {
 				t.Fatalf("subject %q headers %v; want %q %v", o.subject, o.headers, tt.subject, tt.headers)
 			}

@@ -29,21 +29,17 @@ type whereOptions struct {
 	ungrouped   bool
 }
 
-func newWhereFlags(o *whereOptions) (*flag.FlagSet, *connFlags) {
-	fs := flag.NewFlagSet("where", flag.ContinueOnError)
-	fs.SetOutput(io.Discard)
-	fs.Usage = func() {}
-	conn := addConnFlags(fs, natsClientUsage)
+func newWhereFlags(fs *flag.FlagSet) *whereOptions {
+	o := &whereOptions{}
 	fs.BoolVar(&o.asJSON, "json", false, "print a JSON object instead of text")
 	fs.BoolVar(&o.ungrouped, "ungrouped", false, "show the messages without a group id (the routing binding shown as "+ungroupedLabel+"), instead of GROUP")
 	fs.StringVar(&o.groupHeader, "group-header", router.DefaultGroupHeader, "`HEADER` holding the group id on queue messages")
-	return fs, conn
+	return o
 }
 
-// printWhereUsage writes the where subcommand's help.
-func printWhereUsage(w io.Writer) {
-	fs, _ := newWhereFlags(&whereOptions{})
-	fmt.Fprint(w, `Usage: grouprouter where [flags] GROUP
+// whereHelp is the where command's help.
+func whereHelp() string {
+	return `Usage: grouprouter where [flags] GROUP
        grouprouter where [flags] --ungrouped
 
 Shows where group GROUP is: its record (node, state, since when, decided
@@ -64,40 +60,27 @@ that carry no group id instead: their routing binding, "(ungrouped)" in
 groups (where ungrouped is the group named "ungrouped").
 
 Flags:
-`)
-	fs.SetOutput(w)
-	fs.PrintDefaults()
+`
 }
 
-func parseWhereArgs(args []string, env environment) (whereOptions, error) {
-	var o whereOptions
-	fs, conn := newWhereFlags(&o)
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return o, err
-		}
-		return o, &usageError{cmd: "where", msg: err.Error()}
-	}
+// check validates the flags and arguments.
+func (o *whereOptions) check(in *invocation) error {
 	switch {
-	case o.ungrouped && fs.NArg() != 0:
-		return o, &usageError{cmd: "where", msg: fmt.Sprintf("want GROUP or --ungrouped, not both (got %q)", clip(fs.Arg(0)))}
-	case !o.ungrouped && fs.NArg() != 1:
-		return o, &usageError{cmd: "where", msg: fmt.Sprintf("want GROUP, got %d arguments (--ungrouped for the messages without a group)", fs.NArg())}
+	case o.ungrouped && in.fs.NArg() != 0:
+		return &usageError{cmd: in.cmd, msg: fmt.Sprintf("want GROUP or --ungrouped, not both (got %q)", clip(in.fs.Arg(0)))}
+	case !o.ungrouped && in.fs.NArg() != 1:
+		return &usageError{cmd: in.cmd, msg: fmt.Sprintf("want GROUP, got %d arguments (--ungrouped for the messages without a group)", in.fs.NArg())}
 	case !o.ungrouped:
-		o.group = fs.Arg(0)
+		o.group = in.fs.Arg(0)
 		if err := kvbinding.ValidateGroupID(o.group); err != nil {
 			msg := strings.TrimPrefix(err.Error(), kvbinding.ErrInvalidGroupID.Error()+": ")
-			return o, &usageError{cmd: "where", msg: fmt.Sprintf("invalid GROUP %q: %s", clip(o.group), msg)}
+			return &usageError{cmd: in.cmd, msg: fmt.Sprintf("invalid GROUP %q: %s", clip(o.group), msg)}
 		}
 	}
 	if !router.ValidHeaderName(o.groupHeader) {
-		return o, fmt.Errorf("%w: group header %q is not a valid header name", router.ErrConfig, o.groupHeader)
+		return fmt.Errorf("%w: group header %q is not a valid header name", router.ErrConfig, o.groupHeader)
 	}
-	var err error
-	if o.conn, err = conn.resolve(env, defaultNATSURL); err != nil {
-		return o, err
-	}
-	return o, nil
+	return nil
 }
 
 // nodeQueue is a group's messages on one node's queue.
@@ -114,25 +97,15 @@ type whereResult struct {
 	parked *parkedJSON // when a consumer parked it
 }
 
-// whereGroup is the where subcommand.
-func whereGroup(ctx context.Context, args []string, env environment, stdout, stderr io.Writer) error {
-	o, err := parseWhereArgs(args, env)
-	if err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			printWhereUsage(stdout)
-		}
-		return err
-	}
-	nc, js, err := connectClient(o.conn, "where", warnTo(stderr))
-	if err != nil {
-		return err
-	}
-	defer nc.Close()
+// run shows where the group is.
+func (o *whereOptions) run(ctx context.Context, in *invocation) error {
+	nc, js := in.nc, in.js
+	stdout, stderr := in.stdout, in.stderr
 	// A timeout for the lookups; the queue scan takes as long as the
 	// backlog needs (interrupt it with ^C).
 	setupCtx, cancel := context.WithTimeout(ctx, nodesTimeout)
 	defer cancel()
-	if err := requireBucket(setupCtx, nc, js, o.conn, kvbinding.DefaultBucket, "bindings"); err != nil {
+	if err := requireBucket(setupCtx, nc, js, in.conn, kvbinding.DefaultBucket, "bindings"); err != nil {
 		return err
 	}
 	store, err := kvbinding.OpenStore(setupCtx, js, kvbinding.StoreConfig{})

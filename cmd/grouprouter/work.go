@@ -37,7 +37,6 @@ const (
 
 // workOptions is what the work subcommand was asked for.
 type workOptions struct {
-	conn         connSettings
 	node         string
 	concurrency  int
 	maxAttempts  int
@@ -49,11 +48,8 @@ type workOptions struct {
 	argv         []string
 }
 
-func newWorkFlags(o *workOptions) (*flag.FlagSet, *connFlags) {
-	fs := flag.NewFlagSet("work", flag.ContinueOnError)
-	fs.SetOutput(io.Discard)
-	fs.Usage = func() {}
-	conn := addConnFlags(fs, natsClientUsage)
+func newWorkFlags(fs *flag.FlagSet) *workOptions {
+	o := &workOptions{}
 	fs.StringVar(&o.node, "node", "", "process the queue of node `ID` (default: the host name, sanitized, as for run)")
 	fs.IntVar(&o.concurrency, "concurrency", consumer.DefaultConcurrency, "run at most `K` commands at once, each for a different group")
 	fs.IntVar(&o.maxAttempts, "max-attempts", consumer.DefaultMaxAttempts, "park a message (and its group's later ones) after `N` failed runs")
@@ -62,13 +58,12 @@ func newWorkFlags(o *workOptions) (*flag.FlagSet, *connFlags) {
 	fs.DurationVar(&o.drainTimeout, "drain-timeout", consumer.DefaultDrainTimeout, "on ^C, let running commands finish for at most `D`")
 	fs.StringVar(&o.groupHeader, "group-header", router.DefaultGroupHeader, "`HEADER` holding the group id")
 	fs.BoolVar(&o.verbose, "v", false, "log every state change (debug level)")
-	return fs, conn
+	return o
 }
 
-// printWorkUsage writes the work subcommand's help.
-func printWorkUsage(w io.Writer) {
-	fs, _ := newWorkFlags(&workOptions{})
-	fmt.Fprintf(w, `Usage: grouprouter work [flags] -- CMD [ARGS...]
+// workHelp is the work command's help.
+func workHelp() string {
+	return fmt.Sprintf(`Usage: grouprouter work [flags] -- CMD [ARGS...]
 
 Processes a node's queue by running CMD once per message, in any language:
 one message of a group at a time, in ingress order; up to --concurrency
@@ -94,70 +89,49 @@ and parked after --max-attempts. CMD's stdout and stderr pass through.
 
 Flags:
 `, workExitTerminal, consumer.ParkedStream)
-	fs.SetOutput(w)
-	fs.PrintDefaults()
 }
 
-func parseWorkArgs(args []string, env environment) (workOptions, error) {
-	var o workOptions
-	fs, conn := newWorkFlags(&o)
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return o, err
-		}
-		return o, &usageError{cmd: "work", msg: err.Error()}
-	}
-	o.argv = fs.Args()
+// check validates the flags and arguments.
+func (o *workOptions) check(in *invocation) error {
+	o.argv = in.args()
 	if len(o.argv) == 0 {
-		return o, &usageError{cmd: "work", msg: "want -- CMD [ARGS...]"}
+		return in.usagef("want -- CMD [ARGS...]")
 	}
-	set := make(map[string]bool)
-	fs.Visit(func(fl *flag.Flag) { set[fl.Name] = true })
-	if !set["node"] {
-		o.node = sanitizeNodeID(env.hostname())
+	if !in.isSet("node") {
+		o.node = sanitizeNodeID(in.env.hostname())
 	}
 	switch err := kvbinding.ValidateNodeID(o.node); {
 	case err != nil:
-		return o, fmt.Errorf("%w: node: %v", router.ErrConfig, err)
+		return fmt.Errorf("%w: node: %v", router.ErrConfig, err)
 	case o.concurrency < 1:
-		return o, fmt.Errorf("%w: --concurrency must be >= 1, got %d", router.ErrConfig, o.concurrency)
+		return fmt.Errorf("%w: --concurrency must be >= 1, got %d", router.ErrConfig, o.concurrency)
 	case o.maxAttempts < 1:
-		return o, fmt.Errorf("%w: --max-attempts must be >= 1, got %d", router.ErrConfig, o.maxAttempts)
+		return fmt.Errorf("%w: --max-attempts must be >= 1, got %d", router.ErrConfig, o.maxAttempts)
 	case o.backoff <= 0 || o.timeout <= 0 || o.drainTimeout <= 0:
-		return o, fmt.Errorf("%w: --backoff, --timeout and --drain-timeout must be > 0", router.ErrConfig)
+		return fmt.Errorf("%w: --backoff, --timeout and --drain-timeout must be > 0", router.ErrConfig)
 	case !router.ValidHeaderName(o.groupHeader):
-		return o, fmt.Errorf("%w: group header %q is not a valid header name", router.ErrConfig, o.groupHeader)
+		return fmt.Errorf("%w: group header %q is not a valid header name", router.ErrConfig, o.groupHeader)
 	}
-	var err error
-	if o.conn, err = conn.resolve(env, defaultNATSURL); err != nil {
-		return o, err
-	}
-	return o, nil
+	return nil
 }
 
-// work is the work subcommand.
-func work(ctx context.Context, args []string, env environment, stdout, stderr io.Writer) error {
-	o, err := parseWorkArgs(args, env)
-	if errors.Is(err, flag.ErrHelp) {
-		printWorkUsage(stdout)
-		return err
-	}
-	if err != nil {
-		return err
-	}
-	nc, js, err := connectClient(o.conn, "work-"+o.node, warnTo(stderr), nats.MaxReconnects(-1), nats.ReconnectWait(reconnectWait))
-	if err != nil {
-		return err
-	}
-	defer nc.Close()
+// dial names the connection after the node; it reconnects for as long as
+// work runs.
+func (o *workOptions) dial() (string, []nats.Option) {
+	return "work-" + o.node, []nats.Option{nats.MaxReconnects(-1), nats.ReconnectWait(reconnectWait)}
+}
+
+// run runs CMD per message until ctx ends.
+func (o *workOptions) run(ctx context.Context, in *invocation) error {
+	js, stdout, stderr := in.js, in.stdout, in.stderr
 	level := slog.LevelInfo
 	if o.verbose {
 		level = slog.LevelDebug
 	}
 	out, errOut := &lockedWriter{w: stdout}, &lockedWriter{w: stderr}
 	log := slog.New(slog.NewTextHandler(errOut, &slog.HandlerOptions{Level: level}))
-	w := &worker{o: o, stdout: out, stderr: errOut, base: os.Environ()}
-	err = consumer.Consume(ctx, js, o.node, w.handle,
+	w := &worker{o: *o, stdout: out, stderr: errOut, base: os.Environ()}
+	err := consumer.Consume(ctx, js, o.node, w.handle,
 		consumer.WithConcurrency(o.concurrency), consumer.WithMaxAttempts(o.maxAttempts),
 		consumer.WithBackoff(o.backoff, max(o.backoff, consumer.DefaultBackoffMax)),
 		consumer.WithDrainTimeout(o.drainTimeout), consumer.WithGroupHeader(o.groupHeader), consumer.WithLogger(log))

@@ -205,15 +205,18 @@ func TestParseWorkArgs(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			o, err := parseWorkArgs(tt.args, testEnv("web-1"))
+			a, _, err := parseCommand("work", tt.args, testEnv("web-1"))
 			if tt.wantErr != "" {
 				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
 					t.Fatalf("err %v, want %q", err, tt.wantErr)
 				}
 				return
 			}
-			if err != nil || o.node != tt.node || !slices.Equal(o.argv, tt.argv) {
-				t.Fatalf("got %+v, %v", o, err)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if o := a.(*workOptions); o.node != tt.node || !slices.Equal(o.argv, tt.argv) {
+				t.Fatalf("got %+v", o)
 			}
 		})
 	}

@@ -1,7 +1,11 @@
-// Package localnats starts NATS servers in this process, outside tests:
-// the JetStream servers of `grouprouter bench` and `grouprouter demo`, on
-// loopback, on random ports, with their stores under one directory. (The
-// helpers of internal/natstest need a testing.TB.)
+// Package localnats starts NATS servers in this process: the one starter
+// of in-process servers. StartServer starts one server (the embedded
+// server of `grouprouter run`, the members of a cluster); Start starts the
+// JetStream servers of `grouprouter bench` and `grouprouter demo`, on
+// loopback, on random ports, with their stores under one directory.
+// ServerOptions, JoinCluster and ProbeWrite configure and check servers
+// for the test helpers of internal/natstest, which wrap them with a
+// testing.TB.
 package localnats
 
 import (
@@ -51,49 +55,26 @@ func Start(ctx context.Context, dir, name string, n int, with ...Option) (*Clust
 }
 
 func start(dir, name string, n int, with []Option) (*Cluster, error) {
-	ports := make([]int, n)
-	var routes []*url.URL
+	opts := make([]*server.Options, n)
+	for i := range opts {
+		id := name + "-" + strconv.Itoa(i+1)
+		o := ServerOptions(id, filepath.Join(dir, id))
+		opts[i] = &o
+	}
 	if n > 1 {
-		for i := range ports {
-			p, err := freePort()
-			if err != nil {
-				return nil, err
-			}
-			ports[i] = p
-			routes = append(routes, &url.URL{Scheme: "nats-route", Host: "127.0.0.1:" + strconv.Itoa(p)})
+		if err := JoinCluster(opts, name); err != nil {
+			return nil, err
 		}
 	}
 	c := &Cluster{}
-	for i := range n {
-		id := name + "-" + strconv.Itoa(i+1)
-		opts := &server.Options{
-			ServerName: id,
-			Host:       "127.0.0.1",
-			Port:       server.RANDOM_PORT,
-			JetStream:  true,
-			StoreDir:   filepath.Join(dir, id),
-			NoLog:      true,
-			NoSigs:     true,
+	for _, o := range opts {
+		for _, with := range with {
+			with(o)
 		}
-		if n > 1 {
-			opts.Cluster.Name = name
-			opts.Cluster.Host = "127.0.0.1"
-			opts.Cluster.Port = ports[i]
-			opts.Routes = routes // every member lists every route, itself included
-		}
-		for _, o := range with {
-			o(opts)
-		}
-		srv, err := server.NewServer(opts)
+		srv, err := StartServer(o, 10*time.Second, nil, nil)
 		if err != nil {
 			c.Close()
-			return nil, fmt.Errorf("NATS server %s: %w", id, err)
-		}
-		srv.Start()
-		if !srv.ReadyForConnections(10 * time.Second) {
-			srv.Shutdown()
-			c.Close()
-			return nil, fmt.Errorf("NATS server %s not ready (route port %d taken?)", id, ports[i])
+			return nil, fmt.Errorf("NATS server %s: %w (route port %d taken?)", o.ServerName, err, o.Cluster.Port)
 		}
 		c.servers = append(c.servers, srv)
 		c.urls = append(c.urls, "nats://"+srv.Addr().String())
@@ -101,14 +82,104 @@ func start(dir, name string, n int, with []Option) (*Cluster, error) {
 	return c, nil
 }
 
-// freePort returns a loopback port that was free a moment ago.
-func freePort() (int, error) {
+// ErrNotReady is returned by StartServer for a server that did not accept
+// client connections in time.
+var ErrNotReady = errors.New("localnats: server not accepting connections")
+
+// readyPoll is how often StartServer checks its failed function.
+const readyPoll = 50 * time.Millisecond
+
+// StartServer starts the nats-server configured by o (the server keeps o
+// and may change it) and returns it once it accepts client connections.
+// setup, if not nil, is called with the server before it starts (to set
+// its logger). It gives up after timeout (ErrNotReady), or as soon as
+// failed, polled while it waits (nil: never), returns an error, which it
+// returns; it then shuts the server down and waits for it.
+func StartServer(o *server.Options, timeout time.Duration, setup func(*server.Server), failed func() error) (*server.Server, error) {
+	srv, err := server.NewServer(o)
+	if err != nil {
+		return nil, err
+	}
+	if setup != nil {
+		setup(srv)
+	}
+	srv.Start()
+	deadline := time.Now().Add(timeout)
+	for !srv.ReadyForConnections(min(readyPoll, timeout)) {
+		var err error
+		if failed != nil {
+			err = failed()
+		}
+		if err == nil && !time.Now().Before(deadline) {
+			err = fmt.Errorf("%w after %v", ErrNotReady, timeout)
+		}
+		if err != nil {
+			srv.Shutdown()
+			srv.WaitForShutdown()
+			return nil, err
+		}
+	}
+	return srv, nil
+}
+
+// ServerOptions returns the options of a JetStream server named name on
+// loopback, on a random client port, with its store in storeDir, logging
+// nothing and ignoring signals.
+func ServerOptions(name, storeDir string) server.Options {
+	return server.Options{
+		ServerName: name,
+		Host:       "127.0.0.1",
+		Port:       server.RANDOM_PORT,
+		JetStream:  true,
+		StoreDir:   storeDir,
+		NoLog:      true,
+		NoSigs:     true,
+	}
+}
+
+// JoinCluster makes the servers of opts one cluster called name on
+// loopback: each gets a route port that was free a moment ago (each must
+// know the others' before it starts, so a port may be taken meanwhile:
+// the server then fails to start), and every member lists every route,
+// itself included.
+func JoinCluster(opts []*server.Options, name string) error {
+	var routes []*url.URL
+	for _, o := range opts {
+		p, err := FreePort()
+		if err != nil {
+			return err
+		}
+		o.Cluster.Name = name
+		o.Cluster.Host = "127.0.0.1"
+		o.Cluster.Port = p
+		routes = append(routes, &url.URL{Scheme: "nats-route", Host: "127.0.0.1:" + strconv.Itoa(p)})
+	}
+	for _, o := range opts {
+		o.Routes = append([]*url.URL(nil), routes...)
+	}
+	return nil
+}
+
+// FreePort returns a loopback port that was free a moment ago.
+func FreePort() (int, error) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return 0, fmt.Errorf("free port: %w", err)
 	}
 	defer l.Close()
 	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+// ProbeWrite creates key-value bucket bucket with replicas replicas (or
+// updates it) and writes a key to it: it succeeds once JetStream has a
+// meta leader and enough peers to take a replicated write.
+func ProbeWrite(ctx context.Context, js jetstream.JetStream, bucket string, replicas int) error {
+	kv, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: bucket, Replicas: replicas})
+	if err != nil {
+		return err
+	}
+	_, err = kv.Put(ctx, "probe", []byte("ok"))
+	return err
 }
 
 // waitReady polls until a key-value bucket replicated on up to three
@@ -130,11 +201,7 @@ func (c *Cluster) waitReady(ctx context.Context, d time.Duration) error {
 		err := func() error {
 			wctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 			defer cancel()
-			kv, err := js.CreateOrUpdateKeyValue(wctx, jetstream.KeyValueConfig{Bucket: bucket, Replicas: min(len(c.servers), 3)})
-			if err != nil {
-				return err
-			}
-			if _, err := kv.Put(wctx, "probe", []byte("ok")); err != nil {
+			if err := ProbeWrite(wctx, js, bucket, min(len(c.servers), 3)); err != nil {
 				return err
 			}
 			return js.DeleteKeyValue(wctx, bucket)

@@ -1,6 +1,7 @@
 // Package natstest starts in-process NATS servers with JetStream for tests:
 // a single server or a cluster on loopback, each with its own t.TempDir()
-// store, random ports, and helpers to stop and restart members.
+// store, random ports, and helpers to stop and restart members. It wraps
+// the starter of internal/localnats with a testing.TB.
 package natstest
 
 import (
@@ -17,6 +18,8 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"grouprouter/internal/localnats"
 )
 
 // Server is one in-process nats-server that can be stopped and restarted
@@ -72,14 +75,12 @@ func (s *Server) start() {
 func (s *Server) tryStart() error {
 	opts := s.opts // fresh copy: the server mutates its options
 	opts.Routes = append([]*url.URL(nil), s.opts.Routes...)
-	srv, err := server.NewServer(&opts)
+	srv, err := localnats.StartServer(&opts, 10*time.Second, nil, nil)
+	if errors.Is(err, localnats.ErrNotReady) {
+		return fmt.Errorf("natstest: server %s not ready (client port %d, cluster port %d: taken?)", s.Name(), s.opts.Port, s.opts.Cluster.Port)
+	}
 	if err != nil {
 		return fmt.Errorf("natstest: new server %s: %w", s.Name(), err)
-	}
-	srv.Start()
-	if !srv.ReadyForConnections(10 * time.Second) {
-		srv.Shutdown()
-		return fmt.Errorf("natstest: server %s not ready (client port %d, cluster port %d: taken?)", s.Name(), s.opts.Port, s.opts.Cluster.Port)
 	}
 	s.srv = srv
 	if s.opts.Port <= 0 {
@@ -126,16 +127,7 @@ func RunServer(t testing.TB) *Server {
 // configure first (users and permissions, TLS), if it is not nil.
 func RunServerWith(t testing.TB, configure func(*server.Options)) *Server {
 	t.Helper()
-	s := &Server{t: t, opts: server.Options{
-		ServerName: "S1",
-		Host:       "127.0.0.1",
-		Port:       -1,
-		JetStream:  true,
-		StoreDir:   t.TempDir(),
-		NoLog:      true,
-		NoSigs:     true,
-	}}
-	s.opts.Cluster.Port = 0
+	s := &Server{t: t, opts: localnats.ServerOptions("S1", t.TempDir())}
 	if configure != nil {
 		configure(&s.opts)
 	}
@@ -217,33 +209,11 @@ func (c *Cluster) WaitMetaReady(d time.Duration) {
 }
 
 func tryCluster(t testing.TB, n int, configure func(*server.Options)) (*Cluster, error) {
-	c := &Cluster{t: t}
-	ports := make([]int, n)
-	for i := range ports {
-		ports[i] = freePort(t)
-	}
-	var routes []*url.URL
-	for _, p := range ports {
-		routes = append(routes, mustURL(t, fmt.Sprintf("nats-route://127.0.0.1:%d", p)))
-	}
-	for i := 0; i < n; i++ {
-		s := &Server{t: t, opts: server.Options{
-			ServerName: fmt.Sprintf("S%d", i+1),
-			Host:       "127.0.0.1",
-			Port:       -1,
-			JetStream:  true,
-			StoreDir:   t.TempDir(),
-			NoLog:      true,
-			NoSigs:     true,
-			Routes:     routes,
-		}}
-		s.opts.Cluster.Name = "grouptest"
-		s.opts.Cluster.Host = "127.0.0.1"
-		s.opts.Cluster.Port = ports[i]
+	c := newCluster(t, n, false)
+	for _, s := range c.Servers {
 		if configure != nil {
 			configure(&s.opts)
 		}
-		c.Servers = append(c.Servers, s)
 	}
 	for _, s := range c.Servers {
 		if err := s.tryStart(); err != nil {
@@ -263,16 +233,8 @@ func tryCluster(t testing.TB, n int, configure func(*server.Options)) (*Cluster,
 // the test ends.
 func NewServer(t testing.TB) *Server {
 	t.Helper()
-	s := &Server{t: t, opts: server.Options{
-		ServerName: "S1",
-		Host:       "127.0.0.1",
-		Port:       freePort(t),
-		JetStream:  true,
-		StoreDir:   t.TempDir(),
-		NoLog:      true,
-		NoSigs:     true,
-	}}
-	s.opts.Cluster.Port = 0
+	s := &Server{t: t, opts: localnats.ServerOptions("S1", t.TempDir())}
+	s.opts.Port = freePort(t)
 	t.Cleanup(s.Stop)
 	return s
 }
@@ -288,31 +250,32 @@ func (s *Server) Start() error { return s.tryStart() }
 // forms. Start them with StartAll; they are shut down when the test ends.
 func NewCluster(t testing.TB, n int) *Cluster {
 	t.Helper()
-	c := &Cluster{t: t}
-	ports := make([]int, n)
-	for i := range ports {
-		ports[i] = freePort(t)
-	}
-	var routes []*url.URL
-	for _, p := range ports {
-		routes = append(routes, mustURL(t, fmt.Sprintf("nats-route://127.0.0.1:%d", p)))
-	}
-	for i := 0; i < n; i++ {
-		s := &Server{t: t, opts: server.Options{
-			ServerName: fmt.Sprintf("S%d", i+1),
-			Host:       "127.0.0.1",
-			Port:       freePort(t),
-			JetStream:  true,
-			StoreDir:   t.TempDir(),
-			NoLog:      true,
-			NoSigs:     true,
-			Routes:     routes,
-		}}
-		s.opts.Cluster.Name = "grouptest"
-		s.opts.Cluster.Host = "127.0.0.1"
-		s.opts.Cluster.Port = ports[i]
-		c.Servers = append(c.Servers, s)
+	c := newCluster(t, n, true)
+	for _, s := range c.Servers {
 		t.Cleanup(s.Stop)
+	}
+	return c
+}
+
+// newCluster configures n members of cluster "grouptest" (see
+// localnats.JoinCluster), named S1...Sn; with clientPorts their client
+// ports are reserved too, else random.
+func newCluster(t testing.TB, n int, clientPorts bool) *Cluster {
+	t.Helper()
+	c := &Cluster{t: t}
+	opts := make([]*server.Options, n)
+	for i := range opts {
+		o := localnats.ServerOptions(fmt.Sprintf("S%d", i+1), t.TempDir())
+		if clientPorts {
+			o.Port = freePort(t)
+		}
+		opts[i] = &o
+	}
+	if err := localnats.JoinCluster(opts, "grouptest"); err != nil {
+		t.Fatalf("natstest: %v", err)
+	}
+	for _, o := range opts {
+		c.Servers = append(c.Servers, &Server{t: t, opts: *o})
 	}
 	return c
 }
@@ -390,14 +353,7 @@ func (c *Cluster) WaitReady(d time.Duration) {
 func tryReplicatedWrite(js jetstream.JetStream, replicas int) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
-	kv, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: "natstest_ready", Replicas: replicas})
-	if err != nil {
-		return err
-	}
-	if _, err := kv.Put(ctx, "probe", []byte("ok")); err != nil {
-		return err
-	}
-	return nil
+	return localnats.ProbeWrite(ctx, js, "natstest_ready", replicas)
 }
 
 // WaitStreamLeader polls until the stream has a leader that answers info
@@ -442,19 +398,9 @@ var ErrNotYet = errors.New("not yet")
 
 func freePort(t testing.TB) int {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatalf("natstest: free port: %v", err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
-}
-
-func mustURL(t testing.TB, s string) *url.URL {
-	t.Helper()
-	u, err := url.Parse(s)
+	p, err := localnats.FreePort()
 	if err != nil {
 		t.Fatalf("natstest: %v", err)
 	}
-	return u
+	return p
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"grouprouter/consumer"
 	"grouprouter/proposals"
 	"grouprouter/router"
 )
@@ -81,29 +82,49 @@ func (r *run) observe(now int64, body []byte) {
 	}
 }
 
-// sink consumes the node queues, as an application would: one consumer
-// per node, pulling the node's durable consumer with the priority group,
-// acking every message. Consumers live as long as the sink (a pinned
-// puller that went away would hold the pin for PinnedTTL), and hand what
-// they receive to the current run.
+// sink consumes the node queues as an application would, with package
+// consumer: one Consume per node (each group in order, many groups at
+// once), every message acked once handled. Consumers live as long as the
+// sink (a pinned puller that went away would hold the pin for PinnedTTL),
+// and hand what they receive to the current run.
 type sink struct {
 	nc  *nats.Conn
 	js  jetstream.JetStream
 	cur atomic.Pointer[run]
 
 	mu    sync.Mutex
-	nodes map[string]jetstream.ConsumeContext
+	nodes map[string]*nodeConsumer
 	stray atomic.Int64 // messages of no current run
 
 	bindSub *nats.Subscription // while a run counts bindings
+
+	// failed is the error of the first Consume that ended by itself. Its
+	// own lock: stopConsumers waits for the Consume calls holding mu.
+	failMu sync.Mutex
+	failed error
 }
+
+// nodeConsumer is the Consume of one node's queue.
+type nodeConsumer struct {
+	cancel context.CancelFunc
+	done   chan error
+}
+
+// Options of the sink's Consume calls (beside the default 16 lanes: 64
+// took as much CPU per message, at load 9 to 18): idle groups forgotten
+// soon (the burst workload makes hundreds of thousands of groups).
+const (
+	sinkPullBatch = 1000
+	sinkIdleLane  = 2 * time.Second
+	sinkDrain     = 5 * time.Second
+)
 
 func newSink(nc *nats.Conn) (*sink, error) {
 	js, err := jetstream.New(nc)
 	if err != nil {
 		return nil, err
 	}
-	return &sink{nc: nc, js: js, nodes: map[string]jetstream.ConsumeContext{}}, nil
+	return &sink{nc: nc, js: js, nodes: map[string]*nodeConsumer{}}, nil
 }
 
 // countBinds counts bindings as the LOCAL handler announces them, until
@@ -156,46 +177,69 @@ func (s *sink) consume(ctx context.Context, node string) error {
 	if s.nodes[node] != nil {
 		return nil
 	}
-	cons, err := s.js.Consumer(ctx, router.QueueStream, router.QueueConsumer(node))
-	if err != nil {
+	if _, err := s.js.Consumer(ctx, router.QueueStream, router.QueueConsumer(node)); err != nil {
 		return fmt.Errorf("bench: queue consumer of %s: %w", node, err)
 	}
-	cc, err := cons.Consume(s.handle, jetstream.PullPriorityGroup(router.PriorityGroup))
-	if err != nil {
-		return fmt.Errorf("bench: consume %s: %w", node, err)
-	}
-	s.nodes[node] = cc
+	// The consumer outlives this call's ctx: it runs until forget or stop.
+	cctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	nc := &nodeConsumer{cancel: cancel, done: make(chan error, 1)}
+	go func() {
+		err := consumer.Consume(cctx, s.js, node, s.handle, consumer.WithPullBatch(sinkPullBatch),
+			consumer.WithIdleLane(sinkIdleLane), consumer.WithDrainTimeout(sinkDrain))
+		if err != nil && cctx.Err() == nil {
+			s.failMu.Lock()
+			if s.failed == nil {
+				s.failed = fmt.Errorf("consumer of %s: %w", node, err)
+			}
+			s.failMu.Unlock()
+		}
+		nc.done <- err
+	}()
+	s.nodes[node] = nc
 	return nil
 }
 
-func (s *sink) handle(m jetstream.Msg) {
+func (s *sink) handle(_ context.Context, m *consumer.Message) error {
 	now := time.Now().UnixNano()
-	body := m.Data()
+	body := m.Data
 	if r := s.cur.Load(); r != nil && len(body) >= minBody && binary.LittleEndian.Uint32(body[offRun:]) == r.id {
 		r.observe(now, body)
 	} else {
 		s.stray.Add(1)
 	}
-	_ = m.Ack()
+	return nil
+}
+
+// failure returns the error of the first Consume that ended by itself,
+// or nil.
+func (s *sink) failure() error {
+	s.failMu.Lock()
+	defer s.failMu.Unlock()
+	return s.failed
+}
+
+// stopConsumers stops every Consume and waits for them. Call with mu held.
+func (s *sink) stopConsumers() {
+	for _, nc := range s.nodes {
+		nc.cancel()
+	}
+	for _, nc := range s.nodes {
+		<-nc.done
+	}
+	s.nodes = map[string]*nodeConsumer{}
 }
 
 // forget stops consuming every queue (their consumers are about to go).
 func (s *sink) forget() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	for _, cc := range s.nodes {
-		cc.Stop()
-	}
-	s.nodes = map[string]jetstream.ConsumeContext{}
+	s.stopConsumers()
 }
 
 func (s *sink) stop() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	for _, cc := range s.nodes {
-		cc.Stop()
-	}
-	s.nodes = map[string]jetstream.ConsumeContext{}
+	s.stopConsumers()
 	if s.bindSub != nil {
 		_ = s.bindSub.Unsubscribe()
 		s.bindSub = nil

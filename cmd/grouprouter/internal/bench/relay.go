@@ -33,7 +33,9 @@ const (
 //     server), through a Consume callback pulling 1,024 messages at a time.
 //   - It republishes every message onto node's queue subject (headers and
 //     body kept, Nats-Msg-Id from the ingress sequence so that the queue
-//     stream drops a copy published twice), asynchronously pipelined with
+//     stream drops a copy published twice, and the ingress sequence in
+//     router.HeaderIngressSeq, as the router sets it: package consumer
+//     orders a group's messages by it), asynchronously pipelined with
 //     at most 1,000 publishes awaiting their PubAck (jspub: one callback
 //     per publish, no goroutine or channel per message).
 //   - It acks the ingress in delivery order: once 64 more messages have
@@ -121,11 +123,13 @@ func (rl *relay) run(ctx context.Context, nc *nats.Conn, ready func()) error {
 			return
 		}
 		h := msg.Headers()
-		hdr := make(nats.Header, len(h)+1)
+		hdr := make(nats.Header, len(h)+2)
 		for k, v := range h {
 			hdr[k] = v
 		}
-		hdr[jetstream.MsgIDHeader] = []string{router.IngressStream + ":" + strconv.FormatUint(seq, 10)}
+		seqText := strconv.FormatUint(seq, 10)
+		hdr[jetstream.MsgIDHeader] = []string{router.IngressStream + ":" + seqText}
+		hdr[router.HeaderIngressSeq] = []string{seqText}
 		out := &nats.Msg{Subject: prefix + msg.Subject(), Header: hdr, Data: msg.Data()}
 		rl.mu.Lock()
 		idx := rl.base + uint64(len(rl.window))

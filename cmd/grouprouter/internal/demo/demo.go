@@ -122,7 +122,7 @@ type run struct {
 	// gives it its share.
 	joining  chan joinResult
 	joinedAt time.Time
-	joinCons *consumer
+	joinCons *queueConsumer
 	ended    string // why the run ended ("": it goes on)
 
 	// rates
@@ -135,7 +135,7 @@ type run struct {
 }
 
 type joinResult struct {
-	cons *consumer
+	cons *queueConsumer
 	err  error
 }
 
@@ -182,6 +182,7 @@ func (d *run) run(ctx context.Context) (Summary, error) {
 		return Summary{}, fmt.Errorf("demo: %w", err)
 	}
 	defer d.c.Close()
+	tServers := time.Now()
 	log := d.cfg.Logger
 	d.nodes = []*node{
 		newNode("n0", router.Local, 0, log),  // the active LOCAL handler
@@ -200,6 +201,7 @@ func (d *run) run(ctx context.Context) (Summary, error) {
 			return Summary{}, err
 		}
 	}
+	tNodes := time.Now()
 	if d.w, err = startWatcher(ctx, d.c); err != nil {
 		return Summary{}, err
 	}
@@ -222,10 +224,13 @@ func (d *run) run(ctx context.Context) (Summary, error) {
 			d.joinCons.stop()
 		}
 	}()
+	tConsumers := time.Now()
 	if err := d.waitEligible(ctx, d.nodes[:3]); err != nil {
 		return Summary{}, err
 	}
-	d.say("Ready in %v: every node routes and its queue has a consumer. Producers start.", time.Since(t0).Round(100*time.Millisecond))
+	round := func(d time.Duration) time.Duration { return d.Round(100 * time.Millisecond) }
+	d.say("Ready in %v (servers %v, nodes %v, consumers %v, eligible %v): every node routes and its queue has a consumer. Producers start.",
+		round(time.Since(t0)), round(tServers.Sub(t0)), round(tNodes.Sub(tServers)), round(tConsumers.Sub(tNodes)), round(time.Since(tConsumers)))
 	d.say("")
 
 	d.start = time.Now()

@@ -10,6 +10,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"grouprouter/consumer"
 	"grouprouter/internal/localnats"
 	"grouprouter/router"
 )
@@ -158,15 +159,16 @@ func (p *producers) publishErrors() int {
 	return p.errors
 }
 
-// consumer consumes one node's queue as an application would: the node's
-// durable consumer, pulled with the priority group, each message recorded
-// in the ledger and then acked.
-type consumer struct {
-	nc *nats.Conn
-	cc jetstream.ConsumeContext
+// queueConsumer consumes one node's queue as an application would, with
+// package consumer: each group's messages in order, every message
+// recorded in the ledger and then acked.
+type queueConsumer struct {
+	nc     *nats.Conn
+	cancel context.CancelFunc
+	done   chan struct{}
 }
 
-func startConsumer(ctx context.Context, c *localnats.Cluster, n *node, l *ledger) (*consumer, error) {
+func startConsumer(ctx context.Context, c *localnats.Cluster, n *node, l *ledger) (*queueConsumer, error) {
 	nc, err := c.Connect(n.server, "demo-consumer-"+n.id)
 	if err != nil {
 		return nil, err
@@ -176,11 +178,11 @@ func startConsumer(ctx context.Context, c *localnats.Cluster, n *node, l *ledger
 		nc.Close()
 		return nil, err
 	}
+	// The node's router creates its queue consumer; Consume needs it.
 	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	var cons jetstream.Consumer
 	for {
-		cons, err = js.Consumer(cctx, router.QueueStream, router.QueueConsumer(n.id))
+		_, err = js.Consumer(cctx, router.QueueStream, router.QueueConsumer(n.id))
 		if err == nil || cctx.Err() != nil {
 			break
 		}
@@ -190,26 +192,32 @@ func startConsumer(ctx context.Context, c *localnats.Cluster, n *node, l *ledger
 		nc.Close()
 		return nil, fmt.Errorf("demo: the queue consumer of %s: %w", n.id, err)
 	}
-	cc, err := cons.Consume(func(m jetstream.Msg) {
-		seq, err := strconv.Atoi(m.Headers().Get(headerSeq))
+	q := &queueConsumer{nc: nc, done: make(chan struct{})}
+	var runCtx context.Context
+	runCtx, q.cancel = context.WithCancel(ctx)
+	handle := func(_ context.Context, m *consumer.Message) error {
+		seq, err := strconv.Atoi(m.Header.Get(headerSeq))
 		if err != nil {
 			seq = -1
 		}
-		l.processedMsg(m.Headers().Get(router.DefaultGroupHeader), seq, n.id)
-		_ = m.Ack()
-	}, jetstream.PullPriorityGroup(router.PriorityGroup), jetstream.PullExpiry(2*time.Second),
-		jetstream.ConsumeErrHandler(func(jetstream.ConsumeContext, error) {}))
-	if err != nil {
-		nc.Close()
-		return nil, fmt.Errorf("demo: consume the queue of %s: %w", n.id, err)
+		l.processedMsg(m.Group, seq, n.id)
+		return nil
 	}
-	return &consumer{nc: nc, cc: cc}, nil
+	go func() {
+		defer close(q.done)
+		err := consumer.Consume(runCtx, js, n.id, handle, consumer.WithDrainTimeout(2*time.Second), consumer.WithLogger(n.cfg.Logger))
+		if err != nil {
+			// The summary shows its messages as missing.
+			n.cfg.Logger.Error("demo: the consumer stopped", "err", err)
+		}
+	}()
+	return q, nil
 }
 
-// stop stops pulling and closes the connection once the acks are out.
-func (c *consumer) stop() {
-	c.cc.Stop()
-	<-c.cc.Closed()
-	_ = c.nc.FlushTimeout(2 * time.Second) // the last acks; the demo is over either way
-	c.nc.Close()
+// stop stops consuming (the messages held are handed back, the queue
+// unpinned) and closes the connection.
+func (q *queueConsumer) stop() {
+	q.cancel()
+	<-q.done
+	q.nc.Close()
 }
