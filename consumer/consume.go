@@ -498,6 +498,12 @@ func (r *runner) process(ctx context.Context, l *lane, d *delivery, attempt int)
 		// is at or below the done mark and dropped.
 		r.m.processed.Inc()
 		r.finish(l, succeeded)
+		if r.o.plainAcks {
+			if aerr := cur.msg.Ack(); aerr != nil {
+				r.log.Debug("consumer: ack not sent", "group", l.group, "ingress_seq", d.seq, "err", aerr)
+			}
+			return
+		}
 		r.acks.Add(1)
 		go func() {
 			defer r.acks.Done()

@@ -759,3 +759,27 @@ func packageGoroutines() []string {
 	}
 	return out
 }
+
+// TestUnconfirmedAcks: with WithUnconfirmedAcks every handled message is
+// still acked (the queue empties) and each group's order holds.
+func TestUnconfirmedAcks(t *testing.T) {
+	q := newQueue(t, true, 30*time.Second)
+	for i := range 20 {
+		q.put([]string{"a", "b"}[i%2], uint64(i+1), 1)
+	}
+	rec := newRecord()
+	r := start(t, q, func(_ context.Context, m *consumer.Message) error {
+		rec.end(m, true)
+		return nil
+	}, consumer.WithConcurrency(4), consumer.WithUnconfirmedAcks())
+	waitFor(t, "all handled and acked", func() bool { return rec.count() == 20 && q.left() == 0 })
+	if err := r.stop(t); err != nil {
+		t.Fatalf("Consume: %v", err)
+	}
+	for _, g := range []string{"a", "b"} {
+		got := rec.of(g)
+		if !slices.IsSorted(got) || len(got) != 10 {
+			t.Errorf("group %s handled %v", g, got)
+		}
+	}
+}

@@ -48,6 +48,7 @@ type options struct {
 	backoffMax   time.Duration
 	drainTimeout time.Duration
 	pullBatch    int
+	plainAcks    bool
 	idleLane     time.Duration
 	groupHeader  string
 	logger       *slog.Logger
@@ -196,4 +197,18 @@ func (o *options) backoff(attempt int) time.Duration {
 		d *= 2
 	}
 	return min(d, o.backoffMax)
+}
+
+// WithUnconfirmedAcks acks a handled message without waiting for the
+// server to confirm it (Ack instead of DoubleAck): one publish instead of a
+// request per message, for a measuring harness or a handler whose work is
+// idempotent. An ack lost in transit then goes unnoticed: the message is
+// redelivered after the ack wait, and dropped as at or below its group's
+// done mark if this process still runs; a process started meanwhile
+// handles it again (flagged Redelivered). Default: confirmed acks.
+func WithUnconfirmedAcks() Option {
+	return func(o *options) error {
+		o.plainAcks = true
+		return nil
+	}
 }
