@@ -169,9 +169,6 @@ func (b *bencher) measureRun(ctx context.Context, e *env, kids []*child, spec ru
 					k.name, rep.Routed, rep.Skipped, rep.Held, rep.Position, rep.DecisionErrors, rep.PublishErrors))
 			}
 		}
-		if err := e.sink.failure(); err != nil {
-			parts = append(parts, err.Error())
-		}
 		return strings.Join(parts, "; ")
 	}
 	if err := waitRun(ctx, r, 30*time.Second, progress); err != nil {
