@@ -210,36 +210,48 @@ func Replay(ctx context.Context, js jetstream.JetStream, group string, mode Repl
 			return ParkedGroup{}, fmt.Errorf("%w: node: %v", ErrConfig, err)
 		}
 	}
-	pg, kv, key, err := openParked(ctx, js, group)
-	if err != nil {
-		return pg, err
-	}
-	rec := pg.Record
-	if rec.State == StateReplay && rec.Replayer != "" && time.Now().Before(rec.ClaimedAt.Add(replayLease)) {
-		return pg, fmt.Errorf("%w: by %s on node %s since %s", ErrReplaying, rec.Replayer, rec.Node, rec.ClaimedAt.Format(time.RFC3339))
-	}
-	if mode == ReplaySkip {
-		if pg.Head == 0 {
-			return pg, ErrNothingToSkip
+	// A conditional write: a process parking one more message of the
+	// group writes the record again as it is (touchParked), so a conflict
+	// reads the record again, a few times, before it gives up.
+	var pg ParkedGroup
+	for range 5 {
+		var (
+			kv  jetstream.KeyValue
+			key string
+			err error
+		)
+		pg, kv, key, err = openParked(ctx, js, group)
+		if err != nil {
+			return pg, err
 		}
-		rec.SkipSeq = pg.Head
+		rec := pg.Record
+		if rec.State == StateReplay && rec.Replayer != "" && time.Now().Before(rec.ClaimedAt.Add(replayLease)) {
+			return pg, fmt.Errorf("%w: by %s on node %s since %s", ErrReplaying, rec.Replayer, rec.Node, rec.ClaimedAt.Format(time.RFC3339))
+		}
+		if mode == ReplaySkip {
+			if pg.Head == 0 {
+				return pg, ErrNothingToSkip
+			}
+			rec.SkipSeq = pg.Head
+		}
+		rec.State, rec.Mode = StateReplay, mode
+		rec.Replayer, rec.ClaimedAt, rec.Claims = "", time.Time{}, 0
+		if node != "" {
+			rec.Node = node
+		}
+		val, err := json.Marshal(rec)
+		if err != nil {
+			return pg, err
+		}
+		rev, err := kv.Update(ctx, key, val, pg.Revision)
+		if casConflict(err) {
+			continue
+		}
+		if err != nil {
+			return pg, fmt.Errorf("consumer: parked record of %q: %w", group, err)
+		}
+		pg.Record, pg.Revision = rec, rev
+		return pg, nil
 	}
-	rec.State, rec.Mode = StateReplay, mode
-	rec.Replayer, rec.ClaimedAt, rec.Claims = "", time.Time{}, 0
-	if node != "" {
-		rec.Node = node
-	}
-	val, err := json.Marshal(rec)
-	if err != nil {
-		return pg, err
-	}
-	rev, err := kv.Update(ctx, key, val, pg.Revision)
-	if casConflict(err) {
-		return pg, fmt.Errorf("%w: the record changed meanwhile; look again", ErrReplaying)
-	}
-	if err != nil {
-		return pg, fmt.Errorf("consumer: parked record of %q: %w", group, err)
-	}
-	pg.Record, pg.Revision = rec, rev
-	return pg, nil
+	return pg, fmt.Errorf("%w: the record kept changing; look again", ErrReplaying)
 }
