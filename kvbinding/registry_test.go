@@ -11,20 +11,28 @@ import (
 	"grouprouter/internal/natstest"
 )
 
-// TestRegistryKeys: LiveKey, CheckpointKey and LeaseKey name the keys the
-// registry writes (NATS permissions are generated from them).
-func TestRegistryKeys(t *testing.T) {
+// openTestRegistry opens the node registry on a server of its own, with a
+// context that ends with the test (10 s at most).
+func openTestRegistry(t *testing.T) (context.Context, jetstream.JetStream, *Registry) {
+	t.Helper()
 	s := natstest.RunServer(t)
 	js, err := jetstream.New(s.Connect())
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
+	t.Cleanup(cancel)
 	reg, err := OpenRegistry(ctx, js, RegistryConfig{}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
+	return ctx, js, reg
+}
+
+// TestRegistryKeys: LiveKey, CheckpointKey and LeaseKey name the keys the
+// registry writes (NATS permissions are generated from them).
+func TestRegistryKeys(t *testing.T) {
+	ctx, js, reg := openTestRegistry(t)
 	if err := reg.Announce(ctx, NodeInfo{Node: "n1"}, time.Minute); err != nil {
 		t.Fatal(err)
 	}
@@ -50,17 +58,7 @@ func TestRegistryKeys(t *testing.T) {
 // value that does not decode is reported with its revision, so that it can
 // be written over; FloorKey names the key (permissions come from it).
 func TestFloorRecord(t *testing.T) {
-	s := natstest.RunServer(t)
-	js, err := jetstream.New(s.Connect())
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	reg, err := OpenRegistry(ctx, js, RegistryConfig{}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	ctx, js, reg := openTestRegistry(t)
 	if f, rev, err := reg.LoadFloor(ctx); err != nil || rev != 0 || f.Seq != 0 {
 		t.Fatalf("no floor yet: %+v rev %d, %v", f, rev, err)
 	}
@@ -101,17 +99,7 @@ func TestFloorRecord(t *testing.T) {
 // TestLiveRecord: a node's liveness record as announced; none; and a
 // value that is not a node's own, reported as invalid with its revision.
 func TestLiveRecord(t *testing.T) {
-	s := natstest.RunServer(t)
-	js, err := jetstream.New(s.Connect())
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	reg, err := OpenRegistry(ctx, js, RegistryConfig{}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	ctx, js, reg := openTestRegistry(t)
 	if _, _, found, err := reg.LiveRecord(ctx, "n1"); found || err != nil {
 		t.Fatalf("no record: found %v, %v", found, err)
 	}
@@ -142,17 +130,7 @@ func TestLiveRecord(t *testing.T) {
 // still read under its own; a checkpoint of an earlier release, which
 // names no node, is read.
 func TestCheckpointCopiedUnderAnotherKey(t *testing.T) {
-	s := natstest.RunServer(t)
-	js, err := jetstream.New(s.Connect())
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	reg, err := OpenRegistry(ctx, js, RegistryConfig{}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	ctx, js, reg := openTestRegistry(t)
 	if err := reg.SaveCheckpoint(ctx, "n2", Checkpoint{Next: 9}); err != nil {
 		t.Fatal(err)
 	}
