@@ -156,6 +156,13 @@ func (a *authCluster) deniedSubscribe(t *testing.T, user, subject string) {
 	nc.Close()
 }
 
+// admin connects the tests' unrestricted user of the router's account
+// (permtest.AdminUser) to server 0, to look at the state as it is.
+func (a *authCluster) admin(t testing.TB) *nats.Conn {
+	t.Helper()
+	return natstest.Connect(t, a.c.Servers[0].URL(), nats.UserInfo(permtest.AdminUser, a.auth.AdminPass))
+}
+
 // js returns a JetStream context of user's connection nc (under its API
 // prefix, for a consumer).
 func (a *authCluster) js(t testing.TB, nc *nats.Conn, user string) jetstream.JetStream {
@@ -327,7 +334,7 @@ func TestPermissionsLeastPrivilege(t *testing.T) {
 	// Its pull requests go with its connection (the server tracks their
 	// interest back into the consumer's account); until then a message
 	// could still be delivered to them.
-	adminJS, err := jetstream.New(natstest.Connect(t, a.c.Servers[0].URL(), nats.UserInfo(permtest.AdminUser, a.auth.AdminPass)))
+	adminJS, err := jetstream.New(a.admin(t))
 	if err != nil {
 		t.Fatal(err)
 	}

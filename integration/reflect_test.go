@@ -14,7 +14,6 @@ import (
 	"grouprouter/consumer"
 	"grouprouter/internal/natstest"
 	"grouprouter/internal/permissions"
-	"grouprouter/internal/permissions/permtest"
 	"grouprouter/kvbinding"
 	"grouprouter/proposals"
 	"grouprouter/router"
@@ -41,7 +40,7 @@ func TestRepliesCannotReachRouterState(t *testing.T) {
 	for i, id := range layout.Nodes {
 		a.consumeAs(t, i, "consumer-"+id, id, &col)
 	}
-	admin := natstest.Connect(t, a.c.Servers[0].URL(), nats.UserInfo(permtest.AdminUser, a.auth.AdminPass))
+	admin := a.admin(t)
 	ajs, err := jetstream.New(admin)
 	if err != nil {
 		t.Fatal(err)
