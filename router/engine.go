@@ -90,6 +90,10 @@ type lane struct {
 	// epochHdr its header value, shared by the lane's publishes.
 	epoch    uint64
 	epochHdr []string
+	// heldSeq/heldAt: the first message the lane was seen held undecided
+	// from by an announcement (heldUndecided), and when.
+	heldSeq uint64
+	heldAt  int64 // unix nanoseconds
 }
 
 // epochHeader returns the header value of the group's epoch under route,
@@ -1241,23 +1245,23 @@ func (e *engine) touch(ln *lane, now time.Time) {
 // call, or have messages held or in flight, at most kvbinding.MaxBusyListed
 // (more: there were more), and starts the next period.
 func (e *engine) busyGroups() (busy []string, more bool) {
+	// The first MaxBusyListed in string order, whichever a map's order
+	// offers them in: a heap of that many, not a sort of every lane (a
+	// burst holds hundreds of thousands).
+	top := newTopK(kvbinding.MaxBusyListed, func(a, b string) bool { return a < b })
 	for g := range e.recent {
-		busy = append(busy, g)
+		top.offer(g)
 	}
-	more = e.recentMore
 	for g, ln := range e.lanes {
 		if _, listed := e.recent[g]; listed || g == "" || (len(ln.msgs) == 0 && ln.inflight == 0) {
 			continue
 		}
-		busy = append(busy, g)
+		top.offer(g)
 	}
+	more = e.recentMore || top.seen > kvbinding.MaxBusyListed
 	clear(e.recent)
 	e.recentMore = false
-	sort.Strings(busy) // which ones are listed does not depend on a map's order
-	if len(busy) > kvbinding.MaxBusyListed {
-		busy, more = busy[:kvbinding.MaxBusyListed], true
-	}
-	return busy, more
+	return top.sorted(), more
 }
 
 // reap asks to release this node's groups idle for the group timeout.

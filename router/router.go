@@ -114,8 +114,7 @@ type Router struct {
 	mu      sync.Mutex
 	cond    *sync.Cond // signalled when held or in-flight work shrinks
 	eng     *engine
-	reading bool        // the reader waits on cond
-	held    heldTracker // since when groups are held undecided (inspect.go)
+	reading bool // the reader waits on cond
 
 	changes   chan string // refs of the groups whose record changed, from the cache
 	askWake   chan struct{}
