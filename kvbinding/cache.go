@@ -225,6 +225,19 @@ func (c *Cache) Counts() map[string]int {
 	return out
 }
 
+// Bound returns the number of groups bound to a node or being moved
+// between nodes: the records a group limit counts (ended records, which
+// expire by themselves, and the ungrouped routing binding are not).
+func (c *Cache) Bound() int {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	n := 0
+	for i := range c.counts {
+		n += c.counts[i] + c.leaving[i]
+	}
+	return n
+}
+
 // Count returns the number of groups bound to node.
 func (c *Cache) Count(node string) int {
 	c.mu.RLock()

@@ -59,7 +59,8 @@ func (h *Handler) DecideAll(ctx context.Context, req Request) []Decision {
 		groups[i] = p.Group
 	}
 	defer h.locks.lock(groups)()
-	env := Env{Now: time.Now(), Handler: h.id, Live: h.liveState(), Floor: h.floor.Load()}
+	env := Env{Now: time.Now(), Handler: h.id, Live: h.liveState(), Floor: h.floor.Load(),
+		Bound: h.cache.Bound(), MaxGroups: max(h.cfg.MaxGroups, 0)}
 	plans := make([]planned, 0, len(req.Proposals))
 	ps := make([]Proposal, 0, len(req.Proposals))
 	for i, p := range req.Proposals {
@@ -77,6 +78,9 @@ func (h *Handler) DecideAll(ctx context.Context, req Request) []Decision {
 			cur = &r
 		}
 		res := Transition(p.Group, cur, in, env)
+		if res.Write != nil && res.Write.State == kvbinding.StateBound && p.Group != "" && !countedBound(cur) {
+			env.Bound++ // a new bound group: the rest of the batch counts it
+		}
 		if res.Write != nil && res.Write.State == kvbinding.StateBound && p.Group != "" {
 			// Count the choice now so the rest of the batch spreads.
 			if n, ok := env.Live[res.Write.Node]; ok {
@@ -157,6 +161,12 @@ func (h *Handler) writeAll(ctx context.Context, plans []planned, ps []Proposal) 
 	return out
 }
 
+// countedBound reports whether Cache.Bound counts the group of record cur
+// (nil: no record).
+func countedBound(cur *kvbinding.Binding) bool {
+	return cur != nil && !cur.Invalid && (cur.State == kvbinding.StateBound || cur.State == kvbinding.StateMoving)
+}
+
 // unwritten answers a decision that writes nothing.
 func (h *Handler) unwritten(pl planned, p Proposal) Decision {
 	res := pl.res
@@ -174,7 +184,10 @@ func (h *Handler) unwritten(pl planned, p Proposal) Decision {
 				Reason: res.Reason + " (proposed " + p.Node + ")"})
 		}
 	case Refused, Failed:
-		d.Error, d.Floor = res.Reason, res.Floor
+		d.Error, d.Floor, d.Limit = res.Reason, res.Floor, res.Limit
+		if res.Limit > 0 {
+			h.refusedAtLimit(p.Group, res)
+		}
 		if res.Outcome == Refused {
 			h.log.Debug("refused", "group", logagg.Short(p.Group), "op", p.op(), "reason", res.Reason)
 		}

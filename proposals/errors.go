@@ -23,4 +23,8 @@ var (
 	// below the routing floor: the cluster routed those messages already
 	// (see NextFloor).
 	ErrBelowFloor = errors.New("proposals: below the routing floor")
+	// ErrGroupLimit is the cause of a bind refused because the cluster
+	// has as many groups bound as its limit (HandlerConfig.MaxGroups):
+	// the asker dead-letters the group's messages.
+	ErrGroupLimit = errors.New("proposals: the group limit is reached")
 )

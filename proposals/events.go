@@ -32,6 +32,7 @@ const (
 	EventPark            = "park"            // a consumer parked a group (package consumer): its failing message and the later ones wait
 	EventRelease         = "release"         // a parked group's messages were replayed and the group runs again
 	EventSkip            = "skip"            // a parked message was dropped unhandled (grouprouter skip, or a failure during a release)
+	EventLimit           = "limit"           // new groups are refused: as many groups are bound as the limit (--max-groups)
 )
 
 // Event is the JSON body published on SubjectEventsPrefix + Kind.

@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/micro"
 
+	"grouprouter/internal/logagg"
 	"grouprouter/kvbinding"
 )
 
@@ -28,6 +29,12 @@ type Queues interface {
 	// IngressLast returns the ingress stream's last sequence.
 	IngressLast(ctx context.Context) (uint64, error)
 }
+
+// DefaultMaxGroups is HandlerConfig.MaxGroups's default: a node's cache
+// holds a bound group in about 100-200 bytes whatever the length of its
+// id (docs/operations.md, "Memory"), so a full cluster costs each node a
+// few hundred MB at most.
+const DefaultMaxGroups = 1_000_000
 
 // HandlerConfig configures a LOCAL handler.
 type HandlerConfig struct {
@@ -68,6 +75,16 @@ type HandlerConfig struct {
 	// queue has a consumer; nil: DefaultRebalance. Zero MaxMoves,
 	// MaxInFlight and CoolDown take DefaultRebalance's.
 	Rebalance *RebalanceConfig
+	// MaxGroups bounds the groups bound at once (bound or being moved;
+	// ended records expire by themselves): a new group past it is refused
+	// (ErrGroupLimit) and its messages are dead-lettered by the node that
+	// proposed it, so that a flood of distinct ids cannot exhaust any
+	// node's memory (each node caches every binding). Room comes back as
+	// groups close or expire (GroupTimeout). Default DefaultMaxGroups;
+	// negative: no limit. A batch of proposals is counted as it is
+	// decided, so the limit holds exactly on one handler; a handler that
+	// just took over counts from its cache.
+	MaxGroups int
 	// Workers bounds how many requests are decided at once. Default 16.
 	Workers int
 	// Version is reported by the NATS micro service. Default "0.0.0-dev".
@@ -100,6 +117,9 @@ func (c HandlerConfig) withDefaults() HandlerConfig {
 	}
 	if c.Workers <= 0 {
 		c.Workers = 16
+	}
+	if c.MaxGroups == 0 {
+		c.MaxGroups = DefaultMaxGroups
 	}
 	rb := DefaultRebalance
 	if c.Rebalance != nil {
@@ -156,7 +176,11 @@ type Handler struct {
 	decisions atomic.Uint64
 	dropped   atomic.Uint64 // requests dropped: reply subject not an inbox
 	busy      atomic.Uint64 // requests refused: too many in progress
-	mon       monitor
+	// Binds refused at the group limit (limit.go).
+	limitRefused atomic.Uint64
+	limitEvent   atomic.Int64 // unix nanoseconds of the last limit event
+	warnLimit    *logagg.Warner
+	mon          monitor
 	// pauses carries requests to the pauser goroutine (pauser.go), which
 	// runs while pauserRunning.
 	pauses        chan pauseReq
@@ -197,6 +221,7 @@ func NewHandler(nc *nats.Conn, store *kvbinding.Store, cache *kvbinding.Cache, r
 		h.metrics = NewMetrics()
 	}
 	h.metrics.h.Store(h)
+	h.warnLimit = logagg.New(h.log, "new groups refused: as many groups are bound as the limit (--max-groups); their messages are dead-lettered", logagg.DefaultEvery)
 	return h
 }
 
@@ -233,6 +258,7 @@ func (h *Handler) Run(ctx context.Context) error {
 	}
 	var bg sync.WaitGroup
 	defer bg.Wait()
+	defer h.warnLimit.Close()
 	watchCtx, stopWatch := context.WithCancel(ctx)
 	defer stopWatch()
 	bg.Add(1)

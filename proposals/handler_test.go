@@ -24,12 +24,12 @@ type handlerEnv struct {
 	done   chan struct{}
 }
 
-func startHandler(t *testing.T, s *natstest.Server, node string, live []kvbinding.NodeInfo) *handlerEnv {
+func startHandler(t *testing.T, s *natstest.Server, node string, live []kvbinding.NodeInfo, opts ...func(*HandlerConfig)) *handlerEnv {
 	t.Helper()
-	return startHandlerTB(t, s, node, live)
+	return startHandlerTB(t, s, node, live, opts...)
 }
 
-func startHandlerTB(t testing.TB, s *natstest.Server, node string, live []kvbinding.NodeInfo) *handlerEnv {
+func startHandlerTB(t testing.TB, s *natstest.Server, node string, live []kvbinding.NodeInfo, opts ...func(*HandlerConfig)) *handlerEnv {
 	t.Helper()
 	nc := s.Connect()
 	js, _ := jetstream.New(nc)
@@ -58,7 +58,11 @@ func startHandlerTB(t testing.TB, s *natstest.Server, node string, live []kvbind
 		}
 		return nil
 	})
-	h := NewHandler(nc, store, cache, reg, HandlerConfig{Name: "h", Node: node, LeaseTTL: time.Second})
+	cfg := HandlerConfig{Name: "h", Node: node, LeaseTTL: time.Second}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	h := NewHandler(nc, store, cache, reg, cfg)
 	e := &handlerEnv{h: h, nc: nc, cancel: cancel, done: make(chan struct{})}
 	go func() { defer close(e.done); _ = h.Run(ctx) }()
 	t.Cleanup(func() { e.cancel(); <-e.done })

@@ -111,6 +111,9 @@ type Env struct {
 	// below it was resolved cluster-wide, so no binding starts below it.
 	// 0: none.
 	Floor uint64
+	// Bound is the number of groups bound now (kvbinding.Cache.Bound),
+	// and MaxGroups the most a new binding may make it (0: no limit).
+	Bound, MaxGroups int
 }
 
 // Result is what Transition decides.
@@ -142,6 +145,9 @@ type Result struct {
 	// Floor is, for a bind refused below the routing floor (Err
 	// ErrBelowFloor), the floor: the asker drops its messages below it.
 	Floor uint64
+	// Limit is, for a bind refused at the group limit (Err
+	// ErrGroupLimit), the limit.
+	Limit int
 }
 
 // Refused is the outcome of an ask that is not the asker's to make (the
@@ -289,6 +295,14 @@ func (m *machine) bind() Result {
 		// dead-lettered. A binding from here would route them again.
 		return Result{Outcome: Refused, Err: ErrBelowFloor, Floor: m.env.Floor,
 			Reason: fmt.Sprintf("bind: seq %d is below the routing floor %d: routed already", in.Seq, m.env.Floor)}
+	}
+	if m.group != "" && m.env.MaxGroups > 0 && m.env.Bound >= m.env.MaxGroups {
+		// A new binding past the limit: the group's messages go to the
+		// dead-letter stream (the asker's), and memory stays bounded
+		// whatever a producer sends. Ended records expire, closed and
+		// idle groups end: room comes back by itself.
+		return Result{Outcome: Refused, Err: ErrGroupLimit, Limit: m.env.MaxGroups,
+			Reason: fmt.Sprintf("bind: %d groups are bound, the limit (--max-groups) is %d", m.env.Bound, m.env.MaxGroups)}
 	}
 	node, redirected := Choose(m.env.Live, in.Node, m.group == "")
 	if prev != "" && node != prev && isEligible(m.env.Live, prev, m.group == "") {

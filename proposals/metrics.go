@@ -50,6 +50,7 @@ type Metrics struct {
 	moving     atomic.Int64         // len(moveStarts): a bind need not take mu when it is 0
 
 	descActive, descDecisions, descDropped, descBusy, descMoves *prometheus.Desc
+	descBound, descLimit, descLimitRefused                      *prometheus.Desc
 }
 
 // NewMetrics returns metrics for one handler.
@@ -72,6 +73,12 @@ func NewMetrics() *Metrics {
 			"Requests to the handler dropped unanswered because their reply subject is not an inbox.", nil, nil),
 		descBusy: prometheus.NewDesc("grouprouter_handler_requests_busy_total",
 			"Requests to the handler refused at once because every worker was busy (the asker retries).", nil, nil),
+		descBound: prometheus.NewDesc("grouprouter_handler_groups_bound",
+			"Groups bound or being moved, as this node's LOCAL handler's cache holds them: what the group limit counts.", nil, nil),
+		descLimit: prometheus.NewDesc("grouprouter_handler_group_limit",
+			"The group limit (--max-groups; 0: none): past it, new groups are refused and dead-lettered.", nil, nil),
+		descLimitRefused: prometheus.NewDesc("grouprouter_handler_groups_refused_total",
+			"Binds this node's LOCAL handler refused because the group limit was reached (their messages are dead-lettered).", nil, nil),
 		descMoves: prometheus.NewDesc("grouprouter_moves_total",
 			"Records written by this node's handler that move groups off a node, by cause.", []string{"cause"}, nil),
 	}
@@ -149,6 +156,9 @@ func (m *Metrics) Describe(ch chan<- *prometheus.Desc) {
 	ch <- m.descDropped
 	ch <- m.descBusy
 	ch <- m.descMoves
+	ch <- m.descBound
+	ch <- m.descLimit
+	ch <- m.descLimitRefused
 	m.moveDuration.Describe(ch)
 }
 
@@ -179,5 +189,10 @@ func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
 	for i, cause := range moveCauses {
 		ch <- prometheus.MustNewConstMetric(m.descMoves, prometheus.CounterValue, float64(m.moves[i].Load()), cause)
 	}
+	if h.cache != nil {
+		ch <- prometheus.MustNewConstMetric(m.descBound, prometheus.GaugeValue, float64(h.cache.Bound()))
+	}
+	ch <- prometheus.MustNewConstMetric(m.descLimit, prometheus.GaugeValue, float64(max(h.cfg.MaxGroups, 0)))
+	ch <- prometheus.MustNewConstMetric(m.descLimitRefused, prometheus.CounterValue, float64(h.limitRefused.Load()))
 	m.moveDuration.Collect(ch)
 }

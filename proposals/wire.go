@@ -160,6 +160,11 @@ type Decision struct {
 	// floor, below which the asker drops the group's messages (the
 	// cluster routed them already).
 	Floor uint64 `json:"floor,omitempty"`
+	// Limit is set on a bind refused because as many groups are bound as
+	// the cluster's limit: the limit. The asker dead-letters the group's
+	// held messages. (Releases before it send no such field: their
+	// askers retry, as for any refusal.)
+	Limit int `json:"limit,omitempty"`
 }
 
 // Reply answers a Request, decision i for proposal i.
@@ -424,6 +429,10 @@ func EncodeReply(r Reply, req Request) ([]byte, error) {
 				buf = append(buf, `,"floor":`...)
 				buf = strconv.AppendUint(buf, d.Floor, 10)
 			}
+			if d.Limit > 0 {
+				buf = append(buf, `,"limit":`...)
+				buf = strconv.AppendInt(buf, int64(d.Limit), 10)
+			}
 			buf = append(buf, '}')
 		}
 		buf = append(buf, ']')
@@ -484,6 +493,10 @@ func scanReply(data []byte, n int) (Reply, bool) {
 						dec.Error, ok = d.Str()
 					case "floor":
 						dec.Floor, ok = d.Uint()
+					case "limit":
+						var n int
+						n, ok = d.Int()
+						dec.Limit = n
 					}
 					return ok
 				})

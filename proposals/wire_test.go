@@ -191,11 +191,12 @@ func FuzzDecodeReply(f *testing.F) {
 
 func TestEncodeReplyRoundTrip(t *testing.T) {
 	req := Request{Proposer: "n1", Proposals: []Proposal{{Group: "a\"b\\c ✓ <>&", Node: "n1", Seq: 1}, {Group: "g2", Node: "n2", Seq: 2},
-		{Group: "g3", Node: "n2", Seq: 3}}}
+		{Group: "g3", Node: "n2", Seq: 3}, {Group: "g4", Node: "n2", Seq: 4}}}
 	in := Reply{Handler: "h/\"n0\"", Decisions: []Decision{
 		{Group: req.Proposals[0].Group, Outcome: Accepted, Revision: 9},
 		{Group: "g2", Outcome: Failed, Error: "no eligible node\n"},
 		{Group: "g3", Outcome: Refused, Error: "below the floor", Floor: 17},
+		{Group: "g4", Outcome: Refused, Error: "at the limit", Limit: 1000000},
 	}}
 	data, err := EncodeReply(in, req)
 	if err != nil {

@@ -129,6 +129,12 @@ type Config struct {
 	// GroupTimeout expires a binding after no message of its group was
 	// routed for this long (Artemis group-timeout); 0 or negative: never.
 	GroupTimeout time.Duration
+	// MaxGroups bounds the groups bound at once in the cluster, as the
+	// active LOCAL handler counts them: a new group past it is refused and
+	// its messages are dead-lettered (proposals.HandlerConfig.MaxGroups).
+	// Default proposals.DefaultMaxGroups; negative: no limit. Only a LOCAL
+	// node's value counts (that of the active handler).
+	MaxGroups int
 	// ReaperPeriod is how often idle bindings are looked for. Default 30s.
 	ReaperPeriod time.Duration
 	// NodeGrace is how long a node may be gone before the active LOCAL

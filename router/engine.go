@@ -232,6 +232,7 @@ type engineStats struct {
 	timeouts, noHandler                                         uint64
 	windowCuts                                                  uint64 // times a timeout halved the window of proposals in flight
 	belowFloor                                                  uint64
+	limitRefused                                                uint64 // binds refused at the group limit
 	refused                                                     uint64 // publishes the servers refused for good (dead-lettered)
 	batches, batchFailures                                      uint64 // atomic batches published, and those that failed (their messages went one at a time)
 }
@@ -1068,6 +1069,10 @@ func (e *engine) replied(batch []*ask, ds []proposals.Decision, err error, now t
 				}
 				continue
 			}
+			if d.Limit > 0 && (a.p.Op == "" || a.p.Op == proposals.OpBind) {
+				e.atLimit(a, d, now)
+				continue
+			}
 			// Not ours to ask (any more): the record stands. Look again
 			// once the record changes, or after a pause.
 			e.failed(a, fmt.Errorf("refused: %s", d.Error), now)
@@ -1159,6 +1164,24 @@ func (e *engine) failed(a *ask, err error, now time.Time) {
 	a.due = now.Add(e.backoff(a.attempt))
 	heap.Push(&e.retryQ, a)
 	e.emit(action{kind: actRetry, at: a.due})
+}
+
+// atLimit takes a bind refused at the cluster's group limit: the group's
+// proposer dead-letters the messages it holds (and records that, so that
+// every node drops its copies) at once, without retrying, so that a
+// flood of new groups leaves memory at the rate it is refused. Another
+// node (a fallback ask) waits for that record as after any failed ask.
+func (e *engine) atLimit(a *ask, d proposals.Decision, now time.Time) {
+	ln := a.lane
+	if ln.ask != a || e.lanes[ln.group] != ln || !ln.waiting {
+		return // answered meanwhile
+	}
+	e.stats.limitRefused++
+	if e.isProposer(ln.group) && e.holdsFirst(ln) {
+		e.startDeadLetter(ln, fmt.Sprintf("refused: the cluster's group limit is reached (%d groups bound, --max-groups)", d.Limit), now)
+		return
+	}
+	e.failed(a, fmt.Errorf("%w: %s", proposals.ErrGroupLimit, d.Error), now)
 }
 
 // holdsFirst reports whether this node holds the group's first message

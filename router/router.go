@@ -73,6 +73,10 @@ type Stats struct {
 	// that lay below the routing floor: routed before, under a binding
 	// that has ended since (docs/protocol.md, "The routing floor").
 	BelowFloor uint64
+	// LimitRefused counts the binds of this node's groups the handler
+	// refused because the cluster's group limit was reached; the node
+	// dead-lettered those it proposed (docs/operations.md, "Memory").
+	LimitRefused uint64
 	// Batches counts the atomic batches this node published (each
 	// carries several messages of one group), and BatchFailures those
 	// that failed: their messages were then published one at a time.
@@ -245,7 +249,8 @@ func (r *Router) Stats() Stats {
 		Routed: r.routed.Load(), Skipped: e.stats.skipped, DeadLettered: e.stats.deadLettered,
 		DecisionErrors: e.stats.decisionErrors, PublishErrors: e.stats.publishErrors, Proposals: e.stats.asked,
 		DecisionTimeouts: e.stats.timeouts, NoHandler: e.stats.noHandler, BelowFloor: e.stats.belowFloor, Refused: e.stats.refused,
-		Batches: e.stats.batches, BatchFailures: e.stats.batchFailures, InFlightBatches: e.batches,
+		LimitRefused: e.stats.limitRefused,
+		Batches:      e.stats.batches, BatchFailures: e.stats.batchFailures, InFlightBatches: e.batches,
 		WindowCuts: e.stats.windowCuts, ProposalWindow: int(e.pace.limit),
 		Held: e.heldMsgs, HeldBytes: e.heldBytes, Position: e.position(),
 		IngressGaps: r.loss.gaps.Load(), IngressMissing: r.loss.missing.Load(),

@@ -192,7 +192,7 @@ func (r *Router) setup(ctx context.Context) (queueCons jetstream.Consumer, relea
 			Name: r.cfg.Name, Node: r.cfg.Node, LeaseTTL: r.cfg.LeaseTTL, Logger: r.cfg.Logger,
 			NodeGrace: r.cfg.NodeGrace, RebindAfter: r.cfg.RebindAfter, FenceDeadline: r.cfg.FenceDeadline,
 			RecordTTL: r.cfg.RecordTTL, Queues: queues{r}, InboxPrefix: r.cfg.InboxPrefix, Metrics: r.metrics.handler,
-			Rebalance: r.cfg.Rebalance,
+			Rebalance: r.cfg.Rebalance, MaxGroups: r.cfg.MaxGroups,
 		})
 	}
 	unsubscribe, err := r.subscribeTakeovers()

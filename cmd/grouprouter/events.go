@@ -23,7 +23,7 @@ var eventKinds = []string{
 	proposals.EventBind, proposals.EventReject, proposals.EventTimeout, proposals.EventDeadLetter,
 	proposals.EventHandlerTakeover, proposals.EventMove, proposals.EventHandoff, proposals.EventExpire,
 	proposals.EventClose, proposals.EventUnbind, proposals.EventProgress, proposals.EventIngressGap,
-	proposals.EventPark, proposals.EventRelease, proposals.EventSkip,
+	proposals.EventPark, proposals.EventRelease, proposals.EventSkip, proposals.EventLimit,
 }
 
 // eventsOptions is what the events subcommand was asked for.

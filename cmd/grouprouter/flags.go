@@ -108,6 +108,7 @@ type runFlags struct {
 	maxMsgSize   int
 	maxHeld      int
 	maxHeldBytes int64
+	maxGroups    int
 	name         string
 	groupHeader  string
 	localFirst   bool
@@ -162,6 +163,7 @@ func newRunFlags(fs *flag.FlagSet) action {
 	fs.IntVar(&f.maxMsgSize, "max-msg-size", 0, "the largest message `BYTES` the ingress accepts (0: the server's max_payload)")
 	fs.IntVar(&f.maxHeld, "max-held", router.DefaultMaxHeldMessages, "at most `N` messages held in memory (read ahead, awaiting a decision or their group's previous publish); past it the node stops reading: back-pressure, no loss")
 	fs.Int64Var(&f.maxHeldBytes, "max-held-bytes", router.DefaultMaxHeldBytes, "at most `BYTES` of messages held in memory (the process's heap grows to about 2-3 times this under full read-ahead)")
+	fs.IntVar(&f.maxGroups, "max-groups", proposals.DefaultMaxGroups, "LOCAL: at most `N` groups bound at once in the cluster (every node caches each binding); a new group past it is refused: its messages go to "+router.DeadLetterStream+" with the reason, with an aggregated warning and a \"limit\" event (0: no limit)")
 	fs.StringVar(&f.name, "name", defaultName, "grouping-handler `NAME`; a LOCAL handler and its backup share it")
 	fs.StringVar(&f.groupHeader, "group-header", router.DefaultGroupHeader, "`HEADER` holding the group id")
 	fs.BoolVar(&f.localFirst, "local-first", false, "propose this node for new groups when its queue has a consumer")
@@ -291,6 +293,7 @@ func (f *runFlags) merge(env environment) (runOptions, error) {
 		MaxMessageSize:     int32(min(f.maxMsgSize, 1<<31-1)),
 		MaxHeldMessages:    f.maxHeld,
 		MaxHeldBytes:       f.maxHeldBytes,
+		MaxGroups:          f.maxGroups,
 
 		InboxPrefix: opts.conn.InboxPrefix,
 		JSDomain:    opts.conn.JSDomain,
@@ -304,6 +307,12 @@ func (f *runFlags) merge(env environment) (runOptions, error) {
 	}
 	if f.maxMsgSize < 0 {
 		return runOptions{}, fmt.Errorf("%w: max-msg-size must be >= 0, got %d", router.ErrConfig, f.maxMsgSize)
+	}
+	if f.maxGroups == 0 {
+		opts.cfg.MaxGroups = -1 // none
+	}
+	if f.maxGroups < 0 {
+		return runOptions{}, fmt.Errorf("%w: max-groups must be >= 0 (0: no limit), got %d", router.ErrConfig, f.maxGroups)
 	}
 	if f.maxHeld <= 0 || f.maxHeldBytes <= 0 {
 		return runOptions{}, fmt.Errorf("%w: max-held and max-held-bytes must be > 0, got %d and %d", router.ErrConfig, f.maxHeld, f.maxHeldBytes)

@@ -434,7 +434,7 @@ var (
 	NodeEvents = []string{proposals.EventTimeout, proposals.EventDeadLetter, proposals.EventProgress, proposals.EventIngressGap,
 		proposals.EventQueueLoss, proposals.EventBucketRewind}
 	HandlerEvents = []string{proposals.EventBind, proposals.EventReject, proposals.EventHandlerTakeover, proposals.EventMove,
-		proposals.EventHandoff, proposals.EventExpire, proposals.EventClose, proposals.EventUnbind}
+		proposals.EventHandoff, proposals.EventExpire, proposals.EventClose, proposals.EventUnbind, proposals.EventLimit}
 	// ConsumerEvents are the kinds package consumer publishes.
 	ConsumerEvents = []string{proposals.EventPark, proposals.EventRelease, proposals.EventSkip}
 )

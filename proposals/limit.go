@@ -1,0 +1,33 @@
+package proposals
+
+import (
+	"fmt"
+	"time"
+
+	"grouprouter/internal/logagg"
+)
+
+// limitEventEvery bounds the limit events: one per interval while new
+// groups are refused (the aggregated warning and the counter carry the
+// numbers).
+const limitEventEvery = 10 * time.Second
+
+// refusedAtLimit counts a bind refused at the group limit, warns
+// (aggregated) and announces it: a "limit" event at most once per
+// limitEventEvery.
+func (h *Handler) refusedAtLimit(group string, res Result) {
+	n := h.limitRefused.Add(1)
+	h.warnLimit.Warn(group, "limit", res.Limit, "refused", n)
+	now := time.Now().UnixNano()
+	last := h.limitEvent.Load()
+	if now-last < int64(limitEventEvery) || !h.limitEvent.CompareAndSwap(last, now) {
+		return
+	}
+	h.publish(Event{Kind: EventLimit, Group: group, By: h.id,
+		Reason: fmt.Sprintf("%s; new groups are dead-lettered (%d refused so far)", res.Reason, n)})
+	h.log.Debug("group limit event", "group", logagg.Short(group), "limit", res.Limit, "refused", n)
+}
+
+// LimitRefused returns how many binds this handler refused at the group
+// limit.
+func (h *Handler) LimitRefused() uint64 { return h.limitRefused.Load() }
