@@ -60,7 +60,13 @@ func (h *Handler) DecideAll(ctx context.Context, req Request) []Decision {
 	}
 	defer h.locks.lock(groups)()
 	env := Env{Now: time.Now(), Handler: h.id, Live: h.liveState(), Floor: h.floor.Load(),
-		Bound: h.cache.Bound(), MaxGroups: max(h.cfg.MaxGroups, 0)}
+		MaxGroups: max(h.cfg.MaxGroups, 0)}
+	reserved := 0 // new bound groups this batch counts in h.limit until its records are in the cache
+	defer func() {
+		if reserved > 0 {
+			h.limit.release(reserved)
+		}
+	}()
 	plans := make([]planned, 0, len(req.Proposals))
 	ps := make([]Proposal, 0, len(req.Proposals))
 	for i, p := range req.Proposals {
@@ -77,9 +83,20 @@ func (h *Handler) DecideAll(ctx context.Context, req Request) []Decision {
 		if r, ok := h.cache.Lookup(p.Group); ok {
 			cur = &r
 		}
-		res := Transition(p.Group, cur, in, env)
-		if res.Write != nil && res.Write.State == kvbinding.StateBound && p.Group != "" && !countedBound(cur) {
-			env.Bound++ // a new bound group: the rest of the batch counts it
+		var res Result
+		if in.Op == OpBind && env.MaxGroups > 0 {
+			// Counted and decided under one lock: concurrent batches
+			// never bind past the limit together.
+			h.limit.decide(func(inFlight int) {
+				env.Bound = h.cache.Bound() + inFlight
+				res = Transition(p.Group, cur, in, env)
+				if res.Write != nil && res.Write.State == kvbinding.StateBound && p.Group != "" && !countedBound(cur) {
+					reserved++
+					h.limit.reserved++
+				}
+			})
+		} else {
+			res = Transition(p.Group, cur, in, env)
 		}
 		if res.Write != nil && res.Write.State == kvbinding.StateBound && p.Group != "" {
 			// Count the choice now so the rest of the batch spreads.

@@ -177,6 +177,7 @@ type Handler struct {
 	dropped   atomic.Uint64 // requests dropped: reply subject not an inbox
 	busy      atomic.Uint64 // requests refused: too many in progress
 	// Binds refused at the group limit (limit.go).
+	limit        groupLimit
 	limitRefused atomic.Uint64
 	limitEvent   atomic.Int64 // unix nanoseconds of the last limit event
 	warnLimit    *logagg.Warner

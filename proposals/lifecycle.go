@@ -435,7 +435,14 @@ func (m *machine) deadLetter() Result {
 			if in.Seq <= cur.ThroughSeq {
 				return m.stands(Rejected, "the record covers these messages already")
 			}
-			if in.First != cur.ThroughSeq+1 {
+			if cur.State == kvbinding.StateDeadLettered && cur.PrevNode == "" {
+				// Dead-lettered while no node owned it: every node holds
+				// all of its messages after the record's end, the asker
+				// included (a group refused at the group limit again).
+				if in.First <= cur.ThroughSeq {
+					return Result{Outcome: Refused, Reason: fmt.Sprintf("deadletter: the record ends at %d, after the first message %d", cur.ThroughSeq, in.First)}
+				}
+			} else if in.First != cur.ThroughSeq+1 {
 				// Messages between the record's end and the first one the
 				// asker holds may be held by others: a record through Seq
 				// would make every node drop them.

@@ -2,10 +2,35 @@ package proposals
 
 import (
 	"fmt"
+	"sync"
 	"time"
 
 	"grouprouter/internal/logagg"
 )
+
+// groupLimit counts the new bound groups decided but not yet in the
+// handler's cache (their records are being written), so that a limit
+// check counts them: Cache.Bound plus these. A record in the cache before
+// its batch releases it is counted twice for that moment: the limit may
+// refuse a group early, never bind one past it.
+type groupLimit struct {
+	mu       sync.Mutex
+	reserved int
+}
+
+// decide runs fn with the lock held, passing the groups reserved.
+func (l *groupLimit) decide(fn func(inFlight int)) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	fn(l.reserved)
+}
+
+// release ends n reservations (their batch is written, or failed).
+func (l *groupLimit) release(n int) {
+	l.mu.Lock()
+	l.reserved -= n
+	l.mu.Unlock()
+}
 
 // limitEventEvery bounds the limit events: one per interval while new
 // groups are refused (the aggregated warning and the counter carry the

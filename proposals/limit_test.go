@@ -126,3 +126,34 @@ func ds0Group(ds []Decision) string {
 	}
 	return ""
 }
+
+// A group dead-lettered while no node owned it (refused at the group
+// limit) is dead-lettered again from any later message: every node holds
+// all of its messages after the record's end. After a record that names
+// the node that routed it last, only from the message right after the end.
+func TestTransitionDeadLetterAgain(t *testing.T) {
+	now := time.Date(2026, 12, 2, 0, 0, 0, 0, time.UTC)
+	env := Env{Now: now, Handler: "h/n1", Live: map[string]NodeState{"n1": {HasConsumer: true}}, IngressLast: 100}
+	unowned := &kvbinding.Binding{State: kvbinding.StateDeadLettered, ThroughSeq: 10, Revision: 4}
+	owned := &kvbinding.Binding{State: kvbinding.StateDeadLettered, PrevNode: "n2", ThroughSeq: 10, Revision: 4}
+	for _, tc := range []struct {
+		name        string
+		cur         *kvbinding.Binding
+		first, last uint64
+		want        Outcome
+	}{
+		{"unowned, later messages", unowned, 15, 20, Accepted},
+		{"unowned, right after the end", unowned, 11, 11, Accepted},
+		{"unowned, covered by the record already", unowned, 5, 8, Rejected},
+		{"unowned, starting inside the end", unowned, 9, 12, Refused},
+		{"owned before, a gap after the end", owned, 15, 20, Refused},
+		{"owned before, right after the end", owned, 11, 20, Accepted},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			res := Transition("g", tc.cur, Input{Op: OpDeadLetter, By: "n1", First: tc.first, Seq: tc.last, Count: 2, Reason: "limit"}, env)
+			if res.Outcome != tc.want {
+				t.Fatalf("outcome %s (%s), want %s", res.Outcome, res.Reason, tc.want)
+			}
+		})
+	}
+}

@@ -1195,8 +1195,13 @@ func (e *engine) holdsFirst(ln *lane) bool {
 	if !ok || route.Invalid {
 		return true
 	}
-	switch route.State {
-	case kvbinding.StateReleased, kvbinding.StateDeadLettered:
+	switch {
+	case route.State == kvbinding.StateDeadLettered && route.PrevNode == "":
+		// Dead-lettered while no node owned it: no node routed or skipped
+		// any of its messages since, so every node holds them all from
+		// the record's end (a group refused at the group limit again).
+		return len(ln.msgs) > 0 && ln.msgs[0].seq > route.ThroughSeq
+	case route.State == kvbinding.StateReleased, route.State == kvbinding.StateDeadLettered:
 		return len(ln.msgs) > 0 && ln.msgs[0].seq == route.ThroughSeq+1
 	}
 	return false
