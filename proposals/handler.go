@@ -81,9 +81,9 @@ type HandlerConfig struct {
 	// proposed it, so that a flood of distinct ids cannot exhaust any
 	// node's memory (each node caches every binding). Room comes back as
 	// groups close or expire (GroupTimeout). Default DefaultMaxGroups;
-	// negative: no limit. A batch of proposals is counted as it is
-	// decided, so the limit holds exactly on one handler; a handler that
-	// just took over counts from its cache.
+	// negative: no limit. Concurrent batches count each other's binds
+	// while they are written (groupLimit), so one handler never binds past
+	// it; a handler that just took over counts what its cache holds.
 	MaxGroups int
 	// Workers bounds how many requests are decided at once. Default 16.
 	Workers int
