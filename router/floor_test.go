@@ -69,12 +69,7 @@ func TestEngineRefusedBelowTheFloor(t *testing.T) {
 	now := testNow
 	e := newTestEngine("n1", mapRecords{})
 	e.setLive(map[string]proposals.NodeState{"n1": {HasConsumer: true}}, now) // the proposer of every group
-	for _, m := range []struct {
-		g   string
-		seq uint64
-	}{{"a", 3}, {"b", 4}, {"a", 5}, {"a", 40}, {"c", 41}} {
-		e.ingest(m.g, &msgRec{seq: m.seq}, now)
-	}
+	ingestAll(e, now, []heldMsg{{"a", 3}, {"b", 4}, {"a", 5}, {"a", 40}, {"c", 41}})
 	e.take()
 	batch := e.askBatch(10, now)
 	if len(batch) != 3 {

@@ -8,6 +8,19 @@ import (
 	"grouprouter/proposals"
 )
 
+// heldMsg is a message of group g at ingress sequence seq, for ingestAll.
+type heldMsg struct {
+	g   string
+	seq uint64
+}
+
+// ingestAll gives the engine msgs in order.
+func ingestAll(e *engine, now time.Time, msgs []heldMsg) {
+	for _, m := range msgs {
+		e.ingest(m.g, &msgRec{seq: m.seq}, now)
+	}
+}
+
 // A bind refused at the cluster's group limit: the group's proposer puts
 // the messages it holds on the dead-letter stream at once (no retries: a
 // flood of new groups leaves memory as fast as it is refused), with the
@@ -16,12 +29,7 @@ func TestEngineDeadLettersAtTheGroupLimit(t *testing.T) {
 	now := testNow
 	e := newTestEngine("n1", mapRecords{})
 	e.setLive(map[string]proposals.NodeState{"n1": {HasConsumer: true}}, now) // the proposer of every group
-	for _, m := range []struct {
-		g   string
-		seq uint64
-	}{{"a", 3}, {"b", 4}, {"a", 5}} {
-		e.ingest(m.g, &msgRec{seq: m.seq}, now)
-	}
+	ingestAll(e, now, []heldMsg{{"a", 3}, {"b", 4}, {"a", 5}})
 	e.take()
 	batch := e.askBatch(10, now)
 	if len(batch) != 2 {
