@@ -38,6 +38,7 @@ const (
 	DefaultTimeout          = 5 * time.Second
 	DefaultMaxHeldMessages  = 100_000
 	DefaultMaxHeldBytes     = 64 << 20
+	DefaultMaxSpilledBytes  = 256 << 20
 	DefaultMaxInFlight      = 4096
 	DefaultMaxBatch         = 64
 	DefaultHeartbeat        = time.Second
@@ -79,6 +80,16 @@ type Config struct {
 	// either bound the node stops reading the ingress: back-pressure, no loss.
 	MaxHeldMessages int
 	MaxHeldBytes    int64
+	// MaxSpilledBytes bounds the messages held without their body: once
+	// the held messages take half of MaxHeldBytes (or of MaxHeldMessages),
+	// a message that waits for a decision keeps only its sequence, its
+	// subject and its group (about 160 bytes and the id), and is read
+	// again from the ingress when it is published. A flood of new groups
+	// then waits for its decisions without stopping the node's reading,
+	// and groups bound already keep flowing. Default
+	// DefaultMaxSpilledBytes; negative: never spill (the node stops
+	// reading once the held messages reach their bounds).
+	MaxSpilledBytes int64
 	// MaxInFlight bounds the queue publishes awaiting their ack.
 	MaxInFlight int
 	// MaxBatch: a group with a backlog has up to this many of its next
@@ -210,6 +221,9 @@ const (
 func (c Config) withDefaults() Config {
 	if c.GroupHeader == "" {
 		c.GroupHeader = DefaultGroupHeader
+	}
+	if c.MaxSpilledBytes == 0 {
+		c.MaxSpilledBytes = DefaultMaxSpilledBytes
 	}
 	if c.MaxHeldMessages == 0 {
 		c.MaxHeldMessages = DefaultMaxHeldMessages

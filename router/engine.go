@@ -44,6 +44,13 @@ type engineConfig struct {
 	maxBatch      int
 	maxBatchBytes int
 	maxBatches    int
+	// spillFrom: once the held messages take this many bytes, a message
+	// that waits for a decision keeps only its sequence (spill), and
+	// maxSpilledBytes bounds what spilled messages take (0: no spilling).
+	// The node keeps reading while a flood of new groups waits for
+	// decisions, so that groups bound already keep flowing.
+	spillFrom       int64
+	maxSpilledBytes int64
 }
 
 // msgRec is an ingress message held by the router.
@@ -56,6 +63,11 @@ type msgRec struct {
 	// stripped: its dead-letter copy goes without its body and the
 	// producer's headers (the servers refused the whole one).
 	stripped bool
+	// spilled: it waits for a decision and the engine let its body go
+	// (spill): payload is nil, and the shell reads the message again from
+	// the ingress by sequence before it publishes it. size is then what
+	// the engine still keeps of it (spillCost).
+	spilled bool
 	// payload is the shell's (the message to republish, prepared when
 	// first needed).
 	payload any
@@ -249,11 +261,15 @@ type engine struct {
 	byRef     map[string]*lane
 	heldMsgs  int
 	heldBytes int64
-	inflight  int
-	batches   int // atomic batches in flight
-	track     tracker
-	resume    resumePoint
-	closing   bool
+	// spilledMsgs/spilledBytes: messages held without their body
+	// (msgRec.spilled), apart from heldMsgs and heldBytes.
+	spilledMsgs  int
+	spilledBytes int64
+	inflight     int
+	batches      int // atomic batches in flight
+	track        tracker
+	resume       resumePoint
+	closing      bool
 	// floor is the routing floor as this node knows it (proposals
 	// NextFloor): a message below it that no binding covers was routed
 	// already, under a binding that has ended since; it is dropped.
@@ -351,7 +367,34 @@ func (e *engine) emit(a action) { e.out = append(e.out, a) }
 // full reports whether the node must stop reading the ingress until work
 // is done: too many messages held or publishes in flight.
 func (e *engine) full() bool {
-	return e.heldMsgs >= e.cfg.maxHeldMessages || e.heldBytes >= e.cfg.maxHeldBytes || e.inflight >= e.cfg.maxInFlight
+	return e.heldMsgs >= e.cfg.maxHeldMessages || e.heldBytes >= e.cfg.maxHeldBytes || e.inflight >= e.cfg.maxInFlight ||
+		(e.cfg.spillFrom > 0 && e.spilledBytes >= e.cfg.maxSpilledBytes)
+}
+
+// The held messages are past spillFrom bytes, or half of maxHeldMessages.
+
+// spillCost is what the engine counts for a spilled message of group: the
+// record, its subject and the group id (a lane's, counted per message to
+// stay on the safe side).
+func spillCost(m *msgRec, group string) int {
+	return 160 + len(m.subject) + len(group)
+}
+
+// maybeSpill lets m's body go if m waits for a decision in ln and the held
+// messages are past spillFrom: the node then keeps reading (the next
+// messages may be of groups bound already) while the decisions come, at
+// the cost of reading m again from the ingress when it is published.
+func (e *engine) maybeSpill(ln *lane, m *msgRec) {
+	if e.cfg.spillFrom <= 0 || (e.heldBytes < e.cfg.spillFrom && e.heldMsgs < e.cfg.maxHeldMessages/2) || !ln.waiting || m.spilled ||
+		len(ln.msgs) == 0 || ln.msgs[len(ln.msgs)-1] != m {
+		return
+	}
+	e.heldMsgs--
+	e.heldBytes -= int64(m.size)
+	m.spilled, m.payload = true, nil
+	m.size = spillCost(m, ln.group)
+	e.spilledMsgs++
+	e.spilledBytes += int64(m.size)
 }
 
 // position is the next ingress sequence this node will read.
@@ -389,6 +432,7 @@ func (e *engine) ingest(group string, m *msgRec, now time.Time) {
 	e.heldMsgs++
 	e.heldBytes += int64(m.size)
 	e.pump(ln, now)
+	e.maybeSpill(ln, m)
 }
 
 // pump moves a lane forward as far as it can.
@@ -487,7 +531,7 @@ func (e *engine) pump(ln *lane, now time.Time) {
 // failed batch, while its messages go one at a time; or when the node has
 // its bound of batches in flight.
 func (e *engine) batchable(ln *lane, route kvbinding.Binding) int {
-	if e.cfg.maxBatch < 2 || len(ln.msgs) < 2 || ln.singles > 0 || e.batches >= e.cfg.maxBatches {
+	if e.cfg.maxBatch < 2 || len(ln.msgs) < 2 || ln.singles > 0 || e.batches >= e.cfg.maxBatches || ln.msgs[0].spilled {
 		return 1
 	}
 	size := 0
@@ -495,7 +539,7 @@ func (e *engine) batchable(ln *lane, route kvbinding.Binding) int {
 	for _, m := range ln.msgs[:min(len(ln.msgs), e.cfg.maxBatch)] {
 		if n > 0 {
 			if owner, act := proposals.Owner(route, m.seq, e.cfg.node); act != proposals.RouteTo || owner != e.cfg.node ||
-				m.invalid != "" || size+m.size > e.cfg.maxBatchBytes {
+				m.invalid != "" || m.spilled || size+m.size > e.cfg.maxBatchBytes {
 				break
 			}
 		}
@@ -566,8 +610,13 @@ func (ln *lane) popHead() {
 
 // release accounts a message as done.
 func (e *engine) release(m *msgRec) {
-	e.heldMsgs--
-	e.heldBytes -= int64(m.size)
+	if m.spilled {
+		e.spilledMsgs--
+		e.spilledBytes -= int64(m.size)
+	} else {
+		e.heldMsgs--
+		e.heldBytes -= int64(m.size)
+	}
 	e.track.resolve(m.seq)
 }
 

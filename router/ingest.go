@@ -254,6 +254,10 @@ func prepareInPlace(seq uint64, msg *nats.Msg) {
 // publish carries out an actPublish: onto a node's queue, or onto the
 // dead-letter stream with a reason. The outcome goes back to the engine.
 func (r *Router) publish(a action) {
+	if a.m.payload == nil {
+		r.fetchSpilled(a)
+		return
+	}
 	out := outMsg(a.m)
 	if a.dlq {
 		out = r.toDeadLetter(out, a.m.subject, a.m.seq, a.reason, a.m.stripped)
@@ -274,8 +278,7 @@ func (r *Router) publish(a action) {
 		r.ackMu.Unlock()
 	}
 	if err := r.pub.Publish(out, done); err != nil {
-		o.err = refusal(err)
-		r.do(func(e *engine, now time.Time) { r.apply(e, o, now) })
+		r.publishFailed(a, refusal(err))
 	}
 }
 
@@ -378,4 +381,86 @@ func (r *Router) toDeadLetter(out *nats.Msg, subject string, seq uint64, reason 
 	out.Header[jetstream.ExpectedStreamHeader] = []string{DeadLetterStream}
 	out.Header[jetstream.MsgIDHeader] = []string{"dlq:" + IngressStream + ":" + strconv.FormatUint(seq, 10)}
 	return out
+}
+
+// maxFetches bounds the reads of spilled messages in flight.
+const maxFetches = 64
+
+// spillFrom is the held bytes from which a node spills messages waiting
+// for a decision (Config.MaxSpilledBytes): half of its held bytes, the
+// other half left to the groups it routes. 0: never.
+func spillFrom(c Config) int64 {
+	if c.MaxSpilledBytes <= 0 {
+		return 0
+	}
+	return max(c.MaxHeldBytes/2, 1)
+}
+
+// fetchSpilled reads a spilled message again from the ingress, then
+// publishes it (a.m.payload is set: a retry publishes it as it is). It
+// never blocks its caller (which may be the publisher's ack handler): at
+// most cap(r.fetches) reads are in flight, the others wait in their
+// goroutines (no more than the publishes in flight). A
+// message the ingress no longer holds (expired or removed before it was
+// routed) goes to the dead-letter stream without its body, with the
+// reason.
+func (r *Router) fetchSpilled(a action) {
+	go func() {
+		r.fetches <- struct{}{}
+		defer func() { <-r.fetches }()
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		msg, err := r.ingressMsg(ctx, a.m.seq)
+		switch {
+		case err == nil:
+			a.m.payload = &held{msg: msg}
+			r.publish(a)
+		case errors.Is(err, jetstream.ErrMsgNotFound):
+			a.m.payload = &held{msg: &nats.Msg{Subject: a.m.subject, Header: nats.Header{}}}
+			if a.dlq {
+				a.m.stripped = true
+				a.reason += "; the ingress no longer holds it (expired or removed before it was routed): stored without its body"
+				r.publish(a)
+				return
+			}
+			r.publishFailed(a, fmt.Errorf("%w: the ingress no longer holds message %d (expired or removed before it was routed)", errRefused, a.m.seq))
+		default:
+			r.publishFailed(a, err) // retried after a pause, as any failed publish
+		}
+	}()
+}
+
+// publishFailed hands the engine a publish that failed before it was sent.
+func (r *Router) publishFailed(a action, err error) {
+	o := outcome{ln: a.ln, m: a.m, dlq: a.dlq, reason: a.reason, err: err}
+	r.do(func(e *engine, now time.Time) { r.apply(e, o, now) })
+}
+
+// ingressMsg reads the ingress message at seq (STREAM.MSG.GET: the
+// stream allows no direct get), as the reader would have delivered it.
+func (r *Router) ingressMsg(ctx context.Context, seq uint64) (*nats.Msg, error) {
+	st, err := r.ingressStream(ctx)
+	if err != nil {
+		return nil, err
+	}
+	raw, err := st.GetMsg(ctx, seq)
+	if err != nil {
+		return nil, err
+	}
+	return &nats.Msg{Subject: raw.Subject, Header: raw.Header, Data: raw.Data}, nil
+}
+
+// ingressStream returns a handle on the ingress stream, looked up once.
+func (r *Router) ingressStream(ctx context.Context) (jetstream.Stream, error) {
+	r.ingressMu.Lock()
+	defer r.ingressMu.Unlock()
+	if r.ingressSt != nil {
+		return r.ingressSt, nil
+	}
+	st, err := r.js.Stream(ctx, IngressStream)
+	if err != nil {
+		return nil, err
+	}
+	r.ingressSt = st
+	return st, nil
 }

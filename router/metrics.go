@@ -68,6 +68,7 @@ type collector struct {
 	info, ready, reconnects                                           *prometheus.Desc
 	routed, skipped, deadLettered, publishErrors, proposals, failures *prometheus.Desc
 	held, heldBytes, lag, full, resets, gaps, missing                 *prometheus.Desc
+	spilled, spilledBytes                                             *prometheus.Desc
 	queueRewinds, queueLost, bindingsRewinds                          *prometheus.Desc
 	invalid, records, unsettled                                       *prometheus.Desc
 	liveNodes, bindings, consumer, backlog                            *prometheus.Desc
@@ -93,7 +94,10 @@ func newCollector(r *Router) *collector {
 
 		held:      d("held_messages", "Messages this node holds in memory: undecided, or queued behind their group's publish."),
 		heldBytes: d("held_bytes", "Size of the held messages, headers included."),
-		lag:       d("ingress_lag_messages", "Ingress messages stored after the last one this node read (stream last sequence minus the node's position)."),
+		spilled: d("spilled_messages",
+			"Messages waiting for a decision that this node holds without their body (past half of --max-held-bytes); each is read again from the ingress when it is published."),
+		spilledBytes: d("spilled_bytes", "What the spilled messages take in memory (bounded by --max-spilled-bytes)."),
+		lag:          d("ingress_lag_messages", "Ingress messages stored after the last one this node read (stream last sequence minus the node's position)."),
 		full: d("ingress_full_seconds_total",
 			"Time this node's ingress reader waited for room because the held messages reached their bound (back-pressure: every group waits)."),
 		resets: d("ingress_consumer_resets_total",
@@ -126,7 +130,7 @@ func newCollector(r *Router) *collector {
 // Describe implements prometheus.Collector.
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.info, c.ready, c.reconnects, c.routed, c.skipped, c.deadLettered,
-		c.publishErrors, c.proposals, c.failures, c.held, c.heldBytes, c.lag, c.full, c.resets, c.gaps, c.missing, c.queueRewinds, c.queueLost, c.bindingsRewinds, c.invalid, c.records, c.unsettled,
+		c.publishErrors, c.proposals, c.failures, c.held, c.heldBytes, c.spilled, c.spilledBytes, c.lag, c.full, c.resets, c.gaps, c.missing, c.queueRewinds, c.queueLost, c.bindingsRewinds, c.invalid, c.records, c.unsettled,
 		c.liveNodes, c.bindings, c.consumer, c.backlog} {
 		ch <- d
 	}
@@ -159,6 +163,8 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	counter(c.failures, st.DecisionErrors-st.DecisionTimeouts-st.NoHandler, "error")
 	gauge(c.held, float64(st.Held))
 	gauge(c.heldBytes, float64(st.HeldBytes))
+	gauge(c.spilled, float64(st.Spilled))
+	gauge(c.spilledBytes, float64(st.SpilledBytes))
 	if last, ok := r.ingressLastCached(context.Background()); ok {
 		gauge(c.lag, float64(lag(last, st.Position)))
 	}

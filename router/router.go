@@ -39,7 +39,11 @@ type Stats struct {
 	Proposals      uint64 // proposals and steps asked of the handler
 	Held           int    // messages in memory now (undecided or queued behind their group)
 	HeldBytes      int64  // their size, headers included
-	Position       uint64 // next ingress sequence to read
+	// Spilled and SpilledBytes: messages waiting for a decision held
+	// without their body (Config.MaxSpilledBytes), and what they take.
+	Spilled      int
+	SpilledBytes int64
+	Position     uint64 // next ingress sequence to read
 
 	// DecisionTimeouts and NoHandler count the DecisionErrors that were a
 	// timeout, or found no handler answering.
@@ -150,8 +154,13 @@ type Router struct {
 	readerResets [len(resetCauses)]atomic.Uint64
 	loss         ingressLoss // ingress messages gone before the reader saw them (loss.go)
 	queueTail    queueTail   // the last queue write, for the lost-writes check (storecheck.go)
-	stopped      atomic.Bool // Run returned
-	ingressInfo  ingressInfo
+	// fetches bounds the reads of spilled messages in flight
+	// (fetchSpilled); ingressSt is the ingress stream's handle for them.
+	fetches     chan struct{}
+	ingressMu   sync.Mutex
+	ingressSt   jetstream.Stream
+	stopped     atomic.Bool // Run returned
+	ingressInfo ingressInfo
 
 	// Warnings that repeat per group are logged as one line per interval
 	// (internal/logagg): failed decisions, dead-lettered groups, drains
@@ -193,6 +202,7 @@ func New(nc *nats.Conn, cfg Config) (*Router, error) {
 		askWake:   make(chan struct{}, 1),
 		timerWake: make(chan struct{}, 1),
 		duties:    newDutyQueue(),
+		fetches:   make(chan struct{}, maxFetches),
 		metrics:   newNodeMetrics(cfg.Type),
 
 		instance: uuid.NewString(),
@@ -253,6 +263,7 @@ func (r *Router) Stats() Stats {
 		Batches:      e.stats.batches, BatchFailures: e.stats.batchFailures, InFlightBatches: e.batches,
 		WindowCuts: e.stats.windowCuts, ProposalWindow: int(e.pace.limit),
 		Held: e.heldMsgs, HeldBytes: e.heldBytes, Position: e.position(),
+		Spilled: e.spilledMsgs, SpilledBytes: e.spilledBytes,
 		IngressGaps: r.loss.gaps.Load(), IngressMissing: r.loss.missing.Load(),
 		QueueRewinds: r.queueTail.rewinds.Load(), QueueLostSeqs: r.queueTail.lost.Load(), BindingsRewinds: r.cache.Rewinds(),
 	}

@@ -140,6 +140,7 @@ func (r *Router) setup(ctx context.Context) (queueCons jetstream.Consumer, relea
 		maxInFlight: r.cfg.MaxInFlight, maxAttempts: r.cfg.MaxAttempts, timeout: r.cfg.Timeout,
 		localFirst: r.cfg.LocalFirst, groupTimeout: r.cfg.GroupTimeout,
 		maxBatch: batch, maxBatchBytes: maxBatchBytes, maxBatches: maxAtomicInFlight,
+		spillFrom: spillFrom(r.cfg), maxSpilledBytes: r.cfg.MaxSpilledBytes,
 	}, r.cache, rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64())))
 	if r.pub, err = jspub.New(r.nc, 5*time.Second, jspub.WithBatchEnd(r.ackBatch)); err != nil {
 		return nil, nil, &SetupError{Step: "queue publisher", Err: err}

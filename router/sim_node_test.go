@@ -142,6 +142,7 @@ func (n *simNode) start() {
 		node: n.id, maxHeldMessages: p.maxHeld, maxHeldBytes: DefaultMaxHeldBytes, maxInFlight: p.maxInFlight,
 		maxAttempts: p.maxAttempts, timeout: p.timeout, localFirst: p.localFirst, groupTimeout: p.groupTimeout,
 		maxBatch: p.maxBatch, maxBatches: p.maxBatches, maxBatchBytes: maxBatchBytes,
+		spillFrom: p.spillFrom, maxSpilledBytes: p.maxSpilled,
 	}, n.cache, rand.New(rand.NewPCG(w.rng.Uint64(), w.rng.Uint64())))
 	ckpt := w.reg.ckpt[n.id]
 	n.eng.resume = resumePoint{ckpt: ckpt}

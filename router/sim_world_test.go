@@ -111,6 +111,8 @@ type simProfile struct {
 	crashes, stops, standDowns, consumerFlaps, moves, unbinds, announceGaps int
 	windowLoss                                                              bool
 	calm                                                                    bool
+	// spillFrom, maxSpilled: the engine's spilling (0: off).
+	spillFrom, maxSpilled int64
 }
 
 func newSimProfile(rng *rand.Rand) simProfile {
@@ -196,6 +198,9 @@ func (p simProfile) String() string {
 	}
 	if p.rebalance.Enabled {
 		extra += ", rebalancing"
+	}
+	if p.spillFrom > 0 {
+		extra += fmt.Sprintf(", spilling (at most %d bytes)", p.maxSpilled)
 	}
 	if p.maxBatch > 1 {
 		extra += fmt.Sprintf(", batches of %d (%d in flight)", p.maxBatch, p.maxBatches)
@@ -284,6 +289,12 @@ func newSimWorld(seed uint64, tracing, strict bool) *simWorld {
 	}
 	// Without a draw from rng either: other seeds run as before.
 	w.p.join = seed%3 == 0 && w.p.nodes > w.p.locals
+	if seed%4 == 2 {
+		// Spilling past one held message of 100 bytes, and reading stops
+		// after a few spilled ones: messages waiting for a decision go
+		// without their body most of the time.
+		w.p.spillFrom, w.p.maxSpilled = 100, int64(200*(1+seed/4%8))
+	}
 	w.kv = newSimKV(w)
 	w.reg = newSimRegistry(w)
 	w.q = newSimQueues(w)
