@@ -109,6 +109,7 @@ type runFlags struct {
 	maxHeld      int
 	maxHeldBytes int64
 	maxGroups    int
+	maxSpilled   int64
 	name         string
 	groupHeader  string
 	localFirst   bool
@@ -163,6 +164,7 @@ func newRunFlags(fs *flag.FlagSet) action {
 	fs.IntVar(&f.maxMsgSize, "max-msg-size", 0, "the largest message `BYTES` the ingress accepts (0: the server's max_payload)")
 	fs.IntVar(&f.maxHeld, "max-held", router.DefaultMaxHeldMessages, "at most `N` messages held in memory (read ahead, awaiting a decision or their group's previous publish); past it the node stops reading: back-pressure, no loss")
 	fs.Int64Var(&f.maxHeldBytes, "max-held-bytes", router.DefaultMaxHeldBytes, "at most `BYTES` of messages held in memory (the process's heap grows to about 2-3 times this under full read-ahead)")
+	fs.Int64Var(&f.maxSpilled, "max-spilled-bytes", router.DefaultMaxSpilledBytes, "past half of --max-held-bytes (or --max-held), a message waiting for a decision keeps only its sequence (about 160 bytes and its group id) and is read again from the ingress when it is published, so that a flood of new groups does not stop the node's reading: at most `BYTES` of such messages (0: never; the node then stops reading at its held bounds)")
 	fs.IntVar(&f.maxGroups, "max-groups", proposals.DefaultMaxGroups, "LOCAL: at most `N` groups bound at once in the cluster (every node caches each binding); a new group past it is refused: its messages go to "+router.DeadLetterStream+" with the reason, with an aggregated warning and a \"limit\" event (0: no limit)")
 	fs.StringVar(&f.name, "name", defaultName, "grouping-handler `NAME`; a LOCAL handler and its backup share it")
 	fs.StringVar(&f.groupHeader, "group-header", router.DefaultGroupHeader, "`HEADER` holding the group id")
@@ -294,6 +296,7 @@ func (f *runFlags) merge(env environment) (runOptions, error) {
 		MaxHeldMessages:    f.maxHeld,
 		MaxHeldBytes:       f.maxHeldBytes,
 		MaxGroups:          f.maxGroups,
+		MaxSpilledBytes:    f.maxSpilled,
 
 		InboxPrefix: opts.conn.InboxPrefix,
 		JSDomain:    opts.conn.JSDomain,
@@ -310,6 +313,12 @@ func (f *runFlags) merge(env environment) (runOptions, error) {
 	}
 	if f.maxGroups == 0 {
 		opts.cfg.MaxGroups = -1 // none
+	}
+	if f.maxSpilled == 0 {
+		opts.cfg.MaxSpilledBytes = -1 // never spill
+	}
+	if f.maxSpilled < 0 {
+		return runOptions{}, fmt.Errorf("%w: max-spilled-bytes must be >= 0 (0: never spill), got %d", router.ErrConfig, f.maxSpilled)
 	}
 	if f.maxGroups < 0 {
 		return runOptions{}, fmt.Errorf("%w: max-groups must be >= 0 (0: no limit), got %d", router.ErrConfig, f.maxGroups)

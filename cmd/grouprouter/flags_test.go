@@ -49,7 +49,7 @@ func TestParseRunArgsDefaults(t *testing.T) {
 		GroupTimeout: 0, ReaperPeriod: 30 * time.Second, NodeGrace: 15 * time.Second, RebindAfter: 30 * time.Second,
 		EventsMaxAge: router.DefaultEventsMaxAge, DeadLetterMaxAge: router.DefaultDeadLetterMaxAge,
 		MaxHeldMessages: router.DefaultMaxHeldMessages, MaxHeldBytes: router.DefaultMaxHeldBytes, QueueAckWait: router.DefaultQueueAckWait,
-		MaxGroups: proposals.DefaultMaxGroups,
+		MaxGroups: proposals.DefaultMaxGroups, MaxSpilledBytes: router.DefaultMaxSpilledBytes,
 	}
 	if rb := opts.cfg.Rebalance; rb == nil || *rb != (proposals.RebalanceConfig{Enabled: true, Tolerance: 1, MaxMoves: 4, CoolDown: 30 * time.Second}) {
 		t.Errorf("rebalance %+v, want on, tolerance 1, 4 per tick, cool-down 30s", rb)
@@ -184,6 +184,9 @@ func withLifecycleDefaults(c router.Config) router.Config {
 	}
 	if c.MaxGroups == 0 {
 		c.MaxGroups = proposals.DefaultMaxGroups
+	}
+	if c.MaxSpilledBytes == 0 {
+		c.MaxSpilledBytes = router.DefaultMaxSpilledBytes
 	}
 	return c
 }
