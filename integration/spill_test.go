@@ -2,6 +2,7 @@ package integration
 
 import (
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -70,4 +71,70 @@ func TestSpilledFloodKeepsBoundGroupsFlowing(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// TestSpilledMessageGoneFromTheIngress: a spilled message that expires
+// from the ingress before its group is decided (ingress max age 2 s, the
+// handler down for longer) cannot be read again: it goes to the
+// dead-letter stream without its body, with the reason, and the group's
+// later messages are delivered.
+func TestSpilledMessageGoneFromTheIngress(t *testing.T) {
+	s := natstest.RunServer(t)
+	cfg0 := testConfig("n0", router.Local)
+	cfg0.IngressMaxAge = 2 * time.Second
+	n0 := startNode(t, s.URL(), cfg0)
+	cfg := testConfig("n1", router.Remote)
+	cfg.IngressMaxAge = 2 * time.Second
+	cfg.MaxHeldMessages = 4
+	n1 := startNode(t, s.URL(), cfg)
+	var col collector
+	startConsumer(t, s.URL(), "n1", &col)
+	nc := s.Connect()
+	waitEligible(t, nc, []string{"n0", "n1"}, []string{"n1"})
+	js := jetStream(t, s.URL())
+
+	n0.kill()
+	lost := map[string][]string{}
+	for i := range 10 {
+		sendBatch(t, js, fmt.Sprintf("old-%d", i), "a", 1, lost)
+	}
+	natstest.Eventually(t, 10*time.Second, func() error {
+		if st := n1.r.Stats(); st.Spilled == 0 {
+			return fmt.Errorf("n1 spilled nothing (%d held)", st.Held)
+		}
+		return nil
+	})
+	spilled := n1.r.Stats().Spilled
+	natstest.Eventually(t, 20*time.Second, func() error {
+		if n := streamState(t, js, router.IngressStream).Msgs; n != 0 {
+			return fmt.Errorf("the ingress still holds %d messages", n)
+		}
+		return nil
+	})
+	n0.restart()
+	dead := waitStreamMsgs(t, js, router.DeadLetterStream, spilled, 30*time.Second)
+	for _, m := range dead {
+		if r := m.Header.Get(router.HeaderDeadReason); !strings.Contains(r, "no longer holds") || len(m.Data) != 0 {
+			t.Errorf("dead letter %s: reason %q, %d body bytes", m.Header.Get(router.HeaderIngressSeq), r, len(m.Data))
+		}
+	}
+	// The held ones (not spilled) are delivered; later messages too.
+	want := map[string][]string{}
+	sendBatch(t, js, "old-0", "b", 2, want)
+	natstest.Eventually(t, 30*time.Second, func() error {
+		n := 0
+		for _, r := range col.all() {
+			if r.group == "old-0" && strings.Contains(r.body, "/b-") {
+				n++
+			}
+		}
+		if n < 2 {
+			return fmt.Errorf("%d of old-0's 2 later messages delivered", n)
+		}
+		return nil
+	})
+	if got := len(col.all()) + len(dead); got < 10+2 {
+		t.Errorf("%d delivered and %d dead-lettered, of 12", len(col.all()), len(dead))
+	}
+	t.Logf("%d spilled and dead-lettered, %d delivered", len(dead), len(col.all()))
 }
