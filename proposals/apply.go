@@ -48,6 +48,9 @@ type planned struct {
 	res Result
 	// cause is set when the record starts moving the group (metrics).
 	cause string
+	// reserved: its record binds a new group, counted in Handler.limit
+	// until the record is in the cache or not written (settle, writeAll).
+	reserved bool
 }
 
 // DecideAll decides every proposal of req, writing the records before it
@@ -61,12 +64,6 @@ func (h *Handler) DecideAll(ctx context.Context, req Request) []Decision {
 	defer h.locks.lock(groups)()
 	env := Env{Now: time.Now(), Handler: h.id, Live: h.liveState(), Floor: h.floor.Load(),
 		MaxGroups: max(h.cfg.MaxGroups, 0)}
-	reserved := 0 // new bound groups this batch counts in h.limit until its records are in the cache
-	defer func() {
-		if reserved > 0 {
-			h.limit.release(reserved)
-		}
-	}()
 	plans := make([]planned, 0, len(req.Proposals))
 	ps := make([]Proposal, 0, len(req.Proposals))
 	for i, p := range req.Proposals {
@@ -84,6 +81,7 @@ func (h *Handler) DecideAll(ctx context.Context, req Request) []Decision {
 			cur = &r
 		}
 		var res Result
+		reserved := false // a new bound group, counted in h.limit until its record is in the cache
 		if in.Op == OpBind && env.MaxGroups > 0 {
 			// Counted and decided under one lock: concurrent batches
 			// never bind past the limit together.
@@ -91,7 +89,7 @@ func (h *Handler) DecideAll(ctx context.Context, req Request) []Decision {
 				env.Bound = h.cache.Bound() + inFlight
 				res = Transition(p.Group, cur, in, env)
 				if res.Write != nil && res.Write.State == kvbinding.StateBound && p.Group != "" && !countedBound(cur) {
-					reserved++
+					reserved = true
 					h.limit.reserved++
 				}
 			})
@@ -105,7 +103,7 @@ func (h *Handler) DecideAll(ctx context.Context, req Request) []Decision {
 				env.Live[res.Write.Node] = n
 			}
 		}
-		plans = append(plans, planned{i: i, cur: cur, res: res})
+		plans = append(plans, planned{i: i, cur: cur, res: res, reserved: reserved})
 		ps = append(ps, p)
 	}
 	for k, d := range h.writeAll(ctx, plans, ps) {
@@ -156,6 +154,9 @@ func (h *Handler) writeAll(ctx context.Context, plans []planned, ps []Proposal) 
 			}
 		}
 		if pauseErr != nil {
+			if pl.reserved {
+				h.limit.release(1)
+			}
 			out[k] = Decision{Group: ps[k].Group, Outcome: Failed, Error: pauseErr.Error()}
 			continue
 		}
@@ -224,6 +225,12 @@ func routeNode(r *kvbinding.Binding) string {
 
 // settle turns the outcome of a record write into the decision to reply.
 func (h *Handler) settle(pl planned, p Proposal, b kvbinding.Binding, err error) Decision {
+	if pl.reserved {
+		// Applied to the cache below (or not written): the cache counts
+		// it from there. Released right after, so the window in which it
+		// is counted twice (a refusal a little early) is a few lines.
+		defer h.limit.release(1)
+	}
 	d := Decision{Group: p.Group, Outcome: Failed}
 	switch {
 	case err == nil:

@@ -11,8 +11,8 @@ import (
 // groupLimit counts the new bound groups decided but not yet in the
 // handler's cache (their records are being written), so that a limit
 // check counts them: Cache.Bound plus these. A record in the cache before
-// its batch releases it is counted twice for that moment: the limit may
-// refuse a group early, never bind one past it.
+// its reservation ends (settle) is counted twice for that moment: the
+// limit may refuse a group a moment early, never bind one past it.
 type groupLimit struct {
 	mu       sync.Mutex
 	reserved int
