@@ -63,6 +63,7 @@ type report struct {
 	DecisionErrors uint64 `json:"decision_errors,omitempty"`
 	PublishErrors  uint64 `json:"publish_errors,omitempty"`
 	Held           int    `json:"held,omitempty"`
+	Spilled        int    `json:"spilled,omitempty"`
 	Position       uint64 `json:"position,omitempty"` // next ingress sequence to read
 	Bindings       int    `json:"bindings,omitempty"` // records in the binding cache
 
@@ -261,7 +262,7 @@ func routerReport(r *router.Router) report {
 	st := r.Stats()
 	rep := report{Mode: modeRouter, Node: r.Node(), Routed: st.Routed, Skipped: st.Skipped,
 		Proposals: st.Proposals, DecisionErrors: st.DecisionErrors, PublishErrors: st.PublishErrors,
-		Held: st.Held, Position: st.Position}
+		Held: st.Held, Spilled: st.Spilled, Position: st.Position}
 	if c := r.Cache(); c != nil {
 		rep.Bindings = c.Len()
 	}

@@ -97,6 +97,9 @@ type sink struct {
 	nc  *nats.Conn
 	js  jetstream.JetStream
 	cur atomic.Pointer[run]
+	// probe is a run measured beside cur (the flood workload's bound
+	// group), or nil.
+	probe atomic.Pointer[run]
 
 	mu    sync.Mutex
 	nodes map[string]jetstream.ConsumeContext
@@ -178,8 +181,14 @@ func (s *sink) consume(ctx context.Context, node string) error {
 func (s *sink) handle(m jetstream.Msg) {
 	now := time.Now().UnixNano()
 	body := m.Data()
-	if r := s.cur.Load(); r != nil && len(body) >= minBody && binary.LittleEndian.Uint32(body[offRun:]) == r.id {
+	id := uint32(0)
+	if len(body) >= minBody {
+		id = binary.LittleEndian.Uint32(body[offRun:])
+	}
+	if r := s.cur.Load(); r != nil && id != 0 && id == r.id {
 		r.observe(now, body)
+	} else if p := s.probe.Load(); p != nil && id != 0 && id == p.id {
+		p.observe(now, body)
 	} else {
 		s.stray.Add(1)
 	}

@@ -37,6 +37,7 @@ type config struct {
 	Messages   int
 	Decisions  int
 	Burst      int
+	Flood      int
 	Creates    int
 	Groups     int
 	Payload    int
@@ -92,11 +93,12 @@ func parseFlags(args []string, stdout, stderr io.Writer) (config, error) {
 	fs.IntVar(&c.Messages, "messages", defaultMessages, "messages per throughput run of the steady state, the relay and raw publish")
 	fs.IntVar(&c.Decisions, "decisions", defaultDecisions, "messages per throughput run of the decision-bound workloads (cardinality: each a new group; zipf) and KV creates of their baseline")
 	fs.IntVar(&c.Burst, "burst", defaultBurst, "new groups of each run of the burst workload (ids of 64, then 1000 bytes)")
+	fs.IntVar(&c.Flood, "flood", defaultFlood, "new groups of the flood workload (64-byte ids), published as fast as the producers can beside a bound group")
 	fs.IntVar(&c.Creates, "creates", defaultCreates, "proposals per run of the decision service alone, and KV creates per run of its baselines")
 	fs.IntVar(&c.Groups, "groups", defaultGroups, "hot groups of the steady state")
 	fs.IntVar(&c.Payload, "payload", defaultPayload, "message body size in bytes")
 	fs.Float64Var(&c.Rate, "rate", 0, "publish rate (msgs/s) of the latency runs; 0 = half the measured peak")
-	fs.StringVar(&workloads, "workloads", "steady,cardinality,zipf,hot", "workloads to run: steady, cardinality, zipf, hot (1 and 10 groups), burst")
+	fs.StringVar(&workloads, "workloads", "steady,cardinality,zipf,hot", "workloads to run: steady, cardinality, zipf, hot (1 and 10 groups), burst, flood")
 	fs.IntVar(&c.MaxBatch, "max-batch", 0, "the router nodes' MaxBatch (messages of a group per atomic batch; 1 turns batches off); 0 = the router's default")
 	fs.IntVar(&c.WarmStart, "warm-start", defaultWarmStart, "bindings written before the cache warm start (0 skips it)")
 	fs.IntVar(&c.ZipfGroups, "zipf-groups", defaultZipfGroups, "distinct groups of the zipf workload")
@@ -136,13 +138,13 @@ func parseFlags(args []string, stdout, stderr io.Writer) (config, error) {
 	}
 	for _, w := range strings.Split(workloads, ",") {
 		switch w = strings.TrimSpace(w); w {
-		case wlSteady, wlCardinality, wlZipf, wlHot, wlBurst:
+		case wlSteady, wlCardinality, wlZipf, wlHot, wlBurst, wlFlood:
 			if !slices.Contains(c.Workloads, w) {
 				c.Workloads = append(c.Workloads, w)
 			}
 		case "":
 		default:
-			return c, fmt.Errorf("%w: unknown workload %q (want steady, cardinality, zipf, hot, burst)", ErrUsage, w)
+			return c, fmt.Errorf("%w: unknown workload %q (want steady, cardinality, zipf, hot, burst, flood)", ErrUsage, w)
 		}
 	}
 	switch {
@@ -152,8 +154,8 @@ func parseFlags(args []string, stdout, stderr io.Writer) (config, error) {
 		return c, fmt.Errorf("%w: --max-batch %d: want >= 0", ErrUsage, c.MaxBatch)
 	case c.Nodes < 1 || c.Nodes > 16:
 		return c, fmt.Errorf("%w: --nodes %d: want 1 to 16", ErrUsage, c.Nodes)
-	case c.Messages < 1, c.Decisions < 1, c.Creates < 1, c.Groups < 1, c.Burst < 1:
-		return c, fmt.Errorf("%w: --messages, --decisions, --creates, --groups and --burst must be >= 1", ErrUsage)
+	case c.Messages < 1, c.Decisions < 1, c.Creates < 1, c.Groups < 1, c.Burst < 1, c.Flood < 1:
+		return c, fmt.Errorf("%w: --messages, --decisions, --creates, --groups, --burst and --flood must be >= 1", ErrUsage)
 	case c.Payload < minBody || c.Payload > 1<<20:
 		return c, fmt.Errorf("%w: --payload %d: want %d to 1048576 bytes", ErrUsage, c.Payload, minBody)
 	case c.Rate < 0, c.WarmStart < 0:
@@ -317,6 +319,7 @@ type serverResults struct {
 	kvWatched      figure        // pipelined KV Create into a watched copy of the bindings bucket
 	kvN, kvConcN   int
 	burst          []burstRun // the burst workload, one run per id length
+	flood          *floodRun  // the flood workload
 	warm           *warmResult
 }
 
@@ -384,7 +387,7 @@ func (b *bencher) runServers(ctx context.Context, servers int, first bool) (*ser
 		}
 	}
 	// (C) The router with cfg.Nodes nodes, every workload.
-	routed := slices.DeleteFunc(slices.Clone(b.cfg.Workloads), func(w string) bool { return w == wlBurst })
+	routed := slices.DeleteFunc(slices.Clone(b.cfg.Workloads), func(w string) bool { return w == wlBurst || w == wlFlood })
 	if len(routed) > 0 {
 		stop = b.profileSelf(profileName(profile, "nats-router"))
 		err = b.routerPhase(ctx, e, b.cfg.Nodes, "a", routed, profile, sr, sr.wl)
@@ -395,6 +398,11 @@ func (b *bencher) runServers(ctx context.Context, servers int, first bool) (*ser
 	}
 	if slices.Contains(b.cfg.Workloads, wlBurst) {
 		if err := b.burstPhase(ctx, e, sr, profile); err != nil {
+			return nil, err
+		}
+	}
+	if slices.Contains(b.cfg.Workloads, wlFlood) {
+		if err := b.floodPhase(ctx, e, sr, profile); err != nil {
 			return nil, err
 		}
 	}

@@ -113,6 +113,41 @@ func TestMainRuns(t *testing.T) {
 	}
 }
 
+// TestFloodWorkload: the flood workload runs and reports the bound
+// group's latency beside its own baseline and the node's peak RSS
+// against the documented bound.
+func TestFloodWorkload(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short: starts NATS and a router node, ~15 s")
+	}
+	var out, errOut bytes.Buffer
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	if err := Main(ctx, []string{"--json", "--servers", "1", "--workloads", "flood", "--flood", "5000", "--scaling=false", "--warm-start", "0",
+		"--messages", "2000", "--creates", "1000", "--latency-duration", "500ms"}, &out, &errOut); err != nil {
+		t.Fatalf("Main: %v\nstderr:\n%s", err, errOut.String())
+	}
+	var res Result
+	if err := json.Unmarshal(out.Bytes(), &res); err != nil {
+		t.Fatalf("output is not JSON: %v\n%s", err, out.String())
+	}
+	seen := map[string]Row{}
+	for _, r := range res.Rows {
+		seen[r.Metric] = r
+	}
+	for _, k := range []string{"bound group's latency p50 during the flood", "bound group's latency p99 during the flood"} {
+		if r := seen[k]; r.BaselineName != "alone" || r.Ratio <= 0 || r.Met == nil {
+			t.Errorf("%s: %+v", k, r)
+		}
+	}
+	if r := seen["node peak RSS"]; r.Value <= 0 || r.Met == nil || r.Target == "" {
+		t.Errorf("RSS row: %+v", r)
+	}
+	if t.Failed() {
+		t.Logf("stderr:\n%s", errOut.String())
+	}
+}
+
 func TestParseFlags(t *testing.T) {
 	tests := []struct {
 		name string
@@ -125,6 +160,8 @@ func TestParseFlags(t *testing.T) {
 		{"bad workload", []string{"--workloads", "steady,storm"}, false},
 		{"burst workload", []string{"--workloads", "burst", "--burst", "1000"}, true},
 		{"empty burst", []string{"--workloads", "burst", "--burst", "0"}, false},
+		{"flood workload", []string{"--workloads", "flood", "--flood", "1000"}, true},
+		{"empty flood", []string{"--workloads", "flood", "--flood", "0"}, false},
 		{"tiny payload", []string{"--payload", "4"}, false},
 		{"zipf exponent", []string{"--zipf-s", "1"}, false},
 		{"stray argument", []string{"extra"}, false},

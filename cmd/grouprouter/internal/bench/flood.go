@@ -1,0 +1,195 @@
+package bench
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"grouprouter/router"
+)
+
+// wlFlood is the flood workload (issue: bounded by default): a group bound
+// beforehand is published at a steady pace (the probe) while the
+// producers publish a flood of distinct new group ids as fast as they
+// can. It compares the probe's latency during the flood with its latency
+// alone, and reports the node's peak RSS against the documented bound.
+const wlFlood = "flood"
+
+// defaultFlood is the flood's number of new groups (--flood).
+const defaultFlood = 1_000_000
+
+// floodProbeRate is the probe group's pace (msgs/s), and floodProbeAlone
+// how long it runs alone for its baseline.
+const (
+	floodProbeRate  = 200
+	floodProbeAlone = 5 * time.Second
+)
+
+// floodRSSBound is the documented bound on a node's peak RSS at the
+// default settings for ids of up to 64 bytes (docs/operations.md,
+// "Memory"): the groups' cache at its limit, the held and the spilled
+// messages at theirs, the runtime's overhead on all of it.
+const floodRSSBound = 1536 << 20
+
+// floodRun is what the flood workload measured.
+type floodRun struct {
+	alone, during percentiles // the probe group's latency
+	m             measure     // the flood itself
+	spilled       int         // the most messages the node held spilled, as sampled
+}
+
+// floodIDs returns the groupFunc of the flood: distinct 64-byte ids.
+func floodIDs() groupFunc { return burstIDs("flood-", 64) }
+
+// floodPhase runs the flood workload on a fresh node.
+func (b *bencher) floodPhase(ctx context.Context, e *env, sr *serverResults, profile string) error {
+	b.phase("flood of %d new groups beside a bound group at %d msgs/s", b.cfg.Flood, floodProbeRate)
+	if err := b.resetRouting(ctx, e); err != nil {
+		return err
+	}
+	args := []string{"--mode", modeRouter, "--nats", strings.Join(e.ns.URLsFor(0), ","), "--node", "n0",
+		"--type", "LOCAL", "--name", handlerName, "--address", benchAddress}
+	if profile != "" {
+		args = append(args, "--cpuprofile", profileName(profile, "flood"), "--memprofile", profileName(profile, "flood-heap"))
+	}
+	k, err := startChild(b.prefix, args, "router n0 (flood)", &countingWriter{w: b.stderr, limit: 16 << 10})
+	if err != nil {
+		return err
+	}
+	fr, runErr := b.flood(ctx, e, k)
+	stopErr := b.stopAll([]*child{k})
+	if runErr != nil {
+		return runErr
+	}
+	if stopErr != nil {
+		return stopErr
+	}
+	b.logf("flood: %d groups routed in %.2fs; probe p50/p99 alone %v/%v, during %v/%v; spilled up to %d; peak RSS %.1f MiB",
+		fr.m.N, fr.m.Elapsed.Seconds(), fr.alone.P50, fr.alone.P99, fr.during.P50, fr.during.P99, fr.spilled, mib(float64(fr.m.RSS)))
+	sr.flood = &fr
+	return nil
+}
+
+func (b *bencher) flood(ctx context.Context, e *env, k *child) (floodRun, error) {
+	var fr floodRun
+	if _, err := k.next(ctx, "ready", 60*time.Second); err != nil {
+		return fr, err
+	}
+	if err := e.sink.consume(ctx, "n0"); err != nil {
+		return fr, err
+	}
+	if err := waitRegistry(ctx, e.js, []string{"n0"}, 1, 20*time.Second); err != nil {
+		return fr, err
+	}
+	// Bind the probe group, then measure it alone.
+	b.runID++
+	probe := newRun(b.runID, 1<<40, true, "")
+	e.sink.probe.Store(probe)
+	defer e.sink.probe.Store(nil)
+	pc, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	wg.Add(1)
+	var probeErr error
+	go func() {
+		defer wg.Done()
+		probeErr = b.publishProbe(pc, e, probe.id)
+	}()
+	defer func() { cancel(); wg.Wait() }()
+	time.Sleep(floodProbeAlone)
+	fr.alone = probe.cut()
+
+	// The flood, the probe going on.
+	sample, stopSample := context.WithCancel(ctx)
+	var sampler sync.WaitGroup
+	sampler.Add(1)
+	go func() {
+		defer sampler.Done()
+		t := time.NewTicker(200 * time.Millisecond)
+		defer t.Stop()
+		for {
+			select {
+			case <-sample.Done():
+				return
+			case <-t.C:
+				if rep, err := k.stats(sample); err == nil {
+					fr.spilled = max(fr.spilled, rep.Spilled)
+				}
+			}
+		}
+	}()
+	m, err := b.measureRun(ctx, e, []*child{k}, runSpec{label: "flood", n: b.cfg.Flood, groups: floodIDs()})
+	stopSample()
+	sampler.Wait()
+	if err != nil {
+		return fr, err
+	}
+	fr.m = m
+	fr.during = probe.cut()
+	cancel()
+	wg.Wait()
+	if probeErr != nil && ctx.Err() == nil && !strings.Contains(probeErr.Error(), "context canceled") {
+		return fr, fmt.Errorf("flood probe: %w", probeErr)
+	}
+	return fr, nil
+}
+
+// publishProbe publishes the probe group at floodProbeRate until ctx ends,
+// each message waiting for its PubAck (one group: one at a time anyway).
+func (b *bencher) publishProbe(ctx context.Context, e *env, id uint32) error {
+	js := e.prod.js[0]
+	every := time.Second / floodProbeRate
+	next := time.Now()
+	for ctx.Err() == nil {
+		if d := time.Until(next); d > 0 {
+			time.Sleep(d)
+		}
+		next = next.Add(every)
+		body := make([]byte, e.prod.payload)
+		binary.LittleEndian.PutUint32(body[offRun:], id)
+		binary.LittleEndian.PutUint64(body[offTime:], uint64(time.Now().UnixNano()))
+		msg := &nats.Msg{Subject: benchSubject, Header: nats.Header{router.DefaultGroupHeader: []string{"flood-probe"}}, Data: body}
+		pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		_, err := js.PublishMsg(pctx, msg)
+		cancel()
+		if err != nil && ctx.Err() == nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// cut returns the percentiles of the latencies observed so far and starts
+// a new sample.
+func (r *run) cut() percentiles {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	p := percentilesOf(r.lat)
+	r.lat = r.lat[:0]
+	return p
+}
+
+// floodRows turns the flood run into rows.
+func (sr *serverResults) floodRows(rb *rowBuilder) {
+	fr := sr.flood
+	if fr == nil {
+		return
+	}
+	m := fr.m
+	rb.add(wlFlood, 1, fmt.Sprintf("%d new groups: all routed after", m.N), m.Elapsed.Seconds(), unitSec).noise(m.Foreign)
+	rb.add(wlFlood, 1, "bound group's latency p50 alone", ms(fr.alone.P50), unitMs)
+	rb.add(wlFlood, 1, "bound group's latency p99 alone", ms(fr.alone.P99), unitMs)
+	r := rb.add(wlFlood, 1, "bound group's latency p50 during the flood", ms(fr.during.P50), unitMs).noise(m.Foreign).vs("alone", ms(fr.alone.P50))
+	atMost(r, 2)
+	r = rb.add(wlFlood, 1, "bound group's latency p99 during the flood", ms(fr.during.P99), unitMs).noise(m.Foreign).vs("alone", ms(fr.alone.P99))
+	atMost(r, 2)
+	rb.add(wlFlood, 1, "messages spilled at most (sampled)", float64(fr.spilled), unitCount)
+	r = rb.add(wlFlood, 1, "node peak RSS", mib(float64(m.RSS)), unitMiB).noise(m.Foreign)
+	r.Target = fmt.Sprintf("<= %d MiB", floodRSSBound>>20)
+	under := m.RSS <= floodRSSBound
+	r.Met = &under
+}
