@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/binary"
 	"fmt"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -41,41 +42,79 @@ type floodRun struct {
 	alone, during percentiles // the probe group's latency
 	m             measure     // the flood itself
 	spilled       int         // the most messages the node held spilled, as sampled
+	relay         *floodRun   // the same flood through the relay (the router's run only)
 }
 
 // floodIDs returns the groupFunc of the flood: distinct 64-byte ids.
 func floodIDs() groupFunc { return burstIDs("flood-", 64) }
 
-// floodPhase runs the flood workload on a fresh node.
+// floodPhase runs the flood workload through the relay (the baseline:
+// what any in-order reader of the ingress sees of a flood), then on a
+// fresh router node.
 func (b *bencher) floodPhase(ctx context.Context, e *env, sr *serverResults, profile string) error {
-	b.phase("flood of %d new groups beside a bound group at %d msgs/s", b.cfg.Flood, floodProbeRate)
-	if err := b.resetRouting(ctx, e); err != nil {
-		return err
-	}
-	args := []string{"--mode", modeRouter, "--nats", strings.Join(e.ns.URLsFor(0), ","), "--node", "n0",
-		"--type", "LOCAL", "--name", handlerName, "--address", benchAddress}
-	if profile != "" {
-		args = append(args, "--cpuprofile", profileName(profile, "flood"), "--memprofile", profileName(profile, "flood-heap"))
-	}
-	k, err := startChild(b.prefix, args, "router n0 (flood)", &countingWriter{w: b.stderr, limit: 16 << 10})
+	b.phase("flood of %d new groups beside a bound group at %d msgs/s: relay, then router", b.cfg.Flood, floodProbeRate)
+	relay, err := b.floodOn(ctx, e, true, "")
 	if err != nil {
 		return err
 	}
-	fr, runErr := b.flood(ctx, e, k)
-	stopErr := b.stopAll([]*child{k})
-	if runErr != nil {
-		return runErr
+	fr, err := b.floodOn(ctx, e, false, profile)
+	if err != nil {
+		return err
 	}
-	if stopErr != nil {
-		return stopErr
-	}
-	b.logf("flood: %d groups routed in %.2fs; probe p50/p99 alone %v/%v, during %v/%v; spilled up to %d; peak RSS %.1f MiB",
-		fr.m.N, fr.m.Elapsed.Seconds(), fr.alone.P50, fr.alone.P99, fr.during.P50, fr.during.P99, fr.spilled, mib(float64(fr.m.RSS)))
+	fr.relay = &relay
 	sr.flood = &fr
 	return nil
 }
 
-func (b *bencher) flood(ctx context.Context, e *env, k *child) (floodRun, error) {
+// floodOn runs the flood through the relay, or through a fresh router node.
+func (b *bencher) floodOn(ctx context.Context, e *env, viaRelay bool, profile string) (floodRun, error) {
+	if err := b.resetRouting(ctx, e); err != nil {
+		return floodRun{}, err
+	}
+	args := []string{"--mode", modeRouter, "--nats", strings.Join(e.ns.URLsFor(0), ","), "--node", "n0",
+		"--type", "LOCAL", "--name", handlerName, "--address", benchAddress}
+	name := "router n0 (flood)"
+	if viaRelay {
+		// The streams and n0's queue consumer come from a LOCAL node.
+		kids, err := b.startNodes(ctx, e, 1, 1, "", "")
+		if err != nil {
+			return floodRun{}, err
+		}
+		if err := b.stopAll(kids); err != nil {
+			return floodRun{}, err
+		}
+		var start uint64 = 1
+		if s, err := e.js.Stream(ctx, router.IngressStream); err == nil {
+			info, err := s.Info(ctx)
+			if err != nil {
+				return floodRun{}, err
+			}
+			start = info.State.LastSeq + 1
+		}
+		args = []string{"--mode", modeRelay, "--nats", strings.Join(e.ns.URLsFor(0), ","), "--node", "n0", "--start-seq", strconv.FormatUint(start, 10)}
+		name = "relay (flood)"
+	}
+	if profile != "" {
+		args = append(args, "--cpuprofile", profileName(profile, "flood"), "--memprofile", profileName(profile, "flood-heap"))
+	}
+	k, err := startChild(b.prefix, args, name, &countingWriter{w: b.stderr, limit: 16 << 10})
+	if err != nil {
+		return floodRun{}, err
+	}
+	fr, runErr := b.flood(ctx, e, k, !viaRelay)
+	stopErr := b.stopAll([]*child{k})
+	if runErr != nil {
+		return fr, runErr
+	}
+	if stopErr != nil {
+		return fr, stopErr
+	}
+	b.logf("flood via %s: %d groups delivered in %.2fs; probe p50/p99 alone %v/%v, during %v/%v; spilled up to %d; peak RSS %.1f MiB",
+		name, fr.m.N, fr.m.Elapsed.Seconds(), fr.alone.P50, fr.alone.P99, fr.during.P50, fr.during.P99, fr.spilled, mib(float64(fr.m.RSS)))
+	return fr, nil
+}
+
+func (b *bencher) flood(ctx context.Context, e *env, k *child, isRouter bool) (floodRun, error) {
 	var fr floodRun
 	if _, err := k.next(ctx, "ready", 60*time.Second); err != nil {
 		return fr, err
@@ -83,12 +122,15 @@ func (b *bencher) flood(ctx context.Context, e *env, k *child) (floodRun, error)
 	if err := e.sink.consume(ctx, "n0"); err != nil {
 		return fr, err
 	}
-	if err := waitRegistry(ctx, e.js, []string{"n0"}, 1, 20*time.Second); err != nil {
-		return fr, err
+	if isRouter {
+		if err := waitRegistry(ctx, e.js, []string{"n0"}, 1, 20*time.Second); err != nil {
+			return fr, err
+		}
 	}
 	// Bind the probe group, then measure it alone.
 	b.runID++
-	probe := newRun(b.runID, 1<<40, true, "")
+	probe := newRun(b.runID, 0, true, "")
+	probe.want = -1 // never done
 	e.sink.probe.Store(probe)
 	defer e.sink.probe.Store(nil)
 	pc, cancel := context.WithCancel(ctx)
@@ -116,6 +158,9 @@ func (b *bencher) flood(ctx context.Context, e *env, k *child) (floodRun, error)
 			case <-sample.Done():
 				return
 			case <-t.C:
+				if !isRouter {
+					continue
+				}
 				if rep, err := k.stats(sample); err == nil {
 					fr.spilled = max(fr.spilled, rep.Spilled)
 				}
@@ -187,6 +232,14 @@ func (sr *serverResults) floodRows(rb *rowBuilder) {
 	atMost(r, 2)
 	r = rb.add(wlFlood, 1, "bound group's latency p99 during the flood", ms(fr.during.P99), unitMs).noise(m.Foreign).vs("alone", ms(fr.alone.P99))
 	atMost(r, 2)
+	if rl := fr.relay; rl != nil {
+		rb.add(wlFlood, 1, "flood delivered after, vs the relay", m.Elapsed.Seconds(), unitSec).noise(m.Foreign).
+			vs("relay", rl.m.Elapsed.Seconds()).noise(rl.m.Foreign)
+		rb.add(wlFlood, 1, "bound group's latency p50 during the flood, vs the relay's", ms(fr.during.P50), unitMs).noise(m.Foreign).
+			vs("relay", ms(rl.during.P50)).noise(rl.m.Foreign)
+		rb.add(wlFlood, 1, "bound group's latency p99 during the flood, vs the relay's", ms(fr.during.P99), unitMs).noise(m.Foreign).
+			vs("relay", ms(rl.during.P99)).noise(rl.m.Foreign)
+	}
 	rb.add(wlFlood, 1, "messages spilled at most (sampled)", float64(fr.spilled), unitCount)
 	r = rb.add(wlFlood, 1, "node peak RSS", mib(float64(m.RSS)), unitMiB).noise(m.Foreign)
 	r.Target = fmt.Sprintf("<= %d MiB", floodRSSBound>>20)
