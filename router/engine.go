@@ -1215,18 +1215,23 @@ func (e *engine) failed(a *ask, err error, now time.Time) {
 	e.emit(action{kind: actRetry, at: a.due})
 }
 
-// atLimit takes a bind refused at the cluster's group limit: the group's
-// proposer dead-letters the messages it holds (and records that, so that
-// every node drops its copies) at once, without retrying, so that a
-// flood of new groups leaves memory at the rate it is refused. Another
-// node (a fallback ask) waits for that record as after any failed ask.
+// atLimit takes a bind refused at the cluster's group limit: the node
+// dead-letters the messages it holds (and records that, so that every
+// node drops its copies) at once, without retrying, so that a flood of
+// new groups leaves memory at the rate it is refused. Any node that holds
+// the group's first message not covered by a record does so, not only
+// the group's proposer: the proposer may not hold it (it skipped it while
+// another node owned the group), and a fallback ask is then the only one.
+// Two nodes that both do publish the same dead-letter ids (the
+// dead-letter stream's duplicate window keeps one), and the second
+// record ask finds the first record.
 func (e *engine) atLimit(a *ask, d proposals.Decision, now time.Time) {
 	ln := a.lane
 	if ln.ask != a || e.lanes[ln.group] != ln || !ln.waiting {
 		return // answered meanwhile
 	}
 	e.stats.limitRefused++
-	if e.isProposer(ln.group) && e.holdsFirst(ln) {
+	if e.holdsFirst(ln) {
 		e.startDeadLetter(ln, fmt.Sprintf("refused: the cluster's group limit is reached (%d groups bound, --max-groups)", d.Limit), now)
 		return
 	}

@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"grouprouter/kvbinding"
 	"grouprouter/proposals"
 )
 
@@ -66,10 +67,35 @@ func TestEngineDeadLettersAtTheGroupLimit(t *testing.T) {
 	}
 }
 
-// A node that is not the group's proposer (it asked as a fallback) does
-// not dead-letter: the proposer does and records it; this node retries,
-// as after any failed ask, until that record comes.
-func TestEngineNonProposerWaitsAtTheGroupLimit(t *testing.T) {
+// A node that does not hold the group's first message after its ended
+// record (it skipped some while another node owned the group) does not
+// dead-letter what it holds: a record through its messages would make
+// the others drop earlier ones. It retries, as after any failed ask.
+func TestEngineWithoutTheFirstMessageWaitsAtTheGroupLimit(t *testing.T) {
+	now := testNow
+	recs := mapRecords{"g": {State: kvbinding.StateReleased, PrevNode: "n2", ThroughSeq: 1, Revision: 4}}
+	e := newTestEngine("n1", recs)
+	e.setLive(map[string]proposals.NodeState{"n1": {HasConsumer: true}}, now) // the proposer of every group
+	e.ingest("g", &msgRec{seq: 3}, now)                                       // 2 went to n2 under the old binding
+	e.take()
+	batch := e.askBatch(10, now)
+	if len(batch) != 1 {
+		t.Fatalf("asks %+v, want one bind", batch)
+	}
+	e.replied(batch, []proposals.Decision{{Group: "g", Outcome: proposals.Refused, Error: "limit", Limit: 10}}, nil, now)
+	for _, act := range e.take() {
+		if act.kind == actPublish {
+			t.Fatalf("dead-lettered without the first message: %+v", act)
+		}
+	}
+	if ln := e.lanes["g"]; ln == nil || ln.deadLettering || ln.ask == nil || e.retryQ.Len() != 1 {
+		t.Fatalf("lane %+v: want it waiting with a retry scheduled", ln)
+	}
+}
+
+// A node other than the proposer that holds the first message (the
+// proposer skipped it) dead-letters at the limit: no other node would.
+func TestEngineFallbackAskerDeadLettersAtTheGroupLimit(t *testing.T) {
 	now := testNow
 	e := newTestEngine("n1", mapRecords{})
 	var g string
@@ -90,12 +116,13 @@ func TestEngineNonProposerWaitsAtTheGroupLimit(t *testing.T) {
 		t.Fatalf("asks %+v, want the fallback bind", batch)
 	}
 	e.replied(batch, []proposals.Decision{{Group: g, Outcome: proposals.Refused, Error: "limit", Limit: 10}}, nil, later)
+	dead := 0
 	for _, act := range e.take() {
-		if act.kind == actPublish {
-			t.Fatalf("a non-proposer published %+v", act)
+		if act.kind == actPublish && act.dlq {
+			dead++
 		}
 	}
-	if ln := e.lanes[g]; ln == nil || ln.deadLettering || ln.ask == nil || e.retryQ.Len() != 1 {
-		t.Fatalf("lane %+v: want it waiting with a retry scheduled", ln)
+	if dead != 1 {
+		t.Fatalf("%d dead-letter publishes, want the held message's", dead)
 	}
 }

@@ -184,7 +184,7 @@ func (h *simHandler) serve(proposer string, ps []proposals.Proposal, reply func(
 	if h.dead {
 		return
 	}
-	env := proposals.Env{Now: w.now(), Handler: h.id, Live: h.liveState()}
+	env := proposals.Env{Now: w.now(), Handler: h.id, Live: h.liveState(), MaxGroups: w.p.maxGroups, Bound: h.host.cache.Bound()}
 	out := make([]proposals.Decision, len(ps))
 	pending := 1
 	finish := func() {
@@ -209,6 +209,9 @@ func (h *simHandler) serve(proposer string, ps []proposals.Proposal, reply func(
 		}
 		res := proposals.Transition(p.Group, cur, in, env)
 		if res.Write != nil && res.Write.State == kvbinding.StateBound && p.Group != "" {
+			if cur == nil || cur.Invalid || (cur.State != kvbinding.StateBound && cur.State != kvbinding.StateMoving) {
+				env.Bound++
+			}
 			if st, ok := env.Live[res.Write.Node]; ok {
 				st.Groups++
 				env.Live[res.Write.Node] = st
@@ -278,7 +281,7 @@ func (h *simHandler) unwritten(cur *kvbinding.Binding, res proposals.Result, p p
 			d.Outcome, d.Error = proposals.Failed, res.Reason
 		}
 	case proposals.Refused, proposals.Failed:
-		d.Error = res.Reason
+		d.Error, d.Floor, d.Limit = res.Reason, res.Floor, res.Limit
 	}
 	return d
 }

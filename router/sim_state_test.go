@@ -166,6 +166,17 @@ func (c *simCache) Count(node string) int {
 
 // apply takes a record from the watch (fromWatch) or written by this
 // process's handler, and reports whether it changed the cache.
+// Bound is kvbinding.Cache.Bound: groups bound or being moved.
+func (c *simCache) Bound() int {
+	n := 0
+	for g, r := range c.m {
+		if g != "" && !r.Invalid && (r.State == kvbinding.StateBound || r.State == kvbinding.StateMoving) {
+			n++
+		}
+	}
+	return n
+}
+
 func (c *simCache) apply(b kvbinding.Binding, fromWatch bool) bool {
 	if fromWatch {
 		if b.Revision <= c.watchRev {

@@ -113,6 +113,8 @@ type simProfile struct {
 	calm                                                                    bool
 	// spillFrom, maxSpilled: the engine's spilling (0: off).
 	spillFrom, maxSpilled int64
+	// maxGroups: the handler's group limit (0: none).
+	maxGroups int
 }
 
 func newSimProfile(rng *rand.Rand) simProfile {
@@ -198,6 +200,9 @@ func (p simProfile) String() string {
 	}
 	if p.rebalance.Enabled {
 		extra += ", rebalancing"
+	}
+	if p.maxGroups > 0 {
+		extra += fmt.Sprintf(", at most %d groups bound", p.maxGroups)
 	}
 	if p.spillFrom > 0 {
 		extra += fmt.Sprintf(", spilling (at most %d bytes)", p.maxSpilled)
@@ -289,6 +294,12 @@ func newSimWorld(seed uint64, tracing, strict bool) *simWorld {
 	}
 	// Without a draw from rng either: other seeds run as before.
 	w.p.join = seed%3 == 0 && w.p.nodes > w.p.locals
+	if seed%7 == 3 {
+		// A group limit of 1 to 3, below the groups of most seeds: binds
+		// are refused and their groups dead-lettered, then bound again
+		// once others close or expire.
+		w.p.maxGroups = 1 + int(seed/7%3)
+	}
 	if seed%4 == 2 {
 		// Spilling past one held message of 100 bytes, and reading stops
 		// after a few spilled ones: messages waiting for a decision go
