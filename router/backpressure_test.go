@@ -22,7 +22,11 @@ const fullGroup = 20
 func fullNodeConfig(reg prometheus.Registerer) Config {
 	return Config{Name: "h", Type: Local, Address: "jms", Timeout: time.Second, Node: "n0",
 		Heartbeat: 100 * time.Millisecond, LeaseTTL: time.Second, CheckpointInterval: 100 * time.Millisecond,
-		MaxHeldMessages: 4, QueueMaxBytes: 4 << 10, Metrics: reg}
+		MaxHeldMessages: 4, QueueMaxBytes: 4 << 10, Metrics: reg,
+		// No spilling: these tests are about the reader waiting at the
+		// held bounds (a group's messages behind its undecided head
+		// would otherwise be spilled and the reader go on).
+		MaxSpilledBytes: -1}
 }
 
 // runNode starts a node with cfg and waits until it is ready; stop stops it
