@@ -7,9 +7,11 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"grouprouter/router"
 )
@@ -43,6 +45,7 @@ type floodRun struct {
 	m             measure     // the flood itself
 	spilled       int         // the most messages the node held spilled, as sampled
 	relay         *floodRun   // the same flood through the relay (the router's run only)
+	deadLettered  int64       // flood messages dead-lettered (past the group limit)
 }
 
 // floodIDs returns the groupFunc of the flood: distinct 64-byte ids.
@@ -167,7 +170,17 @@ func (b *bencher) flood(ctx context.Context, e *env, k *child, isRouter bool) (f
 			}
 		}
 	}()
+	// Past the group limit a flood group is dead-lettered: done too.
+	var dead atomic.Int64
+	stopDead, err := e.sink.countDeadLetters(ctx, &dead)
+	if err != nil {
+		stopSample()
+		sampler.Wait()
+		return fr, err
+	}
 	m, err := b.measureRun(ctx, e, []*child{k}, runSpec{label: "flood", n: b.cfg.Flood, groups: floodIDs()})
+	stopDead()
+	fr.deadLettered = dead.Load()
 	stopSample()
 	sampler.Wait()
 	if err != nil {
@@ -241,8 +254,31 @@ func (sr *serverResults) floodRows(rb *rowBuilder) {
 			vs("relay", ms(rl.during.P99)).noise(rl.m.Foreign)
 	}
 	rb.add(wlFlood, 1, "messages spilled at most (sampled)", float64(fr.spilled), unitCount)
+	rb.add(wlFlood, 1, "messages dead-lettered (the group limit)", float64(fr.deadLettered), unitCount)
 	r = rb.add(wlFlood, 1, "node peak RSS", mib(float64(m.RSS)), unitMiB).noise(m.Foreign)
 	r.Target = fmt.Sprintf("<= %d MiB", floodRSSBound>>20)
 	under := m.RSS <= floodRSSBound
 	r.Met = &under
+}
+
+// countDeadLetters counts, as delivered messages of the current run, the
+// run's messages that reach the dead-letter stream (a flood past the
+// group limit), and adds them to n, until the returned function is
+// called.
+func (s *sink) countDeadLetters(ctx context.Context, n *atomic.Int64) (func(), error) {
+	cons, err := s.js.OrderedConsumer(ctx, router.DeadLetterStream, jetstream.OrderedConsumerConfig{DeliverPolicy: jetstream.DeliverNewPolicy})
+	if err != nil {
+		return nil, err
+	}
+	cc, err := cons.Consume(func(m jetstream.Msg) {
+		body := m.Data()
+		if r := s.cur.Load(); r != nil && len(body) >= minBody && binary.LittleEndian.Uint32(body[offRun:]) == r.id {
+			n.Add(1)
+			r.observe(time.Now().UnixNano(), body)
+		}
+	})
+	if err != nil {
+		return nil, err
+	}
+	return cc.Stop, nil
 }
