@@ -194,6 +194,14 @@ type Write struct {
 // are in the order of ws: the written record, or the record that stands
 // and an error wrapping ErrConflict (ErrExists for a create).
 func (s *Store) WriteMany(ctx context.Context, ws []Write) []CreateResult {
+	return s.WriteManyThen(ctx, ws, nil)
+}
+
+// WriteManyThen is WriteMany, calling stored (when not nil) for each
+// write stored by its first attempt as soon as its PubAck comes, with the
+// written record, from the publisher's goroutine: the caller can count it
+// before the rest of the batch is acknowledged.
+func (s *Store) WriteManyThen(ctx context.Context, ws []Write, stored func(i int, b Binding)) []CreateResult {
 	out := make([]CreateResult, len(ws))
 	pub, err := s.publisher()
 	if err != nil {
@@ -224,6 +232,9 @@ func (s *Store) WriteMany(ctx context.Context, ws []Write) []CreateResult {
 			}
 			out[i].Binding = ws[i].Binding
 			out[i].Binding.Revision = ack.Sequence
+			if stored != nil {
+				stored(i, out[i].Binding)
+			}
 		})
 		if err != nil {
 			out[i].Err = err

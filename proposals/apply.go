@@ -171,7 +171,16 @@ func (h *Handler) writeAll(ctx context.Context, plans []planned, ps []Proposal) 
 		at = append(at, k)
 	}
 	if len(writes) > 0 {
-		for j, r := range h.store.WriteMany(ctx, writes) {
+		// A new bound group's record goes into the cache as soon as it
+		// is stored, and its limit reservation ends there: the limit
+		// counts it once, whatever the watch and the rest of the batch do.
+		stored := func(j int, b kvbinding.Binding) {
+			if plans[at[j]].reserved {
+				h.cache.Apply(b)
+				h.limit.release(1)
+			}
+		}
+		for j, r := range h.store.WriteManyThen(ctx, writes, stored) {
 			k := at[j]
 			out[k] = h.settle(plans[k], ps[k], r.Binding, r.Err)
 		}
@@ -225,10 +234,9 @@ func routeNode(r *kvbinding.Binding) string {
 
 // settle turns the outcome of a record write into the decision to reply.
 func (h *Handler) settle(pl planned, p Proposal, b kvbinding.Binding, err error) Decision {
-	if pl.reserved {
-		// Applied to the cache below (or not written): the cache counts
-		// it from there. Released right after, so the window in which it
-		// is counted twice (a refusal a little early) is a few lines.
+	if pl.reserved && err != nil {
+		// Not stored by its first attempt (writeAll's stored released
+		// the others as they were acknowledged).
 		defer h.limit.release(1)
 	}
 	d := Decision{Group: p.Group, Outcome: Failed}

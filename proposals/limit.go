@@ -10,9 +10,11 @@ import (
 
 // groupLimit counts the new bound groups decided but not yet in the
 // handler's cache (their records are being written), so that a limit
-// check counts them: Cache.Bound plus these. A record in the cache before
-// its reservation ends (settle) is counted twice for that moment: the
-// limit may refuse a group a moment early, never bind one past it.
+// check counts them: Cache.Bound plus these. A reservation ends when its
+// record is stored and applied to the cache (writeAll), or is not
+// written. A record the watch applies before its PubAck comes is counted
+// twice for that moment: the limit may refuse a group a moment early,
+// never bind one past it.
 type groupLimit struct {
 	mu       sync.Mutex
 	reserved int
