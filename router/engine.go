@@ -384,15 +384,22 @@ func spillCost(m *msgRec, group string) int {
 // messages are past spillFrom: the node then keeps reading (the next
 // messages may be of groups bound already) while the decisions come, at
 // the cost of reading m again from the ingress when it is published.
+// Past the bytes alone, a message whose group id is most of it (what
+// spilling keeps) is not spilled: that would cost the read and free
+// little. Past half of the messages, any is (the count is the bound).
 func (e *engine) maybeSpill(ln *lane, m *msgRec) {
-	if e.cfg.spillFrom <= 0 || (e.heldBytes < e.cfg.spillFrom && e.heldMsgs < e.cfg.maxHeldMessages/2) || !ln.waiting || m.spilled ||
-		len(ln.msgs) == 0 || ln.msgs[len(ln.msgs)-1] != m {
+	if e.cfg.spillFrom <= 0 || !ln.waiting || m.spilled || len(ln.msgs) == 0 || ln.msgs[len(ln.msgs)-1] != m {
+		return
+	}
+	cost := spillCost(m, ln.group)
+	byCount := e.heldMsgs >= e.cfg.maxHeldMessages/2
+	if !byCount && (e.heldBytes < e.cfg.spillFrom || 2*cost > m.size) {
 		return
 	}
 	e.heldMsgs--
 	e.heldBytes -= int64(m.size)
 	m.spilled, m.payload = true, nil
-	m.size = spillCost(m, ln.group)
+	m.size = cost
 	e.spilledMsgs++
 	e.spilledBytes += int64(m.size)
 }
