@@ -114,6 +114,9 @@ func TestSpilledMessageGoneFromTheIngress(t *testing.T) {
 	n0.restart()
 	dead := waitStreamMsgs(t, js, router.DeadLetterStream, spilled, 30*time.Second)
 	for _, m := range dead {
+		if g := m.Header.Get("Group-Id"); !strings.HasPrefix(g, "old-") {
+			t.Errorf("dead letter %s names group %q", m.Header.Get(router.HeaderIngressSeq), g)
+		}
 		if r := m.Header.Get(router.HeaderDeadReason); !strings.Contains(r, "no longer holds") || len(m.Data) != 0 {
 			t.Errorf("dead letter %s: reason %q, %d body bytes", m.Header.Get(router.HeaderIngressSeq), r, len(m.Data))
 		}

@@ -416,7 +416,12 @@ func (r *Router) fetchSpilled(a action) {
 			a.m.payload = &held{msg: msg}
 			r.publish(a)
 		case errors.Is(err, jetstream.ErrMsgNotFound):
-			a.m.payload = &held{msg: &nats.Msg{Subject: a.m.subject, Header: nats.Header{}}}
+			// The dead letter names the group (the lane's), the rest is gone.
+			hdr := nats.Header{}
+			if a.ln != nil && a.ln.group != "" {
+				hdr.Set(r.cfg.GroupHeader, a.ln.group)
+			}
+			a.m.payload = &held{msg: &nats.Msg{Subject: a.m.subject, Header: hdr}}
 			if a.dlq {
 				a.m.stripped = true
 				a.reason += "; the ingress no longer holds it (expired or removed before it was routed): stored without its body"
