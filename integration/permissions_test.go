@@ -37,6 +37,8 @@ type authCluster struct {
 	// errs are the asynchronous errors of every connection, by connection
 	// name.
 	errs map[string][]error
+	// maxHeld, when > 0, is the nodes' MaxHeldMessages (startNodes).
+	maxHeld int
 }
 
 // runAuthCluster writes the generated block to a file, sets the password
@@ -239,6 +241,9 @@ func (a *authCluster) startNodes(t *testing.T) []*node {
 		cfg.Name = a.layout.Name
 		u := a.users["node-"+id]
 		cfg.InboxPrefix = u.InboxPrefix
+		if a.maxHeld > 0 {
+			cfg.MaxHeldMessages = a.maxHeld
+		}
 		n := &node{t: t, id: id, cfg: cfg, url: a.c.Servers[i%3].URL(), opts: a.opts(t, u.Name, u.Name)}
 		n.launch()
 		if id == a.layout.Handlers[0] {
@@ -261,8 +266,11 @@ func (a *authCluster) startNodes(t *testing.T) []*node {
 func TestPermissionsLeastPrivilege(t *testing.T) {
 	layout := permissions.Layout{Address: "jms", Nodes: []string{"n0", "n1", "n2"}, Handlers: []string{"n0", "n1"}, Name: "my-grouping-handler"}
 	a := runAuthCluster(t, layout)
-
-	a.startNodes(t)
+	// Four held messages at most: past two, a group's messages waiting
+	// for its decision are spilled and read again from the ingress by
+	// sequence, with the node users' rights.
+	a.maxHeld = 4
+	nodes := a.startNodes(t)
 
 	// Observer: live events, before anything is routed.
 	observer := a.connect(t, 1, "observer", "observer")
@@ -299,9 +307,32 @@ func TestPermissionsLeastPrivilege(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		sendBatch(t, js, g, "first", 5, want)
+		// All five at once: they arrive before the group's decision.
+		b := bodies(g+"/first", 5)
+		for _, body := range b {
+			m := nats.NewMsg("jms.orders")
+			m.Header.Set("Group-Id", g)
+			m.Data = []byte(body)
+			if _, err := js.PublishMsgAsync(m); err != nil {
+				t.Fatal(err)
+			}
+		}
+		select {
+		case <-js.PublishAsyncComplete():
+		case <-time.After(10 * time.Second):
+			t.Fatal("publish acks timed out")
+		}
+		want[g] = append(want[g], b...)
 	}
 	where := checkGrouping(t, col.waitCount(t, 30, 30*time.Second), want)
+	spilled := uint64(0)
+	for _, n := range nodes {
+		spilled += n.r.Stats().SpilledTotal
+	}
+	if spilled == 0 {
+		t.Errorf("no node spilled a message: the ingress reads by sequence went untested")
+	}
+	t.Logf("%d messages spilled and read again", spilled)
 
 	// Operator: lists the bindings, moves a group, unbinds another.
 	ojs, err := jetstream.New(operator)

@@ -245,6 +245,7 @@ type engineStats struct {
 	windowCuts                                                  uint64 // times a timeout halved the window of proposals in flight
 	belowFloor                                                  uint64
 	limitRefused                                                uint64 // binds refused at the group limit
+	spilled                                                     uint64 // messages spilled (maybeSpill), ever
 	refused                                                     uint64 // publishes the servers refused for good (dead-lettered)
 	batches, batchFailures                                      uint64 // atomic batches published, and those that failed (their messages went one at a time)
 }
@@ -402,6 +403,7 @@ func (e *engine) maybeSpill(ln *lane, m *msgRec) {
 	m.size = cost
 	e.spilledMsgs++
 	e.spilledBytes += int64(m.size)
+	e.stats.spilled++
 }
 
 // position is the next ingress sequence this node will read.

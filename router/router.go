@@ -43,6 +43,8 @@ type Stats struct {
 	// without their body (Config.MaxSpilledBytes), and what they take.
 	Spilled      int
 	SpilledBytes int64
+	// SpilledTotal counts the messages ever spilled.
+	SpilledTotal uint64
 	Position     uint64 // next ingress sequence to read
 
 	// DecisionTimeouts and NoHandler count the DecisionErrors that were a
@@ -263,7 +265,7 @@ func (r *Router) Stats() Stats {
 		Batches:      e.stats.batches, BatchFailures: e.stats.batchFailures, InFlightBatches: e.batches,
 		WindowCuts: e.stats.windowCuts, ProposalWindow: int(e.pace.limit),
 		Held: e.heldMsgs, HeldBytes: e.heldBytes, Position: e.position(),
-		Spilled: e.spilledMsgs, SpilledBytes: e.spilledBytes,
+		Spilled: e.spilledMsgs, SpilledBytes: e.spilledBytes, SpilledTotal: e.stats.spilled,
 		IngressGaps: r.loss.gaps.Load(), IngressMissing: r.loss.missing.Load(),
 		QueueRewinds: r.queueTail.rewinds.Load(), QueueLostSeqs: r.queueTail.lost.Load(), BindingsRewinds: r.cache.Rewinds(),
 	}
