@@ -57,18 +57,8 @@ func selfAsChild(t *testing.T) {
 // sizes, and checks that every figure is there and plausible.
 func TestMainRuns(t *testing.T) {
 	selfAsChild(t)
-	var out, errOut bytes.Buffer
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	args := []string{"--json", "--servers", "1", "--messages", "2000", "--decisions", "1000", "--creates", "1000", "--groups", "100",
-		"--warm-start", "2000", "--latency-duration", "500ms", "--zipf-groups", "10000"}
-	if err := Main(ctx, args, &out, &errOut); err != nil {
-		t.Fatalf("Main: %v\nstderr:\n%s", err, errOut.String())
-	}
-	var res Result
-	if err := json.Unmarshal(out.Bytes(), &res); err != nil {
-		t.Fatalf("output is not JSON: %v\n%s", err, out.String())
-	}
+	res, errOut := runJSON(t, "--servers", "1", "--messages", "2000", "--decisions", "1000", "--creates", "1000", "--groups", "100",
+		"--warm-start", "2000", "--latency-duration", "500ms", "--zipf-groups", "10000")
 	seen := map[string]Row{}
 	for _, r := range res.Rows {
 		seen[fmt.Sprintf("%s/%d/%s", r.Workload, r.Nodes, strings.SplitN(r.Metric, " @", 2)[0])] = r
@@ -113,6 +103,23 @@ func TestMainRuns(t *testing.T) {
 	}
 }
 
+// runJSON runs the bench with args and --json, and returns its result
+// and what it wrote on stderr.
+func runJSON(t *testing.T, args ...string) (Result, *bytes.Buffer) {
+	t.Helper()
+	var out, errOut bytes.Buffer
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	if err := Main(ctx, append([]string{"--json"}, args...), &out, &errOut); err != nil {
+		t.Fatalf("Main: %v\nstderr:\n%s", err, errOut.String())
+	}
+	var res Result
+	if err := json.Unmarshal(out.Bytes(), &res); err != nil {
+		t.Fatalf("output is not JSON: %v\n%s", err, out.String())
+	}
+	return res, &errOut
+}
+
 // TestFloodWorkload: the flood workload runs and reports the bound
 // group's latency beside its own baseline and the node's peak RSS
 // against the documented bound.
@@ -120,17 +127,8 @@ func TestFloodWorkload(t *testing.T) {
 	if testing.Short() {
 		t.Skip("-short: starts NATS and a router node, ~15 s")
 	}
-	var out, errOut bytes.Buffer
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	if err := Main(ctx, []string{"--json", "--servers", "1", "--workloads", "flood", "--flood", "5000", "--scaling=false", "--warm-start", "0",
-		"--messages", "2000", "--creates", "1000", "--latency-duration", "500ms"}, &out, &errOut); err != nil {
-		t.Fatalf("Main: %v\nstderr:\n%s", err, errOut.String())
-	}
-	var res Result
-	if err := json.Unmarshal(out.Bytes(), &res); err != nil {
-		t.Fatalf("output is not JSON: %v\n%s", err, out.String())
-	}
+	res, errOut := runJSON(t, "--servers", "1", "--workloads", "flood", "--flood", "5000", "--scaling=false", "--warm-start", "0",
+		"--messages", "2000", "--creates", "1000", "--latency-duration", "500ms")
 	seen := map[string]Row{}
 	for _, r := range res.Rows {
 		seen[r.Metric] = r
