@@ -405,10 +405,19 @@ func spillFrom(c Config) int64 {
 // routed) goes to the dead-letter stream without its body, with the
 // reason.
 func (r *Router) fetchSpilled(a action) {
+	r.fetchMu.Lock()
+	if r.fetchDone {
+		r.fetchMu.Unlock()
+		r.publishFailed(a, context.Canceled) // the node stops
+		return
+	}
+	r.fetchWG.Add(1)
+	r.fetchMu.Unlock()
 	go func() {
+		defer r.fetchWG.Done()
 		r.fetches <- struct{}{}
 		defer func() { <-r.fetches }()
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		ctx, cancel := context.WithTimeout(r.fetchCtx, 5*time.Second)
 		defer cancel()
 		msg, err := r.ingressMsg(ctx, a.m.seq)
 		switch {

@@ -158,7 +158,14 @@ type Router struct {
 	queueTail    queueTail   // the last queue write, for the lost-writes check (storecheck.go)
 	// fetches bounds the reads of spilled messages in flight
 	// (fetchSpilled); ingressSt is the ingress stream's handle for them.
+	// fetchWG counts them, and fetchCtx (cancelled by drain) bounds them,
+	// so that none outlives Run.
 	fetches     chan struct{}
+	fetchWG     sync.WaitGroup
+	fetchMu     sync.Mutex // guards fetchDone and fetchWG.Add
+	fetchDone   bool
+	fetchCtx    context.Context
+	fetchCancel context.CancelFunc
 	ingressMu   sync.Mutex
 	ingressSt   jetstream.Stream
 	stopped     atomic.Bool // Run returned
@@ -215,6 +222,7 @@ func New(nc *nats.Conn, cfg Config) (*Router, error) {
 	}
 	r.host, _ = os.Hostname()
 	r.cond = sync.NewCond(&r.mu)
+	r.fetchCtx, r.fetchCancel = context.WithCancel(context.Background())
 	r.warnNoDecision = logagg.New(r.log, "no routing decision; the group waits and is retried", logagg.DefaultEvery)
 	r.warnDeadLettered = logagg.New(r.log, "group dead-lettered", logagg.DefaultEvery)
 	r.warnPublish = logagg.New(r.log, "publish failed; retrying in order (a full dead-letter stream refuses new entries until room is made)", logagg.DefaultEvery)
@@ -514,6 +522,11 @@ func (r *Router) drain() {
 		r.mu.Lock()
 	}
 	r.mu.Unlock()
+	r.fetchMu.Lock()
+	r.fetchDone = true
+	r.fetchMu.Unlock()
+	r.fetchCancel() // reads of spilled messages still going: their publishes are dropped
+	r.fetchWG.Wait()
 	ckpt := r.checkpoint()
 	if r.yielded.Load() {
 		// The checkpoint and the liveness record are the other process's.
