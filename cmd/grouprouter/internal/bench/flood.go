@@ -76,6 +76,9 @@ func (b *bencher) floodOn(ctx context.Context, e *env, viaRelay bool, profile st
 	}
 	args := []string{"--mode", modeRouter, "--nats", strings.Join(e.ns.URLsFor(0), ","), "--node", "n0",
 		"--type", "LOCAL", "--name", handlerName, "--address", benchAddress}
+	if !b.cfg.FloodSpill {
+		args = append(args, "--max-spilled-bytes", "-1")
+	}
 	name := "router n0 (flood)"
 	if viaRelay {
 		// The streams and n0's queue consumer come from a LOCAL node.
@@ -178,7 +181,7 @@ func (b *bencher) flood(ctx context.Context, e *env, k *child, isRouter bool) (f
 		sampler.Wait()
 		return fr, err
 	}
-	m, err := b.measureRun(ctx, e, []*child{k}, runSpec{label: "flood", n: b.cfg.Flood, groups: floodIDs()})
+	m, err := b.measureRun(ctx, e, []*child{k}, runSpec{label: "flood", n: b.cfg.Flood, rate: b.cfg.FloodRate, groups: floodIDs()})
 	stopDead()
 	fr.deadLettered = dead.Load()
 	stopSample()

@@ -38,6 +38,8 @@ type config struct {
 	Decisions  int
 	Burst      int
 	Flood      int
+	FloodRate  float64
+	FloodSpill bool
 	Creates    int
 	Groups     int
 	Payload    int
@@ -94,6 +96,8 @@ func parseFlags(args []string, stdout, stderr io.Writer) (config, error) {
 	fs.IntVar(&c.Decisions, "decisions", defaultDecisions, "messages per throughput run of the decision-bound workloads (cardinality: each a new group; zipf) and KV creates of their baseline")
 	fs.IntVar(&c.Burst, "burst", defaultBurst, "new groups of each run of the burst workload (ids of 64, then 1000 bytes)")
 	fs.IntVar(&c.Flood, "flood", defaultFlood, "new groups of the flood workload (64-byte ids), published as fast as the producers can beside a bound group")
+	fs.Float64Var(&c.FloodRate, "flood-rate", 0, "pace of the flood (msgs/s); 0 = as fast as the producers can")
+	fs.BoolVar(&c.FloodSpill, "flood-spill", true, "the flood's router node spills messages waiting for a decision (--max-spilled-bytes); false: it never does, for a comparison")
 	fs.IntVar(&c.Creates, "creates", defaultCreates, "proposals per run of the decision service alone, and KV creates per run of its baselines")
 	fs.IntVar(&c.Groups, "groups", defaultGroups, "hot groups of the steady state")
 	fs.IntVar(&c.Payload, "payload", defaultPayload, "message body size in bytes")
@@ -158,8 +162,8 @@ func parseFlags(args []string, stdout, stderr io.Writer) (config, error) {
 		return c, fmt.Errorf("%w: --messages, --decisions, --creates, --groups, --burst and --flood must be >= 1", ErrUsage)
 	case c.Payload < minBody || c.Payload > 1<<20:
 		return c, fmt.Errorf("%w: --payload %d: want %d to 1048576 bytes", ErrUsage, c.Payload, minBody)
-	case c.Rate < 0, c.WarmStart < 0:
-		return c, fmt.Errorf("%w: --rate and --warm-start must be >= 0", ErrUsage)
+	case c.Rate < 0, c.WarmStart < 0, c.FloodRate < 0:
+		return c, fmt.Errorf("%w: --rate, --flood-rate and --warm-start must be >= 0", ErrUsage)
 	case c.ZipfGroups < 2 || c.ZipfS <= 1:
 		return c, fmt.Errorf("%w: --zipf-groups must be >= 2 and --zipf-s > 1", ErrUsage)
 	case c.Producers < 1 || c.Producers > 64:
