@@ -80,8 +80,7 @@ func (b *bencher) burstPhase(ctx context.Context, e *env, sr *serverResults, pro
 			return err
 		}
 		logw := &countingWriter{w: b.stderr, limit: 16 << 10}
-		args := []string{"--mode", modeRouter, "--nats", strings.Join(e.ns.URLsFor(0), ","), "--node", "n0",
-			"--type", "LOCAL", "--name", handlerName, "--address", benchAddress}
+		args := loneRouterArgs(e)
 		if profile != "" {
 			args = append(args, "--cpuprofile", profileName(profile, "burst"+strconv.Itoa(idLen)),
 				"--memprofile", profileName(profile, "burst"+strconv.Itoa(idLen)+"-heap"))

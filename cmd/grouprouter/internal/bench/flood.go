@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/binary"
 	"fmt"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -74,30 +73,16 @@ func (b *bencher) floodOn(ctx context.Context, e *env, viaRelay bool, profile st
 	if err := b.resetRouting(ctx, e); err != nil {
 		return floodRun{}, err
 	}
-	args := []string{"--mode", modeRouter, "--nats", strings.Join(e.ns.URLsFor(0), ","), "--node", "n0",
-		"--type", "LOCAL", "--name", handlerName, "--address", benchAddress}
+	args := loneRouterArgs(e)
 	if !b.cfg.FloodSpill {
 		args = append(args, "--max-spilled-bytes", "-1")
 	}
 	name := "router n0 (flood)"
 	if viaRelay {
-		// The streams and n0's queue consumer come from a LOCAL node.
-		kids, err := b.startNodes(ctx, e, 1, 1, "", "")
-		if err != nil {
+		var err error
+		if args, err = b.relayArgs(ctx, e); err != nil {
 			return floodRun{}, err
 		}
-		if err := b.stopAll(kids); err != nil {
-			return floodRun{}, err
-		}
-		var start uint64 = 1
-		if s, err := e.js.Stream(ctx, router.IngressStream); err == nil {
-			info, err := s.Info(ctx)
-			if err != nil {
-				return floodRun{}, err
-			}
-			start = info.State.LastSeq + 1
-		}
-		args = []string{"--mode", modeRelay, "--nats", strings.Join(e.ns.URLsFor(0), ","), "--node", "n0", "--start-seq", strconv.FormatUint(start, 10)}
 		name = "relay (flood)"
 	}
 	if profile != "" {

@@ -902,29 +902,45 @@ func (b *bencher) skipPhase(ctx context.Context, e *env, skipProfile string) (*s
 
 // relayPhase measures baseline (i): the relay in a child process, fed and
 // consumed exactly like the router (hot-group headers, node n0's queue).
-func (b *bencher) relayPhase(ctx context.Context, e *env, sr *serverResults, profile string) error {
-	b.phase("relay baseline")
-	if err := b.resetRouting(ctx, e); err != nil {
-		return err
-	}
-	// The streams and n0's queue consumer come from a LOCAL node.
+// relayArgs prepares the relay's run: the streams and n0's queue
+// consumer from a LOCAL node started and stopped, and returns the relay
+// child's arguments, from the ingress's next sequence on.
+func (b *bencher) relayArgs(ctx context.Context, e *env) ([]string, error) {
 	kids, err := b.startNodes(ctx, e, 1, 1, "", "")
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if err := b.stopAll(kids); err != nil {
-		return err
+		return nil, err
 	}
 	var start uint64 = 1
 	if s, err := e.js.Stream(ctx, router.IngressStream); err == nil {
 		info, err := s.Info(ctx)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		start = info.State.LastSeq + 1
 	}
-	args := []string{"--mode", modeRelay, "--nats", strings.Join(e.ns.URLsFor(0), ","),
-		"--node", "n0", "--start-seq", strconv.FormatUint(start, 10)}
+	return []string{"--mode", modeRelay, "--nats", strings.Join(e.ns.URLsFor(0), ","),
+		"--node", "n0", "--start-seq", strconv.FormatUint(start, 10)}, nil
+}
+
+// loneRouterArgs returns the arguments of a lone LOCAL router node n0
+// (the burst and flood workloads' fresh node).
+func loneRouterArgs(e *env) []string {
+	return []string{"--mode", modeRouter, "--nats", strings.Join(e.ns.URLsFor(0), ","), "--node", "n0",
+		"--type", "LOCAL", "--name", handlerName, "--address", benchAddress}
+}
+
+func (b *bencher) relayPhase(ctx context.Context, e *env, sr *serverResults, profile string) error {
+	b.phase("relay baseline")
+	if err := b.resetRouting(ctx, e); err != nil {
+		return err
+	}
+	args, err := b.relayArgs(ctx, e)
+	if err != nil {
+		return err
+	}
 	if profile != "" {
 		args = append(args, "--cpuprofile", profile)
 	}
@@ -932,7 +948,7 @@ func (b *bencher) relayPhase(ctx context.Context, e *env, sr *serverResults, pro
 	if err != nil {
 		return err
 	}
-	kids = []*child{k}
+	kids := []*child{k}
 	runErr := func() error {
 		if _, err := k.next(ctx, "ready", 60*time.Second); err != nil {
 			return err
