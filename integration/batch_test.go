@@ -287,8 +287,8 @@ func TestQueueStreamBeforeBatchesIsUpdated(t *testing.T) {
 	want := ingressOrder(t, js)
 	col.waitConsumed(t, want, 60*time.Second)
 	checkDelivered(t, col.all(), want, true, false)
-	if s := n0.r.Stats(); s.Batches == 0 {
-		t.Errorf("no atomic batch published on the updated queue stream (stats %+v)", s)
+	if s := n0.r.Stats(); s.Batches == 0 || s.BatchedMessages == 0 || s.BatchedMessages > s.Routed || s.MaxBatch != router.DefaultMaxBatch {
+		t.Errorf("no atomic batch published on the updated queue stream, or its counters do not add up (stats %+v)", s)
 	} else {
 		t.Logf("%d messages routed in %d batches (and one at a time)", s.Routed, s.Batches)
 	}

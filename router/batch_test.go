@@ -121,6 +121,44 @@ func TestEngineFailedBatchGoesOneAtATime(t *testing.T) {
 	}
 }
 
+// The batch counters (grouprouter_queue_batches_total and the rest): a
+// stored batch counts its messages, a failed one counts as a failure and
+// its messages count when stored alone, as routed messages, not batched.
+func TestEngineCountsBatches(t *testing.T) {
+	recs := mapRecords{}
+	e := newBatchEngine(recs, 8, 4)
+	for seq := uint64(1); seq <= 3; seq++ {
+		e.ingest("g", &msgRec{seq: seq}, testNow)
+	}
+	e.take()
+	recs["g"] = kvbinding.Binding{State: kvbinding.StateBound, Node: "n1", FromSeq: 1, Revision: 2}
+	e.changed("g", testNow)
+	e.take()
+	ln := e.lanes["g"]
+	if e.stats.batches != 1 || e.batches != 1 {
+		t.Fatalf("batches published %d, in flight %d; want 1 and 1", e.stats.batches, e.batches)
+	}
+	e.ackedBatch(ln, nil, testNow)
+	if e.stats.batchedMsgs != 3 || e.stats.batchFailures != 0 || e.batches != 0 {
+		t.Fatalf("batched messages %d, failures %d, in flight %d; want 3, 0, 0", e.stats.batchedMsgs, e.stats.batchFailures, e.batches)
+	}
+	for seq := uint64(4); seq <= 6; seq++ {
+		e.ingest("g", &msgRec{seq: seq}, testNow)
+	}
+	e.take()
+	if e.batches != 0 {
+		t.Fatalf("a lane with nothing in flight sent its first message in a batch")
+	}
+	ln = e.lanes["g"] // the emptied lane was dropped; seq 4 made a new one
+	e.acked(ln, ln.msgs[0], false, "", nil, testNow) // seq 4 alone; 5 and 6 go as a batch
+	e.take()
+	e.ackedBatch(ln, errors.New("ack timed out"), testNow)
+	if e.stats.batches != 2 || e.stats.batchFailures != 1 || e.stats.batchedMsgs != 3 {
+		t.Errorf("after a failed batch: %d published, %d failed, %d messages batched; want 2, 1, 3",
+			e.stats.batches, e.stats.batchFailures, e.stats.batchedMsgs)
+	}
+}
+
 // A move asked while a batch is in flight waits for the batch's outcome:
 // the fence is the first message the node did not store.
 func TestEngineFenceWaitsForTheBatch(t *testing.T) {

@@ -248,6 +248,7 @@ type engineStats struct {
 	spilled                                                     uint64 // messages spilled (maybeSpill), ever
 	refused                                                     uint64 // publishes the servers refused for good (dead-lettered)
 	batches, batchFailures                                      uint64 // atomic batches published, and those that failed (their messages went one at a time)
+	batchedMsgs                                                 uint64 // messages stored as part of an atomic batch
 }
 
 // engine is the lane engine.
@@ -722,6 +723,7 @@ func (e *engine) ackedBatch(ln *lane, err error, now time.Time) {
 		return
 	}
 	ln.inflight--
+	e.stats.batchedMsgs += uint64(n)
 	last := ln.msgs[n-1]
 	for range n {
 		m := ln.msgs[0]

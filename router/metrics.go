@@ -69,6 +69,7 @@ type collector struct {
 	routed, skipped, deadLettered, publishErrors, proposals, failures *prometheus.Desc
 	held, heldBytes, lag, full, resets, gaps, missing                 *prometheus.Desc
 	spilled, spilledBytes                                             *prometheus.Desc
+	batches, batchFailures, batched, batchesInFlight, maxBatch        *prometheus.Desc
 	queueRewinds, queueLost, bindingsRewinds                          *prometheus.Desc
 	invalid, records, unsettled                                       *prometheus.Desc
 	liveNodes, bindings, consumer, backlog                            *prometheus.Desc
@@ -97,7 +98,16 @@ func newCollector(r *Router) *collector {
 		spilled: d("spilled_messages",
 			"Messages waiting for a decision that this node holds without their body (past half of --max-held-bytes); each is read again from the ingress when it is published."),
 		spilledBytes: d("spilled_bytes", "What the spilled messages take in memory (bounded by --max-spilled-bytes)."),
-		lag:          d("ingress_lag_messages", "Ingress messages stored after the last one this node read (stream last sequence minus the node's position)."),
+		batches: d("queue_batches_total",
+			"Atomic batches this node published onto its queue (several messages of one group that has a backlog, one PubAck round trip)."),
+		batchFailures: d("queue_batch_failures_total",
+			"Atomic batches that failed: none or all of their messages were stored, and each went again alone, deduplicated by its own Nats-Msg-Id."),
+		batched: d("queue_batched_messages_total",
+			"Messages stored as part of an atomic batch (divided by queue_batches_total: the mean batch; messages_routed_total minus it: those sent alone)."),
+		batchesInFlight: d("queue_batches_in_flight", "Atomic batches awaiting their outcome."),
+		maxBatch: d("queue_max_batch",
+			"The most messages of a group this node publishes as one atomic batch; 1: one at a time (batches off, an R1 queue stream, or one that does not allow atomic publishes)."),
+		lag: d("ingress_lag_messages", "Ingress messages stored after the last one this node read (stream last sequence minus the node's position)."),
 		full: d("ingress_full_seconds_total",
 			"Time this node's ingress reader waited for room because the held messages reached their bound (back-pressure: every group waits)."),
 		resets: d("ingress_consumer_resets_total",
@@ -130,7 +140,8 @@ func newCollector(r *Router) *collector {
 // Describe implements prometheus.Collector.
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.info, c.ready, c.reconnects, c.routed, c.skipped, c.deadLettered,
-		c.publishErrors, c.proposals, c.failures, c.held, c.heldBytes, c.spilled, c.spilledBytes, c.lag, c.full, c.resets, c.gaps, c.missing, c.queueRewinds, c.queueLost, c.bindingsRewinds, c.invalid, c.records, c.unsettled,
+		c.publishErrors, c.proposals, c.failures, c.held, c.heldBytes, c.spilled, c.spilledBytes,
+		c.batches, c.batchFailures, c.batched, c.batchesInFlight, c.maxBatch, c.lag, c.full, c.resets, c.gaps, c.missing, c.queueRewinds, c.queueLost, c.bindingsRewinds, c.invalid, c.records, c.unsettled,
 		c.liveNodes, c.bindings, c.consumer, c.backlog} {
 		ch <- d
 	}
@@ -165,6 +176,11 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	gauge(c.heldBytes, float64(st.HeldBytes))
 	gauge(c.spilled, float64(st.Spilled))
 	gauge(c.spilledBytes, float64(st.SpilledBytes))
+	counter(c.batches, st.Batches)
+	counter(c.batchFailures, st.BatchFailures)
+	counter(c.batched, st.BatchedMessages)
+	gauge(c.batchesInFlight, float64(st.InFlightBatches))
+	gauge(c.maxBatch, float64(st.MaxBatch))
 	if last, ok := r.ingressLastCached(context.Background()); ok {
 		gauge(c.lag, float64(lag(last, st.Position)))
 	}

@@ -88,8 +88,16 @@ type Stats struct {
 	// that failed: their messages were then published one at a time.
 	Batches       uint64
 	BatchFailures uint64
+	// BatchedMessages counts the messages stored as part of an atomic
+	// batch (BatchedMessages / Batches is the mean size of a stored one).
+	BatchedMessages uint64
 	// InFlightBatches is the atomic batches awaiting their outcome now.
 	InFlightBatches int
+	// MaxBatch is the most messages of a group this node publishes as one
+	// atomic batch: Config.MaxBatch, or 1 when it publishes one message at
+	// a time (batches off, an R1 queue stream, or one that does not allow
+	// atomic publishes: the node's log says which).
+	MaxBatch int
 }
 
 // Router is one grouprouter node. Create it with New and start it with Run.
@@ -271,6 +279,7 @@ func (r *Router) Stats() Stats {
 		DecisionTimeouts: e.stats.timeouts, NoHandler: e.stats.noHandler, BelowFloor: e.stats.belowFloor, Refused: e.stats.refused,
 		LimitRefused: e.stats.limitRefused,
 		Batches:      e.stats.batches, BatchFailures: e.stats.batchFailures, InFlightBatches: e.batches,
+		BatchedMessages: e.stats.batchedMsgs, MaxBatch: max(e.cfg.maxBatch, 1),
 		WindowCuts: e.stats.windowCuts, ProposalWindow: int(e.pace.limit),
 		Held: e.heldMsgs, HeldBytes: e.heldBytes, Position: e.position(),
 		Spilled: e.spilledMsgs, SpilledBytes: e.spilledBytes, SpilledTotal: e.stats.spilled,

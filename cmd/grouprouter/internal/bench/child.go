@@ -66,6 +66,11 @@ type report struct {
 	Spilled        int    `json:"spilled,omitempty"`
 	Position       uint64 `json:"position,omitempty"` // next ingress sequence to read
 	Bindings       int    `json:"bindings,omitempty"` // records in the binding cache
+	// Atomic batches (router.Stats): published, failed, messages stored in
+	// them.
+	Batches       uint64 `json:"batches,omitempty"`
+	BatchFailures uint64 `json:"batch_failures,omitempty"`
+	Batched       uint64 `json:"batched,omitempty"`
 
 	// Process figures at the time of the report.
 	Usage     usage  `json:"usage"`
@@ -263,7 +268,8 @@ func routerReport(r *router.Router) report {
 	st := r.Stats()
 	rep := report{Mode: modeRouter, Node: r.Node(), Routed: st.Routed, Skipped: st.Skipped,
 		Proposals: st.Proposals, DecisionErrors: st.DecisionErrors, PublishErrors: st.PublishErrors,
-		Held: st.Held, Spilled: st.Spilled, Position: st.Position}
+		Held: st.Held, Spilled: st.Spilled, Position: st.Position,
+		Batches: st.Batches, BatchFailures: st.BatchFailures, Batched: st.BatchedMessages}
 	if c := r.Cache(); c != nil {
 		rep.Bindings = c.Len()
 	}

@@ -131,6 +131,7 @@ const (
 	unitMs        = "ms"
 	unitUsPerMsg  = "µs/msg"
 	unitPerMsg    = "/msg"
+	unitPerBatch  = "msgs/batch"
 	unitMiB       = "MiB"
 	unitBytes     = "B/binding"
 	unitSec       = "s"
@@ -151,7 +152,7 @@ func formatValue(v float64, unit string) string {
 	switch unit {
 	case unitMsgs, unitDecisions, unitCreates, unitWrites, unitCount:
 		s = thousands(int64(math.Round(v)))
-	case unitMs, unitUsPerMsg, unitSec, unitPerMsg:
+	case unitMs, unitUsPerMsg, unitSec, unitPerMsg, unitPerBatch:
 		switch {
 		case v >= 100:
 			s = strconv.FormatFloat(v, 'f', 0, 64)
@@ -245,6 +246,14 @@ func (r *Row) vs(name string, base float64) *Row {
 func (r *Row) atLeast(x float64) *Row {
 	r.Target = ">= " + strconv.FormatFloat(x, 'f', -1, 64) + "x"
 	met := r.Ratio >= x
+	r.Met = &met
+	return r
+}
+
+// atMost marks the row met when ratio <= x.
+func (r *Row) atMost(x float64) *Row {
+	r.Target = "<= " + strconv.FormatFloat(x, 'f', -1, 64) + "x"
+	met := r.Ratio != 0 && r.Ratio <= x
 	r.Met = &met
 	return r
 }
@@ -351,6 +360,15 @@ func (sr *serverResults) rows(cfg config) []Row {
 				}
 				rb.add(wl, n, fmt.Sprintf("%d group(s) router CPU per msg (all nodes)", h.groups), us(h.thr.CPUPerMsg()), unitUsPerMsg).
 					noise(h.thr.Foreign).vs("relay", us(relay.thr.CPUPerMsg())).noise(relay.thr.Foreign)
+				rb.add(wl, n, fmt.Sprintf("%d group(s) servers+load CPU per msg (bench process)", h.groups), us(h.thr.SelfCPUPerMsg()), unitUsPerMsg).
+					noise(h.thr.Foreign).vs("relay", us(relay.thr.SelfCPUPerMsg())).noise(relay.thr.Foreign)
+				if t := h.thr; t.Batches > 0 {
+					// How the backlog went: the mean stored batch, and the
+					// share of the messages that went in one.
+					rb.add(wl, n, fmt.Sprintf("%d group(s) mean atomic batch (%.0f%% of msgs batched, %d batches failed)",
+						h.groups, 100*float64(t.Batched)/float64(max(t.Routed, 1)), t.BatchErr),
+						float64(t.Batched)/float64(t.Batches), unitPerBatch)
+				}
 			}
 			continue
 		}
@@ -370,6 +388,16 @@ func (sr *serverResults) rows(cfg config) []Row {
 			rb.add(wl, n, "new groups in run", float64(res.thr.NewGroup), unitCount)
 			rb.add(wl, n, "decisions/s", res.thr.BindRate, unitDecisions).noise(res.thr.Foreign).vs(kvName, kvBest.V).noise(kvBest.Foreign)
 			latRows(wl, n, "latency", res.lat, false, nil, false)
+			if relay != nil && relay.lat.Lat.N > 0 && res.lat.Lat.N > 0 {
+				// A hot group's latency against the relay's paced run: the
+				// zipf run is paced at half its own peak, the relay's at half
+				// the relay's, so the two rates differ (both in the rows).
+				r := rb.add(wl, n, "latency p99 "+at(res.lat.Paced)+" vs the relay's paced p99", ms(res.lat.Lat.P99), unitMs).
+					noise(res.lat.Foreign).vs("relay "+at(relay.lat.Paced), ms(relay.lat.Lat.P99)).noise(relay.lat.Foreign)
+				if sr.servers >= 3 { // the target is on replicated streams
+					r.atMost(2)
+				}
+			}
 			latRows(wl, n, "decision latency", res.lat, true, nil, false)
 		}
 	}

@@ -97,6 +97,9 @@ type measure struct {
 	Syscalls uint64        // read and write system calls of the measured processes during the run
 	SelfSys  uint64        // the same of this process
 	Routed   uint64        // messages republished by the measured processes
+	Batches  uint64        // atomic batches they stored (router nodes)
+	Batched  uint64        // messages in those batches
+	BatchErr uint64        // atomic batches that failed
 	Heap     uint64        // largest HeapInuse of a measured process at the end
 	RSS      int64         // largest peak RSS of a measured process so far
 	Foreign  float64       // share of the machine other processes used (-1: unknown)
@@ -200,6 +203,9 @@ func (b *bencher) measureRun(ctx context.Context, e *env, kids []*child, spec ru
 		m.CPU += after[i].Usage.CPU() - before[i].Usage.CPU()
 		m.Syscalls += after[i].Usage.Syscalls - before[i].Usage.Syscalls
 		m.Routed += after[i].Routed - before[i].Routed
+		m.Batches += after[i].Batches - before[i].Batches
+		m.Batched += after[i].Batched - before[i].Batched
+		m.BatchErr += after[i].BatchFailures - before[i].BatchFailures
 		m.Heap = max(m.Heap, after[i].HeapInuse)
 		m.RSS = max(m.RSS, after[i].Usage.MaxRSS)
 	}
