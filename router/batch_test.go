@@ -149,8 +149,10 @@ func TestEngineCountsBatches(t *testing.T) {
 	if e.batches != 0 {
 		t.Fatalf("a lane with nothing in flight sent its first message in a batch")
 	}
-	ln = e.lanes["g"] // the emptied lane was dropped; seq 4 made a new one
-	e.acked(ln, ln.msgs[0], false, "", nil, testNow) // seq 4 alone; 5 and 6 go as a batch
+	// The emptied lane was dropped; seq 4 made a new one. Seq 4 goes alone,
+	// 5 and 6 as a batch.
+	ln = e.lanes["g"]
+	e.acked(ln, ln.msgs[0], false, "", nil, testNow)
 	e.take()
 	e.ackedBatch(ln, errors.New("ack timed out"), testNow)
 	if e.stats.batches != 2 || e.stats.batchFailures != 1 || e.stats.batchedMsgs != 3 {

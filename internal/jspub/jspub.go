@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -50,12 +51,17 @@ type Callback func(ack Ack, err error)
 type pending struct {
 	cb       Callback
 	deadline time.Time
+	// Fast-ingest batches (PublishBatch): the messages sent, and the
+	// first failure reported before the batch's PubAck.
+	batch  int
+	failed error
 }
 
 // Publisher pipelines JetStream publishes. It is safe for concurrent use.
 type Publisher struct {
 	nc       *nats.Conn
 	prefix   string
+	uid      string // unique to this publisher: starts each batch id
 	timeout  time.Duration
 	sub      *nats.Subscription
 	batchEnd func()
@@ -97,8 +103,11 @@ func New(nc *nats.Conn, timeout time.Duration, opts ...Option) (*Publisher, erro
 		// replies go to <prefix>.<id>..., as the connection's own inboxes.
 		p.prefix = custom + "."
 	}
-	p.prefix += nuid.Next() + "."
-	sub, err := nc.Subscribe(p.prefix+"*", p.onReply)
+	p.uid = nuid.Next()
+	p.prefix += p.uid + "."
+	// One token after the prefix: a publish's id; more: a batch's
+	// message (PublishBatch).
+	sub, err := nc.Subscribe(p.prefix+">", p.onReply)
 	if err != nil {
 		return nil, fmt.Errorf("jspub: subscribe: %w", err)
 	}
@@ -122,6 +131,63 @@ func (p *Publisher) Publish(msg *nats.Msg, cb Callback) error {
 		delete(p.pending, id)
 		p.mu.Unlock()
 		return err
+	}
+	return nil
+}
+
+// Fast-ingest batches (nats-server 2.14+, a stream with allow_batched):
+// each message's reply subject names the batch, its sequence in the batch
+// and its operation, <prefix><id>.<flow>.fail.<seq>.<op>.$FI. The server
+// stores the messages as they come, in order; with gap mode "fail" it ends
+// the batch at the first message it cannot store (or a missing one) and
+// its PubAck counts the messages stored, duplicates included.
+const (
+	fastBatchStart  = "0"
+	fastBatchAppend = "1"
+	fastBatchCommit = "2"
+)
+
+// ErrBatchIncomplete is reported when a fast-ingest batch ended before its
+// last message: a prefix of it may be stored. Publish its messages again,
+// each with its Nats-Msg-Id, to be sure.
+var ErrBatchIncomplete = errors.New("jspub: batch not stored whole")
+
+// PublishBatch sends msgs (at least 2, their Reply overwritten) as one
+// fast-ingest batch with gap mode "fail", and calls cb once: with the
+// commit's PubAck (Sequence is the last message's, or 0 when every message
+// was a duplicate) when all of them are stored, else with an error that
+// wraps ErrBatchIncomplete (and the server's error, if it gave one) or is
+// ErrTimeout. On an error a prefix of msgs may be stored; nothing after a
+// message that was not. Flow-control acknowledgements are not waited for: a batch is small
+// (the server sends one every min(500, len(msgs)) messages at first).
+// An error from PublishBatch itself means cb will not be called; some of
+// msgs may have been sent.
+func (p *Publisher) PublishBatch(msgs []*nats.Msg, cb Callback) error {
+	if len(msgs) < 2 {
+		return errors.New("jspub: a batch needs at least 2 messages")
+	}
+	p.mu.Lock()
+	p.next++
+	id := p.next
+	p.pending[id] = pending{cb: cb, deadline: time.Now().Add(p.timeout), batch: len(msgs)}
+	p.mu.Unlock()
+	base := p.prefix + p.uid + strconv.FormatUint(id, 10) + "." + strconv.Itoa(len(msgs)) + ".fail."
+	last := len(msgs) - 1
+	for i, m := range msgs {
+		op := fastBatchAppend
+		switch i {
+		case 0:
+			op = fastBatchStart
+		case last:
+			op = fastBatchCommit
+		}
+		m.Reply = base + strconv.Itoa(i+1) + "." + op + ".$FI"
+		if err := p.nc.PublishMsg(m); err != nil {
+			p.mu.Lock()
+			delete(p.pending, id)
+			p.mu.Unlock()
+			return err
+		}
 	}
 	return nil
 }
@@ -156,7 +222,10 @@ func (p *Publisher) Close() {
 }
 
 func (p *Publisher) onReply(m *nats.Msg) {
-	if id, err := strconv.ParseUint(m.Subject[len(p.prefix):], 10, 64); err == nil {
+	rest := m.Subject[len(p.prefix):]
+	if i := strings.IndexByte(rest, '.'); i >= 0 {
+		p.onBatchReply(rest[:i], m)
+	} else if id, err := strconv.ParseUint(rest, 10, 64); err == nil {
 		p.mu.Lock()
 		pd, ok := p.pending[id]
 		if ok {
@@ -176,6 +245,105 @@ func (p *Publisher) onReply(m *nats.Msg) {
 			p.batchEnd()
 		}
 	}
+}
+
+// onBatchReply takes a reply to a fast-ingest batch's message: a flow
+// acknowledgement (ignored), a gap or an error report (kept: the batch is
+// not stored whole), or the PubAck that ends the batch.
+func (p *Publisher) onBatchReply(token string, m *nats.Msg) {
+	if !strings.HasPrefix(token, p.uid) {
+		return
+	}
+	id, err := strconv.ParseUint(token[len(p.uid):], 10, 64)
+	if err != nil {
+		return
+	}
+	kind, ack, err := parseBatchReply(m)
+	p.mu.Lock()
+	pd, ok := p.pending[id]
+	switch {
+	case !ok:
+	case kind == batchFlow:
+		ok = false
+	case kind == batchTrouble:
+		if pd.failed == nil {
+			pd.failed = err
+			p.pending[id] = pd
+		}
+		ok = false
+	default:
+		delete(p.pending, id)
+	}
+	p.mu.Unlock()
+	if !ok {
+		return
+	}
+	switch {
+	case err != nil:
+		err = fmt.Errorf("%w: %w", ErrBatchIncomplete, err)
+	case pd.failed != nil:
+		err = fmt.Errorf("%w: %w", ErrBatchIncomplete, pd.failed)
+	case ack.count != pd.batch:
+		err = fmt.Errorf("%w: %d of %d messages stored", ErrBatchIncomplete, ack.count, pd.batch)
+	}
+	if err != nil {
+		pd.cb(Ack{}, err)
+	} else {
+		pd.cb(ack.Ack, nil)
+	}
+	p.run++
+}
+
+// The kinds of reply to a batch's message.
+const (
+	batchEnd     = iota // the PubAck (or error) that ends the batch
+	batchFlow           // a flow-control acknowledgement
+	batchTrouble        // a gap or a message's error: the batch ends short
+)
+
+type batchAck struct {
+	Ack
+	count int
+}
+
+// parseBatchReply decodes a reply to a fast-ingest batch's message.
+func parseBatchReply(m *nats.Msg) (int, batchAck, error) {
+	if len(m.Data) == 0 && m.Header.Get("Status") == "503" {
+		return batchEnd, batchAck{}, ErrNoResponders
+	}
+	var r struct {
+		Type      string    `json:"type"`
+		Stream    string    `json:"stream"`
+		Sequence  uint64    `json:"seq"`
+		LastSeq   uint64    `json:"last_seq"`
+		Duplicate bool      `json:"duplicate"`
+		Count     int       `json:"count"`
+		Error     *APIError `json:"error"`
+	}
+	if err := json.Unmarshal(m.Data, &r); err != nil {
+		return batchEnd, batchAck{}, fmt.Errorf("jspub: bad batch reply: %w", err)
+	}
+	switch r.Type {
+	case "ack":
+		return batchFlow, batchAck{}, nil
+	case "gap":
+		return batchTrouble, batchAck{}, fmt.Errorf("message %d of the batch came when %d was expected", r.Sequence, r.LastSeq)
+	case "err":
+		if r.Error == nil {
+			return batchTrouble, batchAck{}, fmt.Errorf("message %d of the batch refused", r.Sequence)
+		}
+		return batchTrouble, batchAck{}, fmt.Errorf("message %d of the batch refused: %w", r.Sequence, r.Error)
+	case "":
+	default:
+		return batchFlow, batchAck{}, nil // a later kind of report: the PubAck still ends the batch
+	}
+	if r.Error != nil {
+		return batchEnd, batchAck{}, r.Error
+	}
+	if r.Stream == "" {
+		return batchEnd, batchAck{}, fmt.Errorf("jspub: bad batch ack %q", m.Data)
+	}
+	return batchEnd, batchAck{Ack: Ack{Stream: r.Stream, Sequence: r.Sequence, Duplicate: r.Duplicate}, count: r.Count}, nil
 }
 
 // maxRun bounds a run of callbacks between two batch ends, so that a

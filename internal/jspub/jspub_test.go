@@ -174,3 +174,113 @@ func TestBatchEnd(t *testing.T) {
 		t.Errorf("%d batch ends for %d callbacks", ends, n+1)
 	}
 }
+
+// TestPublishBatch: a fast-ingest batch is stored whole and in order; a
+// batch of duplicates is a success; a batch whose middle message the
+// server refuses ends there, reported as incomplete with only what came
+// before it stored; a stream that does not allow batches refuses it.
+func TestPublishBatch(t *testing.T) {
+	srv := natstest.RunServer(t)
+	nc := srv.Connect()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	q, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "Q", Subjects: []string{"q.>"}, AllowBatchPublish: true,
+		MaxMsgSize: 512, Duplicates: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "PLAIN", Subjects: []string{"plain.>"}}); err != nil {
+		t.Fatal(err)
+	}
+	p, err := New(nc, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	batch := func(subject string, ids []string, big int) (Ack, error) {
+		t.Helper()
+		var msgs []*nats.Msg
+		for i, id := range ids {
+			data := []byte(id)
+			if i == big {
+				data = make([]byte, 1024)
+			}
+			msgs = append(msgs, &nats.Msg{Subject: subject, Header: nats.Header{jetstream.MsgIDHeader: {id}}, Data: data})
+		}
+		type outcome struct {
+			ack Ack
+			err error
+		}
+		done := make(chan outcome, 2)
+		if err := p.PublishBatch(msgs, func(a Ack, err error) { done <- outcome{a, err} }); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case o := <-done:
+			return o.ack, o.err
+		case <-ctx.Done():
+			t.Fatalf("no outcome for the batch %v", ids)
+			return Ack{}, nil
+		}
+	}
+	stored := func() []string {
+		t.Helper()
+		var out []string
+		info, err := q.Info(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for seq := info.State.FirstSeq; seq <= info.State.LastSeq && info.State.Msgs > 0; seq++ {
+			m, err := q.GetMsg(ctx, seq)
+			if err != nil {
+				t.Fatal(err)
+			}
+			out = append(out, string(m.Data))
+		}
+		return out
+	}
+
+	ack, err := batch("q.a", []string{"1", "2", "3", "4", "5"}, -1)
+	if err != nil || ack.Stream != "Q" || ack.Sequence != 5 {
+		t.Fatalf("a batch of 5: %+v, %v; want stored up to sequence 5", ack, err)
+	}
+	if _, err := batch("q.a", []string{"4", "5"}, -1); err != nil {
+		t.Fatalf("a batch of duplicates: %v", err)
+	}
+	_, err = batch("q.a", []string{"6", "7", "8", "9"}, 1)
+	if !errors.Is(err, ErrBatchIncomplete) {
+		t.Fatalf("a batch with a message over the stream's size: %v, want ErrBatchIncomplete", err)
+	}
+	if got, want := strings.Join(stored(), ","), "1,2,3,4,5,6"; got != want {
+		t.Errorf("stream holds %s, want %s (nothing after the refused message)", got, want)
+	}
+	if _, err := batch("plain.a", []string{"x", "y"}, -1); err == nil {
+		t.Errorf("a stream without allow_batched took a batch")
+	}
+	if p.Pending() != 0 {
+		t.Errorf("%d outcomes still pending", p.Pending())
+	}
+}
+
+// FuzzParseBatchReply: any reply to a batch's message decodes to one of
+// its kinds without panicking; a batch ends as stored only with a stream.
+func FuzzParseBatchReply(f *testing.F) {
+	for _, s := range []string{`{"type":"ack","seq":0,"msgs":64}`, `{"type":"gap","last_seq":3,"seq":5}`,
+		`{"type":"err","seq":2,"error":{"code":400,"err_code":10054,"description":"x"}}`,
+		`{"stream":"Q","seq":9,"batch":"b","count":4}`, `{"error":{"code":503}}`, `{"type":"later"}`, `[]`} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		kind, ack, err := parseBatchReply(&nats.Msg{Data: b})
+		if kind == batchEnd && err == nil && ack.Stream == "" {
+			t.Fatalf("%q ends a batch as stored without a stream", b)
+		}
+		if kind != batchEnd && (ack != batchAck{}) {
+			t.Fatalf("%q is not an end but carries %+v", b, ack)
+		}
+	})
+}
