@@ -1,10 +1,11 @@
 package integration
 
-// Atomic batches across faults (docs/protocol.md, "Batches"). A few hot
-// groups get a backlog (a burst published faster than one group's
-// publish round trip), so that their node routes them in atomic batches
-// on the R3 queue stream; while a batch is in flight, the node crashes, or
-// the server leading the queue stream is stopped. Every message is then
+// Batches across faults (docs/protocol.md, "Batches"). A few hot groups
+// get a backlog (a burst published faster than one group's publish round
+// trip), so that their node routes them in batches: atomic ones on the R3
+// queue stream of a 3-server cluster, fast-ingest ones on the R1 queue
+// stream of a single server. While a batch is in flight, the node crashes,
+// or the server leading the queue stream is stopped. Every message is then
 // processed exactly once, in ingress order, at its group's one node, and
 // the queue stream stored each message once.
 
@@ -31,21 +32,45 @@ func TestBatchesAcrossFaults(t *testing.T) {
 		// deliveries to consumers (see checkDelivered).
 		fault          func(t *testing.T, c *natstest.Cluster, js jetstream.JetStream, owner *node)
 		lostDeliveries bool
+		// oneServer: three nodes on a single server (an R1 queue stream
+		// and fast-ingest batches), else one node on each of 3 servers.
+		oneServer bool
 	}{
 		{"node crash mid-batch", func(t *testing.T, _ *natstest.Cluster, _ jetstream.JetStream, owner *node) {
 			crash(t, owner)
 			time.Sleep(time.Second)
 			owner.restart()
-		}, false},
+		}, false, false},
 		{"queue leader restart mid-batch", func(t *testing.T, c *natstest.Cluster, js jetstream.JetStream, _ *node) {
 			srv := c.Servers[streamLeader(t, c, js, router.QueueStream)]
 			srv.Stop()
 			time.Sleep(2 * time.Second)
 			srv.Restart()
-		}, true},
+		}, true, false},
+		{"R1 node crash mid-batch", func(t *testing.T, _ *natstest.Cluster, _ jetstream.JetStream, owner *node) {
+			crash(t, owner)
+			time.Sleep(time.Second)
+			owner.restart()
+		}, false, true},
+		{"R1 server restart mid-batch", func(t *testing.T, c *natstest.Cluster, js jetstream.JetStream, _ *node) {
+			c.Servers[0].Stop()
+			time.Sleep(2 * time.Second)
+			c.Servers[0].Restart()
+
+		}, true, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			c, nodes, col, admin, js := loadedCluster(t, "LRR")
+			var c *natstest.Cluster
+			var nodes []*node
+			var col *timedCollector
+			var admin *nats.Conn
+			var js jetstream.JetStream
+			if tc.oneServer {
+				c, nodes, col, admin, js = loadedServer(t, "LRR")
+			} else {
+				c, nodes, col, admin, js = loadedCluster(t, "LRR")
+			}
+			wantFast := tc.oneServer
 			st := openStore(t, admin)
 			hot := []string{"hot-0", "hot-1", "hot-2"}
 			// Bind the groups first: the owner of hot-0 is the node whose
@@ -99,25 +124,64 @@ func TestBatchesAcrossFaults(t *testing.T) {
 			col.waitConsumed(t, want, 90*time.Second)
 			checkDelivered(t, col.all(), want, true, tc.lostDeliveries)
 			checkQueuedOnce(t, js, total)
+			// A server restarted while consumers acknowledged may keep
+			// an acknowledged message; its node removes it (Stats.QueueOrphans).
 			waitQueuesEmpty(t, js, 30*time.Second)
 
-			var batches, failures uint64
+			var batches, failures, orphans uint64
 			for _, n := range nodes {
 				s := n.r.Stats()
 				batches += s.Batches
 				failures += s.BatchFailures
+				orphans += s.QueueOrphans
 				if n != owner {
 					batches -= before[n.id]
 				}
 			}
 			batches += st0.Batches - before[owner.id] // the owner's stats before a crash
-			t.Logf("%d messages in %d groups; %d atomic batches published (%d failed since the fault or the restart, sent one at a time); %d producer retries",
-				total, len(want), batches, failures, burst.retries)
+			kind := "atomic"
+			if wantFast {
+				kind = "fast-ingest"
+			}
+			t.Logf("%d messages in %d groups; %d %s batches published (%d failed since the fault or the restart, sent one at a time); %d producer retries; %d acknowledged messages the queue kept, removed",
+				total, len(want), batches, kind, failures, burst.retries, orphans)
 			if batches == 0 {
-				t.Errorf("no atomic batch was published: the test showed nothing about batches")
+				t.Errorf("no %s batch was published: the test showed nothing about batches", kind)
+			}
+			if r := streamInfo(t, js, router.QueueStream).Config; r.AllowBatchPublish != wantFast || (r.Replicas < 2) != wantFast {
+				t.Errorf("queue stream R%d, allow_batched %v: want fast-ingest batches on R1 only", r.Replicas, r.AllowBatchPublish)
 			}
 		})
 	}
+}
+
+// loadedServer is loadedCluster on a single server: the nodes of layout
+// and a consumer of each share it, and the router's streams have one
+// replica.
+func loadedServer(t *testing.T, layout string) (*natstest.Cluster, []*node, *timedCollector, *nats.Conn, jetstream.JetStream) {
+	t.Helper()
+	s := natstest.RunServer(t)
+	nodes := make([]*node, len(layout))
+	ids := make([]string, len(layout))
+	for i, kind := range layout {
+		ids[i] = fmt.Sprintf("n%d", i)
+		typ := router.Remote
+		if kind == 'L' {
+			typ = router.Local
+		}
+		nodes[i] = startNode(t, s.URL(), testConfig(ids[i], typ))
+	}
+	col := &timedCollector{}
+	for _, id := range ids {
+		startAppConsumer(t, s.URL(), id, col)
+	}
+	admin := natstest.Connect(t, s.URL(), nats.Name("test-admin"))
+	waitEligible(t, admin, ids, ids)
+	js, err := jetstream.New(admin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &natstest.Cluster{Servers: []*natstest.Server{s}}, nodes, col, admin, js
 }
 
 // nodeOf returns the node a binding names.

@@ -614,10 +614,30 @@ func waitQueuesEmpty(t testing.TB, js jetstream.JetStream, d time.Duration) {
 			return err
 		}
 		if info.State.Msgs != 0 {
-			return fmt.Errorf("%d messages left on queues: %v", info.State.Msgs, info.State.Subjects)
+			first := ""
+			if m, err := s.GetMsg(ctx, info.State.FirstSeq); err == nil {
+				first = fmt.Sprintf("%s %q %v", m.Subject, m.Data, m.Header)
+			}
+			return fmt.Errorf("%d messages left on queues: %v (stream %d..%d, first %s; consumers: %s)", info.State.Msgs, info.State.Subjects,
+				info.State.FirstSeq, info.State.LastSeq, first, queueConsumers(ctx, s))
 		}
 		return nil
 	})
+}
+
+// queueConsumers describes the queue stream's consumers: what each was
+// delivered, acknowledged and has pending.
+func queueConsumers(ctx context.Context, s jetstream.Stream) string {
+	var b strings.Builder
+	l := s.ListConsumers(ctx)
+	for ci := range l.Info() {
+		fmt.Fprintf(&b, "[%s delivered %d, ack floor %d, ack pending %d, redelivered %d, pending %d] ",
+			ci.Name, ci.Delivered.Stream, ci.AckFloor.Stream, ci.NumAckPending, ci.NumRedelivered, ci.NumPending)
+	}
+	if err := l.Err(); err != nil {
+		fmt.Fprintf(&b, "(listing: %v)", err)
+	}
+	return b.String()
 }
 
 // streamInfo returns a stream's info, retrying while it has no leader.

@@ -39,48 +39,66 @@ const (
 	// take 50 per stream, shared by the nodes (a batch refused for that
 	// goes one message at a time).
 	maxAtomicInFlight = 16
+	// maxFastInFlight bounds a node's fast-ingest batches in flight (the
+	// servers take 1,000 per stream).
+	maxFastInFlight = 64
 )
 
-// queueBatch returns the batch size this node publishes with: Config.MaxBatch
-// on a replicated queue stream that allows atomic publishes, else 1 (no
-// batches). A LOCAL node allows them on a queue stream created before
-// batches (an update of its configuration); should that fail (no
-// permission to update streams, servers before 2.12), the node publishes
-// one message at a time and says so.
-func (r *Router) queueBatch(ctx context.Context) int {
+// queueBatch returns the batch size this node publishes with and whether
+// its batches are fast-ingest ones: Config.MaxBatch on a queue stream that
+// allows them, else 1 (no batches). A replicated stream takes atomic
+// batches: all of a batch is stored or none, as one proposal of its
+// replicas. A stream of one replica takes fast-ingest batches (stored as
+// they come, a gap ends the batch): on R1 file storage an atomic batch
+// costs more than its messages published one by one (docs/performance.md,
+// "One group"). A LOCAL node allows them on a queue stream created before
+// them (an update of its configuration); should that fail (no permission
+// to update streams, servers before 2.12 or 2.14), the node publishes one
+// message at a time and says so.
+func (r *Router) queueBatch(ctx context.Context) (int, bool) {
 	if r.cfg.MaxBatch < 2 {
-		return 1
+		return 1, false
 	}
 	s, err := r.js.Stream(ctx, QueueStream)
 	if err != nil {
 		r.log.Warn("queue stream not read: publishing one message at a time per group", "err", err)
-		return 1
+		return 1, false
 	}
 	c := s.CachedInfo().Config
-	if c.Replicas < 2 {
-		// On R1 file storage an atomic batch costs more than its
-		// messages published one by one (docs/performance.md).
-		return 1
+	fast := c.Replicas < 2
+	allowed := func(c jetstream.StreamConfig) bool {
+		if fast {
+			return c.AllowBatchPublish
+		}
+		return c.AllowAtomicPublish
 	}
-	if c.AllowAtomicPublish {
-		return r.cfg.MaxBatch
+	kind := "atomic"
+	if fast {
+		kind = "fast-ingest"
+	}
+	if allowed(c) {
+		return r.cfg.MaxBatch, fast
 	}
 	if r.cfg.Type != Local {
-		r.log.Info("the queue stream does not allow atomic batches (yet: a LOCAL node allows them when it starts): publishing one message at a time per group",
+		r.log.Info("the queue stream does not allow "+kind+" batches (yet: a LOCAL node allows them when it starts): publishing one message at a time per group",
 			"stream", QueueStream)
-		return 1
+		return 1, false
 	}
-	c.AllowAtomicPublish = true
+	if fast {
+		c.AllowBatchPublish = true
+	} else {
+		c.AllowAtomicPublish = true
+	}
 	uctx, cancel := context.WithTimeout(ctx, 5*time.Second) // a denied request gets no answer
 	defer cancel()
 	us, err := r.js.UpdateStream(uctx, c)
-	if err != nil || !us.CachedInfo().Config.AllowAtomicPublish {
-		r.log.Warn("could not allow atomic batches on the queue stream: publishing one message at a time per group",
-			"stream", QueueStream, "err", err, "hint", "nats-server 2.12 or later, and the right to update the stream")
-		return 1
+	if err != nil || !allowed(us.CachedInfo().Config) {
+		r.log.Warn("could not allow "+kind+" batches on the queue stream: publishing one message at a time per group",
+			"stream", QueueStream, "err", err, "hint", "nats-server 2.14 or later, and the right to update the stream")
+		return 1, false
 	}
-	r.log.Info("the queue stream now allows atomic batches", "stream", QueueStream)
-	return r.cfg.MaxBatch
+	r.log.Info("the queue stream now allows "+kind+" batches", "stream", QueueStream)
+	return r.cfg.MaxBatch, fast
 }
 
 // publishBatch carries out an actBatch: the lane's first messages onto the
@@ -89,6 +107,10 @@ func (r *Router) queueBatch(ctx context.Context) int {
 // headers are removed once it is sent: should the batch fail, it is sent
 // again alone.
 func (r *Router) publishBatch(a action) {
+	if r.fastBatches {
+		r.publishFastBatch(a)
+		return
+	}
 	id := nuid.Next()
 	o := outcome{ln: a.ln, batch: len(a.batch)}
 	fail := func(err error) {
@@ -131,6 +153,37 @@ func (r *Router) publishBatch(a action) {
 	delete(out.Header, headerBatchCommit)
 	if err != nil {
 		fail(err)
+	}
+}
+
+// publishFastBatch carries out an actBatch on a stream of one replica: the
+// lane's first messages as one fast-ingest batch (jspub.PublishBatch), one
+// PubAck for all of them. A batch that ends short may have stored a prefix
+// of its messages, never one after a gap: the engine sends them again one
+// at a time, and each stored one is dropped then as a duplicate of its
+// Nats-Msg-Id (the queue stream's duplicate window), so the group's order
+// and its exactly-once hold.
+func (r *Router) publishFastBatch(a action) {
+	o := outcome{ln: a.ln, batch: len(a.batch)}
+	msgs := make([]*nats.Msg, len(a.batch))
+	for i, m := range a.batch {
+		msgs[i] = r.queueMsg(m, a)
+	}
+	msgID := msgs[len(msgs)-1].Header[jetstream.MsgIDHeader][0]
+	done := func(ack jspub.Ack, err error) {
+		o.err = refusal(err)
+		if err == nil && ack.Sequence > 0 {
+			// Sequence 0: every message was a duplicate (a batch sent
+			// again); nothing new is at the queue's tail.
+			r.queueTail.stored(ack.Sequence, msgID)
+		}
+		r.ackMu.Lock()
+		r.acks = append(r.acks, o)
+		r.ackMu.Unlock()
+	}
+	if err := r.pub.PublishBatch(msgs, done); err != nil {
+		o.err = err
+		r.do(func(e *engine, now time.Time) { r.apply(e, o, now) })
 	}
 }
 

@@ -71,6 +71,7 @@ type collector struct {
 	spilled, spilledBytes                                             *prometheus.Desc
 	batches, batchFailures, batched, batchesInFlight, maxBatch        *prometheus.Desc
 	queueRewinds, queueLost, bindingsRewinds                          *prometheus.Desc
+	queueOrphans                                                      *prometheus.Desc
 	invalid, records, unsettled                                       *prometheus.Desc
 	liveNodes, bindings, consumer, backlog                            *prometheus.Desc
 }
@@ -121,6 +122,8 @@ func newCollector(r *Router) *collector {
 			"Times this node found the queue stream without a message it had stored there: its servers lost acknowledged writes."),
 		queueLost: d("queue_lost_sequences_total",
 			"Queue sequences lost in those rewinds (any node's messages; those not consumed yet are not delivered)."),
+		queueOrphans: d("queue_orphans_removed_total",
+			"Messages of this node's queue it removed because they lay at or below its consumer's ack floor: acknowledged, yet kept by the stream across a server restart."),
 		bindingsRewinds: d("bindings_rewinds_total",
 			"Times the bindings bucket went back below what this node had read (its servers lost acknowledged writes); the node read it again."),
 
@@ -141,7 +144,7 @@ func newCollector(r *Router) *collector {
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.info, c.ready, c.reconnects, c.routed, c.skipped, c.deadLettered,
 		c.publishErrors, c.proposals, c.failures, c.held, c.heldBytes, c.spilled, c.spilledBytes,
-		c.batches, c.batchFailures, c.batched, c.batchesInFlight, c.maxBatch, c.lag, c.full, c.resets, c.gaps, c.missing, c.queueRewinds, c.queueLost, c.bindingsRewinds, c.invalid, c.records, c.unsettled,
+		c.batches, c.batchFailures, c.batched, c.batchesInFlight, c.maxBatch, c.lag, c.full, c.resets, c.gaps, c.missing, c.queueRewinds, c.queueLost, c.queueOrphans, c.bindingsRewinds, c.invalid, c.records, c.unsettled,
 		c.liveNodes, c.bindings, c.consumer, c.backlog} {
 		ch <- d
 	}
@@ -192,6 +195,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	counter(c.missing, st.IngressMissing)
 	counter(c.queueRewinds, st.QueueRewinds)
 	counter(c.queueLost, st.QueueLostSeqs)
+	counter(c.queueOrphans, st.QueueOrphans)
 	counter(c.bindingsRewinds, st.BindingsRewinds)
 
 	cache := r.cache

@@ -72,8 +72,12 @@ type Stats struct {
 	// the dead-letter stream instead, without its body if need be.
 	Refused uint64
 
-	QueueRewinds    uint64
-	QueueLostSeqs   uint64
+	QueueRewinds  uint64
+	QueueLostSeqs uint64
+	// QueueOrphans counts the messages of this node's queue it removed
+	// because they lay at or below its consumer's ack floor: acknowledged,
+	// yet kept by the stream (storecheck.go).
+	QueueOrphans    uint64
 	BindingsRewinds uint64
 	// BelowFloor counts the Skipped messages that no binding covered but
 	// that lay below the routing floor: routed before, under a binding
@@ -115,6 +119,9 @@ type Router struct {
 	handler *proposals.Handler
 	client  *proposals.Client
 	pub     *jspub.Publisher
+	// fastBatches: a group's batches are fast-ingest ones, not atomic
+	// (queueBatch).
+	fastBatches bool
 
 	ready   chan struct{}
 	started time.Time
@@ -183,7 +190,10 @@ type Router struct {
 	// (internal/logagg): failed decisions, dead-lettered groups, drains
 	// that moved what a stalled consumer held.
 	warnNoDecision, warnDeadLettered, warnLapsed, warnPublish *logagg.Warner
-	warnWindow, warnAnnounce, warnCheckpoint                  *logagg.Warner
+	// warnOrphans: acknowledged queue messages the queue kept, removed
+	// (storecheck.go).
+	warnOrphans                              *logagg.Warner
+	warnWindow, warnAnnounce, warnCheckpoint *logagg.Warner
 }
 
 // New returns a router node for cfg on connection nc (which the caller
@@ -233,6 +243,7 @@ func New(nc *nats.Conn, cfg Config) (*Router, error) {
 	r.fetchCtx, r.fetchCancel = context.WithCancel(context.Background())
 	r.warnNoDecision = logagg.New(r.log, "no routing decision; the group waits and is retried", logagg.DefaultEvery)
 	r.warnDeadLettered = logagg.New(r.log, "group dead-lettered", logagg.DefaultEvery)
+	r.warnOrphans = logagg.New(r.log, "removed an acknowledged message the queue stream kept (a server restarted as its consumer acknowledged)", logagg.DefaultEvery)
 	r.warnPublish = logagg.New(r.log, "publish failed; retrying in order (a full dead-letter stream refuses new entries until room is made)", logagg.DefaultEvery)
 	r.warnAnnounce = logagg.New(r.log, "announce failed", logagg.DefaultEvery)
 	r.warnCheckpoint = logagg.New(r.log, "checkpoint not saved", logagg.DefaultEvery)
@@ -284,7 +295,7 @@ func (r *Router) Stats() Stats {
 		Held: e.heldMsgs, HeldBytes: e.heldBytes, Position: e.position(),
 		Spilled: e.spilledMsgs, SpilledBytes: e.spilledBytes, SpilledTotal: e.stats.spilled,
 		IngressGaps: r.loss.gaps.Load(), IngressMissing: r.loss.missing.Load(),
-		QueueRewinds: r.queueTail.rewinds.Load(), QueueLostSeqs: r.queueTail.lost.Load(), BindingsRewinds: r.cache.Rewinds(),
+		QueueRewinds: r.queueTail.rewinds.Load(), QueueLostSeqs: r.queueTail.lost.Load(), QueueOrphans: r.queueTail.orphans.Load(), BindingsRewinds: r.cache.Rewinds(),
 	}
 }
 
@@ -364,6 +375,7 @@ func (r *Router) Run(ctx context.Context) error {
 	defer func() {
 		r.warnNoDecision.Close()
 		r.warnDeadLettered.Close()
+		r.warnOrphans.Close()
 		r.warnPublish.Close()
 		r.warnLapsed.Close()
 		r.warnWindow.Close()

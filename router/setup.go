@@ -130,7 +130,12 @@ func (r *Router) setup(ctx context.Context) (queueCons jetstream.Consumer, relea
 	}); err != nil {
 		return nil, nil, err
 	}
-	batch := r.queueBatch(ctx)
+	batch, fast := r.queueBatch(ctx)
+	r.fastBatches = fast
+	maxBatches := maxAtomicInFlight
+	if fast {
+		maxBatches = maxFastInFlight
+	}
 	r.cache = kvbinding.NewCache(kvbinding.CacheConfig{Notify: r.changes, Logger: r.log, OnRewind: r.bindingsRewound})
 	// Records of long ids written before digest keys stay under their
 	// full key: the cache knows which (kvbinding.Key).
@@ -139,7 +144,7 @@ func (r *Router) setup(ctx context.Context) (queueCons jetstream.Consumer, relea
 		node: r.cfg.Node, maxHeldMessages: r.cfg.MaxHeldMessages, maxHeldBytes: r.cfg.MaxHeldBytes,
 		maxInFlight: r.cfg.MaxInFlight, maxAttempts: r.cfg.MaxAttempts, timeout: r.cfg.Timeout,
 		localFirst: r.cfg.LocalFirst, groupTimeout: r.cfg.GroupTimeout,
-		maxBatch: batch, maxBatchBytes: maxBatchBytes, maxBatches: maxAtomicInFlight,
+		maxBatch: batch, maxBatchBytes: maxBatchBytes, maxBatches: maxBatches,
 		spillFrom: spillFrom(r.cfg), maxSpilledBytes: r.cfg.MaxSpilledBytes,
 	}, r.cache, rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64())))
 	if r.pub, err = jspub.New(r.nc, 5*time.Second, jspub.WithBatchEnd(r.ackBatch)); err != nil {

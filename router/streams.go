@@ -166,8 +166,11 @@ func ensureStreams(ctx context.Context, js jetstream.JetStream, cfg Config, repl
 			// A move deletes the messages it copied, one by one; nothing
 			// purges a queue.
 			DenyPurge: true,
-			// A group's backlog is published in atomic batches (protocol.md, "Batches").
+			// A group's backlog is published in batches (protocol.md,
+			// "Batches"): atomic ones on replicated streams, fast-ingest
+			// ones on a stream of one replica.
 			AllowAtomicPublish: true,
+			AllowBatchPublish:  replicas < 2,
 		},
 		{
 			Name:        DeadLetterStream,
