@@ -278,10 +278,10 @@ func TestOperatorEndpoints(t *testing.T) {
 		return nil
 	})
 	m0 := n0.scrape(t)
-	// One server: the queue stream is R1, where a group publishes one
-	// message at a time (atomic batches cost more there).
-	if v, b := m0.must(t, "grouprouter_queue_max_batch"), m0.must(t, "grouprouter_queue_batches_total"); v != 1 || b != 0 {
-		t.Errorf("on an R1 queue stream: grouprouter_queue_max_batch %v, grouprouter_queue_batches_total %v; want 1 and 0", v, b)
+	// One server: the queue stream is R1, where a group's backlog goes in
+	// fast-ingest batches.
+	if v := m0.must(t, "grouprouter_queue_max_batch"); v != router.DefaultMaxBatch {
+		t.Errorf("on an R1 queue stream: grouprouter_queue_max_batch %v; want %d", v, router.DefaultMaxBatch)
 	}
 	if v := m0.must(t, "grouprouter_handler_active"); v != 1 {
 		t.Errorf("grouprouter_handler_active on the LOCAL node: %v", v)
