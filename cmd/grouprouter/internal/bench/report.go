@@ -365,8 +365,12 @@ func (sr *serverResults) rows(cfg config) []Row {
 				if t := h.thr; t.Batches > 0 {
 					// How the backlog went: the mean stored batch, and the
 					// share of the messages that went in one.
-					rb.add(wl, n, fmt.Sprintf("%d group(s) mean atomic batch (%.0f%% of msgs batched, %d batches failed)",
-						h.groups, 100*float64(t.Batched)/float64(max(t.Routed, 1)), t.BatchErr),
+					kind := "atomic" // replicated queue stream
+					if sr.servers < 2 {
+						kind = "fast-ingest" // R1
+					}
+					rb.add(wl, n, fmt.Sprintf("%d group(s) mean %s batch (%.0f%% of msgs batched, %d batches failed)",
+						h.groups, kind, 100*float64(t.Batched)/float64(max(t.Routed, 1)), t.BatchErr),
 						float64(t.Batched)/float64(t.Batches), unitPerBatch)
 				}
 			}
