@@ -476,10 +476,10 @@ func (l Layout) node(node string, handler bool) User {
 			"consumer presence on its queue; a move waits for the old queue's acks")...)
 	}
 	pub = slices.Concat(pub,
-		l.api("STREAM.MSG.GET."+router.QueueStream, "a move reads the group's messages waiting on the old queue; the lost-writes check reads its last"),
+		l.api("STREAM.MSG.GET."+router.QueueStream, "a move reads the group's messages waiting on the old queue; the lost-writes check reads its last; the orphan sweep finds acknowledged ones its queue kept"),
 		l.api("STREAM.MSG.GET."+router.IngressStream, "read again a message it spilled (kept only its sequence while it waited for a decision)"),
 		l.api("STREAM.MSG.GET."+kvStream(bindings), "the lost-writes check reads the bindings bucket's last record read (not a direct get: its answer, the record itself, could be aimed at another key)"),
-		l.api("STREAM.MSG.DELETE."+router.QueueStream, "a move deletes each original once its copy is stored"),
+		l.api("STREAM.MSG.DELETE."+router.QueueStream, "a move deletes each original once its copy is stored; the orphan sweep removes acknowledged messages its own queue kept"),
 	)
 	for _, n := range l.Nodes {
 		pub = append(pub, l.api("CONSUMER.PAUSE."+router.QueueStream+"."+router.QueueConsumer(n),
