@@ -1,6 +1,16 @@
 package router
 
-import "testing"
+import (
+	"context"
+	"errors"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"grouprouter/internal/logagg"
+)
 
 func TestQueueLost(t *testing.T) {
 	for _, tc := range []struct {
@@ -22,5 +32,75 @@ func TestQueueLost(t *testing.T) {
 		if lost != tc.wantLost || lo != tc.lo || hi != tc.hi {
 			t.Errorf("%s: queueLost = %d-%d %v, want %d-%d %v", tc.name, lo, hi, lost, tc.lo, tc.hi, tc.wantLost)
 		}
+	}
+}
+
+// A message of the node's queue at or below its consumer's ack floor was
+// acknowledged: the sweep removes it, and nothing else (not the node's
+// unacknowledged messages, not another node's). The queue stream here
+// keeps what was acknowledged (limits retention), standing in for a work
+// queue that kept messages across a server restart (TestBatchesAcrossFaults
+// restarts the server for real).
+func TestSweepQueueOrphans(t *testing.T) {
+	r, js := testRouter(t, "n0")
+	r.warnOrphans = logagg.New(r.log, "orphan", time.Minute)
+	defer r.warnOrphans.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := js.DeleteStream(ctx, QueueStream); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: QueueStream, Subjects: []string{QueueSubjectPrefix + ">"},
+		Storage: jetstream.MemoryStorage}); err != nil {
+		t.Fatal(err)
+	}
+	cons, err := ensureQueueConsumer(ctx, js, "n0", QueuePlain, time.Second, 30*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, node := range []string{"n0", "n1", "n0", "n0", "n1"} {
+		if _, err := js.Publish(ctx, QueueSubject(node, "jms.orders"), []byte{byte(i)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r.sweepQueueOrphans(ctx) // nothing acknowledged yet
+	if n := r.queueTail.orphans.Load(); n != 0 {
+		t.Fatalf("removed %d messages before any was acknowledged", n)
+	}
+	// n0's consumer acknowledges its first two messages (seqs 1 and 3),
+	// and has the third (seq 4) delivered, not acknowledged.
+	batch, err := cons.Fetch(3, jetstream.FetchMaxWait(5*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []uint64
+	for m := range batch.Messages() {
+		meta, _ := m.Metadata()
+		got = append(got, meta.Sequence.Stream)
+		if len(got) <= 2 {
+			if err := m.DoubleAck(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if !slices.Equal(got, []uint64{1, 3, 4}) {
+		t.Fatalf("n0's consumer got sequences %v, want 1, 3, 4", got)
+	}
+	r.sweepQueueOrphans(ctx)
+	s, err := js.Stream(ctx, QueueStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var left []uint64
+	for seq := range uint64(5) {
+		if _, err := s.GetMsg(ctx, seq+1); err == nil {
+			left = append(left, seq+1)
+		} else if !errors.Is(err, jetstream.ErrMsgNotFound) {
+			t.Fatal(err)
+		}
+	}
+	if !slices.Equal(left, []uint64{2, 4, 5}) || r.queueTail.orphans.Load() != 2 {
+		t.Errorf("after the sweep the queue holds %v and %d were counted removed; want 2, 4, 5 and 2 (n0's acknowledged 1 and 3 removed)",
+			left, r.queueTail.orphans.Load())
 	}
 }
