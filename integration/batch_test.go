@@ -36,22 +36,14 @@ func TestBatchesAcrossFaults(t *testing.T) {
 		// and fast-ingest batches), else one node on each of 3 servers.
 		oneServer bool
 	}{
-		{"node crash mid-batch", func(t *testing.T, _ *natstest.Cluster, _ jetstream.JetStream, owner *node) {
-			crash(t, owner)
-			time.Sleep(time.Second)
-			owner.restart()
-		}, false, false},
+		{"node crash mid-batch", crashOwner, false, false},
 		{"queue leader restart mid-batch", func(t *testing.T, c *natstest.Cluster, js jetstream.JetStream, _ *node) {
 			srv := c.Servers[streamLeader(t, c, js, router.QueueStream)]
 			srv.Stop()
 			time.Sleep(2 * time.Second)
 			srv.Restart()
 		}, true, false},
-		{"R1 node crash mid-batch", func(t *testing.T, _ *natstest.Cluster, _ jetstream.JetStream, owner *node) {
-			crash(t, owner)
-			time.Sleep(time.Second)
-			owner.restart()
-		}, false, true},
+		{"R1 node crash mid-batch", crashOwner, false, true},
 		{"R1 server restart mid-batch", func(t *testing.T, c *natstest.Cluster, js jetstream.JetStream, _ *node) {
 			c.Servers[0].Stop()
 			time.Sleep(2 * time.Second)
@@ -153,6 +145,14 @@ func TestBatchesAcrossFaults(t *testing.T) {
 			}
 		})
 	}
+}
+
+// crashOwner crashes the node with a batch in flight and restarts it a
+// second later.
+func crashOwner(t *testing.T, _ *natstest.Cluster, _ jetstream.JetStream, owner *node) {
+	crash(t, owner)
+	time.Sleep(time.Second)
+	owner.restart()
 }
 
 // loadedServer is loadedCluster on a single server: the nodes of layout

@@ -109,18 +109,25 @@ func TestCustomInboxPrefix(t *testing.T) {
 	}
 }
 
-// TestBatchEnd: with WithBatchEnd, every run of callbacks is followed by a
-// batch end, also when acks time out, so that outcomes collected in the
-// callbacks are never left waiting.
-func TestBatchEnd(t *testing.T) {
-	srv := natstest.RunServer(t)
-	nc := srv.Connect()
+// testServer starts a server for the test and returns a connection to it,
+// its JetStream and a context ending with the test (20 s at most).
+func testServer(t *testing.T) (*nats.Conn, jetstream.JetStream, context.Context) {
+	t.Helper()
+	nc := natstest.RunServer(t).Connect()
 	js, err := jetstream.New(nc)
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
+	t.Cleanup(cancel)
+	return nc, js, ctx
+}
+
+// TestBatchEnd: with WithBatchEnd, every run of callbacks is followed by a
+// batch end, also when acks time out, so that outcomes collected in the
+// callbacks are never left waiting.
+func TestBatchEnd(t *testing.T) {
+	nc, js, ctx := testServer(t)
 	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "Q", Subjects: []string{"q.>"}}); err != nil {
 		t.Fatal(err)
 	}
@@ -180,14 +187,7 @@ func TestBatchEnd(t *testing.T) {
 // server refuses ends there, reported as incomplete with only what came
 // before it stored; a stream that does not allow batches refuses it.
 func TestPublishBatch(t *testing.T) {
-	srv := natstest.RunServer(t)
-	nc := srv.Connect()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
+	nc, js, ctx := testServer(t)
 	q, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "Q", Subjects: []string{"q.>"}, AllowBatchPublish: true,
 		MaxMsgSize: 512, Duplicates: time.Minute})
 	if err != nil {
