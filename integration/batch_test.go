@@ -322,38 +322,56 @@ func ingressOrder(t *testing.T, js jetstream.JetStream) map[string][]string {
 	return want
 }
 
-// A queue stream created before batches (without allow_atomic) is updated
+// A queue stream created before batches (without allow_atomic, or
+// allow_batched on R1) is updated
 // by the LOCAL node when it starts, and its backlogs then go in batches.
 func TestQueueStreamBeforeBatchesIsUpdated(t *testing.T) {
-	c := natstest.RunCluster(t, 3)
-	admin := natstest.Connect(t, c.URLs(), nats.Name("test-admin"))
-	js, err := jetstream.New(admin)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: router.QueueStream, Subjects: []string{router.QueueSubjectPrefix + ">"},
-		Retention: jetstream.WorkQueuePolicy, Storage: jetstream.FileStorage, Replicas: 3, Duplicates: 2 * time.Minute}); err != nil {
-		t.Fatal(err)
-	}
-	n0 := startNode(t, c.Servers[0].URL(), testConfig("n0", router.Local))
-	if !streamInfo(t, js, router.QueueStream).Config.AllowAtomicPublish {
-		t.Fatalf("the queue stream still does not allow atomic publishes after a LOCAL node started")
-	}
-	col := &timedCollector{}
-	startAppConsumer(t, c.Servers[0].URL(), "n0", col)
-	waitEligible(t, admin, []string{"n0"}, []string{"n0"})
-	b := startHotBurst(admin, []string{"old-0"}, 500)
-	if err := b.wait(60 * time.Second); err != nil {
-		t.Fatal(err)
-	}
-	want := ingressOrder(t, js)
-	col.waitConsumed(t, want, 60*time.Second)
-	checkDelivered(t, col.all(), want, true, false)
-	if s := n0.r.Stats(); s.Batches == 0 || s.BatchedMessages == 0 || s.BatchedMessages > s.Routed || s.MaxBatch != router.DefaultMaxBatch {
-		t.Errorf("no atomic batch published on the updated queue stream, or its counters do not add up (stats %+v)", s)
-	} else {
-		t.Logf("%d messages routed in %d batches (and one at a time)", s.Routed, s.Batches)
+	for _, servers := range []int{3, 1} {
+		t.Run(fmt.Sprintf("R%d", servers), func(t *testing.T) {
+			var urls, url0 string
+			if servers == 1 {
+				s := natstest.RunServer(t)
+				urls, url0 = s.URL(), s.URL()
+			} else {
+				c := natstest.RunCluster(t, servers)
+				urls, url0 = c.URLs(), c.Servers[0].URL()
+			}
+			admin := natstest.Connect(t, urls, nats.Name("test-admin"))
+			js, err := jetstream.New(admin)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: router.QueueStream, Subjects: []string{router.QueueSubjectPrefix + ">"},
+				Retention: jetstream.WorkQueuePolicy, Storage: jetstream.FileStorage, Replicas: servers, Duplicates: 2 * time.Minute}); err != nil {
+				t.Fatal(err)
+			}
+			n0 := startNode(t, url0, testConfig("n0", router.Local))
+			// Atomic batches on a replicated stream, fast-ingest ones on R1.
+			kind, cfg := "atomic", streamInfo(t, js, router.QueueStream).Config
+			allowed := cfg.AllowAtomicPublish
+			if servers == 1 {
+				kind, allowed = "fast-ingest", cfg.AllowBatchPublish
+			}
+			if !allowed {
+				t.Fatalf("the queue stream still does not allow %s batches after a LOCAL node started", kind)
+			}
+			col := &timedCollector{}
+			startAppConsumer(t, url0, "n0", col)
+			waitEligible(t, admin, []string{"n0"}, []string{"n0"})
+			b := startHotBurst(admin, []string{"old-0"}, 500)
+			if err := b.wait(60 * time.Second); err != nil {
+				t.Fatal(err)
+			}
+			want := ingressOrder(t, js)
+			col.waitConsumed(t, want, 60*time.Second)
+			checkDelivered(t, col.all(), want, true, false)
+			if s := n0.r.Stats(); s.Batches == 0 || s.BatchedMessages == 0 || s.BatchedMessages > s.Routed || s.MaxBatch != router.DefaultMaxBatch {
+				t.Errorf("no %s batch published on the updated queue stream, or its counters do not add up (stats %+v)", kind, s)
+			} else {
+				t.Logf("%d messages routed in %d %s batches (and one at a time)", s.Routed, s.Batches, kind)
+			}
+		})
 	}
 }
