@@ -323,8 +323,8 @@ func ingressOrder(t *testing.T, js jetstream.JetStream) map[string][]string {
 }
 
 // A queue stream created before batches (without allow_atomic, or
-// allow_batched on R1) is updated
-// by the LOCAL node when it starts, and its backlogs then go in batches.
+// allow_batched on R1) is updated by the LOCAL node when it starts, and
+// its backlogs then go in batches.
 func TestQueueStreamBeforeBatchesIsUpdated(t *testing.T) {
 	for _, servers := range []int{3, 1} {
 		t.Run(fmt.Sprintf("R%d", servers), func(t *testing.T) {
