@@ -179,6 +179,7 @@ type simStats struct {
 	redeliveries                                              uint64
 	records, events                                           uint64
 	batches, batchMsgs, batchFailures                         uint64
+	fastBatches                                               uint64 // of batches
 	virtual                                                   time.Duration
 }
 
@@ -197,6 +198,7 @@ func (s *simStats) add(o simStats) {
 	s.batches += o.batches
 	s.batchMsgs += o.batchMsgs
 	s.batchFailures += o.batchFailures
+	s.fastBatches += o.fastBatches
 	s.records += o.records
 	s.events += o.events
 	s.virtual += o.virtual

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"time"
 
 	"grouprouter/kvbinding"
@@ -16,8 +17,11 @@ var (
 	// errSimDupBatch: JetStream refused an atomic batch holding a message
 	// id it stored before.
 	errSimDupBatch = errors.New("sim: atomic publish batch contains duplicate message id")
-	errSimOp       = errors.New("sim: operation failed")
-	errSimCancel   = errors.New("sim: canceled")
+	// errSimShortBatch: the servers ended a fast-ingest batch at once, its
+	// first message being a duplicate.
+	errSimShortBatch = errors.New("sim: batch not stored whole")
+	errSimOp         = errors.New("sim: operation failed")
+	errSimCancel     = errors.New("sim: canceled")
 	// errSimSuperseded: a takeover step's record moved past its revision
 	// (errSuperseded).
 	errSimSuperseded = errors.New("sim: the record moved past the step's revision")
@@ -77,31 +81,64 @@ type simFlight struct {
 	batch   *simBatch // the atomic batch it is a part of, if any
 }
 
-// simBatch is an atomic batch on its way: its flights land together, or
-// none does.
+// simBatch is a batch on its way. An atomic one's flights land together,
+// or none does. A fast-ingest one's (fast, R1) land one by one, in order:
+// the servers end it at its first message that does not reach them (cut:
+// a publish failure, a crash), or at once when its first message is a
+// duplicate; a later duplicate is skipped.
 type simBatch struct {
 	flights []*simFlight
+	fast    bool
 }
 
-// doomed reports whether the batch, should it land now, would be refused:
-// one of its message ids is stored within the duplicate window (false for
-// no batch).
+// doomed reports whether the batch, should it land now, would store
+// nothing: an atomic batch holding a message id stored within the
+// duplicate window (refused whole), a fast-ingest batch whose first one
+// is (ended at once). False for no batch.
 func (b *simBatch) doomed(q *simQueues) bool {
 	if b == nil {
 		return false
 	}
-	for _, f := range b.flights {
-		if r, ok := q.ids[f.p.id]; ok && q.w.clock-r.at < queueDuplicates {
-			return true
-		}
+	stored := func(f *simFlight) bool {
+		r, ok := q.ids[f.p.id]
+		return ok && q.w.clock-r.at < queueDuplicates
 	}
-	return false
+	if b.fast {
+		return stored(b.flights[0])
+	}
+	return slices.ContainsFunc(b.flights, stored)
+}
+
+// landFast has a fast-ingest batch's first cut messages reach the server
+// (the rest never do): each is stored in order, a duplicate skipped,
+// unless the first is a duplicate, which ends the batch there. It reports
+// whether the batch was taken whole.
+func (b *simBatch) landFast(n *simNode, cut int) bool {
+	doomed := b.doomed(n.w.q)
+	for i, f := range b.flights {
+		if f.landed || f.dropped {
+			continue
+		}
+		if i >= cut || (doomed && i > 0) {
+			f.dropped = true
+			continue
+		}
+		f.landed = true
+		n.w.q.store(n.id, f.p)
+	}
+	if doomed {
+		n.w.logf("queue", "ended a fast batch of %d from %s at once: its first message was stored before", len(b.flights), n.id)
+	}
+	return cut == len(b.flights) && !doomed
 }
 
 // land has the batch reach the server: every message is stored, or, when
 // one's id is stored already within the duplicate window, none (JetStream
-// refuses such a batch whole, err_code 10201). It reports which.
+// refuses such an atomic batch whole, err_code 10201). It reports which.
 func (b *simBatch) land(n *simNode) bool {
+	if b.fast {
+		return b.landFast(n, len(b.flights))
+	}
 	q := n.w.q
 	stored := !b.doomed(q)
 	for _, f := range b.flights {
@@ -556,7 +593,7 @@ func (n *simNode) track(f *simFlight) {
 // lost), unless the node died meanwhile.
 func (n *simNode) sendBatch(ps []simPub, cb func(err error)) {
 	w := n.w
-	b := &simBatch{}
+	b := &simBatch{fast: w.p.fastBatches}
 	for _, p := range ps {
 		if r, ok := n.cache.Lookup(p.group); ok {
 			p.view = r.Revision
@@ -567,7 +604,28 @@ func (n *simNode) sendBatch(ps []simPub, cb func(err error)) {
 	}
 	w.chk.stats.batches++
 	w.chk.stats.batchMsgs += uint64(len(ps))
+	if b.fast {
+		w.chk.stats.fastBatches++
+	}
 	settled := func() bool { return b.flights[0].landed || b.flights[0].dropped }
+	if b.fast && w.chance(w.p.pPubFail) {
+		// The servers take a prefix, then report the rest as a gap or
+		// refused.
+		cut := w.rng.IntN(len(ps))
+		land := w.lat()
+		w.after(land, func() {
+			if !settled() {
+				b.landFast(n, cut)
+			}
+		})
+		w.after(land+w.lat(), func() {
+			if n.alive() {
+				w.chk.stats.batchFailures++
+				cb(errSimPublish)
+			}
+		})
+		return
+	}
 	if w.chance(w.p.pPubFail) {
 		w.after(w.lat(), func() {
 			if settled() {
@@ -610,7 +668,11 @@ func (n *simNode) sendBatch(ps []simPub, cb func(err error)) {
 		}
 		if !stored {
 			w.chk.stats.batchFailures++
-			cb(errSimDupBatch)
+			if b.fast {
+				cb(errSimShortBatch)
+			} else {
+				cb(errSimDupBatch)
+			}
 			return
 		}
 		cb(nil)
@@ -779,8 +841,14 @@ func (n *simNode) kill() {
 		if f.landed || f.dropped {
 			continue
 		}
+		if f.batch != nil && f.batch.fast {
+			// What was sent of a fast-ingest batch lands, in order: a
+			// prefix of it.
+			f.batch.landFast(n, w.rng.IntN(len(f.batch.flights)+1))
+			continue
+		}
 		if f.batch != nil {
-			// A batch lands whole or not at all.
+			// An atomic batch lands whole or not at all.
 			if w.rng.IntN(2) == 0 {
 				f.batch.land(n)
 			} else {

@@ -79,7 +79,8 @@ func TestSimulation(t *testing.T) {
 		total.seeds, took.Round(time.Millisecond), float64(total.seeds)/took.Seconds(), total.events, total.virtual.Round(time.Second),
 		total.messages, total.consumed, total.deadLettered, total.records, total.copies, total.caughtUp,
 		total.excusedWindow, total.excusedDrain, total.excusedMover, total.excusedDLQ, total.redeliveries)
-	t.Logf("atomic batches: %d of %d messages in all, %d failed (their messages went one at a time)", total.batches, total.batchMsgs, total.batchFailures)
+	t.Logf("batches: %d of %d messages in all (%d of them fast-ingest ones), %d failed (their messages went one at a time)",
+		total.batches, total.batchMsgs, total.fastBatches, total.batchFailures)
 	for _, kind := range sortedKeys(known) {
 		s := known[kind]
 		t.Logf("known issue %q in %d seeds (first: GROUPROUTER_SIM_SEED=%d)", kind, len(s), s[0])

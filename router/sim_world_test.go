@@ -78,6 +78,9 @@ type simProfile struct {
 	// maxBatch, maxBatches: atomic batches of a group's backlog (off
 	// below 2) and the batches a node keeps in flight.
 	maxBatch, maxBatches int
+	// fastBatches: the batches are fast-ingest ones (an R1 queue stream),
+	// stored message by message, not atomic ones.
+	fastBatches bool
 	// bursts: the producer publishes in up to 4 bursts of 50 ms, so that
 	// groups have backlogs (batches).
 	bursts       bool
@@ -208,7 +211,11 @@ func (p simProfile) String() string {
 		extra += fmt.Sprintf(", spilling (at most %d bytes)", p.maxSpilled)
 	}
 	if p.maxBatch > 1 {
-		extra += fmt.Sprintf(", batches of %d (%d in flight)", p.maxBatch, p.maxBatches)
+		kind := "atomic"
+		if p.fastBatches {
+			kind = "fast-ingest"
+		}
+		extra += fmt.Sprintf(", %s batches of %d (%d in flight)", kind, p.maxBatch, p.maxBatches)
 		if p.bursts {
 			extra += " with bursts"
 		}
@@ -300,6 +307,9 @@ func newSimWorld(seed uint64, tracing, strict bool) *simWorld {
 		// once others close or expire.
 		w.p.maxGroups = 1 + int(seed/7%3)
 	}
+	// A third of the seeds with batches have fast-ingest ones, again
+	// without a draw.
+	w.p.fastBatches = w.p.maxBatch > 1 && seed%3 == 1
 	if seed%4 == 2 {
 		// Spilling past one held message of 100 bytes, and reading stops
 		// after a few spilled ones: messages waiting for a decision go
