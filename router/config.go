@@ -93,11 +93,11 @@ type Config struct {
 	// MaxInFlight bounds the queue publishes awaiting their ack.
 	MaxInFlight int
 	// MaxBatch: a group with a backlog has up to this many of its next
-	// messages published as one atomic batch, one round trip instead of
-	// one each (docs/protocol.md, "Batches"). Default 64; 1 turns batches
-	// off. Batches are used only on a replicated queue stream that allows
-	// atomic publishes (on R1 file storage they are slower than single
-	// publishes: docs/performance.md).
+	// messages published as one batch, one round trip instead of one
+	// each (docs/protocol.md, "Batches"). Default 64; 1 turns batches off.
+	// A replicated queue stream takes atomic batches, one of a single
+	// replica fast-ingest batches (on R1 file storage an atomic batch is
+	// slower than single publishes: docs/performance.md).
 	MaxBatch int
 	// Replicas of the streams and buckets; 0 (auto) asks for 3 when the
 	// node's server is in a cluster and 1 otherwise, and settles for 1 when

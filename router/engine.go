@@ -75,7 +75,8 @@ type msgRec struct {
 
 // lane holds one group's messages that are not done yet, in ingress order.
 // For a group, one publish at a time is in flight: the head alone, or the
-// first batch messages as one atomic batch (all stored or none). The lane
+// first batch messages as one batch (atomic: all stored or none;
+// fast-ingest, on R1: a prefix of them when it fails). The lane
 // of ungrouped messages (group "") publishes without that limit.
 type lane struct {
 	group string
@@ -85,7 +86,7 @@ type lane struct {
 	msgs     []*msgRec
 	inflight int
 	// batch: the lane's publish in flight is its first batch messages, as
-	// one atomic batch (0: one message, or nothing). singles: after a
+	// one batch (0: one message, or nothing). singles: after a
 	// batch failed, that many of its messages go one at a time (each
 	// deduplicated by its own Nats-Msg-Id) before the lane batches again.
 	batch   int
@@ -247,8 +248,8 @@ type engineStats struct {
 	limitRefused                                                uint64 // binds refused at the group limit
 	spilled                                                     uint64 // messages spilled (maybeSpill), ever
 	refused                                                     uint64 // publishes the servers refused for good (dead-lettered)
-	batches, batchFailures                                      uint64 // atomic batches published, and those that failed (their messages went one at a time)
-	batchedMsgs                                                 uint64 // messages stored as part of an atomic batch
+	batches, batchFailures                                      uint64 // batches published, and those that failed (their messages went one at a time)
+	batchedMsgs                                                 uint64 // messages stored as part of a batch
 }
 
 // engine is the lane engine.
@@ -268,7 +269,7 @@ type engine struct {
 	spilledMsgs  int
 	spilledBytes int64
 	inflight     int
-	batches      int // atomic batches in flight
+	batches      int // batches in flight
 	track        tracker
 	resume       resumePoint
 	closing      bool
@@ -695,11 +696,12 @@ func (e *engine) acked(ln *lane, m *msgRec, dlq bool, reason string, err error, 
 	e.pump(ln, now)
 }
 
-// ackedBatch takes the outcome of an atomic batch the engine asked for
-// (the lane's first ln.batch messages). Stored, the messages are done. On
-// a failure none of them was stored, or all were (an ack lost, or a batch
-// refused because it holds a message stored before, by a publish whose
-// outcome was lost or before a restart): either way each message then goes
+// ackedBatch takes the outcome of a batch the engine asked for (the lane's
+// first ln.batch messages). Stored, the messages are done. On a failure
+// none of an atomic batch's messages was stored, or all were (an ack lost,
+// or a batch refused because it holds a message stored before, by a
+// publish whose outcome was lost or before a restart); of a fast-ingest
+// batch, a prefix of them may be: either way each message then goes
 // alone, in order, each deduplicated by its own Nats-Msg-Id, so that
 // nothing is stored twice or out of order; the lane batches again after
 // them.

@@ -87,15 +87,15 @@ type Stats struct {
 	// refused because the cluster's group limit was reached; the node
 	// dead-lettered those it proposed (docs/operations.md, "Memory").
 	LimitRefused uint64
-	// Batches counts the atomic batches this node published (each
+	// Batches counts the batches this node published (each
 	// carries several messages of one group), and BatchFailures those
 	// that failed: their messages were then published one at a time.
 	Batches       uint64
 	BatchFailures uint64
-	// BatchedMessages counts the messages stored as part of an atomic
-	// batch (BatchedMessages / Batches is the mean size of a stored one).
+	// BatchedMessages counts the messages stored as part of a batch
+	// (BatchedMessages / Batches is the mean size of a stored one).
 	BatchedMessages uint64
-	// InFlightBatches is the atomic batches awaiting their outcome now.
+	// InFlightBatches is the batches awaiting their outcome now.
 	InFlightBatches int
 	// MaxBatch is the most messages of a group this node publishes as one
 	// atomic batch: Config.MaxBatch, or 1 when it publishes one message at

@@ -127,7 +127,7 @@ func NodeMain(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		timeout    = fs.Duration("timeout", router.DefaultTimeout, "proposal timeout (router)")
 		replicas   = fs.Int("replicas", 0, "replicas of streams and buckets, 0 = auto (router)")
 		startSeq   = fs.Uint64("start-seq", 0, "first ingress sequence to relay (relay)")
-		maxBatch   = fs.Int("max-batch", 0, "messages of a group per atomic batch, 1 = off, 0 = the default (router)")
+		maxBatch   = fs.Int("max-batch", 0, "messages of a group per batch, 1 = off, 0 = the default (router)")
 		maxSpilled = fs.Int64("max-spilled-bytes", 0, "bytes of spilled messages, -1 = never spill, 0 = the default (router)")
 		cpuprofile = fs.String("cpuprofile", "", "write a CPU profile of this process to `file`")
 		memprofile = fs.String("memprofile", "", "write a heap profile of this process to `file` each time its heap in use reaches a new peak (checked every 200 ms)")

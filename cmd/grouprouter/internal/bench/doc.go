@@ -47,7 +47,7 @@
 //     (--messages over --zipf-groups groups, exponent --zipf-s) and hot
 //     groups (1, then 10 groups bound by a warm-up run, then --messages, at
 //     most 20,000, round-robin over them: a group's backlog, published in
-//     atomic batches on R3; --max-batch sets the nodes' MaxBatch, 1 to
+//     atomic batches on R3, fast-ingest ones on R1; --max-batch sets the nodes' MaxBatch, 1 to
 //     compare with one message at a time);
 //   - with burst (not in the default list), --burst new groups, one
 //     message each, from one producer as fast as async publish allows,

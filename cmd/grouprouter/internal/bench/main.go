@@ -103,7 +103,7 @@ func parseFlags(args []string, stdout, stderr io.Writer) (config, error) {
 	fs.IntVar(&c.Payload, "payload", defaultPayload, "message body size in bytes")
 	fs.Float64Var(&c.Rate, "rate", 0, "publish rate (msgs/s) of the latency runs; 0 = half the measured peak")
 	fs.StringVar(&workloads, "workloads", "steady,cardinality,zipf,hot", "workloads to run: steady, cardinality, zipf, hot (1 and 10 groups), burst, flood")
-	fs.IntVar(&c.MaxBatch, "max-batch", 0, "the router nodes' MaxBatch (messages of a group per atomic batch; 1 turns batches off); 0 = the router's default")
+	fs.IntVar(&c.MaxBatch, "max-batch", 0, "the router nodes' MaxBatch (messages of a group per batch: atomic on R3, fast-ingest on R1; 1 turns batches off); 0 = the router's default")
 	fs.IntVar(&c.WarmStart, "warm-start", defaultWarmStart, "bindings written before the cache warm start (0 skips it)")
 	fs.IntVar(&c.ZipfGroups, "zipf-groups", defaultZipfGroups, "distinct groups of the zipf workload")
 	fs.Float64Var(&c.ZipfS, "zipf-s", defaultZipfS, "exponent of the zipf workload (> 1)")
