@@ -89,7 +89,17 @@ const maxOrphanSweep = 100
 // describes the class). Nothing delivers it again, and a move treats it
 // as done, but it would hold queue room and show as a backlog for good.
 // Every removal is logged and counted (Stats.QueueOrphans).
+//
+// A node that found the queue rewound (checkQueueTail: the servers lost
+// acknowledged writes) sweeps no more: the next writes reuse the lost
+// sequences, so a message at or below a consumer's ack floor may then be
+// one it never saw. It is left in place for an operator (its Nats-Msg-Id
+// names its ingress message).
 func (r *Router) sweepQueueOrphans(ctx context.Context) {
+	if r.queueTail.rewinds.Load() > 0 {
+		r.log.Debug("no orphan sweep: the queue stream lost writes, a message below the ack floor may never have been delivered")
+		return
+	}
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
 	s, err := r.js.Stream(ctx, QueueStream)

@@ -104,3 +104,43 @@ func TestSweepQueueOrphans(t *testing.T) {
 			left, r.queueTail.orphans.Load())
 	}
 }
+
+// A node that found the queue rewound removes nothing: a message below
+// the ack floor may be one stored at a reused sequence, never delivered.
+func TestSweepQueueOrphansStopsAfterARewind(t *testing.T) {
+	r, js := testRouter(t, "n0")
+	r.warnOrphans = logagg.New(r.log, "orphan", time.Minute)
+	defer r.warnOrphans.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := js.DeleteStream(ctx, QueueStream); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: QueueStream, Subjects: []string{QueueSubjectPrefix + ">"},
+		Storage: jetstream.MemoryStorage}); err != nil {
+		t.Fatal(err)
+	}
+	cons, err := ensureQueueConsumer(ctx, js, "n0", QueuePlain, time.Second, 30*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := js.Publish(ctx, QueueSubject("n0", "jms.orders"), []byte("a")); err != nil {
+		t.Fatal(err)
+	}
+	m, err := cons.Next(jetstream.FetchMaxWait(5 * time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := m.DoubleAck(ctx); err != nil {
+		t.Fatal(err)
+	}
+	r.queueTail.rewinds.Add(1)
+	r.sweepQueueOrphans(ctx)
+	s, err := js.Stream(ctx, QueueStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.GetMsg(ctx, 1); err != nil || r.queueTail.orphans.Load() != 0 {
+		t.Errorf("after a rewind the sweep removed the message below the ack floor (get: %v, removed %d)", err, r.queueTail.orphans.Load())
+	}
+}
