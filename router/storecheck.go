@@ -85,9 +85,10 @@ const maxOrphanSweep = 100
 // or below its consumer's ack floor: acknowledged, yet kept by the work
 // queue. A server restarted while the consumer acknowledged can come back
 // holding such a message (seen on a single server, about one restart in
-// five under a burst, with every kind of publish: nats-server issue 3996
-// describes the class). Nothing delivers it again, and a move treats it
-// as done, but it would hold queue room and show as a backlog for good.
+// five under a burst, with atomic and fast-ingest batches alike;
+// nats-server issue 3996 describes the class). Nothing delivers it again,
+// and a move treats it as done, but it would hold queue room and show as
+// a backlog for good.
 // Every removal is logged and counted (Stats.QueueOrphans).
 //
 // A node that found the queue rewound (checkQueueTail: the servers lost
