@@ -35,18 +35,15 @@ func TestQueueLost(t *testing.T) {
 	}
 }
 
-// A message of the node's queue at or below its consumer's ack floor was
-// acknowledged: the sweep removes it, and nothing else (not the node's
-// unacknowledged messages, not another node's). The queue stream here
-// keeps what was acknowledged (limits retention), standing in for a work
-// queue that kept messages across a server restart (TestBatchesAcrossFaults
-// restarts the server for real).
-func TestSweepQueueOrphans(t *testing.T) {
+// keptQueue returns a router of node n0 whose queue stream keeps what was
+// acknowledged (limits retention, in memory), with n0's queue consumer.
+func keptQueue(t *testing.T) (*Router, jetstream.JetStream, jetstream.Consumer, context.Context) {
+	t.Helper()
 	r, js := testRouter(t, "n0")
 	r.warnOrphans = logagg.New(r.log, "orphan", time.Minute)
-	defer r.warnOrphans.Close()
+	t.Cleanup(r.warnOrphans.Close)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
+	t.Cleanup(cancel)
 	if err := js.DeleteStream(ctx, QueueStream); err != nil {
 		t.Fatal(err)
 	}
@@ -58,6 +55,17 @@ func TestSweepQueueOrphans(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return r, js, cons, ctx
+}
+
+// A message of the node's queue at or below its consumer's ack floor was
+// acknowledged: the sweep removes it, and nothing else (not the node's
+// unacknowledged messages, not another node's). The queue stream here
+// keeps what was acknowledged (limits retention), standing in for a work
+// queue that kept messages across a server restart (TestBatchesAcrossFaults
+// restarts the server for real).
+func TestSweepQueueOrphans(t *testing.T) {
+	r, js, cons, ctx := keptQueue(t)
 	for i, node := range []string{"n0", "n1", "n0", "n0", "n1"} {
 		if _, err := js.Publish(ctx, QueueSubject(node, "jms.orders"), []byte{byte(i)}); err != nil {
 			t.Fatal(err)
@@ -108,22 +116,7 @@ func TestSweepQueueOrphans(t *testing.T) {
 // A node that found the queue rewound removes nothing: a message below
 // the ack floor may be one stored at a reused sequence, never delivered.
 func TestSweepQueueOrphansStopsAfterARewind(t *testing.T) {
-	r, js := testRouter(t, "n0")
-	r.warnOrphans = logagg.New(r.log, "orphan", time.Minute)
-	defer r.warnOrphans.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if err := js.DeleteStream(ctx, QueueStream); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: QueueStream, Subjects: []string{QueueSubjectPrefix + ">"},
-		Storage: jetstream.MemoryStorage}); err != nil {
-		t.Fatal(err)
-	}
-	cons, err := ensureQueueConsumer(ctx, js, "n0", QueuePlain, time.Second, 30*time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
+	r, js, cons, ctx := keptQueue(t)
 	if _, err := js.Publish(ctx, QueueSubject("n0", "jms.orders"), []byte("a")); err != nil {
 		t.Fatal(err)
 	}
