@@ -61,6 +61,16 @@ func runAuthCluster(t *testing.T, layout permissions.Layout) *authCluster {
 	return a
 }
 
+// runAuthServer is runAuthCluster on a single server: the router's streams
+// have one replica.
+func runAuthServer(t *testing.T, layout permissions.Layout) *authCluster {
+	t.Helper()
+	auth := permtest.NewAuth(t, layout)
+	a := &authCluster{auth: auth, layout: layout, users: auth.Users, pass: auth.Pass, errs: map[string][]error{}}
+	a.c = &natstest.Cluster{Servers: []*natstest.Server{natstest.RunServerWith(t, auth.Configure)}}
+	return a
+}
+
 // opts returns the connection options of user: its password and inbox
 // prefix, and an error handler recording asynchronous errors under name.
 func (a *authCluster) opts(t *testing.T, user, name string) []nats.Option {
@@ -244,7 +254,7 @@ func (a *authCluster) startNodes(t *testing.T) []*node {
 		if a.maxHeld > 0 {
 			cfg.MaxHeldMessages = a.maxHeld
 		}
-		n := &node{t: t, id: id, cfg: cfg, url: a.c.Servers[i%3].URL(), opts: a.opts(t, u.Name, u.Name)}
+		n := &node{t: t, id: id, cfg: cfg, url: a.c.Servers[i%len(a.c.Servers)].URL(), opts: a.opts(t, u.Name, u.Name)}
 		n.launch()
 		if id == a.layout.Handlers[0] {
 			n.waitReady(30 * time.Second)
@@ -728,4 +738,55 @@ func (s *syncBuffer) String() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.b.String()
+}
+
+// On a single server, under the printed permissions, a hot group's backlog
+// goes in fast-ingest batches: the LOCAL node creates the R1 queue stream
+// allowing them, the batch's replies reach the node's own inbox, and
+// nothing is refused on any connection.
+func TestPermsFastBatchesOnOneServer(t *testing.T) {
+	layout := permissions.Layout{Address: "jms", Nodes: []string{"n0", "n1"}, Handlers: []string{"n0"}, Name: "my-grouping-handler"}
+	a := runAuthServer(t, layout)
+	nodes := a.startNodes(t)
+	var col collector
+	for _, id := range layout.Nodes {
+		a.consumeAs(t, 0, "consumer-"+id, id, &col)
+	}
+	operator := a.connect(t, 0, "operator", "operator")
+	waitEligible(t, operator, layout.Nodes, layout.Nodes)
+	js, err := jetstream.New(a.connect(t, 0, "producer", "producer"), jetstream.WithPublishAsyncMaxPending(256))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string][]string{"hot": bodies("hot", 600)}
+	for _, body := range want["hot"] {
+		m := nats.NewMsg("jms.orders")
+		m.Header.Set("Group-Id", "hot")
+		m.Data = []byte(body)
+		if _, err := js.PublishMsgAsync(m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	select {
+	case <-js.PublishAsyncComplete():
+	case <-time.After(20 * time.Second):
+		t.Fatal("publish acks timed out")
+	}
+	checkGrouping(t, col.waitCount(t, len(want["hot"]), 30*time.Second), want)
+	var batches uint64
+	for _, n := range nodes {
+		batches += n.r.Stats().Batches
+	}
+	if batches == 0 {
+		t.Errorf("no batch published: the fast-ingest path went untested")
+	}
+	if cfg := streamInfo(t, a.js(t, a.admin(t), permtest.AdminUser), router.QueueStream).Config; cfg.Replicas != 1 || !cfg.AllowBatchPublish {
+		t.Errorf("queue stream R%d, allow_batched %v: want R1 allowing fast-ingest batches", cfg.Replicas, cfg.AllowBatchPublish)
+	}
+	for _, name := range []string{"node-n0", "node-n1", "consumer-n0", "consumer-n1", "producer", "operator"} {
+		if v := a.violations(name); len(v) > 0 {
+			t.Errorf("%s: permissions violations %q", name, v)
+		}
+	}
+	t.Logf("%d messages of one group in %d batches under the printed permissions", len(want["hot"]), batches)
 }
