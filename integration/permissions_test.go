@@ -46,6 +46,19 @@ type authCluster struct {
 // users nats-server's own parser read from that file, and nothing else.
 func runAuthCluster(t *testing.T, layout permissions.Layout) *authCluster {
 	t.Helper()
+	return runAuth(t, layout, 3)
+}
+
+// runAuthServer is runAuthCluster on a single server: the router's streams
+// have one replica.
+func runAuthServer(t *testing.T, layout permissions.Layout) *authCluster {
+	t.Helper()
+	return runAuth(t, layout, 1)
+}
+
+// runAuth starts servers (1, or a cluster of 3) with the users of layout.
+func runAuth(t *testing.T, layout permissions.Layout, servers int) *authCluster {
+	t.Helper()
 	auth := permtest.NewAuth(t, layout)
 	a := &authCluster{auth: auth, layout: layout, users: auth.Users, pass: auth.Pass, errs: map[string][]error{}}
 	t.Cleanup(func() {
@@ -57,17 +70,11 @@ func runAuthCluster(t *testing.T, layout permissions.Layout) *authCluster {
 			}
 		}
 	})
-	a.c = natstest.RunClusterWith(t, 3, auth.Configure)
-	return a
-}
-
-// runAuthServer is runAuthCluster on a single server: the router's streams
-// have one replica.
-func runAuthServer(t *testing.T, layout permissions.Layout) *authCluster {
-	t.Helper()
-	auth := permtest.NewAuth(t, layout)
-	a := &authCluster{auth: auth, layout: layout, users: auth.Users, pass: auth.Pass, errs: map[string][]error{}}
-	a.c = &natstest.Cluster{Servers: []*natstest.Server{natstest.RunServerWith(t, auth.Configure)}}
+	if servers == 1 {
+		a.c = &natstest.Cluster{Servers: []*natstest.Server{natstest.RunServerWith(t, auth.Configure)}}
+	} else {
+		a.c = natstest.RunClusterWith(t, servers, auth.Configure)
+	}
 	return a
 }
 

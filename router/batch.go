@@ -66,17 +66,12 @@ func (r *Router) queueBatch(ctx context.Context) (int, bool) {
 	}
 	c := s.CachedInfo().Config
 	fast := c.Replicas < 2
-	allowed := func(c jetstream.StreamConfig) bool {
-		if fast {
-			return c.AllowBatchPublish
-		}
-		return c.AllowAtomicPublish
-	}
-	kind := "atomic"
+	// allows is the setting that allows the batches of the stream's kind.
+	allows, kind := func(c *jetstream.StreamConfig) *bool { return &c.AllowAtomicPublish }, "atomic"
 	if fast {
-		kind = "fast-ingest"
+		allows, kind = func(c *jetstream.StreamConfig) *bool { return &c.AllowBatchPublish }, "fast-ingest"
 	}
-	if allowed(c) {
+	if *allows(&c) {
 		return r.cfg.MaxBatch, fast
 	}
 	if r.cfg.Type != Local {
@@ -84,15 +79,11 @@ func (r *Router) queueBatch(ctx context.Context) (int, bool) {
 			"stream", QueueStream)
 		return 1, false
 	}
-	if fast {
-		c.AllowBatchPublish = true
-	} else {
-		c.AllowAtomicPublish = true
-	}
+	*allows(&c) = true
 	uctx, cancel := context.WithTimeout(ctx, 5*time.Second) // a denied request gets no answer
 	defer cancel()
 	us, err := r.js.UpdateStream(uctx, c)
-	if err != nil || !allowed(us.CachedInfo().Config) {
+	if err != nil || !*allows(&us.CachedInfo().Config) {
 		r.log.Warn("could not allow "+kind+" batches on the queue stream: publishing one message at a time per group",
 			"stream", QueueStream, "err", err, "hint", "nats-server 2.14 or later, and the right to update the stream")
 		return 1, false
@@ -113,10 +104,6 @@ func (r *Router) publishBatch(a action) {
 	}
 	id := nuid.Next()
 	o := outcome{ln: a.ln, batch: len(a.batch)}
-	fail := func(err error) {
-		o.err = err
-		r.do(func(e *engine, now time.Time) { r.apply(e, o, now) })
-	}
 	last := len(a.batch) - 1
 	for i, m := range a.batch[:last] {
 		out := r.queueMsg(m, a)
@@ -129,7 +116,7 @@ func (r *Router) publishBatch(a action) {
 		if err != nil {
 			// The batch has no commit: the servers drop it after their
 			// batch timeout; the engine sends its messages alone.
-			fail(err)
+			r.batchNotSent(o, err)
 			return
 		}
 	}
@@ -137,8 +124,21 @@ func (r *Router) publishBatch(a action) {
 	out.Header[headerBatchID] = []string{id}
 	out.Header[headerBatchSeq] = []string{strconv.Itoa(last + 1)}
 	out.Header[headerBatchCommit] = []string{"1"}
-	msgID := out.Header[jetstream.MsgIDHeader][0]
-	done := func(ack jspub.Ack, err error) {
+	err := r.pub.Publish(out, r.batchDone(o, out.Header[jetstream.MsgIDHeader][0]))
+	delete(out.Header, headerBatchID)
+	delete(out.Header, headerBatchSeq)
+	delete(out.Header, headerBatchCommit)
+	if err != nil {
+		r.batchNotSent(o, err)
+	}
+}
+
+// batchDone returns the callback of a batch's PubAck: the outcome goes to
+// the engine with the publisher's next batch end (ackBatch), and a stored
+// batch's last message, msgID, is the queue tail this node knows of
+// (Sequence 0, a fast-ingest batch of duplicates only, changes nothing).
+func (r *Router) batchDone(o outcome, msgID string) jspub.Callback {
+	return func(ack jspub.Ack, err error) {
 		o.err = refusal(err)
 		if err == nil {
 			r.queueTail.stored(ack.Sequence, msgID)
@@ -147,13 +147,12 @@ func (r *Router) publishBatch(a action) {
 		r.acks = append(r.acks, o)
 		r.ackMu.Unlock()
 	}
-	err := r.pub.Publish(out, done)
-	delete(out.Header, headerBatchID)
-	delete(out.Header, headerBatchSeq)
-	delete(out.Header, headerBatchCommit)
-	if err != nil {
-		fail(err)
-	}
+}
+
+// batchNotSent hands the engine a batch that could not be sent whole.
+func (r *Router) batchNotSent(o outcome, err error) {
+	o.err = err
+	r.do(func(e *engine, now time.Time) { r.apply(e, o, now) })
 }
 
 // publishFastBatch carries out an actBatch on a stream of one replica: the
@@ -169,21 +168,8 @@ func (r *Router) publishFastBatch(a action) {
 	for i, m := range a.batch {
 		msgs[i] = r.queueMsg(m, a)
 	}
-	msgID := msgs[len(msgs)-1].Header[jetstream.MsgIDHeader][0]
-	done := func(ack jspub.Ack, err error) {
-		o.err = refusal(err)
-		if err == nil && ack.Sequence > 0 {
-			// Sequence 0: every message was a duplicate (a batch sent
-			// again); nothing new is at the queue's tail.
-			r.queueTail.stored(ack.Sequence, msgID)
-		}
-		r.ackMu.Lock()
-		r.acks = append(r.acks, o)
-		r.ackMu.Unlock()
-	}
-	if err := r.pub.PublishBatch(msgs, done); err != nil {
-		o.err = err
-		r.do(func(e *engine, now time.Time) { r.apply(e, o, now) })
+	if err := r.pub.PublishBatch(msgs, r.batchDone(o, msgs[len(msgs)-1].Header[jetstream.MsgIDHeader][0])); err != nil {
+		r.batchNotSent(o, err)
 	}
 }
 

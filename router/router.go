@@ -98,9 +98,9 @@ type Stats struct {
 	// InFlightBatches is the batches awaiting their outcome now.
 	InFlightBatches int
 	// MaxBatch is the most messages of a group this node publishes as one
-	// atomic batch: Config.MaxBatch, or 1 when it publishes one message at
-	// a time (batches off, an R1 queue stream, or one that does not allow
-	// atomic publishes: the node's log says which).
+	// batch: Config.MaxBatch, or 1 when it publishes one message at a
+	// time (batches off, or a queue stream that does not allow the batches
+	// its replicas call for: the node's log says which).
 	MaxBatch int
 }
 

@@ -69,13 +69,24 @@ func queueLost(seq uint64, id string, last uint64, found bool, atID string) (lo,
 	return 0, 0, false
 }
 
-// storeCheck checks the queue for lost writes, and removes this node's
-// acknowledged messages the queue kept, every storeCheckEvery.
+// storeCheck checks the queue every storeCheckEvery (checkQueue).
 func (r *Router) storeCheck(ctx context.Context) {
-	every(ctx, storeCheckEvery, func() {
-		r.checkQueueTail(ctx)
-		r.sweepQueueOrphans(ctx)
-	})
+	every(ctx, storeCheckEvery, func() { r.checkQueue(ctx) })
+}
+
+// checkQueue reads the queue stream once, looks for lost writes
+// (checkQueueTail), then removes this node's acknowledged messages the
+// queue kept (sweepQueueOrphans).
+func (r *Router) checkQueue(ctx context.Context) {
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	s, err := r.js.Stream(ctx, QueueStream)
+	if err != nil {
+		r.log.Debug("queue stream not read for its checks; trying again later", "err", err)
+		return
+	}
+	r.checkQueueTail(ctx, s)
+	r.sweepQueueOrphans(ctx, s)
 }
 
 // maxOrphanSweep bounds the messages one sweep removes.
@@ -96,16 +107,9 @@ const maxOrphanSweep = 100
 // sequences, so a message at or below a consumer's ack floor may then be
 // one it never saw. It is left in place for an operator (its Nats-Msg-Id
 // names its ingress message).
-func (r *Router) sweepQueueOrphans(ctx context.Context) {
+func (r *Router) sweepQueueOrphans(ctx context.Context, s jetstream.Stream) {
 	if r.queueTail.rewinds.Load() > 0 {
 		r.log.Debug("no orphan sweep: the queue stream lost writes, a message below the ack floor may never have been delivered")
-		return
-	}
-	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-	defer cancel()
-	s, err := r.js.Stream(ctx, QueueStream)
-	if err != nil {
-		r.log.Debug("queue stream not read for the orphan sweep; trying again later", "err", err)
 		return
 	}
 	first := s.CachedInfo().State.FirstSeq
@@ -138,19 +142,14 @@ func (r *Router) sweepQueueOrphans(ctx context.Context) {
 	}
 }
 
-func (r *Router) checkQueueTail(ctx context.Context) {
+// checkQueueTail looks in s, the queue stream as just read, for the last
+// message this node stored there (queueLost).
+func (r *Router) checkQueueTail(ctx context.Context, s jetstream.Stream) {
 	t := &r.queueTail
 	t.mu.Lock()
 	seq, id, reported := t.seq, t.id, t.reported
 	t.mu.Unlock()
 	if seq == 0 || seq == reported {
-		return
-	}
-	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-	defer cancel()
-	s, err := r.js.Stream(ctx, QueueStream)
-	if err != nil {
-		r.log.Debug("queue stream not read for the lost-writes check; trying again later", "err", err)
 		return
 	}
 	last := s.CachedInfo().State.LastSeq

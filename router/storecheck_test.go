@@ -71,7 +71,7 @@ func TestSweepQueueOrphans(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	r.sweepQueueOrphans(ctx) // nothing acknowledged yet
+	r.checkQueue(ctx) // nothing acknowledged yet
 	if n := r.queueTail.orphans.Load(); n != 0 {
 		t.Fatalf("removed %d messages before any was acknowledged", n)
 	}
@@ -94,7 +94,7 @@ func TestSweepQueueOrphans(t *testing.T) {
 	if !slices.Equal(got, []uint64{1, 3, 4}) {
 		t.Fatalf("n0's consumer got sequences %v, want 1, 3, 4", got)
 	}
-	r.sweepQueueOrphans(ctx)
+	r.checkQueue(ctx)
 	s, err := js.Stream(ctx, QueueStream)
 	if err != nil {
 		t.Fatal(err)
@@ -128,7 +128,7 @@ func TestSweepQueueOrphansStopsAfterARewind(t *testing.T) {
 		t.Fatal(err)
 	}
 	r.queueTail.rewinds.Add(1)
-	r.sweepQueueOrphans(ctx)
+	r.checkQueue(ctx)
 	s, err := js.Stream(ctx, QueueStream)
 	if err != nil {
 		t.Fatal(err)
