@@ -552,6 +552,25 @@ func TestPermissionsLeastPrivilege(t *testing.T) {
 		// A LOCAL node's replies reach nodes and the operator, never the
 		// observer (producers and consumers are in other accounts).
 		a.deniedPublish(t, "node-n0", "_INBOX.observer.x")
+		// It may write its own checkpoint; a roll-up there would purge the
+		// bucket (the lease, every liveness record and checkpoint): the
+		// bucket refuses roll-ups.
+		rjs := a.js(t, a.connect(t, 0, "node-n2", "node-n2-rollup"), "node-n2")
+		m := nats.NewMsg("$KV." + kvbinding.DefaultNodesBucket + "." + kvbinding.CheckpointKey("n2"))
+		m.Header.Set(jetstream.MsgRollup, jetstream.MsgRollupAll)
+		m.Data = []byte(`{}`)
+		if _, err := rjs.PublishMsg(ctx, m); err == nil || !strings.Contains(err.Error(), "rollup not permitted") {
+			t.Errorf("node-n2's roll-up on its own checkpoint key: %v, want refused", err)
+		}
+		nodesKV, err := adminJS.KeyValue(ctx, kvbinding.DefaultNodesBucket)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, k := range []string{kvbinding.LeaseKey(layout.Name), kvbinding.LiveKey("n0"), kvbinding.CheckpointKey("n0")} {
+			if _, err := nodesKV.Get(ctx, k); err != nil {
+				t.Errorf("after node-n2's roll-up, %s: %v", k, err)
+			}
+		}
 	})
 	t.Run("operator", func(t *testing.T) {
 		a.deniedPublish(t, "operator", "$KV."+kvbinding.DefaultBucket+".r.order-3")

@@ -30,7 +30,8 @@ const upgradeBase = "0f01eb2370378d4e074ca00212ade7bcb741def2"
 // TestRollingUpgrade: three nodes of the previous release (two LOCAL, one
 // REMOTE) route under load on a 3-server cluster; each is stopped and
 // started again from this tree's binary, one at a time, REMOTE first,
-// while producers go on. Every message is delivered exactly once, in
+// while producers go on; once all run it, the registry bucket is hardened.
+// Every message is delivered exactly once, in
 // order per group. The binaries are built and run as users run them.
 func TestRollingUpgrade(t *testing.T) {
 	oldBin := buildRelease(t, upgradeBase)
@@ -68,6 +69,18 @@ func TestRollingUpgrade(t *testing.T) {
 		t.Logf("%s upgraded in %v", id, time.Since(start).Round(time.Millisecond))
 		prod.progress(t, &col, 100)
 	}
+	// Every node now announces its record's TTL: the active handler
+	// hardens the registry bucket the earlier release created (no expiry
+	// markers, roll-ups and purges denied), and routing goes on.
+	natstest.Eventually(t, 30*time.Second, func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		if ok, err := reg.Hardened(ctx); err != nil || !ok {
+			return fmt.Errorf("registry bucket not hardened: %v", err)
+		}
+		return nil
+	})
+	prod.progress(t, &col, 100)
 	want, total := prod.finish(t)
 	got := col.waitCount(t, total, 90*time.Second)
 	checkGrouping(t, got, want)

@@ -83,6 +83,12 @@ type NodeInfo struct {
 	// busy). Rebalancing moves the other groups first.
 	Busy     []string `json:"busy,omitempty"`
 	BusyMore bool     `json:"busy_more,omitempty"`
+	// TTL is how long the record lives on the server unless announced
+	// again (set by Announce, in whole seconds as the server counts). A
+	// reader expires the node by it: the registry bucket leaves no marker
+	// when a record expires (see OpenRegistry). Empty in records of
+	// earlier releases, which rely on the marker.
+	TTL time.Duration `json:"ttl,omitempty"`
 }
 
 // MaxBusyListed bounds NodeInfo.Busy.
@@ -140,6 +146,7 @@ type Registry struct {
 	live     map[string]NodeInfo
 	seen     map[string]time.Time // local time of each node's last announcement
 	lastSeen map[string]time.Time // the same, kept after the node is gone
+	expires  map[string]time.Time // local time after which to check that a node's record expired
 	ready    chan struct{}
 	once     sync.Once
 	onChange func()
@@ -157,9 +164,20 @@ type RegistryConfig struct {
 	Replicas int
 }
 
-// OpenRegistry creates the registry bucket (with per-key TTLs enabled) if
-// it is missing and returns a Registry on it. onChange, if not nil, is
-// called after the set of live nodes changed.
+// OpenRegistry creates the registry bucket if it is missing and returns a
+// Registry on it; an existing bucket is used as it is. onChange, if not
+// nil, is called after the set of live nodes changed.
+//
+// The bucket is created hardened (RegistryStreamConfig): records carry
+// per-key TTLs, but their expiry leaves no marker, and the stream denies
+// roll-ups and purges. Every node may publish its own liveness record and
+// checkpoint, and on a stream that allows roll-ups a Nats-Rollup: all
+// header on such a publish purges the bucket (the lease, every liveness
+// record and checkpoint); nats-server allows no expiry markers without
+// roll-ups. Readers therefore expire a node themselves (Run); the lease is
+// taken over by a standby's periodic create, which succeeds once the
+// record expired. A bucket of an earlier release (markers, roll-ups) is
+// hardened by Harden.
 func OpenRegistry(ctx context.Context, js jetstream.JetStream, cfg RegistryConfig, onChange func()) (*Registry, error) {
 	if cfg.Bucket == "" {
 		cfg.Bucket = DefaultNodesBucket
@@ -167,36 +185,101 @@ func OpenRegistry(ctx context.Context, js jetstream.JetStream, cfg RegistryConfi
 	if cfg.Replicas <= 0 {
 		cfg.Replicas = 1
 	}
-	kv, err := openBucket(ctx, js, jetstream.KeyValueConfig{
-		Bucket:         cfg.Bucket,
-		Description:    "grouprouter: live nodes, handler leases, checkpoints",
-		History:        1,
-		Replicas:       cfg.Replicas,
-		Storage:        jetstream.FileStorage,
-		LimitMarkerTTL: time.Second,
-		MaxValueSize:   MaxRegistryValueSize,
-	})
-	if err != nil {
-		return nil, err
+	kv, err := js.KeyValue(ctx, cfg.Bucket)
+	if errors.Is(err, jetstream.ErrBucketNotFound) {
+		if _, cerr := js.CreateStream(ctx, RegistryStreamConfig(cfg.Bucket, cfg.Replicas)); cerr != nil && !errors.Is(cerr, jetstream.ErrStreamNameAlreadyInUse) {
+			return nil, fmt.Errorf("kvbinding: create bucket %s: %w", cfg.Bucket, cerr)
+		}
+		// Created here, or by another node between the two calls.
+		kv, err = js.KeyValue(ctx, cfg.Bucket)
 	}
-	return &Registry{js: js, kv: kv, bucket: cfg.Bucket, live: map[string]NodeInfo{}, seen: map[string]time.Time{}, lastSeen: map[string]time.Time{},
+	if err != nil {
+		return nil, fmt.Errorf("kvbinding: open bucket %s: %w", cfg.Bucket, err)
+	}
+	return &Registry{js: js, kv: kv, bucket: cfg.Bucket, live: map[string]NodeInfo{}, seen: map[string]time.Time{}, lastSeen: map[string]time.Time{}, expires: map[string]time.Time{},
 		ready: make(chan struct{}), onChange: onChange}, nil
+}
+
+// RegistryStreamConfig is the configuration of a hardened registry
+// bucket's stream: a key-value bucket of history 1 whose records may carry
+// per-key TTLs, with no expiry markers, no roll-ups and no purges (see
+// OpenRegistry).
+func RegistryStreamConfig(bucket string, replicas int) jetstream.StreamConfig {
+	return jetstream.StreamConfig{
+		Name:              "KV_" + bucket,
+		Description:       "grouprouter: live nodes, handler leases, checkpoints",
+		Subjects:          []string{"$KV." + bucket + ".>"},
+		MaxMsgsPerSubject: 1,
+		MaxBytes:          -1,
+		MaxMsgs:           -1,
+		MaxConsumers:      -1,
+		MaxMsgSize:        MaxRegistryValueSize,
+		Storage:           jetstream.FileStorage,
+		Replicas:          max(replicas, 1),
+		Discard:           jetstream.DiscardNew,
+		Duplicates:        2 * time.Minute,
+		AllowDirect:       true,
+		DenyDelete:        true,
+		DenyPurge:         true,
+		AllowRollup:       false,
+		AllowMsgTTL:       true,
+	}
+}
+
+// hardened reports whether a registry stream's configuration denies
+// roll-ups and purges.
+func hardened(c jetstream.StreamConfig) bool {
+	return !c.AllowRollup && c.DenyPurge && c.SubjectDeleteMarkerTTL == 0 && c.AllowMsgTTL
+}
+
+// Hardened reports whether the registry bucket denies roll-ups and purges.
+func (r *Registry) Hardened(ctx context.Context) (bool, error) {
+	s, err := r.js.Stream(ctx, "KV_"+r.bucket)
+	if err != nil {
+		return false, fmt.Errorf("kvbinding: read bucket %s: %w", r.bucket, err)
+	}
+	return hardened(s.CachedInfo().Config), nil
+}
+
+// Harden updates a registry bucket of an earlier release (expiry markers,
+// roll-ups allowed) to deny roll-ups and purges; it reports whether it
+// changed the bucket. Nodes of releases before per-record TTLs
+// (NodeInfo.TTL) see a node's record expire only by its marker: harden
+// once no such node runs (the handler does, once every live node announces
+// a TTL).
+func (r *Registry) Harden(ctx context.Context) (bool, error) {
+	s, err := r.js.Stream(ctx, "KV_"+r.bucket)
+	if err != nil {
+		return false, fmt.Errorf("kvbinding: read bucket %s: %w", r.bucket, err)
+	}
+	c := s.CachedInfo().Config
+	if hardened(c) {
+		return false, nil
+	}
+	c.SubjectDeleteMarkerTTL = 0
+	c.AllowRollup, c.DenyPurge, c.AllowMsgTTL = false, true, true
+	if _, err := r.js.UpdateStream(ctx, c); err != nil {
+		return false, fmt.Errorf("kvbinding: harden bucket %s: %w", r.bucket, err)
+	}
+	return true, nil
 }
 
 func (r *Registry) subject(key string) string { return "$KV." + r.bucket + "." + key }
 
 // ttlHeader formats a per-message TTL; the server counts whole seconds, at least one.
 func ttlHeader(ttl time.Duration) string {
-	s := int64((ttl + time.Second - 1) / time.Second)
-	if s < 1 {
-		s = 1
-	}
-	return strconv.FormatInt(s, 10) + "s"
+	return strconv.FormatInt(int64(roundUpTTL(ttl)/time.Second), 10) + "s"
+}
+
+// roundUpTTL is ttl as the server counts it: whole seconds, at least one.
+func roundUpTTL(ttl time.Duration) time.Duration {
+	return max((ttl+time.Second-1)/time.Second, 1) * time.Second
 }
 
 // Announce publishes info as the node's liveness record, expiring after ttl
 // unless announced again.
 func (r *Registry) Announce(ctx context.Context, info NodeInfo, ttl time.Duration) error {
+	info.TTL = roundUpTTL(ttl)
 	data, err := encodeRecord(recordLive, &info)
 	if err != nil {
 		return err
@@ -250,9 +333,86 @@ func (r *Registry) LastSeen(node string) time.Time {
 // its watch started.
 func (r *Registry) Ready() <-chan struct{} { return r.ready }
 
-// Run watches the liveness records until ctx ends.
+// Run watches the liveness records until ctx ends. A record that says
+// how long it lives (NodeInfo.TTL) and is not announced again within that
+// is looked up: once the bucket no longer holds it, the node is gone. The
+// server's expiry decides, never this process's clock alone: a watch that
+// lags (a paused process) finds the record still there and waits on.
 func (r *Registry) Run(ctx context.Context) error {
-	return watchBucket(ctx, r.js, r.bucket, livePrefix+">", watchHooks{entry: r.apply, ready: func() { r.once.Do(func() { close(r.ready) }) }})
+	ctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		t := time.NewTicker(expiryCheckEvery)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case now := <-t.C:
+				r.expireDue(ctx, now)
+			}
+		}
+	}()
+	err := watchBucket(ctx, r.js, r.bucket, livePrefix+">", watchHooks{entry: r.apply, ready: func() { r.once.Do(func() { close(r.ready) }) }})
+	cancel()
+	wg.Wait()
+	return err
+}
+
+// expiryCheckEvery is how often Run looks for records past their TTL;
+// expirySlack is how long past it, by this process's clock from the
+// record's arrival, it first looks the record up.
+const (
+	expiryCheckEvery = 200 * time.Millisecond
+	expirySlack      = 250 * time.Millisecond
+)
+
+// expireDue looks up each node whose record is past its TTL, and drops
+// the node from the live set if the bucket no longer holds the record.
+func (r *Registry) expireDue(ctx context.Context, now time.Time) {
+	type due struct {
+		node     string
+		deadline time.Time
+	}
+	var dues []due
+	r.mu.RLock()
+	for node, t := range r.expires {
+		if now.After(t) {
+			dues = append(dues, due{node, t})
+		}
+	}
+	r.mu.RUnlock()
+	for _, d := range dues {
+		gctx, cancel := context.WithTimeout(ctx, time.Second)
+		_, err := r.kv.Get(gctx, livePrefix+d.node)
+		cancel()
+		if ctx.Err() != nil {
+			return
+		}
+		gone := errors.Is(err, jetstream.ErrKeyNotFound) || errors.Is(err, jetstream.ErrKeyDeleted)
+		changed := false
+		r.mu.Lock()
+		switch {
+		case !r.expires[d.node].Equal(d.deadline):
+			// Announced again (or removed) meanwhile.
+		case gone:
+			delete(r.live, d.node)
+			delete(r.seen, d.node)
+			delete(r.expires, d.node)
+			changed = true
+		default:
+			// Still stored (this watch lags, or the server has not
+			// expired it yet), or the bucket could not be read: look
+			// again shortly.
+			r.expires[d.node] = now.Add(expirySlack)
+		}
+		r.mu.Unlock()
+		if changed && r.onChange != nil {
+			r.onChange()
+		}
+	}
 }
 
 func (r *Registry) apply(key string, op entryOp, value []byte, _ uint64) {
@@ -264,13 +424,20 @@ func (r *Registry) apply(key string, op entryOp, value []byte, _ uint64) {
 		if err := decodeRecord(value, recordLive, &info); err == nil && info.Node == node && ValidateNodeID(node) == nil {
 			old, had := r.live[node]
 			changed = !had || old.HasConsumer != info.HasConsumer || !old.Started.Equal(info.Started) || old.Instance != info.Instance
+			now := time.Now()
 			r.live[node] = info
-			r.seen[node] = time.Now()
-			r.lastSeen[node] = r.seen[node]
+			r.seen[node] = now
+			r.lastSeen[node] = now
+			if info.TTL > 0 {
+				r.expires[node] = now.Add(info.TTL + expirySlack)
+			} else {
+				delete(r.expires, node) // an earlier release's: its marker says when it expired
+			}
 		}
 	} else if _, had := r.live[node]; had {
 		delete(r.live, node)
 		delete(r.seen, node)
+		delete(r.expires, node)
 		changed = true
 	}
 	r.mu.Unlock()

@@ -203,6 +203,8 @@ type Handler struct {
 	suspectMu    sync.Mutex
 	suspect      string
 	suspectSince time.Time
+
+	harden registryHardening // harden.go
 }
 
 // NewHandler returns a handler deciding with the given shared state. cache

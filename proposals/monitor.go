@@ -58,6 +58,7 @@ func (h *Handler) monitorConfig() MonitorConfig {
 // consumer (rebalancing); and keeps paused the queues that records say are
 // being drained.
 func (h *Handler) watchNodes(ctx context.Context, t *term) {
+	h.maybeHardenRegistry(t)
 	in := h.monitorInput(time.Now())
 	m := &h.mon
 	m.mu.Lock()

@@ -127,7 +127,9 @@ func roleChecks() []check {
 			proposals.SubjectHandlerPrefix+"grouping-handler.ping", "$SRV.PING", "$SRV.INFO."+proposals.ServiceName, "$SRV.STATS."+proposals.ServiceName+".ID")
 		// Nobody deletes or reshapes streams, purges, or creates consumers
 		// on the queue stream except a node for its own queue.
-		add(u, pub, u == "node-n0" || u == "node-n1", js("STREAM.UPDATE."+q)) // atomic batches on an older queue stream
+		add(u, pub, u == "node-n0" || u == "node-n1", js("STREAM.UPDATE."+q))     // atomic batches on an older queue stream
+		add(u, pub, u == "node-n0" || u == "node-n1", js("STREAM.UPDATE.KV_"+nb)) // harden an older registry bucket
+		add(u, pub, false, js("STREAM.UPDATE.KV_"+b), js("STREAM.PURGE.KV_"+nb))
 		add(u, pub, false, js("STREAM.DELETE."+q), js("STREAM.PURGE."+q), js("STREAM.UPDATE."+router.IngressStream),
 			js("CONSUMER.DELETE."+q+"."+router.QueueConsumer("n1")), js("CONSUMER.CREATE."+q+".x"), js("CONSUMER.DURABLE.CREATE."+q+".x"),
 			js("CONSUMER.CREATE."+q+"."+router.QueueConsumer("n1")))
