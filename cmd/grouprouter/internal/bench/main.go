@@ -546,8 +546,9 @@ func (b *bencher) resetRouting(ctx context.Context, e *env) error {
 	if err := purge("KV_" + kvbinding.DefaultBucket); err != nil {
 		return fmt.Errorf("bench: purge bindings: %w", err)
 	}
-	if err := purge("KV_"+kvbinding.DefaultNodesBucket, jetstream.WithPurgeSubject("$KV."+kvbinding.DefaultNodesBucket+".ckpt.>")); err != nil {
-		return fmt.Errorf("bench: purge checkpoints: %w", err)
+	// The registry bucket denies purges: each checkpoint is deleted.
+	if err := deleteCheckpoints(ctx, e.js); err != nil {
+		return fmt.Errorf("bench: delete checkpoints: %w", err)
 	}
 	e.sink.forget()
 	if err := e.js.DeleteStream(ctx, router.QueueStream); err != nil && !errors.Is(err, jetstream.ErrStreamNotFound) {
@@ -991,4 +992,34 @@ func (b *bencher) relayPhase(ctx context.Context, e *env, sr *serverResults, pro
 		return runErr
 	}
 	return stopErr
+}
+
+// deleteCheckpoints deletes every node's checkpoint from the registry
+// bucket, if there is one.
+func deleteCheckpoints(ctx context.Context, js jetstream.JetStream) error {
+	kv, err := js.KeyValue(ctx, kvbinding.DefaultNodesBucket)
+	if errors.Is(err, jetstream.ErrBucketNotFound) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	keys, err := kv.ListKeysFiltered(ctx, kvbinding.CheckpointKey(">"))
+	if errors.Is(err, jetstream.ErrNoKeysFound) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	defer keys.Stop()
+	var names []string
+	for k := range keys.Keys() {
+		names = append(names, k)
+	}
+	for _, k := range names {
+		if err := kv.Delete(ctx, k); err != nil {
+			return err
+		}
+	}
+	return nil
 }
