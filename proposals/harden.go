@@ -21,6 +21,9 @@ type registryHardening struct {
 	running atomic.Bool
 	done    atomic.Bool
 	next    time.Time // guarded by running
+	// waitingOn is the node of an earlier release last logged as what the
+	// hardening waits for (the lease ticks' goroutine only).
+	waitingOn string
 }
 
 // maybeHardenRegistry starts the hardening if it is due; it runs on the
@@ -36,10 +39,14 @@ func (h *Handler) maybeHardenRegistry(t *term) {
 	}
 	for node, info := range live {
 		if info.TTL <= 0 {
-			h.log.Debug("registry bucket not hardened yet: a node of an earlier release is live", "node", node)
+			if hr.waitingOn != node {
+				hr.waitingOn = node
+				h.log.Debug("registry bucket not hardened yet: waiting for a node of an earlier release to be upgraded", "node", node)
+			}
 			return
 		}
 	}
+	hr.waitingOn = ""
 	if !hr.running.CompareAndSwap(false, true) {
 		return
 	}
