@@ -44,13 +44,30 @@ func ParkedStreamConfig(replicas int) jetstream.StreamConfig {
 	}
 }
 
-// ParkedBucketConfig is the parked bucket's configuration.
-func ParkedBucketConfig(replicas int) jetstream.KeyValueConfig {
-	return jetstream.KeyValueConfig{
-		Bucket:      ParkedBucket,
-		Description: "grouprouter parked groups: key per group, value a consumer.ParkRecord",
-		Storage:     jetstream.FileStorage,
-		Replicas:    replicas,
+// ParkedBucketConfig is the configuration of the parked bucket's stream: a
+// key-value bucket of history 1 that denies roll-ups and purges. Consumers
+// of every node write its records (per group, through their accounts'
+// imports), and on a bucket that allows roll-ups one publish with a
+// Nats-Rollup: all header would erase every parked group's record, and
+// with it the order those records keep. Nothing needs roll-ups: replays
+// end a record with a delete.
+func ParkedBucketConfig(replicas int) jetstream.StreamConfig {
+	return jetstream.StreamConfig{
+		Name:              "KV_" + ParkedBucket,
+		Description:       "grouprouter parked groups: key per group, value a consumer.ParkRecord",
+		Subjects:          []string{"$KV." + ParkedBucket + ".>"},
+		MaxMsgsPerSubject: 1,
+		MaxBytes:          -1,
+		MaxMsgs:           -1,
+		MaxConsumers:      -1,
+		MaxMsgSize:        -1,
+		Storage:           jetstream.FileStorage,
+		Replicas:          max(replicas, 1),
+		Discard:           jetstream.DiscardNew,
+		Duplicates:        2 * time.Minute,
+		AllowDirect:       true,
+		DenyDelete:        true,
+		DenyPurge:         true,
 	}
 }
 
@@ -61,22 +78,37 @@ func EnsureParking(ctx context.Context, js jetstream.JetStream, replicas int) (j
 	if err := ensureStream(ctx, js, ParkedStreamConfig(replicas)); err != nil {
 		return nil, err
 	}
-	for attempt := 0; ; attempt++ {
-		kv, err := js.KeyValue(ctx, ParkedBucket)
-		if !errors.Is(err, jetstream.ErrBucketNotFound) {
-			if err != nil {
-				return nil, fmt.Errorf("grouping: bucket %s: %w", ParkedBucket, err)
-			}
-			return kv, nil
+	kv, err := js.KeyValue(ctx, ParkedBucket)
+	if errors.Is(err, jetstream.ErrBucketNotFound) {
+		if _, cerr := js.CreateStream(ctx, ParkedBucketConfig(replicas)); cerr != nil && !errors.Is(cerr, jetstream.ErrStreamNameAlreadyInUse) {
+			return nil, fmt.Errorf("grouping: create bucket %s: %w", ParkedBucket, cerr)
 		}
-		kv, err = js.CreateKeyValue(ctx, ParkedBucketConfig(replicas))
-		if err == nil {
-			return kv, nil
-		}
-		if attempt >= 2 {
-			return nil, fmt.Errorf("grouping: create bucket %s: %w", ParkedBucket, err)
-		}
+		// Created here, or by another node between the two calls.
+		kv, err = js.KeyValue(ctx, ParkedBucket)
 	}
+	if err != nil {
+		return nil, fmt.Errorf("grouping: bucket %s: %w", ParkedBucket, err)
+	}
+	return kv, nil
+}
+
+// hardenParkedBucket makes a parked bucket created by an earlier release
+// (roll-ups allowed, as nats.go creates buckets) deny roll-ups and purges;
+// it reports whether it changed the bucket.
+func hardenParkedBucket(ctx context.Context, js jetstream.JetStream) (bool, error) {
+	s, err := js.Stream(ctx, "KV_"+ParkedBucket)
+	if err != nil {
+		return false, err
+	}
+	c := s.CachedInfo().Config
+	if !c.AllowRollup && c.DenyPurge {
+		return false, nil
+	}
+	c.AllowRollup, c.DenyPurge = false, true
+	if _, err := js.UpdateStream(ctx, c); err != nil {
+		return false, err
+	}
+	return true, nil
 }
 
 // ensureParking creates the parked stream and bucket, on a LOCAL node,
@@ -92,6 +124,7 @@ func (r *Router) ensureParking(ctx context.Context, replicas int) {
 		cancel()
 		if err == nil {
 			r.log.Debug("the parked stream and bucket are there", "stream", ParkedStream, "bucket", ParkedBucket, "replicas", replicas)
+			r.hardenParking(ctx)
 			return
 		}
 		if ctx.Err() != nil {
@@ -108,5 +141,24 @@ func (r *Router) ensureParking(ctx context.Context, replicas int) {
 		if natsretry.Sleep(ctx, backoff.Next()) != nil {
 			return
 		}
+	}
+}
+
+// hardenParking hardens a parked bucket of an earlier release (see
+// hardenParkedBucket), once; a failure (a permissions block that predates
+// the right to update the bucket) is logged and left for the next start.
+func (r *Router) hardenParking(ctx context.Context) {
+	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	before := r.nc.LastError()
+	changed, err := hardenParkedBucket(cctx, r.js)
+	switch {
+	case err != nil && ctx.Err() == nil:
+		if v := natsretry.Violation(r.nc, before); v != nil {
+			err = fmt.Errorf("%w (%w)", v, err)
+		}
+		r.log.Warn("the parked bucket allows roll-ups (created by an earlier release) and could not be updated to deny them; a consumer could erase every parked record", "bucket", ParkedBucket, "err", err)
+	case changed:
+		r.log.Info("parked bucket hardened: roll-ups and purges denied", "bucket", ParkedBucket)
 	}
 }

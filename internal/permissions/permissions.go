@@ -517,6 +517,7 @@ func (l Layout) handlerPublish(node string) []Grant {
 	}
 	pub = append(pub, l.api("STREAM.UPDATE."+router.QueueStream, "allow atomic batches on a queue stream created before them (a handler may create the layout anyway)")...)
 	pub = append(pub, l.api("STREAM.UPDATE."+kvStream(nodes), "deny roll-ups and purges on a registry bucket created by an earlier release (a handler may create the layout anyway)")...)
+	pub = append(pub, l.api("STREAM.UPDATE."+kvStream(consumer.ParkedBucket), "deny roll-ups and purges on a parked bucket created by an earlier release")...)
 	pub = slices.Concat(pub,
 		l.api("INFO", "nats.go reads the account's JetStream limits before it creates a bucket"),
 		l.kvPut(bindings, ">", "the only writer of binding records"),

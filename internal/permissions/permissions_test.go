@@ -155,9 +155,9 @@ func roleChecks() []check {
 		js("STREAM.CREATE."+ps), js("STREAM.UPDATE."+ps), js("STREAM.CREATE.KV_"+pb), js("STREAM.UPDATE.KV_"+pb),
 		proposals.SubjectEventsPrefix+proposals.EventBind)
 	for _, n := range []string{"n0", "n1"} {
-		add("node-"+n, pub, true, js("STREAM.CREATE."+ps), js("STREAM.CREATE.KV_"+pb))
+		add("node-"+n, pub, true, js("STREAM.CREATE."+ps), js("STREAM.CREATE.KV_"+pb), js("STREAM.UPDATE.KV_"+pb))
 	}
-	add("node-n2", pub, false, js("STREAM.CREATE."+ps), js("STREAM.CREATE.KV_"+pb))
+	add("node-n2", pub, false, js("STREAM.CREATE."+ps), js("STREAM.CREATE.KV_"+pb), js("STREAM.UPDATE.KV_"+pb))
 	// The operator: list, read, ask for a replay; never park or delete.
 	add("operator", pub, true, js("STREAM.INFO."+ps), js("STREAM.MSG.GET."+ps), kvSubj(pb, "r.g"), js("DIRECT.GET.KV_"+pb+"."+kvSubj(pb, "r.g")))
 	add("operator", pub, false, consumer.ParkedSubjectPrefix+"n1.r.g.jms.x", js("STREAM.MSG.DELETE."+ps), js("STREAM.UPDATE."+ps))

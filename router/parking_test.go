@@ -1,0 +1,71 @@
+package router
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"grouprouter/internal/natstest"
+)
+
+// TestHardenParkedBucket: a parked bucket as an earlier release created it
+// (nats.go's defaults: roll-ups allowed) takes a roll-up that erases every
+// parked record; hardenParkedBucket makes it refuse roll-ups and purges
+// and keeps its records; EnsureParking creates it so from the start.
+func TestHardenParkedBucket(t *testing.T) {
+	s := natstest.RunServer(t)
+	js, err := jetstream.New(s.Connect())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	rollup := func(key string) error {
+		m := nats.NewMsg("$KV." + ParkedBucket + "." + key)
+		m.Header.Set(jetstream.MsgRollup, jetstream.MsgRollupAll)
+		m.Data = []byte("{}")
+		_, err := js.PublishMsg(ctx, m)
+		return err
+	}
+	kv, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: ParkedBucket})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kv.Put(ctx, "r.a", []byte("{}")); err != nil {
+		t.Fatal(err)
+	}
+	if err := rollup("r.b"); err != nil {
+		t.Fatalf("an earlier release's bucket refused a roll-up (the test's premise): %v", err)
+	}
+	if _, err := kv.Get(ctx, "r.a"); err == nil {
+		t.Fatal("a roll-up left the other records (the test's premise)")
+	}
+	changed, err := hardenParkedBucket(ctx, js)
+	if err != nil || !changed {
+		t.Fatalf("hardenParkedBucket: %v %v", changed, err)
+	}
+	if changed, err := hardenParkedBucket(ctx, js); err != nil || changed {
+		t.Fatalf("a second hardenParkedBucket: %v %v", changed, err)
+	}
+	if _, err := kv.Get(ctx, "r.b"); err != nil {
+		t.Fatalf("a record after hardening: %v", err)
+	}
+	if err := rollup("r.c"); err == nil {
+		t.Error("the hardened bucket took a roll-up")
+	}
+	if err := js.DeleteStream(ctx, "KV_"+ParkedBucket); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := EnsureParking(ctx, js, 1); err != nil {
+		t.Fatal(err)
+	}
+	if err := rollup("r.d"); err == nil {
+		t.Error("a bucket EnsureParking created took a roll-up")
+	}
+	if changed, err := hardenParkedBucket(ctx, js); err != nil || changed {
+		t.Errorf("a bucket EnsureParking created is not hardened: %v %v", changed, err)
+	}
+}
