@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strconv"
 	"strings"
 	"sync"
@@ -150,6 +151,7 @@ type Registry struct {
 	ready    chan struct{}
 	once     sync.Once
 	onChange func()
+	log      *slog.Logger
 }
 
 // MaxRegistryValueSize bounds one registry record (a checkpoint with its
@@ -162,6 +164,9 @@ type RegistryConfig struct {
 	Bucket string
 	// Replicas of the bucket's stream; 0 means 1.
 	Replicas int
+	// Logger receives, at debug level, each node joining or leaving the
+	// live set and why. Default: discard.
+	Logger *slog.Logger
 }
 
 // OpenRegistry creates the registry bucket if it is missing and returns a
@@ -196,8 +201,12 @@ func OpenRegistry(ctx context.Context, js jetstream.JetStream, cfg RegistryConfi
 	if err != nil {
 		return nil, fmt.Errorf("kvbinding: open bucket %s: %w", cfg.Bucket, err)
 	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
 	return &Registry{js: js, kv: kv, bucket: cfg.Bucket, live: map[string]NodeInfo{}, seen: map[string]time.Time{}, lastSeen: map[string]time.Time{}, expires: map[string]time.Time{},
-		ready: make(chan struct{}), onChange: onChange}, nil
+		ready: make(chan struct{}), onChange: onChange, log: log}, nil
 }
 
 // RegistryStreamConfig is the configuration of a hardened registry
@@ -398,6 +407,7 @@ func (r *Registry) expireDue(ctx context.Context, now time.Time) {
 		case !r.expires[d.node].Equal(d.deadline):
 			// Announced again (or removed) meanwhile.
 		case gone:
+			r.log.Debug("live node gone: its record expired", "live_node", d.node, "last_seen", r.lastSeen[d.node])
 			delete(r.live, d.node)
 			delete(r.seen, d.node)
 			delete(r.expires, d.node)
@@ -415,7 +425,7 @@ func (r *Registry) expireDue(ctx context.Context, now time.Time) {
 	}
 }
 
-func (r *Registry) apply(key string, op entryOp, value []byte, _ uint64) {
+func (r *Registry) apply(key string, op entryOp, value []byte, rev uint64) {
 	node := strings.TrimPrefix(key, livePrefix)
 	changed := false
 	r.mu.Lock()
@@ -424,6 +434,9 @@ func (r *Registry) apply(key string, op entryOp, value []byte, _ uint64) {
 		if err := decodeRecord(value, recordLive, &info); err == nil && info.Node == node && ValidateNodeID(node) == nil {
 			old, had := r.live[node]
 			changed = !had || old.HasConsumer != info.HasConsumer || !old.Started.Equal(info.Started) || old.Instance != info.Instance
+			if changed {
+				r.log.Debug("live node announced", "live_node", node, "new", !had, "instance", info.Instance, "has_consumer", info.HasConsumer, "ttl", info.TTL, "rev", rev)
+			}
 			now := time.Now()
 			r.live[node] = info
 			r.seen[node] = now
@@ -439,6 +452,7 @@ func (r *Registry) apply(key string, op entryOp, value []byte, _ uint64) {
 		delete(r.seen, node)
 		delete(r.expires, node)
 		changed = true
+		r.log.Debug("live node gone: its record was withdrawn, or expired with a marker", "live_node", node, "rev", rev)
 	}
 	r.mu.Unlock()
 	if changed && r.onChange != nil {

@@ -112,7 +112,7 @@ func (r *Router) setup(ctx context.Context) (queueCons jetstream.Consumer, relea
 	}
 	undo = append(undo, r.store.Close)
 	if err := r.setupStep(ctx, "node registry bucket", func(ctx context.Context) (err error) {
-		r.reg, err = kvbinding.OpenRegistry(ctx, r.js, kvbinding.RegistryConfig{Replicas: replicas}, r.onLiveChange)
+		r.reg, err = kvbinding.OpenRegistry(ctx, r.js, kvbinding.RegistryConfig{Replicas: replicas, Logger: r.log}, r.onLiveChange)
 		return err
 	}); err != nil {
 		return nil, nil, err
