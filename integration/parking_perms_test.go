@@ -11,7 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"grouprouter/consumer"
@@ -98,11 +97,8 @@ func TestPermsParkingLeastPrivilege(t *testing.T) {
 	// A consumer writes parked records (any group's, through its import):
 	// a roll-up on one would erase every parked record, "bad"'s with it.
 	// The bucket refuses roll-ups.
-	m := nats.NewMsg(layout.ImportedSubject("$KV." + consumer.ParkedBucket + ".r.zz"))
-	m.Header.Set(jetstream.MsgRollup, jetstream.MsgRollupAll)
-	m.Data = []byte(`{}`)
 	rctx, rcancel := call()
-	if _, err := cjs.PublishMsg(rctx, m); err == nil || !strings.Contains(err.Error(), "rollup not permitted") {
+	if err := natstest.RollupAll(rctx, cjs, layout.ImportedSubject("$KV."+consumer.ParkedBucket+".r.zz")); err == nil || !strings.Contains(err.Error(), "rollup not permitted") {
 		t.Errorf("consumer-n0's roll-up on the parked bucket: %v, want refused", err)
 	}
 	if _, err := consumer.GetParked(rctx, ojs, "bad"); err != nil {

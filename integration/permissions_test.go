@@ -556,10 +556,7 @@ func TestPermissionsLeastPrivilege(t *testing.T) {
 		// bucket (the lease, every liveness record and checkpoint): the
 		// bucket refuses roll-ups.
 		rjs := a.js(t, a.connect(t, 0, "node-n2", "node-n2-rollup"), "node-n2")
-		m := nats.NewMsg("$KV." + kvbinding.DefaultNodesBucket + "." + kvbinding.CheckpointKey("n2"))
-		m.Header.Set(jetstream.MsgRollup, jetstream.MsgRollupAll)
-		m.Data = []byte(`{}`)
-		if _, err := rjs.PublishMsg(ctx, m); err == nil || !strings.Contains(err.Error(), "rollup not permitted") {
+		if err := natstest.RollupAll(ctx, rjs, "$KV."+kvbinding.DefaultNodesBucket+"."+kvbinding.CheckpointKey("n2")); err == nil || !strings.Contains(err.Error(), "rollup not permitted") {
 			t.Errorf("node-n2's roll-up on its own checkpoint key: %v, want refused", err)
 		}
 		nodesKV, err := adminJS.KeyValue(ctx, kvbinding.DefaultNodesBucket)

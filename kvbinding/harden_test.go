@@ -7,20 +7,14 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"grouprouter/internal/natstest"
 )
 
-// rollupAll publishes a record on key with a Nats-Rollup: all header: on a
-// bucket that allows roll-ups it purges every other key.
+// rollupAll publishes a roll-up on key of bucket (natstest.RollupAll).
 func rollupAll(ctx context.Context, js jetstream.JetStream, bucket, key string) error {
-	m := nats.NewMsg("$KV." + bucket + "." + key)
-	m.Header.Set(jetstream.MsgRollup, jetstream.MsgRollupAll)
-	m.Data = []byte("{}")
-	_, err := js.PublishMsg(ctx, m)
-	return err
+	return natstest.RollupAll(ctx, js, "$KV."+bucket+"."+key)
 }
 
 // TestRegistryDeniesRollups: a registry bucket created by this release

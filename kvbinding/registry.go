@@ -190,16 +190,9 @@ func OpenRegistry(ctx context.Context, js jetstream.JetStream, cfg RegistryConfi
 	if cfg.Replicas <= 0 {
 		cfg.Replicas = 1
 	}
-	kv, err := js.KeyValue(ctx, cfg.Bucket)
-	if errors.Is(err, jetstream.ErrBucketNotFound) {
-		if _, cerr := js.CreateStream(ctx, RegistryStreamConfig(cfg.Bucket, cfg.Replicas)); cerr != nil && !errors.Is(cerr, jetstream.ErrStreamNameAlreadyInUse) {
-			return nil, fmt.Errorf("kvbinding: create bucket %s: %w", cfg.Bucket, cerr)
-		}
-		// Created here, or by another node between the two calls.
-		kv, err = js.KeyValue(ctx, cfg.Bucket)
-	}
+	kv, err := OpenHardenedBucket(ctx, js, RegistryStreamConfig(cfg.Bucket, cfg.Replicas))
 	if err != nil {
-		return nil, fmt.Errorf("kvbinding: open bucket %s: %w", cfg.Bucket, err)
+		return nil, err
 	}
 	log := cfg.Logger
 	if log == nil {
@@ -210,44 +203,15 @@ func OpenRegistry(ctx context.Context, js jetstream.JetStream, cfg RegistryConfi
 }
 
 // RegistryStreamConfig is the configuration of a hardened registry
-// bucket's stream: a key-value bucket of history 1 whose records may carry
-// per-key TTLs, with no expiry markers, no roll-ups and no purges (see
-// OpenRegistry).
+// bucket's stream: records may carry per-key TTLs, with no expiry markers,
+// no roll-ups and no purges (see OpenRegistry).
 func RegistryStreamConfig(bucket string, replicas int) jetstream.StreamConfig {
-	return jetstream.StreamConfig{
-		Name:              "KV_" + bucket,
-		Description:       "grouprouter: live nodes, handler leases, checkpoints",
-		Subjects:          []string{"$KV." + bucket + ".>"},
-		MaxMsgsPerSubject: 1,
-		MaxBytes:          -1,
-		MaxMsgs:           -1,
-		MaxConsumers:      -1,
-		MaxMsgSize:        MaxRegistryValueSize,
-		Storage:           jetstream.FileStorage,
-		Replicas:          max(replicas, 1),
-		Discard:           jetstream.DiscardNew,
-		Duplicates:        2 * time.Minute,
-		AllowDirect:       true,
-		DenyDelete:        true,
-		DenyPurge:         true,
-		AllowRollup:       false,
-		AllowMsgTTL:       true,
-	}
-}
-
-// hardened reports whether a registry stream's configuration denies
-// roll-ups and purges.
-func hardened(c jetstream.StreamConfig) bool {
-	return !c.AllowRollup && c.DenyPurge && c.SubjectDeleteMarkerTTL == 0 && c.AllowMsgTTL
+	return HardenedBucketConfig(bucket, "grouprouter: live nodes, handler leases, checkpoints", replicas, MaxRegistryValueSize, true)
 }
 
 // Hardened reports whether the registry bucket denies roll-ups and purges.
 func (r *Registry) Hardened(ctx context.Context) (bool, error) {
-	s, err := r.js.Stream(ctx, "KV_"+r.bucket)
-	if err != nil {
-		return false, fmt.Errorf("kvbinding: read bucket %s: %w", r.bucket, err)
-	}
-	return hardened(s.CachedInfo().Config), nil
+	return BucketHardened(ctx, r.js, r.bucket)
 }
 
 // Harden updates a registry bucket of an earlier release (expiry markers,
@@ -257,20 +221,7 @@ func (r *Registry) Hardened(ctx context.Context) (bool, error) {
 // once no such node runs (the handler does, once every live node announces
 // a TTL).
 func (r *Registry) Harden(ctx context.Context) (bool, error) {
-	s, err := r.js.Stream(ctx, "KV_"+r.bucket)
-	if err != nil {
-		return false, fmt.Errorf("kvbinding: read bucket %s: %w", r.bucket, err)
-	}
-	c := s.CachedInfo().Config
-	if hardened(c) {
-		return false, nil
-	}
-	c.SubjectDeleteMarkerTTL = 0
-	c.AllowRollup, c.DenyPurge, c.AllowMsgTTL = false, true, true
-	if _, err := r.js.UpdateStream(ctx, c); err != nil {
-		return false, fmt.Errorf("kvbinding: harden bucket %s: %w", r.bucket, err)
-	}
-	return true, nil
+	return HardenBucket(ctx, r.js, r.bucket)
 }
 
 func (r *Registry) subject(key string) string { return "$KV." + r.bucket + "." + key }

@@ -2,13 +2,13 @@ package router
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 
 	natsretry "grouprouter/internal/retry"
+	"grouprouter/kvbinding"
 )
 
 // The parked stream and bucket of package consumer (see its doc): they
@@ -52,23 +52,7 @@ func ParkedStreamConfig(replicas int) jetstream.StreamConfig {
 // with it the order those records keep. Nothing needs roll-ups: replays
 // end a record with a delete.
 func ParkedBucketConfig(replicas int) jetstream.StreamConfig {
-	return jetstream.StreamConfig{
-		Name:              "KV_" + ParkedBucket,
-		Description:       "grouprouter parked groups: key per group, value a consumer.ParkRecord",
-		Subjects:          []string{"$KV." + ParkedBucket + ".>"},
-		MaxMsgsPerSubject: 1,
-		MaxBytes:          -1,
-		MaxMsgs:           -1,
-		MaxConsumers:      -1,
-		MaxMsgSize:        -1,
-		Storage:           jetstream.FileStorage,
-		Replicas:          max(replicas, 1),
-		Discard:           jetstream.DiscardNew,
-		Duplicates:        2 * time.Minute,
-		AllowDirect:       true,
-		DenyDelete:        true,
-		DenyPurge:         true,
-	}
+	return kvbinding.HardenedBucketConfig(ParkedBucket, "grouprouter parked groups: key per group, value a consumer.ParkRecord", replicas, 0, false)
 }
 
 // EnsureParking looks the parked stream and bucket up and creates the
@@ -78,37 +62,11 @@ func EnsureParking(ctx context.Context, js jetstream.JetStream, replicas int) (j
 	if err := ensureStream(ctx, js, ParkedStreamConfig(replicas)); err != nil {
 		return nil, err
 	}
-	kv, err := js.KeyValue(ctx, ParkedBucket)
-	if errors.Is(err, jetstream.ErrBucketNotFound) {
-		if _, cerr := js.CreateStream(ctx, ParkedBucketConfig(replicas)); cerr != nil && !errors.Is(cerr, jetstream.ErrStreamNameAlreadyInUse) {
-			return nil, fmt.Errorf("grouping: create bucket %s: %w", ParkedBucket, cerr)
-		}
-		// Created here, or by another node between the two calls.
-		kv, err = js.KeyValue(ctx, ParkedBucket)
-	}
+	kv, err := kvbinding.OpenHardenedBucket(ctx, js, ParkedBucketConfig(replicas))
 	if err != nil {
-		return nil, fmt.Errorf("grouping: bucket %s: %w", ParkedBucket, err)
+		return nil, fmt.Errorf("grouping: %w", err)
 	}
 	return kv, nil
-}
-
-// hardenParkedBucket makes a parked bucket created by an earlier release
-// (roll-ups allowed, as nats.go creates buckets) deny roll-ups and purges;
-// it reports whether it changed the bucket.
-func hardenParkedBucket(ctx context.Context, js jetstream.JetStream) (bool, error) {
-	s, err := js.Stream(ctx, "KV_"+ParkedBucket)
-	if err != nil {
-		return false, err
-	}
-	c := s.CachedInfo().Config
-	if !c.AllowRollup && c.DenyPurge {
-		return false, nil
-	}
-	c.AllowRollup, c.DenyPurge = false, true
-	if _, err := js.UpdateStream(ctx, c); err != nil {
-		return false, err
-	}
-	return true, nil
 }
 
 // ensureParking creates the parked stream and bucket, on a LOCAL node,
@@ -144,14 +102,14 @@ func (r *Router) ensureParking(ctx context.Context, replicas int) {
 	}
 }
 
-// hardenParking hardens a parked bucket of an earlier release (see
-// hardenParkedBucket), once; a failure (a permissions block that predates
+// hardenParking makes a parked bucket of an earlier release (nats.go's
+// defaults: roll-ups allowed) refuse roll-ups and purges, once; a failure (a permissions block that predates
 // the right to update the bucket) is logged and left for the next start.
 func (r *Router) hardenParking(ctx context.Context) {
 	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	before := r.nc.LastError()
-	changed, err := hardenParkedBucket(cctx, r.js)
+	changed, err := kvbinding.HardenBucket(cctx, r.js, ParkedBucket)
 	switch {
 	case err != nil && ctx.Err() == nil:
 		if v := natsretry.Violation(r.nc, before); v != nil {

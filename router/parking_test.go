@@ -5,15 +5,15 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"grouprouter/internal/natstest"
+	"grouprouter/kvbinding"
 )
 
 // TestHardenParkedBucket: a parked bucket as an earlier release created it
 // (nats.go's defaults: roll-ups allowed) takes a roll-up that erases every
-// parked record; hardenParkedBucket makes it refuse roll-ups and purges
+// parked record; kvbinding.HardenBucket makes it refuse roll-ups and purges
 // and keeps its records; EnsureParking creates it so from the start.
 func TestHardenParkedBucket(t *testing.T) {
 	s := natstest.RunServer(t)
@@ -23,13 +23,7 @@ func TestHardenParkedBucket(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	rollup := func(key string) error {
-		m := nats.NewMsg("$KV." + ParkedBucket + "." + key)
-		m.Header.Set(jetstream.MsgRollup, jetstream.MsgRollupAll)
-		m.Data = []byte("{}")
-		_, err := js.PublishMsg(ctx, m)
-		return err
-	}
+	rollup := func(key string) error { return natstest.RollupAll(ctx, js, "$KV."+ParkedBucket+"."+key) }
 	kv, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: ParkedBucket})
 	if err != nil {
 		t.Fatal(err)
@@ -43,12 +37,12 @@ func TestHardenParkedBucket(t *testing.T) {
 	if _, err := kv.Get(ctx, "r.a"); err == nil {
 		t.Fatal("a roll-up left the other records (the test's premise)")
 	}
-	changed, err := hardenParkedBucket(ctx, js)
+	changed, err := kvbinding.HardenBucket(ctx, js, ParkedBucket)
 	if err != nil || !changed {
-		t.Fatalf("hardenParkedBucket: %v %v", changed, err)
+		t.Fatalf("HardenBucket: %v %v", changed, err)
 	}
-	if changed, err := hardenParkedBucket(ctx, js); err != nil || changed {
-		t.Fatalf("a second hardenParkedBucket: %v %v", changed, err)
+	if changed, err := kvbinding.HardenBucket(ctx, js, ParkedBucket); err != nil || changed {
+		t.Fatalf("a second HardenBucket: %v %v", changed, err)
 	}
 	if _, err := kv.Get(ctx, "r.b"); err != nil {
 		t.Fatalf("a record after hardening: %v", err)
@@ -65,7 +59,7 @@ func TestHardenParkedBucket(t *testing.T) {
 	if err := rollup("r.d"); err == nil {
 		t.Error("a bucket EnsureParking created took a roll-up")
 	}
-	if changed, err := hardenParkedBucket(ctx, js); err != nil || changed {
+	if changed, err := kvbinding.HardenBucket(ctx, js, ParkedBucket); err != nil || changed {
 		t.Errorf("a bucket EnsureParking created is not hardened: %v %v", changed, err)
 	}
 }

@@ -404,3 +404,14 @@ func freePort(t testing.TB) int {
 	}
 	return p
 }
+
+// RollupAll publishes "{}" on subject (a bucket's key, say) with a
+// Nats-Rollup: all header: on a stream that allows roll-ups it erases every
+// other subject's messages. Tests aim it at state a client may write.
+func RollupAll(ctx context.Context, js jetstream.JetStream, subject string) error {
+	m := nats.NewMsg(subject)
+	m.Header.Set(jetstream.MsgRollup, jetstream.MsgRollupAll)
+	m.Data = []byte("{}")
+	_, err := js.PublishMsg(ctx, m)
+	return err
+}

@@ -1,0 +1,96 @@
+package kvbinding
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// HardenedBucketConfig is the stream configuration of a key-value bucket
+// of history 1 that refuses roll-ups and purges: one publish with a
+// Nats-Rollup: all header on any key a client may write would otherwise
+// erase every other key. It therefore keeps no expiry markers (nats-server
+// allows them only with roll-ups); with ttls, records may carry per-key
+// TTLs. maxValueSize 0 means no bound.
+func HardenedBucketConfig(bucket, description string, replicas int, maxValueSize int32, ttls bool) jetstream.StreamConfig {
+	if maxValueSize <= 0 {
+		maxValueSize = -1
+	}
+	return jetstream.StreamConfig{
+		Name:              "KV_" + bucket,
+		Description:       description,
+		Subjects:          []string{"$KV." + bucket + ".>"},
+		MaxMsgsPerSubject: 1,
+		MaxBytes:          -1,
+		MaxMsgs:           -1,
+		MaxConsumers:      -1,
+		MaxMsgSize:        maxValueSize,
+		Storage:           jetstream.FileStorage,
+		Replicas:          max(replicas, 1),
+		Discard:           jetstream.DiscardNew,
+		Duplicates:        2 * time.Minute,
+		AllowDirect:       true,
+		DenyDelete:        true,
+		DenyPurge:         true,
+		AllowMsgTTL:       ttls,
+	}
+}
+
+// OpenHardenedBucket binds to the bucket of cfg (a HardenedBucketConfig),
+// creating it when it does not exist yet; an existing bucket is used as it
+// is (see HardenBucket).
+func OpenHardenedBucket(ctx context.Context, js jetstream.JetStream, cfg jetstream.StreamConfig) (jetstream.KeyValue, error) {
+	bucket := strings.TrimPrefix(cfg.Name, "KV_")
+	kv, err := js.KeyValue(ctx, bucket)
+	if errors.Is(err, jetstream.ErrBucketNotFound) {
+		if _, cerr := js.CreateStream(ctx, cfg); cerr != nil && !errors.Is(cerr, jetstream.ErrStreamNameAlreadyInUse) {
+			return nil, fmt.Errorf("kvbinding: create bucket %s: %w", bucket, cerr)
+		}
+		// Created here, or by another process between the two calls.
+		kv, err = js.KeyValue(ctx, bucket)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("kvbinding: open bucket %s: %w", bucket, err)
+	}
+	return kv, nil
+}
+
+// IsHardened reports whether a bucket's stream configuration refuses
+// roll-ups and purges.
+func IsHardened(c jetstream.StreamConfig) bool {
+	return !c.AllowRollup && c.DenyPurge && c.SubjectDeleteMarkerTTL == 0
+}
+
+// BucketHardened reports whether bucket refuses roll-ups and purges.
+func BucketHardened(ctx context.Context, js jetstream.JetStream, bucket string) (bool, error) {
+	s, err := js.Stream(ctx, "KV_"+bucket)
+	if err != nil {
+		return false, fmt.Errorf("kvbinding: read bucket %s: %w", bucket, err)
+	}
+	return IsHardened(s.CachedInfo().Config), nil
+}
+
+// HardenBucket updates a bucket created as nats.go creates them (roll-ups
+// allowed, perhaps expiry markers) to refuse roll-ups and purges, keeping
+// per-key TTLs if it had them; it reports whether it changed the bucket.
+func HardenBucket(ctx context.Context, js jetstream.JetStream, bucket string) (bool, error) {
+	s, err := js.Stream(ctx, "KV_"+bucket)
+	if err != nil {
+		return false, fmt.Errorf("kvbinding: read bucket %s: %w", bucket, err)
+	}
+	c := s.CachedInfo().Config
+	if IsHardened(c) {
+		return false, nil
+	}
+	c.AllowMsgTTL = c.AllowMsgTTL || c.SubjectDeleteMarkerTTL > 0
+	c.SubjectDeleteMarkerTTL = 0
+	c.AllowRollup, c.DenyPurge = false, true
+	if _, err := js.UpdateStream(ctx, c); err != nil {
+		return false, fmt.Errorf("kvbinding: harden bucket %s: %w", bucket, err)
+	}
+	return true, nil
+}
