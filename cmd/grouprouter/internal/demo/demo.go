@@ -117,7 +117,7 @@ type run struct {
 	movedAt    time.Time
 	restarted  chan error
 	backAt     time.Time // n2 eligible again: rebalancing gives it groups
-	backBefore int       // rebalance moves to n2 before it came back
+	backBefore int       // rebalance moves to n2 before it was started again
 	// n3 joins a quarter of the way in, with its consumer: rebalancing
 	// gives it its share.
 	joining  chan joinResult
@@ -335,6 +335,9 @@ func (d *run) step(ctx context.Context, now time.Time) {
 			return
 		}
 		d.st = stRestarting
+		// Counted before n2 starts again: the handler may give it groups
+		// before this view finds it eligible.
+		d.backBefore = d.w.rebalanced(n2.id)
 		d.restarted = make(chan error, 1)
 		go func() { d.restarted <- n2.start(ctx, d.c) }()
 	case stBack:
@@ -343,7 +346,7 @@ func (d *run) step(ctx context.Context, now time.Time) {
 		}
 		// From here the handler's rebalancing gives n2 groups back:
 		// nothing to ask.
-		d.backAt, d.backBefore = now, d.w.rebalanced(n2.id)
+		d.backAt = now
 		d.st = stDone
 	}
 }
