@@ -59,10 +59,7 @@ func TestRegistryDeniesRollups(t *testing.T) {
 // to refuse them and keeps its records; a second Harden changes nothing.
 func TestHardenEarlierBucket(t *testing.T) {
 	s := natstest.RunServer(t)
-	js, err := jetstream.New(s.Connect())
-	if err != nil {
-		t.Fatal(err)
-	}
+	js := s.JetStream()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if _, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: DefaultNodesBucket, History: 1,
@@ -106,10 +103,7 @@ func TestHardenEarlierBucket(t *testing.T) {
 // that announces again after expiring is back.
 func TestLiveNodeExpiresWithoutMarker(t *testing.T) {
 	s := natstest.RunServer(t)
-	js, err := jetstream.New(s.Connect())
-	if err != nil {
-		t.Fatal(err)
-	}
+	js := s.JetStream()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	var changes atomic.Int32

@@ -15,11 +15,7 @@ import (
 // context that ends with the test (10 s at most).
 func openTestRegistry(t *testing.T) (context.Context, jetstream.JetStream, *Registry) {
 	t.Helper()
-	s := natstest.RunServer(t)
-	js, err := jetstream.New(s.Connect())
-	if err != nil {
-		t.Fatal(err)
-	}
+	js := natstest.RunServer(t).JetStream()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	t.Cleanup(cancel)
 	reg, err := OpenRegistry(ctx, js, RegistryConfig{}, nil)

@@ -19,10 +19,7 @@ import (
 // TTL.
 func TestHandlerHardensEarlierRegistry(t *testing.T) {
 	s := natstest.RunServer(t)
-	js, err := jetstream.New(s.Connect())
-	if err != nil {
-		t.Fatal(err)
-	}
+	js := s.JetStream()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	kv, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: kvbinding.DefaultNodesBucket, History: 1,

@@ -17,10 +17,7 @@ import (
 // and keeps its records; EnsureParking creates it so from the start.
 func TestHardenParkedBucket(t *testing.T) {
 	s := natstest.RunServer(t)
-	js, err := jetstream.New(s.Connect())
-	if err != nil {
-		t.Fatal(err)
-	}
+	js := s.JetStream()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	rollup := func(key string) error { return natstest.RollupAll(ctx, js, "$KV."+ParkedBucket+"."+key) }

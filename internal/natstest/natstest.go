@@ -99,6 +99,17 @@ func (s *Server) Connect(opts ...nats.Option) *nats.Conn {
 	return Connect(s.t, s.URL(), opts...)
 }
 
+// JetStream returns a JetStream context on a new connection to the server
+// (see Connect).
+func (s *Server) JetStream() jetstream.JetStream {
+	s.t.Helper()
+	js, err := jetstream.New(s.Connect())
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	return js
+}
+
 // Connect opens a client connection to url that reconnects forever; it is
 // closed when the test ends.
 func Connect(t testing.TB, url string, opts ...nats.Option) *nats.Conn {
