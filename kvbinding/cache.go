@@ -88,6 +88,9 @@ type Cache struct {
 	counts    []int // bound groups per interned node
 	leaving   []int // groups being moved away from each interned node
 	watchRev  uint64
+	// delivered is the last bucket sequence the watch handed the cache,
+	// whatever became of it (applied, already held, refused).
+	delivered atomic.Uint64
 	ignored   atomic.Uint64
 	rewinds   atomic.Uint64
 
@@ -524,7 +527,15 @@ func (c *Cache) watchEntry(key string, op entryOp, value []byte, rev uint64) {
 		return
 	}
 	c.applyEntry(key, op, value, rev)
+	c.delivered.Store(rev)
 }
+
+// Delivered returns the last sequence of the bucket's stream the watch
+// delivered to the cache (0: none yet): every record stored up to it is in
+// the cache, or was refused, or replaced by a later one. Compared with
+// Store.LastRevision read after some moment, it tells whether the cache has
+// caught up with every record stored before that moment.
+func (c *Cache) Delivered() uint64 { return c.delivered.Load() }
 
 func (c *Cache) watchReady() {
 	if r := c.replay; r != nil {

@@ -129,6 +129,22 @@ func openBucket(ctx context.Context, js jetstream.JetStream, cfg jetstream.KeyVa
 	return kv, nil
 }
 
+// LastRevision returns the sequence of the last record of the bucket (0:
+// the bucket holds none). The stream's leader answers (not a direct get,
+// which any replica may answer from what it has), so the answer is as
+// recent as the servers' quorum, but for a leader cut off from it that has
+// not stepped down yet.
+func (s *Store) LastRevision(ctx context.Context) (uint64, error) {
+	m, err := lastMsg(ctx, s.js, "KV_"+s.bucket, "$KV."+s.bucket+".>")
+	switch {
+	case errors.Is(err, jetstream.ErrMsgNotFound):
+		return 0, nil
+	case err != nil:
+		return 0, err
+	}
+	return m.seq, nil
+}
+
 // KV returns the underlying bucket.
 func (s *Store) KV() jetstream.KeyValue { return s.kv }
 

@@ -262,6 +262,7 @@ func (t *watchTail) checkLoop(ctx context.Context, js jetstream.JetStream, strea
 // storedMsg is what a stream holds at a sequence (nil: nothing).
 type storedMsg struct {
 	subj string
+	seq  uint64
 	data []byte
 }
 
@@ -295,6 +296,21 @@ func readTail(ctx context.Context, js jetstream.JetStream, stream string, seq ui
 // there. Node users are given this request on the bindings bucket, not the
 // direct get.
 func msgGet(ctx context.Context, js jetstream.JetStream, stream string, seq uint64) (*storedMsg, error) {
+	return leaderGet(ctx, js, stream, `{"seq":`+strconv.FormatUint(seq, 10)+`}`, "message "+strconv.FormatUint(seq, 10))
+}
+
+// lastMsg reads the last message of stream on subject (wildcards allowed)
+// from the stream's leader.
+func lastMsg(ctx context.Context, js jetstream.JetStream, stream, subject string) (*storedMsg, error) {
+	req, _ := json.Marshal(struct {
+		LastFor string `json:"last_by_subj"`
+	}{subject})
+	return leaderGet(ctx, js, stream, string(req), "the last message on "+subject)
+}
+
+// leaderGet asks stream's leader for one message (STREAM.MSG.GET with
+// req); what names it in errors.
+func leaderGet(ctx context.Context, js jetstream.JetStream, stream, req, what string) (*storedMsg, error) {
 	o := js.Options()
 	prefix := jetstream.DefaultAPIPrefix
 	switch {
@@ -303,29 +319,30 @@ func msgGet(ctx context.Context, js jetstream.JetStream, stream string, seq uint
 	case o.APIPrefix != "":
 		prefix = strings.TrimSuffix(o.APIPrefix, ".") + "."
 	}
-	resp, err := js.Conn().RequestWithContext(ctx, prefix+"STREAM.MSG.GET."+stream, []byte(`{"seq":`+strconv.FormatUint(seq, 10)+`}`))
+	resp, err := js.Conn().RequestWithContext(ctx, prefix+"STREAM.MSG.GET."+stream, []byte(req))
 	if err != nil {
 		return nil, err
 	}
 	var r struct {
 		Message *struct {
 			Subject string `json:"subject"`
+			Seq     uint64 `json:"seq"`
 			Data    []byte `json:"data"`
 		} `json:"message"`
 		Error *jetstream.APIError `json:"error"`
 	}
 	if err := json.Unmarshal(resp.Data, &r); err != nil {
-		return nil, fmt.Errorf("kvbinding: get message %d of %s: %w", seq, stream, err)
+		return nil, fmt.Errorf("kvbinding: get %s of %s: %w", what, stream, err)
 	}
 	switch {
 	case r.Error != nil && r.Error.ErrorCode == jetstream.JSErrCodeMessageNotFound:
 		return nil, jetstream.ErrMsgNotFound
 	case r.Error != nil:
-		return nil, fmt.Errorf("kvbinding: get message %d of %s: %w", seq, stream, r.Error)
+		return nil, fmt.Errorf("kvbinding: get %s of %s: %w", what, stream, r.Error)
 	case r.Message == nil:
-		return nil, fmt.Errorf("kvbinding: get message %d of %s: an answer without a message", seq, stream)
+		return nil, fmt.Errorf("kvbinding: get %s of %s: an answer without a message", what, stream)
 	}
-	return &storedMsg{subj: r.Message.Subject, data: r.Message.Data}, nil
+	return &storedMsg{subj: r.Message.Subject, seq: r.Message.Seq, data: r.Message.Data}, nil
 }
 
 // tailRewound decides whether a stream lost what a watch read: the watch

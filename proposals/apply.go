@@ -136,10 +136,18 @@ func (h *Handler) writeAll(ctx context.Context, plans []planned, ps []Proposal) 
 	}
 	h.pausingFor(pausing, 1)
 	defer h.pausingFor(pausing, -1)
+	authorized := h.auth.holds(time.Now())
 	for k, pl := range plans {
 		res := pl.res
 		if res.Write == nil {
 			out[k] = h.unwritten(pl, ps[k])
+			continue
+		}
+		if !authorized {
+			if pl.reserved {
+				h.limit.release(1)
+			}
+			out[k] = Decision{Group: ps[k].Group, Outcome: Failed, Error: errNoAuthority.Error()}
 			continue
 		}
 		var pauseErr error

@@ -3,6 +3,7 @@ package proposals
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 
 	"grouprouter/kvbinding"
@@ -122,9 +123,25 @@ func (h *Handler) advanceFloor(ctx context.Context) {
 	}
 	prev := max(stored.Seq, h.floor.Load())
 	next, reset := NextFloor(prev, starts, ingressNext)
+	if !h.auth.holds(time.Now()) {
+		// What was read may be the view of a side that lost the servers'
+		// quorum (authority.go): decide nothing from it.
+		return
+	}
 	if reset {
-		h.log.Error("the routing floor is past the ingress stream's end (was the stream recreated?); it starts again from 0",
-			"floor", prev, "ingress_next", ingressNext)
+		// A stream leader cut off from its quorum answers its stream info
+		// from its own state until it steps down, and a replica that
+		// lagged answers an older end: a floor past the end read is not
+		// enough. Only a stream created after the floor was last stored
+		// starts the floor again.
+		created, cerr := h.ingressCreated(ctx)
+		if cerr != nil || !created.After(stored.At) || !h.auth.holds(time.Now()) {
+			h.floorWarn(now, "the ingress stream's end read is below the routing floor, but the stream was not recreated since the floor was stored (a stale read?); keeping the floor",
+				fmt.Errorf("floor %d, ingress next %d, stream created %v, floor stored %v (%v)", prev, ingressNext, created, stored.At, cerr))
+			return
+		}
+		h.log.Error("the ingress stream was recreated after the routing floor was stored (its end is below the floor); the floor starts again from 0",
+			"floor", prev, "ingress_next", ingressNext, "created", created, "floor_stored", stored.At)
 	}
 	if next != stored.Seq || err != nil {
 		if _, err := h.reg.StoreFloor(ctx, kvbinding.Floor{Seq: next, At: now.UTC(), By: h.id}, rev); err != nil {
@@ -159,4 +176,16 @@ func (h *Handler) floorWarn(now time.Time, msg string, err error) {
 	}
 	h.floorWarned = now
 	h.log.Warn(msg, "err", err, "floor", h.floor.Load())
+}
+
+// ingressCreated returns when the ingress stream was created, if the
+// Queues given can tell (the zero time otherwise: no reset).
+func (h *Handler) ingressCreated(ctx context.Context) (time.Time, error) {
+	c, ok := h.cfg.Queues.(interface {
+		IngressCreated(ctx context.Context) (time.Time, error)
+	})
+	if !ok {
+		return time.Time{}, errors.New("the ingress stream's creation time is unknown")
+	}
+	return c.IngressCreated(ctx)
 }

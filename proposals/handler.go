@@ -205,6 +205,10 @@ type Handler struct {
 	suspectSince time.Time
 
 	harden registryHardening // harden.go
+
+	// auth is until when this handler may decide, by its own clock
+	// (authority.go).
+	auth authority
 }
 
 // NewHandler returns a handler deciding with the given shared state. cache
@@ -219,6 +223,7 @@ func NewHandler(nc *nats.Conn, store *kvbinding.Store, cache *kvbinding.Cache, r
 
 		metrics: cfg.Metrics,
 		pauses:  make(chan pauseReq, 64),
+		auth:    newAuthority(),
 	}
 	if h.metrics == nil {
 		h.metrics = NewMetrics()
@@ -288,6 +293,13 @@ func (h *Handler) Run(ctx context.Context) error {
 		term  *term
 		svc   micro.Service
 	)
+	// authEnd fires when the authority of the last successful renewal
+	// ends (authority.go): the handler then stands down unless a renewal
+	// succeeded meanwhile.
+	authEnd := time.NewTimer(time.Hour)
+	authEnd.Stop()
+	defer authEnd.Stop()
+	h.auth.revoke()
 	standby := func() {
 		if svc != nil {
 			_ = svc.Stop()
@@ -296,11 +308,28 @@ func (h *Handler) Run(ctx context.Context) error {
 	}
 	stop := func() {
 		if term != nil {
+			h.auth.revoke()
 			term.end()
 			term = nil
 			h.active.Store(false)
 			h.mon.reset()
 		}
+	}
+	granted := func(sent time.Time) {
+		until := h.auth.grant(sent, h.cfg.LeaseTTL)
+		authEnd.Reset(max(time.Until(until), 0))
+	}
+	// lapsed stands down a handler whose lease was not renewed in time by
+	// its own clock: a standby may take the lease once the servers expire
+	// it, and this handler, cut off from them, cannot know whether they did.
+	lapsed := func(cause string) {
+		if term == nil || h.auth.holds(time.Now()) {
+			return
+		}
+		h.log.Warn("lease not renewed within its TTL by this handler's clock: stopped deciding, standing down",
+			"cause", cause, "lease_ttl", h.cfg.LeaseTTL, "margin", authorityMargin(h.cfg.LeaseTTL))
+		standby()
+		stop()
 	}
 	defer func() {
 		held := term != nil
@@ -314,11 +343,25 @@ func (h *Handler) Run(ctx context.Context) error {
 	}()
 	standby()
 	for {
-		opCtx, cancel := context.WithTimeout(ctx, max(h.cfg.LeaseTTL/2, time.Second))
+		timeout := max(h.cfg.LeaseTTL/2, time.Second)
+		if term != nil {
+			// A renewal that outlasts the authority is useless: give up on
+			// it then, and stand down.
+			timeout = min(timeout, max(h.auth.left(time.Now()), 10*time.Millisecond))
+		}
+		opCtx, cancel := context.WithTimeout(ctx, timeout)
 		if term == nil {
+			sent := time.Now()
 			l, err := h.reg.AcquireLease(opCtx, h.cfg.Name, h.id, h.cfg.LeaseTTL)
+			if err == nil && !h.auth.grantable(sent, h.cfg.LeaseTTL) {
+				// Acquired, but the answer took so long that the lease may
+				// lapse before this handler could use it: renew first.
+				lease = l
+				err = errLeaseLate
+			}
 			if err == nil {
 				lease = l
+				granted(sent)
 				suspect := h.suspectPrevious()
 				if svc != nil {
 					// The standby's registration goes first: discovery
@@ -335,28 +378,33 @@ func (h *Handler) Run(ctx context.Context) error {
 				term, svc = t, s
 				t.goFn(func() { h.keepFloor(t.ctx) }) // floor.go
 				h.active.Store(true)
-				h.log.Info("handler active", "lease_rev", lease.Revision)
+				h.log.Info("handler active", "lease_rev", lease.Revision, "decides_for", h.auth.left(time.Now()).Round(time.Millisecond))
 				// Nodes retry their failed asks at once, and stop counting
 				// on the previous holder's node (PrevNode) to propose.
 				h.publish(Event{Kind: EventHandlerTakeover, By: h.id, PrevNode: suspect, Reason: "lease acquired"})
-			} else if !errors.Is(err, kvbinding.ErrLeaseHeld) && ctx.Err() == nil {
+			} else if !errors.Is(err, kvbinding.ErrLeaseHeld) && !errors.Is(err, errLeaseLate) && ctx.Err() == nil {
 				h.log.Warn("lease acquire failed; retrying", "err", err)
 			}
 		} else {
+			sent := time.Now()
 			l, err := h.reg.RenewLease(opCtx, h.cfg.Name, lease, h.cfg.LeaseTTL)
 			switch {
 			case err == nil:
 				lease = l
+				granted(sent)
 			case errors.Is(err, kvbinding.ErrLeaseLost):
 				h.log.Warn("lease lost: standing down")
 				standby() // first: the active service stops admitting requests
 				stop()
 			default:
-				// Transient (e.g. a leader election): keep answering; the
-				// KV writes stay compare-and-set, so an overlap is safe.
+				// Transient (e.g. a leader election, or this handler cut
+				// off from the servers' quorum): keep deciding only while
+				// the last renewal that succeeded lasts by this handler's
+				// own clock.
 				if ctx.Err() == nil {
-					h.log.Warn("lease renew failed", "err", err)
+					h.log.Warn("lease renew failed", "err", err, "decides_for", h.auth.left(time.Now()).Round(time.Millisecond))
 				}
+				lapsed("renew failed: " + err.Error())
 			}
 		}
 		cancel()
@@ -368,19 +416,26 @@ func (h *Handler) Run(ctx context.Context) error {
 			return ctx.Err()
 		case <-ticker.C:
 		case <-wake:
+		case <-authEnd.C:
+			lapsed("no renewal succeeded in time")
 		case <-probe.C:
 			if term != nil {
 				continue
 			}
 			// Two probes 50 ms apart without a responder: the active
 			// handler's process is gone (one miss may be a handler that
-			// just took the lease and is subscribing).
+			// just took the lease and is subscribing). A probe that times
+			// out is not enough (authority.go): the handler may be alive
+			// behind a link that holds its traffic.
 			if h.activeGone(ctx) && sleepCtx(ctx, 50*time.Millisecond) && h.activeGone(ctx) {
 				h.breakLease(ctx)
 			}
 		}
 	}
 }
+
+// errLeaseLate: a lease acquisition was answered too late to be used.
+var errLeaseLate = errors.New("proposals: lease acquired too late to use; renewing it first")
 
 // term is one stretch of time this handler is active: its workers and
 // the channel carrying admitted requests to them.

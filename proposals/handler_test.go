@@ -310,3 +310,45 @@ func TestInboxStem(t *testing.T) {
 		}
 	}
 }
+
+// A handler whose renewals fail (here its server is gone; in production a
+// partition cuts it off from the servers' quorum) stops deciding once its
+// last successful renewal's TTL, less the margin, has passed by its own
+// clock: a standby may hold the lease by then, and this handler cannot
+// know. It decides nothing until it holds the lease again. Before, it went
+// on answering as the active handler for as long as the renewals failed
+// with anything but "lease lost" (18 s of a 20 s partition, seen).
+func TestHandlerStandsDownByItsOwnClock(t *testing.T) {
+	s := natstest.RunServer(t)
+	e := startHandler(t, s, "h1", liveNodes, func(c *HandlerConfig) { c.LeaseTTL = 2 * time.Second })
+	natstest.Eventually(t, 10*time.Second, func() error {
+		if !e.h.Active() {
+			return errors.New("not active yet")
+		}
+		return nil
+	})
+	s.Stop()
+	cut := time.Now()
+	natstest.Eventually(t, 20*time.Second, func() error {
+		if e.h.Active() {
+			return errors.New("still active with its renewals failing")
+		}
+		return nil
+	})
+	t.Logf("stood down %v after its server went away (lease TTL 2 s)", time.Since(cut).Round(time.Millisecond))
+	if e.h.auth.holds(time.Now()) {
+		t.Errorf("stood down but still holds the authority to decide")
+	}
+	// It decides nothing meanwhile: a record write is refused before it is sent.
+	d := e.h.DecideAll(context.Background(), Request{Proposer: "n1", Proposals: []Proposal{{Group: "g", Node: "n1", Seq: 1}}})
+	if len(d) != 1 || d[0].Outcome != Failed || d[0].Error != errNoAuthority.Error() {
+		t.Errorf("a decision after standing down: %+v, want failed: %v", d, errNoAuthority)
+	}
+	s.Restart()
+	natstest.Eventually(t, 30*time.Second, func() error {
+		if !e.h.Active() {
+			return errors.New("not active again")
+		}
+		return nil
+	})
+}

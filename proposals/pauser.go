@@ -95,6 +95,9 @@ func (h *Handler) pauseNow(ctx context.Context, node string) error {
 	if !need {
 		return nil
 	}
+	if !h.auth.holds(now) {
+		return errNoAuthority
+	}
 	until := now.Add(pauseWindow)
 	if err := h.cfg.Queues.Pause(ctx, node, until); err != nil {
 		return err
@@ -126,6 +129,11 @@ func (h *Handler) keepPausedNow(ctx context.Context) {
 		}
 	}
 	for _, node := range resume {
+		if !h.auth.holds(time.Now()) {
+			// A resume from a handler past its lease could lift a pause the
+			// next handler's drain counts on; the pause lapses by itself.
+			return
+		}
 		if err := h.cfg.Queues.Resume(ctx, node); err != nil && ctx.Err() == nil {
 			h.log.Warn("cannot resume a drained queue; its pause lapses by itself", "node", node, "err", err)
 			continue

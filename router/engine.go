@@ -585,7 +585,13 @@ func (e *engine) fenced(now time.Time) bool {
 // was fenced.
 func (e *engine) alive(until, now time.Time) {
 	e.aliveUntil = until
-	if e.fenced(now) || len(e.held) == 0 {
+	if e.fenced(now) {
+		return
+	}
+	if len(e.pubRetry) > 0 {
+		e.due(now) // the retries held back while fenced
+	}
+	if len(e.held) == 0 {
 		return
 	}
 	held := make([]*lane, 0, len(e.held))
@@ -1026,7 +1032,8 @@ func (e *engine) abandonRetries() {
 // due runs what is due at now: publish retries, asks whose reply named a
 // revision that never came.
 func (e *engine) due(now time.Time) {
-	if len(e.pubRetry) > 0 {
+	if len(e.pubRetry) > 0 && !e.fenced(now) {
+		// A fenced node retries nothing either (alive runs them).
 		rest := e.pubRetry[:0]
 		for _, r := range e.pubRetry {
 			if r.due.After(now) {

@@ -603,7 +603,7 @@ func (r *Router) moveGroup(ctx context.Context, stream jetstream.Stream, found [
 		out.Header.Set(HeaderMovedFrom, q.from)
 		out.Header.Set(jetstream.ExpectedStreamHeader, QueueStream)
 		out.Header[HeaderEpoch] = epochHdr
-		copySeq, err := r.publishSync(ctx, out)
+		copySeq, err := r.publishSync(ctx, out, func() bool { return r.current(q.group, rev) })
 		if err != nil {
 			return moved, err
 		}
@@ -766,7 +766,7 @@ func (r *Router) catchUp(ctx context.Context, routes map[string]kvbinding.Bindin
 				if !r.current(g, routes[g].Revision) {
 					return errSuperseded
 				}
-				if _, err := r.publishSync(wctx, m); err != nil {
+				if _, err := r.publishSync(wctx, m, func() bool { return r.current(g, routes[g].Revision) }); err != nil {
 					return err
 				}
 				progressOf(ctx).add(1)
@@ -857,9 +857,18 @@ func (r *Router) readIngress(ctx context.Context, lo, hi uint64, fn func(seq uin
 }
 
 // publishSync publishes one message and waits for its ack, retrying until
-// ctx ends (same Nats-Msg-Id, so a retry never duplicates).
-func (r *Router) publishSync(ctx context.Context, m *nats.Msg) (seq uint64, err error) {
+// ctx ends (same Nats-Msg-Id, so a retry never duplicates). Each attempt
+// waits while this node is fenced (its liveness record may have lapsed),
+// then checks still: a step whose record moved on meanwhile stops with
+// errSuperseded instead of publishing.
+func (r *Router) publishSync(ctx context.Context, m *nats.Msg, still func() bool) (seq uint64, err error) {
 	for {
+		if err := r.waitUnfenced(ctx); err != nil {
+			return 0, err
+		}
+		if !still() {
+			return 0, errSuperseded
+		}
 		pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		ack, err := r.js.PublishMsg(pctx, m)
 		cancel()
@@ -876,6 +885,24 @@ func (r *Router) publishSync(ctx context.Context, m *nats.Msg) (seq uint64, err 
 		case <-ctx.Done():
 			return 0, ctx.Err()
 		case <-time.After(backoffBase):
+		}
+	}
+}
+
+// waitUnfenced returns once this node may publish (its liveness record is
+// sure to exist, and it caught up after a lapse), or ctx's error.
+func (r *Router) waitUnfenced(ctx context.Context) error {
+	for {
+		r.mu.Lock()
+		fenced := r.eng.fenced(time.Now())
+		r.mu.Unlock()
+		if !fenced {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(20 * time.Millisecond):
 		}
 	}
 }

@@ -150,7 +150,11 @@ type Router struct {
 	suspects  map[string]time.Time // nodes not counted on since then
 
 	hasConsumer atomic.Bool
-	routed      atomic.Uint64
+	// aliveUntil is until when the last stored announcement keeps this
+	// node's liveness record sure to exist (announce's alone: the first
+	// announcement, then the heartbeat goroutine).
+	aliveUntil time.Time
+	routed     atomic.Uint64
 	// Publish outcomes waiting to be handed to the engine (ackBatch).
 	ackMu     sync.Mutex
 	acks      []outcome
@@ -497,15 +501,11 @@ func (r *Router) safeStart(ctx context.Context) (uint64, error) {
 
 // ingressLast returns the ingress stream's last sequence.
 func (r *Router) ingressLast(ctx context.Context) (uint64, error) {
-	s, err := r.js.Stream(ctx, IngressStream)
+	s, err := r.js.Stream(ctx, IngressStream) // one request: the stream's info
 	if err != nil {
 		return 0, err
 	}
-	info, err := s.Info(ctx)
-	if err != nil {
-		return 0, err
-	}
-	return info.State.LastSeq, nil
+	return s.CachedInfo().State.LastSeq, nil
 }
 
 // queues is the handler's access to the node queues.
@@ -528,6 +528,16 @@ func (q queues) Resume(ctx context.Context, node string) error {
 }
 
 func (q queues) IngressLast(ctx context.Context) (uint64, error) { return q.r.ingressLast(ctx) }
+
+// IngressCreated returns when the ingress stream was created: the handler
+// starts the routing floor again only for a stream created after it.
+func (q queues) IngressCreated(ctx context.Context) (time.Time, error) {
+	s, err := q.r.js.Stream(ctx, IngressStream)
+	if err != nil {
+		return time.Time{}, err
+	}
+	return s.CachedInfo().Created, nil
+}
 
 // drain waits (bounded) for in-flight publishes, then saves the checkpoint
 // and withdraws the node's liveness record.
@@ -799,6 +809,9 @@ func (r *Router) announce(ctx context.Context, cons jetstream.Consumer) error {
 	info.Busy, info.BusyMore = r.eng.busyGroups()
 	r.mu.Unlock()
 	sent := time.Now()
+	// Lapsed: the last stored announcement is too old for the record to be
+	// sure to exist; the engine publishes nothing (fenced).
+	lapsed := !r.aliveUntil.IsZero() && !sent.Before(r.aliveUntil)
 	if err := r.reg.Announce(ctx, info, r.nodeTTL()); err != nil {
 		return err
 	}
@@ -807,7 +820,42 @@ func (r *Router) announce(ctx context.Context, cons jetstream.Consumer) error {
 	// the record can have expired anywhere (the handler moves a node's
 	// groups only NodeGrace after that).
 	until := sent.Add(r.nodeTTL() - r.cfg.Heartbeat)
+	if lapsed {
+		// While the record may have been gone (a partition, a pause), the
+		// handler may have moved this node's groups, and this node's
+		// cache may not have those records yet: its view is its side's.
+		// It publishes again only once it has every record stored before
+		// this announcement (docs/protocol.md, "Who may decide, and until
+		// when").
+		r.log.Info("liveness renewed after it may have lapsed: catching up with the binding records before publishing again",
+			"lapsed_for", sent.Sub(r.aliveUntil).Round(time.Millisecond))
+		if err := r.catchUpRecords(ctx); err != nil {
+			return fmt.Errorf("catching up with the binding records after a lapse (still not publishing): %w", err)
+		}
+		r.log.Info("caught up with the binding records; publishing again", "records_through", r.cache.Delivered())
+	}
+	r.aliveUntil = until
 	r.do(func(e *engine, now time.Time) { e.alive(until, now) })
+	return nil
+}
+
+// catchUpRecords waits until the cache holds every binding record stored
+// before it was called: the bucket's last record, as its stream leader
+// says, has reached the cache through the watch.
+func (r *Router) catchUpRecords(ctx context.Context) error {
+	last, err := r.store.LastRevision(ctx)
+	if err != nil {
+		return err
+	}
+	t := time.NewTicker(5 * time.Millisecond)
+	defer t.Stop()
+	for r.cache.Delivered() < last {
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("the cache has records through %d, the bucket through %d: %w", r.cache.Delivered(), last, ctx.Err())
+		case <-t.C:
+		}
+	}
 	return nil
 }
 

@@ -80,13 +80,30 @@ func (r *Router) storeCheck(ctx context.Context) {
 func (r *Router) checkQueue(ctx context.Context) {
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
+	// The tail first: a publish acknowledged after the stream's info is
+	// read lies past the end that info shows, and read the other way round
+	// it looked like a loss (a demo without any fault reported one).
+	tail := r.queueTail.snapshot()
 	s, err := r.js.Stream(ctx, QueueStream)
 	if err != nil {
 		r.log.Debug("queue stream not read for its checks; trying again later", "err", err)
 		return
 	}
-	r.checkQueueTail(ctx, s)
+	r.checkQueueTail(ctx, s, tail)
 	r.sweepQueueOrphans(ctx, s)
+}
+
+// tailSnapshot is queueTail's state at one moment.
+type tailSnapshot struct {
+	seq      uint64
+	id       string
+	reported uint64
+}
+
+func (t *queueTail) snapshot() tailSnapshot {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return tailSnapshot{seq: t.seq, id: t.id, reported: t.reported}
 }
 
 // maxOrphanSweep bounds the messages one sweep removes.
@@ -142,13 +159,11 @@ func (r *Router) sweepQueueOrphans(ctx context.Context, s jetstream.Stream) {
 	}
 }
 
-// checkQueueTail looks in s, the queue stream as just read, for the last
-// message this node stored there (queueLost).
-func (r *Router) checkQueueTail(ctx context.Context, s jetstream.Stream) {
+// checkQueueTail looks in s, the queue stream as read after tail was
+// taken, for the last message this node had stored there then (queueLost).
+func (r *Router) checkQueueTail(ctx context.Context, s jetstream.Stream, tail tailSnapshot) {
 	t := &r.queueTail
-	t.mu.Lock()
-	seq, id, reported := t.seq, t.id, t.reported
-	t.mu.Unlock()
+	seq, id, reported := tail.seq, tail.id, tail.reported
 	if seq == 0 || seq == reported {
 		return
 	}
