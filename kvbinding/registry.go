@@ -84,6 +84,11 @@ type NodeInfo struct {
 	// busy). Rebalancing moves the other groups first.
 	Busy     []string `json:"busy,omitempty"`
 	BusyMore bool     `json:"busy_more,omitempty"`
+	// Retrying lists groups bound to the node with a publish that failed
+	// and is being sent again, at most MaxBusyListed: rebalancing moves
+	// none of them (their old node keeps their order only by finishing
+	// that publish first).
+	Retrying []string `json:"retrying,omitempty"`
 	// TTL is how long the record lives on the server unless announced
 	// again (set by Announce, in whole seconds as the server counts). A
 	// reader expires the node by it: the registry bucket leaves no marker
@@ -147,6 +152,9 @@ type Registry struct {
 	live     map[string]NodeInfo
 	seen     map[string]time.Time // local time of each node's last announcement
 	lastSeen map[string]time.Time // the same, kept after the node is gone
+	// returned is when each node that had been live and gone entered the
+	// live set again (this process's clock).
+	returned map[string]time.Time
 	expires  map[string]time.Time // local time after which to check that a node's record expired
 	ready    chan struct{}
 	once     sync.Once
@@ -198,7 +206,7 @@ func OpenRegistry(ctx context.Context, js jetstream.JetStream, cfg RegistryConfi
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Registry{js: js, kv: kv, bucket: cfg.Bucket, live: map[string]NodeInfo{}, seen: map[string]time.Time{}, lastSeen: map[string]time.Time{}, expires: map[string]time.Time{},
+	return &Registry{js: js, kv: kv, bucket: cfg.Bucket, live: map[string]NodeInfo{}, seen: map[string]time.Time{}, lastSeen: map[string]time.Time{}, returned: map[string]time.Time{}, expires: map[string]time.Time{},
 		ready: make(chan struct{}), onChange: onChange, log: log}, nil
 }
 
@@ -287,6 +295,15 @@ func (r *Registry) LastSeen(node string) time.Time {
 	r.mu.RLock()
 	defer r.mu.RUnlock()
 	return r.lastSeen[node]
+}
+
+// Returned returns when node entered the live set again after it had
+// been live and gone, as this process saw it (its own clock), or the zero
+// time if it never did.
+func (r *Registry) Returned(node string) time.Time {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	return r.returned[node]
 }
 
 // Ready is closed once the registry has loaded the nodes announced when
@@ -389,6 +406,10 @@ func (r *Registry) apply(key string, op entryOp, value []byte, rev uint64) {
 				r.log.Debug("live node announced", "live_node", node, "new", !had, "instance", info.Instance, "has_consumer", info.HasConsumer, "ttl", info.TTL, "rev", rev)
 			}
 			now := time.Now()
+			if _, before := r.lastSeen[node]; !had && before {
+				r.returned[node] = now
+				r.log.Debug("live node returned", "live_node", node, "gone_since", r.lastSeen[node])
+			}
 			r.live[node] = info
 			r.seen[node] = now
 			r.lastSeen[node] = now

@@ -48,11 +48,18 @@ type RebalanceConfig struct {
 	// rebalancing before this much time has passed since it was last seen
 	// unsettled.
 	CoolDown time.Duration
+	// ReturnCoolDown: a node that was live, went and came back (a
+	// partition healed, a process restarted) neither gives nor takes
+	// groups by rebalancing before it has been back this long: its
+	// publishes held by the network may still be landing, and it may still
+	// be catching up.
+	ReturnCoolDown time.Duration
 }
 
 // DefaultRebalance is the rebalancing of a handler whose configuration
 // does not say otherwise.
-var DefaultRebalance = RebalanceConfig{Enabled: true, Tolerance: 1, MaxMoves: 4, MaxInFlight: 16, CoolDown: 30 * time.Second}
+var DefaultRebalance = RebalanceConfig{Enabled: true, Tolerance: 1, MaxMoves: 4, MaxInFlight: 16, CoolDown: 30 * time.Second,
+	ReturnCoolDown: 10 * time.Second}
 
 // Candidate is a settled group a rebalance may move.
 type Candidate struct {

@@ -133,6 +133,9 @@ func (c HandlerConfig) withDefaults() HandlerConfig {
 		if rb.CoolDown <= 0 {
 			rb.CoolDown = DefaultRebalance.CoolDown
 		}
+		if rb.ReturnCoolDown == 0 {
+			rb.ReturnCoolDown = DefaultRebalance.ReturnCoolDown
+		}
 		rb.Tolerance = max(rb.Tolerance, 0)
 	}
 	c.Rebalance = &rb

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sort"
 	"sync"
 	"time"
 
@@ -76,6 +77,9 @@ func (h *Handler) watchNodes(ctx context.Context, t *term) {
 			h.evacuate(t.ctx, ev.Node, ev.Groups, "node "+ev.Node+" did not fence within "+h.cfg.FenceDeadline.String(), causeFenceOverdue)
 		})
 	}
+	for _, node := range acts.Departed {
+		t.goFn(func() { h.evacuateNew(t.ctx, node) })
+	}
 	for _, node := range acts.Rebind {
 		t.goFn(func() { h.rebind(t.ctx, node) })
 	}
@@ -105,6 +109,11 @@ func (h *Handler) monitorInput(now time.Time) MonitorInput {
 		return in
 	}
 	in.Nodes = h.liveState()
+	for id := range in.Nodes {
+		if back := h.reg.Returned(id); !back.IsZero() && now.Sub(back) < rb.ReturnCoolDown {
+			delete(in.Nodes, id) // neither gives nor takes yet (RebalanceConfig.ReturnCoolDown)
+		}
+	}
 	over := Overloaded(*rb, in.Nodes, Incoming(in.Unsettled))
 	if len(over) == 0 {
 		return in
@@ -115,11 +124,15 @@ func (h *Handler) monitorInput(now time.Time) MonitorInput {
 		for _, g := range live[node].Busy {
 			busy[kvbinding.Ref(g)] = true
 		}
+		retrying := map[string]bool{}
+		for _, g := range live[node].Retrying {
+			retrying[kvbinding.Ref(g)] = true
+		}
 		// Candidates are named by ref (the cache keeps no long id); the
 		// moves chosen are named in rebalance. A long id's cool-down is
 		// therefore counted from the move's start.
 		for _, ref := range h.cache.RefsOf(node) {
-			if r, ok := h.cache.Lookup(ref); ok && r.Settled() && r.Node == node && ref != "" {
+			if r, ok := h.cache.Lookup(ref); ok && r.Settled() && r.Node == node && ref != "" && !retrying[ref] {
 				in.Candidates[node] = append(in.Candidates[node], Candidate{Group: ref, Busy: busy[ref] || live[node].BusyMore})
 			}
 		}
@@ -268,6 +281,51 @@ func (h *Handler) evacuate(ctx context.Context, node string, groups []string, re
 	}
 	moved, failed := h.applyMany(ctx, groups, inputs, live, cause)
 	h.log.Info("groups moved off node", "node", node, "moved", moved, "failed", failed)
+}
+
+// evacuateNew takes off a node that just left the live set the groups
+// whose binding starts at or after its checkpoint's start: groups bound in
+// its last seconds, whose messages it routed, if it routed any, after the
+// checkpoint. An evacuation re-routes those from the binding's start
+// whenever it comes, so there is no reason to make them wait out the
+// node's grace (their first messages did, 15 s by default). The node has
+// stopped publishing by then: its liveness record is gone, and it stops
+// by its own clock before the record can expire (router: aliveUntil).
+func (h *Handler) evacuateNew(ctx context.Context, node string) {
+	c, ok, err := h.reg.LoadCheckpoint(ctx, node)
+	if err != nil || !ok {
+		h.mon.done(node, false, false)
+		if err != nil {
+			h.log.Debug("no early take-over of a gone node's new groups: its checkpoint is not read", "node", node, "err", err)
+		}
+		return
+	}
+	start := c.Start()
+	var refs []string
+	for _, ref := range h.cache.RefsOf(node) {
+		if r, ok := h.cache.Lookup(ref); ok && r.Settled() && r.Node == node && r.FromSeq >= start {
+			refs = append(refs, ref)
+		}
+	}
+	if len(refs) == 0 {
+		h.mon.done(node, false, false)
+		return
+	}
+	names, err := h.store.Names(ctx, refs)
+	if err != nil {
+		h.mon.done(node, false, false)
+		h.log.Debug("no early take-over of a gone node's new groups: their ids are not read", "node", node, "err", err)
+		return
+	}
+	groups := make([]string, 0, len(names))
+	for _, ref := range refs {
+		if g, ok := names[ref]; ok {
+			groups = append(groups, g)
+		}
+	}
+	sort.Strings(groups)
+	h.log.Debug("node gone: taking off at once its groups bound after its checkpoint", "node", node, "groups", len(groups), "checkpoint_start", start)
+	h.evacuate(ctx, node, groups, "node "+node+" gone; its group was bound after its last checkpoint", causeNodeGone)
 }
 
 // applyMany decides and writes the handler's own inputs for many groups

@@ -95,6 +95,11 @@ type MonitorActions struct {
 	// Evacuate: nodes gone past NodeGrace (Groups nil), then nodes that
 	// did not fence moves within FenceDeadline (their groups), by node id.
 	Evacuate []Evacuation
+	// Departed: owners first seen gone this tick, before NodeGrace: the
+	// shell takes off at once their groups whose binding starts at or
+	// after the node's checkpoint (nothing of theirs is covered by it, so
+	// waiting for the node to come back saves nothing), by node id.
+	Departed []string
 	// Rebind: live nodes whose queue has had no consumer for RebindAfter
 	// while another node's has one, by node id.
 	Rebind []string
@@ -134,6 +139,11 @@ func (s *MonitorState) Plan(cfg MonitorConfig, in MonitorInput) MonitorActions {
 					since = seen
 				}
 				s.GoneSince[node] = since
+				if now.Sub(since) < cfg.NodeGrace && !s.Evacuating[node] {
+					out.Departed = append(out.Departed, node)
+					s.Evacuating[node] = true
+					continue
+				}
 			}
 			if now.Sub(since) >= cfg.NodeGrace && !s.Evacuating[node] {
 				out.Evacuate = append(out.Evacuate, Evacuation{Node: node})

@@ -36,15 +36,19 @@ func TestPlanTicks(t *testing.T) {
 		{
 			name: "a gone node is evacuated after the grace, counted from its last announcement",
 			steps: []step{
+				// First seen gone: its groups bound after its checkpoint go
+				// at once (Departed), the others wait for the grace.
 				{in: MonitorInput{Now: at(10), Live: map[string]bool{"n1": true}, Owners: map[string]bool{"n1": true, "n2": true},
-					LastSeen: map[string]time.Time{"n2": at(2)}}},
+					LastSeen: map[string]time.Time{"n2": at(2)}},
+					want: MonitorActions{Departed: []string{"n2"}}, done: map[string][2]bool{"n2": {}}},
 				{in: MonitorInput{Now: at(17.5), Live: map[string]bool{"n1": true}, Owners: map[string]bool{"n1": true, "n2": true}},
 					want: MonitorActions{Evacuate: []Evacuation{{Node: "n2"}}}},
 				// Still gone and evacuating: nothing more until done.
 				{in: MonitorInput{Now: at(18), Live: map[string]bool{"n1": true}, Owners: map[string]bool{"n1": true, "n2": true}},
 					done: map[string][2]bool{"n2": {true, false}}},
 				// Done, its clock cleared: a new grace from now.
-				{in: MonitorInput{Now: at(19), Live: map[string]bool{"n1": true}, Owners: map[string]bool{"n1": true, "n2": true}}},
+				{in: MonitorInput{Now: at(19), Live: map[string]bool{"n1": true}, Owners: map[string]bool{"n1": true, "n2": true}},
+					want: MonitorActions{Departed: []string{"n2"}}, done: map[string][2]bool{"n2": {}}},
 				{in: MonitorInput{Now: at(34), Live: map[string]bool{"n1": true}, Owners: map[string]bool{"n1": true, "n2": true}},
 					want: MonitorActions{Evacuate: []Evacuation{{Node: "n2"}}}},
 			},
@@ -52,9 +56,11 @@ func TestPlanTicks(t *testing.T) {
 		{
 			name: "a node back within the grace is not evacuated",
 			steps: []step{
-				{in: MonitorInput{Now: at(0), Live: map[string]bool{"n1": true}, Owners: map[string]bool{"n2": true}}},
+				{in: MonitorInput{Now: at(0), Live: map[string]bool{"n1": true}, Owners: map[string]bool{"n2": true}},
+					want: MonitorActions{Departed: []string{"n2"}}, done: map[string][2]bool{"n2": {}}},
 				{in: MonitorInput{Now: at(10), Live: map[string]bool{"n1": true, "n2": true}, Owners: map[string]bool{"n2": true}}},
-				{in: MonitorInput{Now: at(20), Live: map[string]bool{"n1": true}, Owners: map[string]bool{"n2": true}}},
+				{in: MonitorInput{Now: at(20), Live: map[string]bool{"n1": true}, Owners: map[string]bool{"n2": true}},
+					want: MonitorActions{Departed: []string{"n2"}}, done: map[string][2]bool{"n2": {}}},
 				{in: MonitorInput{Now: at(34), Live: map[string]bool{"n1": true}, Owners: map[string]bool{"n2": true}}},
 				{in: MonitorInput{Now: at(35), Live: map[string]bool{"n1": true}, Owners: map[string]bool{"n2": true}},
 					want: MonitorActions{Evacuate: []Evacuation{{Node: "n2"}}}},

@@ -1366,6 +1366,21 @@ func (e *engine) busyGroups() (busy []string, more bool) {
 	return top.sorted(), more
 }
 
+// retryingGroups returns the groups with a publish waiting to be sent
+// again, at most MaxBusyListed, in string order.
+func (e *engine) retryingGroups() []string {
+	if len(e.pubRetry) == 0 {
+		return nil
+	}
+	top := newTopK(kvbinding.MaxBusyListed, func(a, b string) bool { return a < b })
+	for _, r := range e.pubRetry {
+		if g := r.ln.group; g != "" && !r.dlq {
+			top.offer(g)
+		}
+	}
+	return top.sorted()
+}
+
 // reap asks to release this node's groups idle for the group timeout.
 // mine lists the refs of the groups bound here (Cache.RefsOf). It returns
 // the refs of the long ids due, which it cannot name: the shell reads

@@ -807,6 +807,7 @@ func (r *Router) announce(ctx context.Context, cons jetstream.Consumer) error {
 	info.Waiting, info.WaitingGroups = r.heldUndecided(info.Heartbeat)
 	r.mu.Lock()
 	info.Busy, info.BusyMore = r.eng.busyGroups()
+	info.Retrying = r.eng.retryingGroups()
 	r.mu.Unlock()
 	sent := time.Now()
 	// Lapsed: the last stored announcement is too old for the record to be

@@ -416,6 +416,9 @@ func (h *simHandler) watchNodes() {
 			h.evacuate(ev.Node, nil, "node "+ev.Node+" gone")
 		}
 	}
+	for _, node := range acts.Departed {
+		h.evacuateNew(node)
+	}
 	for _, node := range acts.Rebind {
 		h.rebind(node)
 	}
@@ -509,6 +512,27 @@ func (h *simHandler) evacuate(node string, groups []string, reason string) {
 		}
 		one()
 	})
+}
+
+// evacuateNew is Handler.evacuateNew: take off a node just gone its
+// groups bound at or after its checkpoint's start.
+func (h *simHandler) evacuateNew(node string) {
+	c, ok := h.w.reg.ckpt[node]
+	if !ok {
+		h.mon.Done(node, false, false)
+		return
+	}
+	var groups []string
+	for _, g := range h.host.cache.groupsOf(node) {
+		if r, ok := h.host.cache.Lookup(g); ok && r.Settled() && r.Node == node && r.FromSeq >= c.Start() {
+			groups = append(groups, g)
+		}
+	}
+	if len(groups) == 0 {
+		h.mon.Done(node, false, false)
+		return
+	}
+	h.evacuate(node, groups, "node "+node+" gone; bound after its last checkpoint")
 }
 
 // rebind is Handler.rebind: ask a node without a consumer to move its
