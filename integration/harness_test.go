@@ -130,6 +130,7 @@ type received struct {
 	body    string
 	subject string // the producer's
 	seq     uint64 // ingress sequence
+	at      time.Time
 }
 
 // collector gathers what consumers receive.
@@ -207,7 +208,7 @@ func startConsumer(t testing.TB, url, nodeID string, c *collector) (stop func())
 	done := make(chan error, 1)
 	go func() {
 		done <- consumer.Consume(ctx, js, nodeID, func(_ context.Context, m *consumer.Message) error {
-			c.add(received{node: nodeID, group: m.Header.Get("Group-Id"), body: string(m.Data), subject: m.Subject, seq: m.IngressSeq})
+			c.add(received{node: nodeID, group: m.Header.Get("Group-Id"), body: string(m.Data), subject: m.Subject, seq: m.IngressSeq, at: time.Now()})
 			return nil
 		}, consumer.WithDrainTimeout(5*time.Second))
 	}()

@@ -1,7 +1,9 @@
 package integration
 
 import (
+	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -129,4 +131,116 @@ func TestNodeKilledGroupsMoveAfterGrace(t *testing.T) {
 	if st := streamState(t, jetStream(t, s.URL()), router.QueueStream); st.Msgs != 0 {
 		t.Errorf("%d messages left on queues", st.Msgs)
 	}
+}
+
+// A node dies (machine loss: node and consumer) while new groups keep
+// starting. Until its liveness record expires the handler still binds
+// some of them to it; nothing of theirs is covered by its last checkpoint,
+// so waiting for the node to come back saves nothing. They are taken off
+// as soon as the node leaves the live set, not after the grace: every
+// message of theirs is delivered before the first of the node's older
+// groups moves at the grace. Before, they waited out the grace (15 s by
+// default) for their first delivery.
+func TestNodeKilledNewGroupsMoveWithoutTheGrace(t *testing.T) {
+	s := natstest.RunServer(t)
+	cfg := func(id string, typ router.HandlerType) router.Config {
+		c := lifecycleConfig(id, typ)
+		c.NodeGrace = 5 * time.Second
+		return c
+	}
+	startNode(t, s.URL(), cfg("n0", router.Local))
+	n1 := startNode(t, s.URL(), cfg("n1", router.Remote))
+	startNode(t, s.URL(), cfg("n2", router.Remote))
+	var col collector
+	startConsumer(t, s.URL(), "n0", &col)
+	stop1 := startConsumer(t, s.URL(), "n1", &col)
+	startConsumer(t, s.URL(), "n2", &col)
+	nc := s.Connect()
+	waitEligible(t, nc, []string{"n0", "n1", "n2"}, []string{"n0", "n1", "n2"})
+	moves := watchEvents(t, nc, proposals.EventMove)
+	old := startProducer(t, s.URL(), groupNames(12), 2*time.Millisecond)
+	col.waitCount(t, 200, 20*time.Second)
+	// New groups: one every 10 ms, each with three messages.
+	fresh := make([]string, 600)
+	for i := range fresh {
+		fresh[i] = fmt.Sprintf("new%03d", i)
+	}
+	js := jetStream(t, s.URL())
+	freshWant := map[string][]string{}
+	var freshMu sync.Mutex
+	freshDone := make(chan error, 1)
+	go func() {
+		for _, g := range fresh {
+			bodies := []string{g + "/0", g + "/1", g + "/2"}
+			if err := tryPublish(js, "jms.orders", g, bodies...); err != nil {
+				freshDone <- err
+				return
+			}
+			freshMu.Lock()
+			freshWant[g] = bodies
+			freshMu.Unlock()
+			time.Sleep(10 * time.Millisecond)
+		}
+		freshDone <- nil
+	}()
+	time.Sleep(time.Second) // new groups bound to n1 while it lives
+	stop1()
+	n1.kill()
+	killed := time.Now()
+	if err := <-freshDone; err != nil {
+		t.Fatal(err)
+	}
+	// The early moves name the node's new groups; the grace's come later.
+	var early []string
+	var graceAt time.Time
+	natstest.Eventually(t, 60*time.Second, func() error {
+		moves.mu.Lock()
+		defer moves.mu.Unlock()
+		early, graceAt = early[:0], time.Time{}
+		for _, e := range moves.evs {
+			switch {
+			case e.PrevNode != "n1":
+			case strings.Contains(e.Reason, "bound after its last checkpoint"):
+				early = append(early, e.Group)
+			case strings.Contains(e.Reason, "gone for") && (graceAt.IsZero() || e.At.Before(graceAt)):
+				graceAt = e.At
+			}
+		}
+		if graceAt.IsZero() {
+			return errors.New("n1's older groups not moved at the grace yet")
+		}
+		return nil
+	})
+	if len(early) == 0 {
+		t.Fatal("no group of the dead node was moved before the grace: the test shows nothing")
+	}
+	old.halt()
+	want, n := old.total()
+	freshMu.Lock()
+	for g, b := range freshWant {
+		want[g] = b
+		n += len(b)
+	}
+	freshMu.Unlock()
+	got := col.waitCount(t, n, 60*time.Second)
+	checkOrderedOnce(t, got, want)
+	last := map[string]time.Time{}
+	for _, r := range got {
+		if r.at.After(last[r.group]) {
+			last[r.group] = r.at
+		}
+	}
+	var slowest time.Duration
+	for _, g := range early {
+		if !strings.HasPrefix(g, "new") {
+			continue
+		}
+		if !last[g].Before(graceAt) {
+			t.Errorf("group %s, bound to n1 after its checkpoint, was delivered whole only %v after the kill, once the grace had passed",
+				g, last[g].Sub(killed).Round(time.Millisecond))
+		}
+		slowest = max(slowest, last[g].Sub(killed))
+	}
+	t.Logf("%d groups taken off the dead node early; the slowest delivered whole %v after the kill; the grace's moves began %v after it",
+		len(early), slowest.Round(time.Millisecond), graceAt.Sub(killed).Round(time.Millisecond))
 }
