@@ -232,8 +232,10 @@ type delivery struct {
 	received
 	at        time.Time // when the consumer processed it
 	queueSeq  uint64    // sequence in the queue stream
+	consSeq   uint64    // the queue consumer's delivery sequence (a gap: a delivery not received yet)
 	delivered uint64    // JetStream delivery count (> 1: redelivered)
 	movedFrom string    // Grouping-Moved-From: copied off another node's queue
+	epoch     uint64    // Grouping-Epoch: the group's binding revision its publisher held
 }
 
 // timedCollector gathers what application consumers processed.
@@ -366,8 +368,9 @@ func (a *appConsumer) handle(nc *nats.Conn, acks *sync.WaitGroup, m jetstream.Ms
 		at:        time.Now(),
 		movedFrom: h.Get(router.HeaderMovedFrom),
 	}
+	d.epoch, _ = strconv.ParseUint(h.Get(router.HeaderEpoch), 10, 64)
 	if meta, err := m.Metadata(); err == nil {
-		d.queueSeq, d.delivered = meta.Sequence.Stream, meta.NumDelivered
+		d.queueSeq, d.consSeq, d.delivered = meta.Sequence.Stream, meta.Sequence.Consumer, meta.NumDelivered
 	}
 	a.col.add(d)
 	acks.Add(1)

@@ -28,6 +28,10 @@ type Server struct {
 	t    testing.TB
 	opts server.Options
 	srv  *server.Server
+	// created, if not nil, is called with each new nats-server before it
+	// starts (it then already has its ID, and solicits routes at once):
+	// ProxiedCluster learns which server dials a route from it.
+	created func(*server.Server)
 }
 
 // URL returns the client URL of the server (stable across restarts).
@@ -75,7 +79,7 @@ func (s *Server) start() {
 func (s *Server) tryStart() error {
 	opts := s.opts // fresh copy: the server mutates its options
 	opts.Routes = append([]*url.URL(nil), s.opts.Routes...)
-	srv, err := localnats.StartServer(&opts, 10*time.Second, nil, nil)
+	srv, err := localnats.StartServer(&opts, 10*time.Second, s.created, nil)
 	if errors.Is(err, localnats.ErrNotReady) {
 		return fmt.Errorf("natstest: server %s not ready (client port %d, cluster port %d: taken?)", s.Name(), s.opts.Port, s.opts.Cluster.Port)
 	}
