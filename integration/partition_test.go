@@ -633,7 +633,7 @@ var (
 	activeLog    = regexp.MustCompile(`msg="handler active"`)
 	renewLog     = regexp.MustCompile(`msg="lease renew failed"`)
 	decisionLog  = regexp.MustCompile(`msg="(moving groups off node|groups moved off node|groups asked to move off node|groups moved to rebalance)"`)
-	floorLog     = regexp.MustCompile(`routing floor is past the ingress stream's end`)
+	floorLog     = regexp.MustCompile(`routing floor is past the ingress stream's end|ingress stream was recreated after the routing floor`)
 )
 
 // leaderships returns the router's streams server i leads (and "meta" for
@@ -666,9 +666,10 @@ func leaderships(pc *natstest.ProxiedCluster, i int) string {
 // backup LOCAL n1 on server 1, the REMOTE n2 on server 2. The majority's
 // n1 takes the lease once it lapses; n0's side keeps its stale view until
 // the heal. Every acknowledged message is delivered, stored once, each
-// group in order. The time from the cut to n0's log saying it stood down
-// is logged (the fix of issue 29 makes it stand down within its lease
-// TTL; the assertion comes with the fix).
+// group in order. n0 stops deciding by its own clock, before n1 can hold
+// the lease, and decides nothing more until the heal (before, it went on
+// as the active handler for the whole cut, "moving" groups from its side's
+// stale view).
 func TestPartitionHandlerServerCutOff(t *testing.T) {
 	r := startPartitionRun(t, []partitionNode{{"n0", "LOCAL", 0}, {"n1", "LOCAL", 1}, {"n3", "REMOTE", 0}, {"n2", "REMOTE", 2}},
 		[]int{12, 12, 12})
@@ -706,18 +707,30 @@ func TestPartitionHandlerServerCutOff(t *testing.T) {
 		t.Logf("n0's first failed lease renewal %v after the cut", l.at.Sub(cut).Round(time.Millisecond))
 	}
 	end := healed
-	if l, ok := firstLine(n0, standDownLog); ok {
-		end = l.at
-		t.Logf("n0 stood down %v after the cut (%v after the heal): %s", l.at.Sub(cut).Round(time.Millisecond),
-			l.at.Sub(healed).Round(time.Millisecond), l.text)
+	stood, stoodOK := firstLine(n0, standDownLog)
+	if stoodOK {
+		end = stood.at
+		t.Logf("n0 stood down %v after the cut (%v after the heal): %s", stood.at.Sub(cut).Round(time.Millisecond),
+			stood.at.Sub(healed).Round(time.Millisecond), stood.text)
 	} else {
-		t.Logf("n0 logged no stand-down after the cut")
+		t.Errorf("n0 logged no stand-down after the cut")
 	}
 	t.Logf("n0 before it stood down: %d failed lease renewals, %d move decisions, %d 'routing floor past the ingress end' errors",
 		countLines(n0, renewLog, end), countLines(n0, decisionLog, end), countLines(n0, floorLog, end))
-	// The fault had its effect: the majority side's backup took over.
+	if stoodOK {
+		for _, l := range n0 {
+			if l.at.After(stood.at) && l.at.Before(healed) && (decisionLog.MatchString(l.text) || floorLog.MatchString(l.text)) {
+				t.Errorf("n0 decided after it stood down, before the heal: %s", l.text)
+			}
+		}
+	}
+	// The fault had its effect: the majority side's backup took over, and
+	// only after n0 had stopped deciding.
 	if l, ok := firstLine(logLines(r.procs["n1"].log.String(), cut), activeLog); ok && l.at.Before(healed) {
 		t.Logf("n1 became the active handler %v after the cut", l.at.Sub(cut).Round(time.Millisecond))
+		if stoodOK && !stood.at.Before(l.at) {
+			t.Errorf("n0 stood down %v after n1 became active: two handlers decided at once", stood.at.Sub(l.at).Round(time.Millisecond))
+		}
 	} else {
 		t.Errorf("n1 did not become the active handler during the cut: did the cut take effect?")
 	}
