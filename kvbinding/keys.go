@@ -138,6 +138,18 @@ func IsRef(s string) bool { return strings.HasPrefix(s, refMark) }
 // key.
 func refOfKey(key string) string { return refMark + key }
 
+// RefOfKey returns the Ref of the group whose Key is key: the id of a full
+// key, the digest key's ref for a digest key. It inverts Key on refs.
+func RefOfKey(key string) (string, error) {
+	if strings.HasPrefix(key, "h.") {
+		if len(key) != digestKeyLen {
+			return "", fmt.Errorf("%w: not a digest key: %q", ErrInvalidGroupID, key)
+		}
+		return refOfKey(key), nil
+	}
+	return GroupFromKey(key)
+}
+
 // IsDigestKey reports whether key has the form of a digest key.
 func IsDigestKey(key string) bool {
 	if len(key) != digestKeyLen || !strings.HasPrefix(key, "h.") {

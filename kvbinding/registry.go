@@ -89,6 +89,13 @@ type NodeInfo struct {
 	// none of them (their old node keeps their order only by finishing
 	// that publish first).
 	Retrying []string `json:"retrying,omitempty"`
+	// HeldBack lists the groups held back for their share of the node's
+	// queue window (router: Config.GroupShare), the most messages held
+	// first, at most MaxWaitingListed (Count: messages waiting on the
+	// node's held subject; Since: when it started; OldestSeq unset);
+	// HeldBackGroups counts all of them.
+	HeldBack       []HeldGroup `json:"held_back,omitempty"`
+	HeldBackGroups int         `json:"held_back_groups,omitempty"`
 	// TTL is how long the record lives on the server unless announced
 	// again (set by Announce, in whole seconds as the server counts). A
 	// reader expires the node by it: the registry bucket leaves no marker

@@ -33,6 +33,8 @@ const (
 	EventRelease         = "release"         // a parked group's messages were replayed and the group runs again
 	EventSkip            = "skip"            // a parked message was dropped unhandled (grouprouter skip, or a failure during a release)
 	EventLimit           = "limit"           // new groups are refused: as many groups are bound as the limit (--max-groups)
+	EventHold            = "hold"            // a group's messages past its share of its node's queue window wait on the node's held subject
+	EventUnhold          = "unhold"          // a held-back group's held messages are all on its queue again
 )
 
 // Event is the JSON body published on SubjectEventsPrefix + Kind.

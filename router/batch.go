@@ -140,6 +140,7 @@ func (r *Router) publishBatch(a action) {
 func (r *Router) batchDone(o outcome, msgID string) jspub.Callback {
 	return func(ack jspub.Ack, err error) {
 		o.err = refusal(err)
+		o.seq = ack.Sequence
 		if err == nil {
 			r.queueTail.stored(ack.Sequence, msgID)
 		}
@@ -177,6 +178,9 @@ func (r *Router) publishFastBatch(a action) {
 func (r *Router) queueMsg(m *msgRec, a action) *nats.Msg {
 	out := outMsg(m)
 	out.Subject = QueueSubject(a.node, m.subject)
+	if a.held {
+		out.Subject = HeldSubject(a.node, a.ln.group, m.subject)
+	}
 	out.Header[jetstream.ExpectedStreamHeader] = r.expectQueue
 	out.Header[HeaderEpoch] = a.epoch
 	return out

@@ -90,7 +90,7 @@ func TestEngineFailedBatchGoesOneAtATime(t *testing.T) {
 		t.Fatalf("publishes %v, want seq 1 alone", got)
 	}
 	ln := e.lanes["g"]
-	e.acked(ln, ln.msgs[0], false, "", nil, testNow)
+	e.acked(ln, ln.msgs[0], false, "", nil, 0, testNow)
 	if got := publishes(e.take()); !slices.EqualFunc(got, [][]uint64{{2, 3, 4}}, slices.Equal) {
 		t.Fatalf("publishes %v, want the backlog 2..4 as one batch", got)
 	}
@@ -99,7 +99,7 @@ func TestEngineFailedBatchGoesOneAtATime(t *testing.T) {
 	}
 	e.ingest("g", &msgRec{seq: 5}, testNow)
 	e.take()
-	e.ackedBatch(ln, errors.New("ack timed out"), testNow)
+	e.ackedBatch(ln, errors.New("ack timed out"), 0, testNow)
 	e.take()
 	now := testNow.Add(backoffBase)
 	var sent []uint64
@@ -110,7 +110,7 @@ func TestEngineFailedBatchGoesOneAtATime(t *testing.T) {
 			t.Fatalf("after the failed batch, publishes %v, want one message alone", got)
 		}
 		sent = append(sent, got[0][0])
-		e.acked(ln, ln.msgs[0], false, "", nil, now)
+		e.acked(ln, ln.msgs[0], false, "", nil, 0, now)
 	}
 	if !slices.Equal(sent, []uint64{2, 3, 4}) {
 		t.Errorf("the failed batch's messages went as %v, want 2, 3, 4", sent)
@@ -138,7 +138,7 @@ func TestEngineCountsBatches(t *testing.T) {
 	if e.stats.batches != 1 || e.batches != 1 {
 		t.Fatalf("batches published %d, in flight %d; want 1 and 1", e.stats.batches, e.batches)
 	}
-	e.ackedBatch(ln, nil, testNow)
+	e.ackedBatch(ln, nil, 0, testNow)
 	if e.stats.batchedMsgs != 3 || e.stats.batchFailures != 0 || e.batches != 0 {
 		t.Fatalf("batched messages %d, failures %d, in flight %d; want 3, 0, 0", e.stats.batchedMsgs, e.stats.batchFailures, e.batches)
 	}
@@ -152,9 +152,9 @@ func TestEngineCountsBatches(t *testing.T) {
 	// The emptied lane was dropped; seq 4 made a new one. Seq 4 goes alone,
 	// 5 and 6 as a batch.
 	ln = e.lanes["g"]
-	e.acked(ln, ln.msgs[0], false, "", nil, testNow)
+	e.acked(ln, ln.msgs[0], false, "", nil, 0, testNow)
 	e.take()
-	e.ackedBatch(ln, errors.New("ack timed out"), testNow)
+	e.ackedBatch(ln, errors.New("ack timed out"), 0, testNow)
 	if e.stats.batches != 2 || e.stats.batchFailures != 1 || e.stats.batchedMsgs != 3 {
 		t.Errorf("after a failed batch: %d published, %d failed, %d messages batched; want 2, 1, 3",
 			e.stats.batches, e.stats.batchFailures, e.stats.batchedMsgs)
@@ -170,14 +170,14 @@ func TestEngineFenceWaitsForTheBatch(t *testing.T) {
 	e.ingest("g", &msgRec{seq: 2}, testNow)
 	e.ingest("g", &msgRec{seq: 3}, testNow)
 	ln := e.lanes["g"]
-	e.acked(ln, ln.msgs[0], false, "", nil, testNow)
+	e.acked(ln, ln.msgs[0], false, "", nil, 0, testNow)
 	e.take() // batch 2..3 in flight
 	recs["g"] = kvbinding.Binding{State: kvbinding.StateMoving, Node: "n2", PrevNode: "n1", FromSeq: 1, Revision: 3}
 	e.changed("g", testNow)
 	if e.take(); ln.ask != nil {
 		t.Fatalf("asked %+v while the batch is in flight", ln.ask.p)
 	}
-	e.ackedBatch(ln, nil, testNow)
+	e.ackedBatch(ln, nil, 0, testNow)
 	e.take()
 	if ln.ask == nil || ln.ask.p.Op != proposals.OpFence || ln.ask.p.Seq != 4 {
 		t.Fatalf("after the batch, ask %+v; want a fence at 4", ln.ask)

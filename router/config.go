@@ -99,6 +99,16 @@ type Config struct {
 	// replica fast-ingest batches (on R1 file storage an atomic batch is
 	// slower than single publishes: docs/performance.md).
 	MaxBatch int
+	// GroupShare bounds how many of a group's messages may be on this
+	// node's queue unacknowledged: past it, the group's next messages
+	// wait on the node's held subject, in order, and go onto the queue as
+	// the consumer acknowledges the earlier ones, so that one busy group
+	// never fills the queue consumer's window and holds the other groups
+	// back (docs/consuming.md, "A busy group"). 0 (the default): half of
+	// the queue consumer's window (MaxAckPending) shared by the groups
+	// with at least 16 unacknowledged, at least 16 each; negative: no
+	// bound.
+	GroupShare int
 	// Replicas of the streams and buckets; 0 (auto) asks for 3 when the
 	// node's server is in a cluster and 1 otherwise, and settles for 1 when
 	// the cluster cannot place 3 within clusterFormingWait (see Replicas).

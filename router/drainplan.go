@@ -78,6 +78,9 @@ type drainMsg struct {
 	ingressSeq uint64
 	// gone: the message is no longer on the queue (acked meanwhile).
 	gone bool
+	// held: it waits on the old node's held subject (fairshare.go),
+	// which no consumer reads: never delivered.
+	held bool
 	// ref is the caller's index of the message.
 	ref int
 }
@@ -104,7 +107,7 @@ func fateOf(m drainMsg, v consumerView, now time.Time) drainFate {
 	switch {
 	case m.gone:
 		return fateDone
-	case !v.exists:
+	case m.held, !v.exists:
 		return fateMove
 	case m.seq <= v.ackFloor:
 		return fateDone

@@ -51,6 +51,10 @@ type engineConfig struct {
 	// decisions, so that groups bound already keep flowing.
 	spillFrom       int64
 	maxSpilledBytes int64
+	// groupShare: Config.GroupShare (fairshare.go); holds: the queue
+	// stream takes the node's held subject (the shell found it so).
+	groupShare int
+	holds      bool
 }
 
 // msgRec is an ingress message held by the router.
@@ -68,10 +72,20 @@ type msgRec struct {
 	// the ingress by sequence before it publishes it. size is then what
 	// the engine still keeps of it (spillCost).
 	spilled bool
+	// target: where its first publish went, and so where every retry
+	// goes (a retry deduplicated by its Nats-Msg-Id must not land a copy
+	// on the other side): targetQueue or targetHeld; 0 not yet published.
+	target uint8
 	// payload is the shell's (the message to republish, prepared when
 	// first needed).
 	payload any
 }
+
+// msgRec.target values.
+const (
+	targetQueue uint8 = iota + 1
+	targetHeld
+)
 
 // lane holds one group's messages that are not done yet, in ingress order.
 // For a group, one publish at a time is in flight: the head alone, or the
@@ -214,6 +228,9 @@ const (
 	// actBatch: publish batch, the lane's first messages, onto node's
 	// queue as one atomic batch and report the outcome with ackedBatch.
 	actBatch
+	// actHold: group started (count > 0: messages held) or stopped (took:
+	// for how long, count: messages) being held back (announce it).
+	actHold
 )
 
 // action is one thing the engine asks its shells to do.
@@ -224,6 +241,9 @@ type action struct {
 	batch []*msgRec // actBatch
 	node  string    // actPublish: destination queue's node
 	dlq   bool      // actPublish: to the dead-letter stream, reason in reason
+	// held: actPublish, actBatch: onto the node's held subject, not its
+	// queue (fairshare.go).
+	held  bool
 	// epoch: actPublish to a queue: the HeaderEpoch value.
 	epoch []string
 	group string // actDuty
@@ -233,8 +253,9 @@ type action struct {
 	// reason: why a message is dead-lettered.
 	reason string
 	fail   *failure      // actFailure
-	count  int           // actDeadLettered; actWindow: the new limit
-	took   time.Duration // actDecided
+	count  int           // actDeadLettered; actWindow: the new limit; actHold
+	took   time.Duration // actDecided; actHold
+	on     bool          // actHold: started
 }
 
 // Engine counters (read by Stats under the lock). decisionErrors counts
@@ -250,6 +271,7 @@ type engineStats struct {
 	refused                                                     uint64 // publishes the servers refused for good (dead-lettered)
 	batches, batchFailures                                      uint64 // batches published, and those that failed (their messages went one at a time)
 	batchedMsgs                                                 uint64 // messages stored as part of a batch
+	heldBack                                                    uint64 // times a group started being held back (fairshare.go)
 }
 
 // engine is the lane engine.
@@ -308,6 +330,8 @@ type engine struct {
 	// fenced.
 	aliveUntil time.Time
 	held       map[*lane]struct{}
+	// fair: each group's share of the queue window (fairshare.go).
+	fair fairShare
 
 	stats engineStats
 }
@@ -325,6 +349,7 @@ func newEngine(cfg engineConfig, recs records, rnd *rand.Rand) *engine {
 		held:      make(map[*lane]struct{}),
 		recent:    make(map[string]struct{}),
 		pace:      newWindow(windowMin, windowMax, maxBatch),
+		fair:      newFairShare(cfg.groupShare),
 	}
 	if cfg.groupTimeout > 0 {
 		e.lastActive = make(map[string]int64)
@@ -516,17 +541,24 @@ func (e *engine) pump(ln *lane, now time.Time) {
 			e.emit(action{kind: actPublish, ln: ln, m: m, node: e.ungroupedDestination(), epoch: ln.epochHeader(route.Epoch)})
 			continue
 		}
+		if m.close && e.fair.holding(ln.ref) {
+			// The group ends after this message: it goes once its held
+			// messages are on the queue (released pumps the lane), so
+			// that its binding ends behind all of them.
+			return
+		}
+		held := e.aim(ln, m)
 		ln.inflight = 1
-		if n := e.batchable(ln, route); n > 1 {
+		if n := e.batchable(ln, route, held); n > 1 {
 			ln.batch = n
 			e.inflight += n
 			e.batches++
 			e.stats.batches++
-			e.emit(action{kind: actBatch, ln: ln, batch: ln.msgs[:n:n], node: e.cfg.node, epoch: ln.epochHeader(route.Epoch)})
+			e.emit(action{kind: actBatch, ln: ln, batch: ln.msgs[:n:n], node: e.cfg.node, epoch: ln.epochHeader(route.Epoch), held: held})
 			return
 		}
 		e.inflight++
-		e.emit(action{kind: actPublish, ln: ln, m: m, node: e.cfg.node, epoch: ln.epochHeader(route.Epoch)})
+		e.emit(action{kind: actPublish, ln: ln, m: m, node: e.cfg.node, epoch: ln.epochHeader(route.Epoch), held: held})
 		return
 	}
 	if len(ln.msgs) == 0 && ln.inflight == 0 && ln.ask == nil {
@@ -541,18 +573,24 @@ func (e *engine) pump(ln *lane, now time.Time) {
 // backlog, so that a group with none keeps one publish's latency; after a
 // failed batch, while its messages go one at a time; or when the node has
 // its bound of batches in flight.
-func (e *engine) batchable(ln *lane, route kvbinding.Binding) int {
+func (e *engine) batchable(ln *lane, route kvbinding.Binding, held bool) int {
 	if e.cfg.maxBatch < 2 || len(ln.msgs) < 2 || ln.singles > 0 || e.batches >= e.cfg.maxBatches || ln.msgs[0].spilled {
 		return 1
 	}
+	most := e.cfg.maxBatch
+	if !held {
+		most = min(most, max(e.fair.room(ln.ref), 1)) // the group's share of the queue window
+	}
+	want := ln.msgs[0].target
 	size := 0
 	n := 0
-	for _, m := range ln.msgs[:min(len(ln.msgs), e.cfg.maxBatch)] {
+	for _, m := range ln.msgs[:min(len(ln.msgs), most)] {
 		if n > 0 {
 			if owner, act := proposals.Owner(route, m.seq, e.cfg.node); act != proposals.RouteTo || owner != e.cfg.node ||
-				m.invalid != "" || m.spilled || size+m.size > e.cfg.maxBatchBytes {
+				m.invalid != "" || m.spilled || size+m.size > e.cfg.maxBatchBytes || (m.target != 0 && m.target != want) {
 				break
 			}
+			m.target = want
 		}
 		size += m.size
 		n++
@@ -644,7 +682,7 @@ func (e *engine) ungroupedDestination() string {
 }
 
 // acked takes the outcome of a publish the engine asked for.
-func (e *engine) acked(ln *lane, m *msgRec, dlq bool, reason string, err error, now time.Time) {
+func (e *engine) acked(ln *lane, m *msgRec, dlq bool, reason string, err error, qseq uint64, now time.Time) {
 	if err != nil {
 		e.stats.publishErrors++
 		if e.closing {
@@ -691,6 +729,9 @@ func (e *engine) acked(ln *lane, m *msgRec, dlq bool, reason string, err error, 
 	if ln.group != "" {
 		ln.popHead()
 		e.touch(ln, now)
+		if !dlq {
+			e.fairStored(ln, m.target == targetHeld, qseq, 1, now)
+		}
 	}
 	e.release(m)
 	if m.close && ln.group != "" {
@@ -711,7 +752,7 @@ func (e *engine) acked(ln *lane, m *msgRec, dlq bool, reason string, err error, 
 // alone, in order, each deduplicated by its own Nats-Msg-Id, so that
 // nothing is stored twice or out of order; the lane batches again after
 // them.
-func (e *engine) ackedBatch(ln *lane, err error, now time.Time) {
+func (e *engine) ackedBatch(ln *lane, err error, qseq uint64, now time.Time) {
 	n := ln.batch
 	ln.batch = 0
 	e.batches--
@@ -733,6 +774,7 @@ func (e *engine) ackedBatch(ln *lane, err error, now time.Time) {
 	ln.inflight--
 	e.stats.batchedMsgs += uint64(n)
 	last := ln.msgs[n-1]
+	e.fairStored(ln, last.target == targetHeld, qseq, n, now)
 	for range n {
 		m := ln.msgs[0]
 		ln.popHead()
@@ -771,13 +813,19 @@ func (e *engine) retryPublish(r retry, now time.Time) {
 	if route, ok := e.recs.Lookup(r.ln.ref); ok && !r.dlq {
 		epoch = r.ln.epochHeader(route.Epoch)
 	}
-	e.emit(action{kind: actPublish, ln: r.ln, m: r.m, node: node, dlq: r.dlq, reason: r.reason, epoch: epoch})
+	e.emit(action{kind: actPublish, ln: r.ln, m: r.m, node: node, dlq: r.dlq, reason: r.reason, epoch: epoch,
+		held: !r.dlq && r.m.target == targetHeld})
 }
 
 // changed takes a change of a group's record, by the group's ref (as the
 // cache notifies it).
 func (e *engine) changed(ref string, now time.Time) {
 	route, ok := e.recs.Lookup(ref)
+	if !ok || !route.Settled() || route.Node != e.cfg.node {
+		// Not routed here (now): what this node held of it moves with the
+		// group (the hand-over drains the held subject too).
+		e.fair.forget(ref)
+	}
 	if ln := e.laneOf(ref); ln != nil {
 		if ln.changing && ln.ask != nil && ok && route.Revision > ln.ask.after {
 			// The record moved past the one we asked a change of.
@@ -863,7 +911,9 @@ func (e *engine) takeoverFrom(group string) uint64 {
 // fence asks the handler to take the group from this node, once nothing of
 // it is in flight: the fence is the first message not routed.
 func (e *engine) fence(ln *lane, route kvbinding.Binding, now time.Time) {
-	if ln.inflight > 0 || ln.changing {
+	if ln.inflight > 0 || ln.changing || e.fair.releasing[ln.ref] {
+		// A release in progress ends first (released pumps the lane):
+		// nothing of the group reaches this node's queue after its fence.
 		return
 	}
 	seq := e.position()
@@ -1394,7 +1444,9 @@ func (e *engine) reap(mine []string, now time.Time) (unnamed []string) {
 			e.lastActive[ref] = now.UnixNano() // bound before this node started: idle from now
 			continue
 		}
-		if !e.idle(ref, now) {
+		if !e.idle(ref, now) || e.fair.holding(ref) {
+			// A group whose messages are held is not idle: they are yet
+			// to reach its queue.
 			continue
 		}
 		if kvbinding.IsRef(ref) {

@@ -157,7 +157,7 @@ func TestEngineLongIDFollowsItsRef(t *testing.T) {
 	if pub == nil || pub.m.seq != 7 {
 		t.Fatalf("the record did not publish the held message")
 	}
-	e.acked(pub.ln, pub.m, false, "", nil, now)
+	e.acked(pub.ln, pub.m, false, "", nil, 0, now)
 	e.take()
 	if e.laneOf(ref) != nil || len(e.byRef) != 0 {
 		t.Fatalf("the lane outlived its last message")

@@ -311,6 +311,21 @@ type queued struct {
 	from       string
 	ingressSeq uint64
 	group      string
+	// held: found on the old node's held subject, not its queue.
+	held bool
+}
+
+// ingressSubject returns the ingress subject of a message found on an old
+// node's queue or held subject.
+func (q queued) ingressSubject() string {
+	if !q.held {
+		return strings.TrimPrefix(q.msg.Subject, QueueSubjectPrefix+q.from+".")
+	}
+	rest := strings.TrimPrefix(q.msg.Subject, HeldSubjectPrefix+q.from+".")
+	if t := strings.SplitN(rest, ".", 3); len(t) == 3 {
+		return t[2]
+	}
+	return rest
 }
 
 // drainQueues moves the groups' messages waiting on the queues named in
@@ -369,7 +384,7 @@ func (r *Router) drainQueues(ctx context.Context, routes map[string]kvbinding.Bi
 		sort.Slice(found, func(i, j int) bool { return found[i].ingressSeq < found[j].ingressSeq })
 		msgs := make([]drainMsg, len(found))
 		for i, q := range found {
-			msgs[i] = drainMsg{node: q.from, seq: q.msg.Sequence, ingressSeq: q.ingressSeq, ref: i}
+			msgs[i] = drainMsg{node: q.from, seq: q.msg.Sequence, ingressSeq: q.ingressSeq, ref: i, held: q.held}
 		}
 		plans[g] = msgs
 	}
@@ -454,6 +469,37 @@ func (r *Router) scanQueues(ctx context.Context, stream jetstream.Stream, byNode
 			}
 			seen[g][is] = true
 			byGroup[g] = append(byGroup[g], queued{msg: m, from: node, ingressSeq: is, group: g})
+		}
+		// What the old node held back of these groups (fairshare.go):
+		// later than what its queue holds of them, never delivered.
+		for g := range groups {
+			key, err := kvbinding.Key(g)
+			if err != nil {
+				continue
+			}
+			filter := HeldFilter(node, key)
+			for seq := info.State.FirstSeq; seq <= info.State.LastSeq; {
+				m, err := stream.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(filter))
+				if isGone(err) {
+					break
+				}
+				if err != nil {
+					return nil, err
+				}
+				seq = m.Sequence + 1
+				is, err := strconv.ParseUint(m.Header.Get(HeaderIngressSeq), 10, 64)
+				if err != nil {
+					continue
+				}
+				if seen[g] == nil {
+					seen[g] = map[uint64]bool{}
+				}
+				if seen[g][is] {
+					continue
+				}
+				seen[g][is] = true
+				byGroup[g] = append(byGroup[g], queued{msg: m, from: node, ingressSeq: is, group: g, held: true})
+			}
 		}
 	}
 	return byGroup, nil
@@ -590,7 +636,7 @@ func (r *Router) moveGroup(ctx context.Context, stream jetstream.Stream, found [
 			return moved, errSuperseded
 		}
 		out := &nats.Msg{
-			Subject: QueueSubject(r.cfg.Node, strings.TrimPrefix(q.msg.Subject, QueueSubjectPrefix+q.from+".")),
+			Subject: QueueSubject(r.cfg.Node, q.ingressSubject()),
 			Header:  make(nats.Header, len(q.msg.Header)+2), Data: q.msg.Data,
 		}
 		for k, v := range q.msg.Header {

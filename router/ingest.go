@@ -263,6 +263,9 @@ func (r *Router) publish(a action) {
 		out = r.toDeadLetter(out, a.m.subject, a.m.seq, a.reason, a.m.stripped)
 	} else {
 		out.Subject = QueueSubject(a.node, a.m.subject)
+		if a.held {
+			out.Subject = HeldSubject(a.node, a.ln.group, a.m.subject)
+		}
 		out.Header[jetstream.ExpectedStreamHeader] = r.expectQueue
 		out.Header[HeaderEpoch] = a.epoch
 	}
@@ -270,6 +273,7 @@ func (r *Router) publish(a action) {
 	id := out.Header[jetstream.MsgIDHeader][0]
 	done := func(ack jspub.Ack, err error) {
 		o.err = refusal(err)
+		o.seq = ack.Sequence
 		if err == nil && !o.dlq {
 			r.queueTail.stored(ack.Sequence, id)
 		}
@@ -290,6 +294,7 @@ type outcome struct {
 	dlq    bool
 	reason string
 	err    error
+	seq    uint64 // the PubAck's stream sequence (a batch's last)
 }
 
 // ackBatch hands the engine the outcomes collected since the last batch,
@@ -324,7 +329,7 @@ func (r *Router) apply(e *engine, o outcome, now time.Time) {
 		} else if !e.closing {
 			r.warnPublish.Warn(o.ln.group, "batch", o.batch, "err", o.err)
 		}
-		e.ackedBatch(o.ln, o.err, now)
+		e.ackedBatch(o.ln, o.err, o.seq, now)
 		return
 	}
 	if o.err == nil && !o.dlq {
@@ -333,7 +338,7 @@ func (r *Router) apply(e *engine, o outcome, now time.Time) {
 	if o.err != nil && !e.closing && !errors.Is(o.err, errRefused) {
 		r.warnPublish.Warn(o.ln.group, "ingress_seq", o.m.seq, "dead_letter", o.dlq, "err", o.err)
 	}
-	e.acked(o.ln, o.m, o.dlq, o.reason, o.err, now)
+	e.acked(o.ln, o.m, o.dlq, o.reason, o.err, o.seq, now)
 }
 
 // refusal marks err as errRefused when retrying the publish cannot fix it.

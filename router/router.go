@@ -97,6 +97,15 @@ type Stats struct {
 	BatchedMessages uint64
 	// InFlightBatches is the batches awaiting their outcome now.
 	InFlightBatches int
+	// HeldBackGroups is how many groups are held back now for their share
+	// of the queue window, HeldBackMessages how many of their messages
+	// wait on the node's held subject, and GroupShare the share now
+	// (Config.GroupShare; 0: none applies).
+	HeldBackGroups   int
+	HeldBackMessages int
+	GroupShare       int
+	// HeldBackTotal counts the times a group started being held back.
+	HeldBackTotal uint64
 	// MaxBatch is the most messages of a group this node publishes as one
 	// batch: Config.MaxBatch, or 1 when it publishes one message at a
 	// time (batches off, or a queue stream that does not allow the batches
@@ -298,6 +307,7 @@ func (r *Router) Stats() Stats {
 		WindowCuts: e.stats.windowCuts, ProposalWindow: int(e.pace.limit),
 		Held: e.heldMsgs, HeldBytes: e.heldBytes, Position: e.position(),
 		Spilled: e.spilledMsgs, SpilledBytes: e.spilledBytes, SpilledTotal: e.stats.spilled,
+		HeldBackGroups: e.fair.heldGroups, HeldBackMessages: e.fair.held, GroupShare: e.groupShareNow(), HeldBackTotal: e.stats.heldBack,
 		IngressGaps: r.loss.gaps.Load(), IngressMissing: r.loss.missing.Load(),
 		QueueRewinds: r.queueTail.rewinds.Load(), QueueLostSeqs: r.queueTail.lost.Load(), QueueOrphans: r.queueTail.orphans.Load(), BindingsRewinds: r.cache.Rewinds(),
 	}
@@ -343,6 +353,8 @@ func (r *Router) perform(acts []action) {
 			r.metrics.decisionLatency.Observe(a.took.Seconds())
 		case actWindow:
 			r.warnWindow.Warn("", "window", a.count)
+		case actHold:
+			r.holdEvent(a)
 		}
 	}
 }
@@ -421,6 +433,13 @@ func (r *Router) Run(ctx context.Context) error {
 	if r.cfg.Type == Local {
 		g.Go(func() error { r.ensureParking(gctx, max(r.replicas, 1)); return nil })
 	}
+	if err := r.restoreHeld(gctx); err != nil {
+		stopWaiting()
+		_ = g.Wait()
+		r.drain()
+		return ignoreCanceled(err)
+	}
+	g.Go(func() error { r.fairLoop(gctx, queueCons); return nil })
 	g.Go(func() error { r.handOverLoop(gctx); return nil })
 	r.resumeDuties()
 	g.Go(func() error { r.heartbeat(gctx, queueCons); return nil })
@@ -808,6 +827,7 @@ func (r *Router) announce(ctx context.Context, cons jetstream.Consumer) error {
 	r.mu.Lock()
 	info.Busy, info.BusyMore = r.eng.busyGroups()
 	info.Retrying = r.eng.retryingGroups()
+	info.HeldBack, info.HeldBackGroups = r.eng.heldBack()
 	r.mu.Unlock()
 	sent := time.Now()
 	// Lapsed: the last stored announcement is too old for the record to be

@@ -132,6 +132,7 @@ func (r *Router) setup(ctx context.Context) (queueCons jetstream.Consumer, relea
 	}
 	batch, fast := r.queueBatch(ctx)
 	r.fastBatches = fast
+	holds := r.queueHolds(ctx) // fair.go
 	maxBatches := maxAtomicInFlight
 	if fast {
 		maxBatches = maxFastInFlight
@@ -146,6 +147,7 @@ func (r *Router) setup(ctx context.Context) (queueCons jetstream.Consumer, relea
 		localFirst: r.cfg.LocalFirst, groupTimeout: r.cfg.GroupTimeout,
 		maxBatch: batch, maxBatchBytes: maxBatchBytes, maxBatches: maxBatches,
 		spillFrom: spillFrom(r.cfg), maxSpilledBytes: r.cfg.MaxSpilledBytes,
+		groupShare: r.cfg.GroupShare, holds: holds,
 	}, r.cache, rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64())))
 	if r.pub, err = jspub.New(r.nc, 5*time.Second, jspub.WithBatchEnd(r.ackBatch)); err != nil {
 		return nil, nil, &SetupError{Step: "queue publisher", Err: err}

@@ -694,7 +694,7 @@ func (n *simNode) publishBatch(a action) {
 		if n.w.tracing {
 			n.logf("batch %d..%d: %v", first, last, err)
 		}
-		n.do(func(e *engine, now time.Time) { e.ackedBatch(ln, err, now) })
+		n.do(func(e *engine, now time.Time) { e.ackedBatch(ln, err, 0, now) })
 	})
 }
 
@@ -712,7 +712,7 @@ func (n *simNode) publish(a action) {
 		if n.w.tracing {
 			n.logf("publish of seq %d: %v", m.seq, err)
 		}
-		n.do(func(e *engine, now time.Time) { e.acked(ln, m, a.dlq, a.reason, err, now) })
+		n.do(func(e *engine, now time.Time) { e.acked(ln, m, a.dlq, a.reason, err, 0, now) })
 	})
 }
 

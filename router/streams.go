@@ -33,6 +33,12 @@ const (
 
 	// QueueSubjectPrefix + <node> + "." + <ingress subject> is a node's queue subject.
 	QueueSubjectPrefix = "grouping.queue."
+	// HeldSubjectPrefix + <node> + "." + <group key> + "." + <ingress
+	// subject> holds, in the queue stream, a group's messages past its
+	// share of node's queue window (fairshare.go): read by no consumer,
+	// moved onto the queue as the consumer acknowledges the group's
+	// earlier messages. The group key is kvbinding.Key's (two tokens).
+	HeldSubjectPrefix = "grouping.held."
 	// DeadLetterSubjectPrefix + <ingress subject> is a dead-letter subject.
 	DeadLetterSubjectPrefix = "grouping.dlq."
 	// QueueConsumerPrefix + <node> is the durable consumer of a node's queue.
@@ -83,6 +89,16 @@ const queueDuplicates = 2 * time.Minute
 func QueueSubject(node, ingressSubject string) string {
 	return QueueSubjectPrefix + node + "." + ingressSubject
 }
+
+// HeldSubject returns the held subject of a message of group for node.
+func HeldSubject(node, group, ingressSubject string) string {
+	key, _ := kvbinding.Key(group)
+	return HeldSubjectPrefix + node + "." + key + "." + ingressSubject
+}
+
+// HeldFilter returns the filter of node's held messages of the group with
+// key (kvbinding.Key), or of all its groups for key "*.*".
+func HeldFilter(node, key string) string { return HeldSubjectPrefix + node + "." + key + ".>" }
 
 // QueueFilter returns the filter subject of node's queue consumer.
 func QueueFilter(node string) string { return QueueSubjectPrefix + node + ".>" }
@@ -154,8 +170,8 @@ func ensureStreams(ctx context.Context, js jetstream.JetStream, cfg Config, repl
 		},
 		{
 			Name:        QueueStream,
-			Description: "grouprouter per-node queues: grouping.queue.<node>.<subject>",
-			Subjects:    []string{QueueSubjectPrefix + ">"},
+			Description: "grouprouter per-node queues: grouping.queue.<node>.<subject>; held-back messages: grouping.held.<node>.<group key>.<subject>",
+			Subjects:    []string{QueueSubjectPrefix + ">", HeldSubjectPrefix + ">"},
 			Retention:   jetstream.WorkQueuePolicy,
 			MaxBytes:    orUnlimited(cfg.QueueMaxBytes),
 			MaxMsgSize:  orUnlimited32(routed),
@@ -251,6 +267,9 @@ func checkStream(ctx context.Context, js jetstream.JetStream, spec jetstream.Str
 	}
 	got := s.CachedInfo().Config.Subjects
 	for _, want := range spec.Subjects {
+		if want == HeldSubjectPrefix+">" {
+			continue // added to a queue stream created before it by a LOCAL node (queueHolds)
+		}
 		if !slices.Contains(got, want) {
 			return fmt.Errorf("%w: stream %s captures %v, not %s", ErrStreamConflict, spec.Name, got, want)
 		}

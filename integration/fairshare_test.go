@@ -1,0 +1,234 @@
+package integration
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"grouprouter/consumer"
+	"grouprouter/internal/natstest"
+	"grouprouter/proposals"
+	"grouprouter/router"
+)
+
+// fairRun is one node on one server whose queue an application consumes
+// with package consumer (16 lanes), a handler slow for one group.
+type fairRun struct {
+	js    jetstream.JetStream
+	nc    *nats.Conn
+	col   collector
+	holds *eventLog
+	stop  func()
+}
+
+// startFairRun starts node n1 and its consumer. The queue consumer's
+// window is set to window messages (the router creates it with 1,000):
+// the same story at a tenth of the size. slow(group) says how long the
+// handler takes for a message of group.
+func startFairRun(t *testing.T, window int, slow func(group string) time.Duration) *fairRun {
+	t.Helper()
+	s := natstest.RunServer(t)
+	cfg := testConfig("n1", router.Local)
+	n := startNode(t, s.URL(), cfg)
+	r := &fairRun{nc: s.Connect()}
+	r.holds = watchEvents(t, r.nc, proposals.EventHold)
+	r.js = jetStream(t, s.URL())
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c, err := r.js.Consumer(ctx, router.QueueStream, router.QueueConsumer("n1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cc := c.CachedInfo().Config
+	cc.MaxAckPending = window
+	if _, err := r.js.UpdateConsumer(ctx, router.QueueStream, cc); err != nil {
+		t.Fatal(err)
+	}
+	cctx, stop := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		done <- consumer.Consume(cctx, r.js, "n1", func(ctx context.Context, m *consumer.Message) error {
+			if d := slow(m.Group); d > 0 {
+				select {
+				case <-ctx.Done():
+					return ctx.Err()
+				case <-time.After(d):
+				}
+			}
+			r.col.add(received{node: "n1", group: m.Group, body: string(m.Data), subject: m.Subject, seq: m.IngressSeq, at: time.Now()})
+			return nil
+		}, consumer.WithConcurrency(16))
+	}()
+	r.stop = func() {
+		stop()
+		if err := <-done; err != nil {
+			t.Errorf("consume: %v", err)
+		}
+	}
+	t.Cleanup(func() { r.stop(); n.stop() })
+	waitEligible(t, r.nc, []string{"n1"}, []string{"n1"})
+	natstest.Eventually(t, 10*time.Second, func() error {
+		if got := n.r.Stats().GroupShare; got != window/2 {
+			return fmt.Errorf("the node's group share is %d, want %d (half the window)", got, window/2)
+		}
+		return nil
+	})
+	return r
+}
+
+// burst publishes n messages of group at once (asynchronously), bodies
+// group/00000...
+func (r *fairRun) burst(t *testing.T, group string, n int, want map[string][]string) {
+	t.Helper()
+	var futures []jetstream.PubAckFuture
+	for i := range n {
+		m := nats.NewMsg("jms.orders")
+		m.Header.Set("Group-Id", group)
+		body := fmt.Sprintf("%s/%05d", group, i)
+		m.Data = []byte(body)
+		f, err := r.js.PublishMsgAsync(m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		futures = append(futures, f)
+		want[group] = append(want[group], body)
+	}
+	for _, f := range futures {
+		select {
+		case <-f.Ok():
+		case err := <-f.Err():
+			t.Fatal(err)
+		case <-time.After(30 * time.Second):
+			t.Fatal("burst not acknowledged")
+		}
+	}
+}
+
+// trickle publishes one message to each of groups every every, rounds
+// times, and returns when each was published.
+func (r *fairRun) trickle(t *testing.T, groups []string, rounds int, every time.Duration, want map[string][]string) map[string]time.Time {
+	t.Helper()
+	sent := map[string]time.Time{}
+	for i := range rounds {
+		for _, g := range groups {
+			body := fmt.Sprintf("%s/%05d", g, i)
+			sent[body] = time.Now()
+			publish(t, r.js, "jms.orders", g, body)
+			want[g] = append(want[g], body)
+		}
+		time.Sleep(every)
+	}
+	return sent
+}
+
+// A group with a backlog several times the queue consumer's window does
+// not hold the others back: past its share, its messages wait on the
+// node's held subject and reach the queue as the consumer works through
+// the earlier ones. Quiet groups published after the backlog are all
+// processed while the busy group is still early in its backlog (before,
+// they waited behind the window full of it: a 3,000-message backlog at
+// 10 ms a message held them 20 s at the p99). The busy group is processed
+// in order, once.
+func TestBusyGroupDoesNotHoldOthersBack(t *testing.T) {
+	const window, backlog = 100, 600
+	r := startFairRun(t, window, func(g string) time.Duration {
+		if g == "hot" {
+			return 5 * time.Millisecond
+		}
+		return 0
+	})
+	want := map[string][]string{}
+	r.burst(t, "hot", backlog, want)
+	quiet := []string{"q0", "q1", "q2", "q3", "q4", "q5", "q6", "q7", "q8", "q9"}
+	sent := r.trickle(t, quiet, 10, 50*time.Millisecond, want)
+	total := backlog + len(sent)
+	got := r.col.waitCount(t, total, 60*time.Second)
+	checkOrderedOnce(t, got, want)
+	// Where was the busy group when the last quiet message was processed?
+	hotDone, lastQuiet := 0, time.Time{}
+	var lat []time.Duration
+	for _, m := range got {
+		if m.group != "hot" {
+			lat = append(lat, m.at.Sub(sent[m.body]))
+			if m.at.After(lastQuiet) {
+				lastQuiet = m.at
+			}
+		}
+	}
+	for _, m := range got {
+		if m.group == "hot" && m.at.Before(lastQuiet) {
+			hotDone++
+		}
+	}
+	t.Logf("quiet messages: %d, latency p50 %v p99 %v max %v; the busy group had %d of its %d processed when the last quiet one was",
+		len(lat), pct(lat, 50), pct(lat, 99), pct(lat, 100), hotDone, backlog)
+	if hotDone >= backlog-window {
+		t.Errorf("the quiet groups waited for the busy group: their last message was processed after %d of its %d (a window of %d ahead of them)",
+			hotDone, backlog, window)
+	}
+	r.holds.mu.Lock()
+	holds := len(r.holds.evs)
+	r.holds.mu.Unlock()
+	if holds == 0 {
+		t.Errorf("no %q event: the busy group was not held back", proposals.EventHold)
+	}
+}
+
+// A handler that hangs on one group does not hold the others back: the
+// hung group's messages past its share wait on the held subject, and the
+// quiet groups are all processed while it hangs.
+func TestHungGroupDoesNotHoldOthersBack(t *testing.T) {
+	const window = 100
+	release := make(chan struct{})
+	var once sync.Once
+	hung := make(chan time.Time, 1)
+	r := startFairRun(t, window, func(g string) time.Duration {
+		if g == "stuck" {
+			once.Do(func() {
+				hung <- time.Now()
+				<-release
+			})
+		}
+		return 0
+	})
+	var unhang sync.Once
+	free := func() { unhang.Do(func() { close(release) }) }
+	defer free() // a failure below must not leave the handler hung
+	want := map[string][]string{}
+	r.burst(t, "stuck", 3*window, want)
+	<-hung
+	quiet := []string{"q0", "q1", "q2", "q3", "q4"}
+	sent := r.trickle(t, quiet, 20, 20*time.Millisecond, want)
+	got := r.col.waitCount(t, len(sent), 30*time.Second)
+	for _, m := range got {
+		if m.group == "stuck" {
+			t.Fatalf("the hung group's message %s was processed while its handler hung", m.body)
+		}
+	}
+	free()
+	got = r.col.waitCount(t, 3*window+len(sent), 60*time.Second)
+	checkOrderedOnce(t, got, want)
+}
+
+// pct returns the p-th percentile of ds (100: the largest).
+func pct(ds []time.Duration, p int) time.Duration {
+	if len(ds) == 0 {
+		return 0
+	}
+	s := append([]time.Duration(nil), ds...)
+	for i := range s {
+		for j := i + 1; j < len(s); j++ {
+			if s[j] < s[i] {
+				s[i], s[j] = s[j], s[i]
+			}
+		}
+	}
+	i := (len(s)*p + 99) / 100
+	return s[min(max(i-1, 0), len(s)-1)].Round(time.Millisecond)
+}
+

@@ -1,0 +1,284 @@
+package router
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"grouprouter/kvbinding"
+	"grouprouter/proposals"
+)
+
+// The fair shell (fairshare.go says why): it reads the node's queue
+// consumer (its ack floor and window) and hands them to the engine, looks
+// up the oldest queue message of the groups held back whose oldest is
+// above the floor, and moves held messages onto the queue as the engine
+// says there is room for them.
+
+// Fair shell timing: fairBusy while any group is held back or at its
+// share (the consumer's progress must show soon, or a group waits with
+// room on its queue), fairIdle otherwise (the accounts are pruned).
+const (
+	fairBusy = 10 * time.Millisecond
+	fairIdle = 250 * time.Millisecond
+)
+
+// maxRelease bounds the held messages one release moves.
+const maxRelease = 64
+
+// queueHolds reports whether the queue stream takes the held subject; a
+// LOCAL node adds it to a queue stream created before it (an update of
+// the stream's subjects). Without it, the node holds no group back and
+// says so.
+func (r *Router) queueHolds(ctx context.Context) bool {
+	if r.cfg.GroupShare < 0 {
+		return false
+	}
+	s, err := r.js.Stream(ctx, QueueStream)
+	if err != nil {
+		r.log.Warn("queue stream not read: no group is held back for its share of the queue", "err", err)
+		return false
+	}
+	c := s.CachedInfo().Config
+	if slices.Contains(c.Subjects, HeldSubjectPrefix+">") {
+		return true
+	}
+	if r.cfg.Type != Local {
+		r.log.Info("the queue stream does not take held messages (yet: a LOCAL node adds their subject when it starts): no group is held back for its share of the queue",
+			"stream", QueueStream)
+		return false
+	}
+	c.Subjects = append(c.Subjects, HeldSubjectPrefix+">")
+	uctx, cancel := context.WithTimeout(ctx, 5*time.Second) // a denied request gets no answer
+	defer cancel()
+	if _, err := r.js.UpdateStream(uctx, c); err != nil {
+		r.log.Warn("could not add the held subject to the queue stream: no group is held back for its share of the queue",
+			"stream", QueueStream, "subject", HeldSubjectPrefix+">", "err", err)
+		return false
+	}
+	r.log.Info("the queue stream now takes held messages", "stream", QueueStream, "subject", HeldSubjectPrefix+">")
+	return true
+}
+
+// restoreHeld counts, per group, what this node's held subject holds (a
+// node that stopped while groups were held back), for the engine before
+// it routes: a group with messages held sends its later ones there too.
+// It retries until ctx ends.
+func (r *Router) restoreHeld(ctx context.Context) error {
+	if !r.eng.cfg.holds {
+		return nil
+	}
+	return r.setupStep(ctx, "held messages", func(ctx context.Context) error {
+		found, err := r.heldCounts(ctx)
+		if err != nil {
+			return err
+		}
+		if len(found) == 0 {
+			return nil
+		}
+		n := 0
+		for _, c := range found {
+			n += c
+		}
+		r.log.Info("groups held back when this node stopped: their held messages go onto the queue as there is room", "groups", len(found), "messages", n)
+		r.mu.Lock()
+		r.eng.fair.restore(found, func(ref string) string { return r.groupOfRef(ref) }, time.Now())
+		r.mu.Unlock()
+		return nil
+	})
+}
+
+// heldCounts reads how many messages of each group (by ref) this node's
+// held subject holds.
+func (r *Router) heldCounts(ctx context.Context) (map[string]int, error) {
+	s, err := r.js.Stream(ctx, QueueStream)
+	if err != nil {
+		return nil, err
+	}
+	info, err := s.Info(ctx, jetstream.WithSubjectFilter(HeldFilter(r.cfg.Node, "*.*")))
+	if err != nil {
+		return nil, err
+	}
+	found := map[string]int{}
+	prefix := HeldSubjectPrefix + r.cfg.Node + "."
+	for subj, n := range info.State.Subjects {
+		rest, ok := strings.CutPrefix(subj, prefix)
+		if !ok {
+			continue
+		}
+		t := strings.SplitN(rest, ".", 3)
+		if len(t) != 3 {
+			continue
+		}
+		ref, err := kvbinding.RefOfKey(t[0] + "." + t[1])
+		if err != nil {
+			r.log.Warn("a held message's subject names no group; it stays where it is", "subject", subj, "err", err)
+			continue
+		}
+		found[ref] += int(n)
+	}
+	return found, nil
+}
+
+// groupOfRef returns the group id of a ref: the ref itself, or for a long
+// id the one its record names (the cache keeps records by ref).
+func (r *Router) groupOfRef(ref string) string {
+	if !kvbinding.IsRef(ref) {
+		return ref
+	}
+	if b, ok := r.cache.Lookup(ref); ok && b.Group != "" {
+		return b.Group
+	}
+	names, err := r.store.Names(context.Background(), []string{ref})
+	if err == nil {
+		return names[ref]
+	}
+	return ""
+}
+
+// fairLoop runs the fair shell until ctx ends.
+func (r *Router) fairLoop(ctx context.Context, cons jetstream.Consumer) {
+	if !r.eng.cfg.holds {
+		return
+	}
+	stream, err := r.js.Stream(ctx, QueueStream)
+	for err != nil {
+		if ctx.Err() != nil {
+			return
+		}
+		r.log.Debug("queue stream not read by the fair shell; trying again", "err", err)
+		time.Sleep(time.Second)
+		stream, err = r.js.Stream(ctx, QueueStream)
+	}
+	t := time.NewTimer(0) // the window first, before the first burst fills it
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		busy := r.fairRound(ctx, cons, stream)
+		if busy {
+			t.Reset(fairBusy)
+		} else {
+			t.Reset(fairIdle)
+		}
+	}
+}
+
+// fairRound is one round of the fair shell; it reports whether a group is
+// held back or at its share.
+func (r *Router) fairRound(ctx context.Context, cons jetstream.Consumer, stream jetstream.Stream) bool {
+	rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	info, err := cons.Info(rctx)
+	if err != nil {
+		r.log.Debug("queue consumer not read by the fair shell; trying again", "err", err)
+		return true
+	}
+	var rel []releaseTask
+	var checks []checkTask
+	busy := false
+	r.do(func(e *engine, now time.Time) {
+		rel, checks = e.fairRead(info.AckFloor.Stream, info.Config.MaxAckPending)
+		busy = e.fair.heldGroups > 0 || e.fair.heavy > 0
+	})
+	for _, c := range checks {
+		_, err := stream.GetMsg(rctx, c.seq, jetstream.WithGetMsgSubject(QueueFilter(r.cfg.Node)))
+		switch {
+		case errors.Is(err, jetstream.ErrMsgNotFound):
+			r.do(func(e *engine, _ time.Time) { e.fair.gone(c.ref, c.seq) })
+		case err == nil:
+			// The next of the node's messages at or after the sequence:
+			// another's, or this one still there.
+		default:
+			r.log.Debug("queue message not looked up by the fair shell", "seq", c.seq, "err", err)
+		}
+	}
+	for _, task := range rel {
+		seqs, left, err := r.release(ctx, stream, task)
+		if err != nil && ctx.Err() == nil {
+			r.log.Debug("held messages not released yet; trying again", "group", task.group, "err", err)
+		}
+		r.do(func(e *engine, now time.Time) { e.fairReleased(task.ref, seqs, left || err != nil, now) })
+	}
+	return busy || len(rel) > 0
+}
+
+// release moves up to task.n of the group's held messages onto the queue,
+// oldest first, each copy stored before its original is deleted (a copy's
+// Nats-Msg-Id, rel:<ingress seq>, makes a release repeated after a crash
+// store nothing twice within the duplicate window). It stops at once when
+// the group is no longer this node's to route, or this node may not
+// publish (fenced). It returns the queue sequences of the copies and
+// whether held messages of the group are left.
+func (r *Router) release(ctx context.Context, stream jetstream.Stream, task releaseTask) (seqs []uint64, left bool, err error) {
+	key, err := kvbinding.Key(task.group)
+	if err != nil {
+		return nil, false, err
+	}
+	filter := HeldFilter(r.cfg.Node, key)
+	mine := func() (uint64, bool) {
+		b, ok := r.cache.Lookup(task.ref)
+		return b.Epoch, ok && b.Settled() && b.Node == r.cfg.Node
+	}
+	from := uint64(1)
+	for len(seqs) < task.n {
+		m, err := stream.GetMsg(ctx, from, jetstream.WithGetMsgSubject(filter))
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			return seqs, false, nil
+		}
+		if err != nil {
+			return seqs, true, err
+		}
+		if err := r.waitUnfenced(ctx); err != nil {
+			return seqs, true, err
+		}
+		epoch, ok := mine()
+		if !ok {
+			return seqs, true, errSuperseded
+		}
+		in, _ := strconv.ParseUint(m.Header.Get(HeaderIngressSeq), 10, 64)
+		ingress := strings.TrimPrefix(m.Subject, HeldSubjectPrefix+r.cfg.Node+"."+key+".")
+		out := &nats.Msg{Subject: QueueSubject(r.cfg.Node, ingress), Header: make(nats.Header, len(m.Header)+1), Data: m.Data}
+		for k, v := range m.Header {
+			out.Header[k] = v
+		}
+		dropBatchHeaders(out.Header)
+		out.Header.Set(jetstream.MsgIDHeader, "rel:"+strconv.FormatUint(in, 10))
+		out.Header.Set(jetstream.ExpectedStreamHeader, QueueStream)
+		out.Header.Set(HeaderEpoch, strconv.FormatUint(epoch, 10))
+		seq, err := r.publishSync(ctx, out, func() bool { _, ok := mine(); return ok })
+		if err != nil {
+			return seqs, true, err
+		}
+		if err := stream.DeleteMsg(ctx, m.Sequence); err != nil && !isGone(err) {
+			return seqs, true, err
+		}
+		seqs = append(seqs, seq)
+		from = m.Sequence + 1
+	}
+	_, err = stream.GetMsg(ctx, from, jetstream.WithGetMsgSubject(filter))
+	return seqs, err == nil || !errors.Is(err, jetstream.ErrMsgNotFound), nil
+}
+
+// holdEvent announces that a group started or stopped being held back.
+func (r *Router) holdEvent(a action) {
+	if a.on {
+		r.log.Debug("group held back: past its share of the queue window, its next messages wait on the held subject",
+			"group", a.group, "unacked_on_queue", a.count)
+		proposals.Event{Kind: proposals.EventHold, Group: a.group, Node: r.cfg.Node, By: r.cfg.Node, Count: a.count,
+			Reason: "past its share of the queue window: " + strconv.Itoa(a.count) + " messages unacknowledged on the queue"}.Publish(r.nc)
+		return
+	}
+	r.log.Debug("group no longer held back: its held messages are on the queue", "group", a.group, "held", a.count, "for", a.took)
+	proposals.Event{Kind: proposals.EventUnhold, Group: a.group, Node: r.cfg.Node, By: r.cfg.Node, Count: a.count,
+		Reason: "held back for " + a.took.Round(time.Millisecond).String()}.Publish(r.nc)
+}

@@ -1,0 +1,429 @@
+package router
+
+import (
+	"container/heap"
+	"time"
+
+	"grouprouter/kvbinding"
+)
+
+// A busy group must not hold the others back (docs/consuming.md, "A busy
+// group"). A node's queue is read in order by one consumer whose window
+// (MaxAckPending) holds what it was delivered and has not acknowledged:
+// a group with a backlog of thousands, routed at once, fills that window,
+// and every other group's messages wait behind it however idle the
+// consumer's other lanes are. So each group may have at most its share of
+// the window on the node's queue unacknowledged; what comes past that
+// waits on the node's held subject (HeldSubject, in the queue stream, read
+// by no consumer), in order, and the fair shell moves it onto the queue as
+// the consumer acknowledges the group's earlier messages.
+//
+// The share is half the window divided among the groups that have at
+// least fairMinShare messages unacknowledged (one such group: 500 of the
+// default 1,000), never below fairMinShare: the other half stays free for
+// the groups that have little or nothing waiting. Config.GroupShare fixes
+// it instead, or turns this off.
+//
+// The engine keeps, per group routed here, the queue sequences of the
+// messages it stored on the queue and does not know acknowledged yet
+// (pruned by the queue consumer's ack floor, and by lookups of the oldest
+// when the floor stays behind), and how many of its messages are on the
+// held subject. A group with messages held sends every later one there
+// too, so that the group keeps its order; each message keeps the target
+// its first publish chose (msgRec.hold), so that a retry, deduplicated by
+// its Nats-Msg-Id, never lands a copy on the other side.
+
+// fairMinShare is the least share of the window a group gets.
+const fairMinShare = 16
+
+// defaultWindow is the queue consumer's window until its info is read
+// (the MaxAckPending ensureQueueConsumer creates it with).
+const defaultWindow = 1000
+
+// fairShare is the engine's per-group account of the queue window.
+type fairShare struct {
+	limit  int // Config.GroupShare: 0 automatic, > 0 fixed, < 0 off
+	window int // the queue consumer's MaxAckPending, as last read
+	floor  uint64
+	groups map[string]*fairGroup // by ref
+	oldest fairHeap              // groups with unacknowledged messages, by the oldest
+	heavy  int                   // groups with at least fairMinShare unacknowledged
+	// held: messages on the held subject, all groups; heldGroups: the
+	// groups with any.
+	held, heldGroups int
+	// releasing: the groups whose release the shell is carrying out.
+	releasing map[string]bool
+}
+
+// fairGroup is one group's account.
+type fairGroup struct {
+	ref, group string
+	// seqs: queue sequences of the group's messages this node stored on
+	// its queue and does not know acknowledged, in the order stored.
+	seqs []uint64
+	held int // its messages on the held subject
+	idx  int // in fairShare.oldest; -1 when not there
+	// since: when it was first held back, this time (zero: it is not);
+	// total: how many of its messages went to the held subject since.
+	since time.Time
+	total int
+}
+
+func newFairShare(limit int) fairShare {
+	return fairShare{limit: limit, window: defaultWindow, groups: map[string]*fairGroup{}, releasing: map[string]bool{}}
+}
+
+// holding reports whether the group has messages held, or being released.
+func (f *fairShare) holding(ref string) bool {
+	g := f.groups[ref]
+	return f.releasing[ref] || (g != nil && g.held > 0)
+}
+
+// on reports whether groups are held back at all.
+func (f *fairShare) on() bool { return f.limit >= 0 }
+
+// share returns how many unacknowledged messages a group may have on the
+// node's queue.
+func (f *fairShare) share() int {
+	if f.limit > 0 {
+		return f.limit
+	}
+	return max(fairMinShare, f.window/(2*max(f.heavy, 1)))
+}
+
+func (f *fairShare) get(ref, group string) *fairGroup {
+	g := f.groups[ref]
+	if g == nil {
+		g = &fairGroup{ref: ref, group: group, idx: -1}
+		f.groups[ref] = g
+	}
+	return g
+}
+
+// toHold reports whether the next publish of the group goes to the held
+// subject: it has messages there already (they go first), or as many
+// unacknowledged on the queue as its share.
+func (f *fairShare) toHold(ref string) bool {
+	if !f.on() {
+		return false
+	}
+	g := f.groups[ref]
+	return g != nil && (g.held > 0 || len(g.seqs) >= f.share())
+}
+
+// room returns how many more messages of the group may go onto the queue
+// now (for a batch's size).
+func (f *fairShare) room(ref string) int {
+	if !f.on() {
+		return 1 << 30
+	}
+	g := f.groups[ref]
+	if g == nil {
+		return f.share()
+	}
+	return max(f.share()-len(g.seqs), 0)
+}
+
+// stored records n messages of the group stored on the queue, the last at
+// queue sequence last (a batch's are taken as consecutive).
+func (f *fairShare) stored(ref, group string, last uint64, n int) {
+	if !f.on() || last == 0 || n <= 0 {
+		return
+	}
+	g := f.get(ref, group)
+	before := len(g.seqs)
+	for i := n - 1; i >= 0; i-- {
+		if uint64(i) < last {
+			g.seqs = append(g.seqs, last-uint64(i))
+		}
+	}
+	f.counted(g, before)
+}
+
+// counted fixes the heap and the heavy count after g.seqs changed from
+// before entries.
+func (f *fairShare) counted(g *fairGroup, before int) {
+	after := len(g.seqs)
+	switch {
+	case before < fairMinShare && after >= fairMinShare:
+		f.heavy++
+	case before >= fairMinShare && after < fairMinShare:
+		f.heavy--
+	}
+	switch {
+	case after == 0 && g.idx >= 0:
+		heap.Remove(&f.oldest, g.idx)
+	case after > 0 && g.idx < 0:
+		heap.Push(&f.oldest, g)
+	case after > 0:
+		heap.Fix(&f.oldest, g.idx)
+	}
+	f.maybeDrop(g)
+}
+
+// maybeDrop forgets a group with nothing to account for.
+func (f *fairShare) maybeDrop(g *fairGroup) {
+	if len(g.seqs) == 0 && g.held == 0 && g.since.IsZero() && !f.releasing[g.ref] {
+		delete(f.groups, g.ref)
+	}
+}
+
+// consumed takes the queue consumer's ack floor and window: every message
+// at or below the floor was acknowledged.
+func (f *fairShare) consumed(floor uint64, window int) {
+	if window > 0 {
+		f.window = window
+	}
+	f.floor = max(f.floor, floor)
+	for f.oldest.Len() > 0 && f.oldest[0].seqs[0] <= f.floor {
+		g := f.oldest[0]
+		f.prune(g, f.floor)
+	}
+}
+
+// prune drops g's sequences at or below seq.
+func (f *fairShare) prune(g *fairGroup, seq uint64) {
+	before := len(g.seqs)
+	i := 0
+	for i < len(g.seqs) && g.seqs[i] <= seq {
+		i++
+	}
+	if i == 0 {
+		return
+	}
+	g.seqs = append(g.seqs[:0], g.seqs[i:]...)
+	f.counted(g, before)
+}
+
+// gone takes a lookup that found the group's queue message at seq gone
+// (acknowledged, or moved): its messages are consumed in order, so every
+// one of it stored before is too.
+func (f *fairShare) gone(ref string, seq uint64) {
+	if g := f.groups[ref]; g != nil {
+		f.prune(g, seq)
+	}
+}
+
+// heldStored records n of the group's messages stored on the held
+// subject; it reports whether the group was not held back before.
+func (f *fairShare) heldStored(ref, group string, n int, now time.Time) (started bool) {
+	g := f.get(ref, group)
+	if g.held == 0 {
+		f.heldGroups++
+	}
+	g.held += n
+	f.held += n
+	g.total += n
+	if g.since.IsZero() {
+		g.since = now
+		return true
+	}
+	return false
+}
+
+// releaseTask asks the fair shell to move up to n of a group's held
+// messages onto the queue.
+type releaseTask struct {
+	ref, group string
+	n          int
+}
+
+// checkTask asks the fair shell whether the group's queue message at seq
+// is still there.
+type checkTask struct {
+	ref string
+	seq uint64
+}
+
+// due returns what the fair shell is to do now: releases for the groups
+// with messages held and room on the queue (not already being released),
+// and lookups of the oldest message of the groups held back whose oldest
+// is above the ack floor (the floor waits for the slowest message of any
+// group), at most maxChecks.
+func (f *fairShare) due(maxChecks int) (rel []releaseTask, checks []checkTask) {
+	if !f.on() {
+		return nil, nil
+	}
+	share := f.share()
+	for ref, g := range f.groups {
+		if g.held > 0 && !f.releasing[ref] {
+			if n := min(share-len(g.seqs), g.held); n > 0 {
+				rel = append(rel, releaseTask{ref: ref, group: g.group, n: n})
+				f.releasing[ref] = true
+				continue
+			}
+		}
+		if len(g.seqs) >= share && len(checks) < maxChecks && g.seqs[0] > f.floor {
+			checks = append(checks, checkTask{ref: ref, seq: g.seqs[0]})
+		}
+	}
+	return rel, checks
+}
+
+// released takes the outcome of a release: moved of the group's held
+// messages are on the queue now, at queueSeqs; left says whether the
+// held subject still holds any of it (the shell read it). It reports
+// whether the group stopped being held back, and for how long it was,
+// with how many messages.
+func (f *fairShare) released(ref string, queueSeqs []uint64, left bool, now time.Time) (ended bool, took time.Duration, total int) {
+	delete(f.releasing, ref)
+	g := f.groups[ref]
+	if g == nil {
+		return false, 0, 0
+	}
+	before := len(g.seqs)
+	g.seqs = append(g.seqs, queueSeqs...)
+	f.counted(g, before)
+	moved := min(len(queueSeqs), g.held)
+	g.held -= moved
+	f.held -= moved
+	if !left && g.held > 0 {
+		// The count ran ahead of the stream (a duplicate's PubAck taken for
+		// a held copy): the stream says what is there.
+		f.held -= g.held
+		g.held = 0
+	}
+	if g.held > 0 {
+		return false, 0, 0
+	}
+	f.heldGroups--
+	ended, took, total = !g.since.IsZero(), now.Sub(g.since), g.total
+	g.since, g.total = time.Time{}, 0
+	f.maybeDrop(g)
+	return ended, took, total
+}
+
+// forget drops a group this node no longer routes (its record names
+// another node): what it has held moves with the group (the hand-over
+// drains the held subject as it drains the queue).
+func (f *fairShare) forget(ref string) {
+	g := f.groups[ref]
+	if g == nil || f.releasing[ref] {
+		return
+	}
+	if g.held > 0 {
+		f.held -= g.held
+		f.heldGroups--
+	}
+	g.held, g.since, g.total = 0, time.Time{}, 0
+	before := len(g.seqs)
+	g.seqs = g.seqs[:0]
+	f.counted(g, before)
+}
+
+// restore takes, at start, the messages found on the node's held subject
+// per group (ref -> count).
+func (f *fairShare) restore(found map[string]int, groupOf func(ref string) string, now time.Time) {
+	for ref, n := range found {
+		if n > 0 {
+			f.heldStored(ref, groupOf(ref), n, now)
+		}
+	}
+}
+
+// fairHeap orders groups by their oldest unacknowledged queue sequence.
+type fairHeap []*fairGroup
+
+func (h fairHeap) Len() int           { return len(h) }
+func (h fairHeap) Less(i, j int) bool { return h[i].seqs[0] < h[j].seqs[0] }
+func (h fairHeap) Swap(i, j int) {
+	h[i], h[j] = h[j], h[i]
+	h[i].idx, h[j].idx = i, j
+}
+func (h *fairHeap) Push(x any) { g := x.(*fairGroup); g.idx = len(*h); *h = append(*h, g) }
+func (h *fairHeap) Pop() any {
+	old := *h
+	g := old[len(old)-1]
+	old[len(old)-1] = nil
+	*h = old[:len(old)-1]
+	g.idx = -1
+	return g
+}
+
+// heldFits reports whether an ingress subject fits under the held subject
+// prefix with a group's key (up to kvbinding.MaxKeyLen): one that does not
+// goes onto the queue, unheld.
+func heldFits(subject string) bool {
+	return len(HeldSubjectPrefix)+kvbinding.MaxNodeIDLen+1+kvbinding.MaxKeyLen+1+len(subject) <= maxControlLine-controlLineMargin
+}
+
+// aim decides where m, the head of ln's group about to be published,
+// goes: onto the held subject (true) or the queue. A message keeps where
+// its first publish went.
+func (e *engine) aim(ln *lane, m *msgRec) bool {
+	if m.target == 0 {
+		m.target = targetQueue
+		if e.cfg.holds && ln.group != "" && e.fair.toHold(ln.ref) && heldFits(m.subject) {
+			m.target = targetHeld
+		}
+	}
+	return m.target == targetHeld
+}
+
+// fairStored accounts n of ln's messages stored, on the held subject or
+// on the queue (the last at queue sequence qseq).
+func (e *engine) fairStored(ln *lane, held bool, qseq uint64, n int, now time.Time) {
+	if !held {
+		e.fair.stored(ln.ref, ln.group, qseq, n)
+		return
+	}
+	if e.fair.heldStored(ln.ref, ln.group, n, now) {
+		e.stats.heldBack++
+		e.emit(action{kind: actHold, group: ln.group, on: true, count: len(e.fair.groups[ln.ref].seqs)})
+	}
+}
+
+// groupShareNow returns the share a group gets now (0: none applies).
+func (e *engine) groupShareNow() int {
+	if !e.cfg.holds || !e.fair.on() {
+		return 0
+	}
+	return e.fair.share()
+}
+
+// heldBack lists the groups held back now, the most messages held first
+// (at most kvbinding.MaxWaitingListed), and how many there are.
+func (e *engine) heldBack() ([]kvbinding.HeldGroup, int) {
+	if e.fair.heldGroups == 0 {
+		return nil, 0
+	}
+	top := newTopK(kvbinding.MaxWaitingListed, func(a, b kvbinding.HeldGroup) bool {
+		if a.Count != b.Count {
+			return a.Count > b.Count
+		}
+		return a.Group < b.Group
+	})
+	for _, g := range e.fair.groups {
+		if g.held > 0 {
+			top.offer(kvbinding.HeldGroup{Group: g.group, Count: g.held, Since: g.since.UTC()})
+		}
+	}
+	return top.sorted(), top.seen
+}
+
+// fairRead takes the queue consumer's ack floor and window, and returns
+// what the fair shell is to do now (fairShare.due).
+func (e *engine) fairRead(floor uint64, window int) ([]releaseTask, []checkTask) {
+	e.fair.consumed(floor, window)
+	return e.fair.due(maxFairChecks)
+}
+
+// maxFairChecks bounds the lookups of one round of the fair shell.
+const maxFairChecks = 32
+
+// fairReleased takes a release's outcome (fairShare.released) and moves
+// on the lane that waited for it (a fence, a closing message).
+func (e *engine) fairReleased(ref string, queueSeqs []uint64, left bool, now time.Time) {
+	if ended, took, total := e.fair.released(ref, queueSeqs, left, now); ended {
+		group := ref
+		if ln := e.laneOf(ref); ln != nil {
+			group = ln.group
+		} else if g := e.fair.groups[ref]; g != nil {
+			group = g.group
+		}
+		e.emit(action{kind: actHold, group: group, took: took, count: total})
+	}
+	if ln := e.laneOf(ref); ln != nil {
+		e.pump(ln, now)
+	}
+}
