@@ -397,10 +397,13 @@ func checkPartition(got []delivery, want map[string][]string) partitionCheck {
 		}
 		if len(ds) > 1 {
 			var parts []string
-			for _, d := range ds {
-				p := fmt.Sprintf("%s@%s#%d", b, d.node, d.queueSeq)
+			for k, d := range ds {
+				p := fmt.Sprintf("%s@%s#%de%d", b, d.node, d.queueSeq, d.epoch)
 				if d.movedFrom != "" {
 					p += "(moved from " + d.movedFrom + ")"
+				}
+				if k > 0 {
+					p += fmt.Sprintf(" %v later", d.at.Sub(ds[0].at).Round(time.Millisecond))
 				}
 				parts = append(parts, p)
 			}

@@ -50,6 +50,15 @@ type consumerView struct {
 	// applies a little after the call returns), so what is past it stays
 	// undelivered.
 	quiet bool
+	// unsure: until when what its previous leader delivered may be unknown
+	// to it (zero: no leader change within its ack wait). A replicated
+	// consumer's leader delivers before its replicas learn of it: one that
+	// crashed, or was cut off with its clients on the losing side of a
+	// partition (it delivers there until it steps down), delivered
+	// messages its successor takes for never delivered. Until its ack wait
+	// has passed since the election, such a message may be in a live
+	// consumer's hands; after it, JetStream would deliver it again anyway.
+	unsure time.Time
 }
 
 // observe returns the view after a new reading of the consumer, taken at
@@ -64,6 +73,10 @@ func (v consumerView) observe(read consumerView, now time.Time) consumerView {
 	read.quiet = !v.progress.IsZero() && read.exists == v.exists && read.delivered == v.delivered
 	return read
 }
+
+// doubtful reports whether what the consumer reports undelivered may have
+// been delivered by its previous leader (see unsure).
+func (v consumerView) doubtful(now time.Time) bool { return now.Before(v.unsure) }
 
 // stalled reports whether the consumer has made no progress for its ack
 // wait: what it was delivered and has not acked is taken as lapsed.
@@ -111,7 +124,7 @@ func fateOf(m drainMsg, v consumerView, now time.Time) drainFate {
 		return fateMove
 	case m.seq <= v.ackFloor:
 		return fateDone
-	case m.seq > v.delivered && v.quiet:
+	case m.seq > v.delivered && v.quiet && !v.doubtful(now):
 		return fateMove
 	case m.seq > v.delivered:
 		// Not delivered as far as the last reading says, but deliveries

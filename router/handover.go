@@ -622,9 +622,23 @@ func (r *Router) readConsumer(ctx context.Context, node string) (consumerView, e
 	if wait <= 0 {
 		wait = DefaultQueueAckWait
 	}
-	return consumerView{exists: true, delivered: info.Delivered.Stream, ackFloor: info.AckFloor.Stream,
-		pending: info.NumAckPending, ackWait: wait}, nil
+	v := consumerView{exists: true, delivered: info.Delivered.Stream, ackFloor: info.AckFloor.Stream,
+		pending: info.NumAckPending, ackWait: wait}
+	if c := info.Cluster; c != nil && c.LeaderSince != nil && !info.TimeStamp.IsZero() &&
+		c.LeaderSince.Sub(info.Created) > firstLeaderWithin {
+		// Both times are the servers': the leader's age, not a comparison
+		// of this process's clock with theirs. The consumer's first leader
+		// (elected as it was created) had no predecessor.
+		if age := info.TimeStamp.Sub(*c.LeaderSince); age < wait {
+			v.unsure = time.Now().Add(wait - age)
+		}
+	}
+	return v, nil
 }
+
+// firstLeaderWithin: a consumer leader elected this soon after the
+// consumer was created is its first.
+const firstLeaderWithin = 5 * time.Second
 
 // moveGroup copies one group's found messages to this node's queue in
 // order and deletes the originals.
