@@ -58,9 +58,16 @@ func (t *queueTail) stored(seq uint64, id string) {
 // seq with id: its last sequence is now last, and at seq it holds a
 // message with atID (found false: none). It returns the lost sequences
 // when it did: all from last+1 (or seq alone when seq holds another
-// message now).
-func queueLost(seq uint64, id string, last uint64, found bool, atID string) (lo, hi uint64, lost bool) {
+// message now). An answer without a stream leader (leader false) decides
+// nothing: a member of a group that has no leader answers stream info
+// from its own store, which may end below what the leader acknowledged;
+// a real loss is still there when a leader answers. (A leader's answer
+// cannot be behind a PubAck: the leader sends it once it stored the
+// message, and a new leader answers only once it applied what its
+// predecessor committed.)
+func queueLost(seq uint64, id string, last uint64, found bool, atID string, leader bool) (lo, hi uint64, lost bool) {
 	switch {
+	case !leader:
 	case last < seq:
 		return last + 1, seq, true
 	case found && atID != id:
@@ -167,7 +174,8 @@ func (r *Router) checkQueueTail(ctx context.Context, s jetstream.Stream, tail ta
 	if seq == 0 || seq == reported {
 		return
 	}
-	last := s.CachedInfo().State.LastSeq
+	info := s.CachedInfo()
+	last, leader := info.State.LastSeq, info.Cluster == nil || info.Cluster.Leader != ""
 	found, atID := false, ""
 	if last >= seq {
 		m, err := s.GetMsg(ctx, seq)
@@ -180,7 +188,7 @@ func (r *Router) checkQueueTail(ctx context.Context, s jetstream.Stream, tail ta
 			found, atID = true, nats.Header(m.Header).Get(jetstream.MsgIDHeader)
 		}
 	}
-	lo, hi, lost := queueLost(seq, id, last, found, atID)
+	lo, hi, lost := queueLost(seq, id, last, found, atID, leader)
 	if !lost {
 		return
 	}

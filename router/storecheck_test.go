@@ -19,17 +19,20 @@ func TestQueueLost(t *testing.T) {
 		last     uint64
 		found    bool
 		atID     string
+		noLeader bool
 		lo, hi   uint64
 		wantLost bool
 	}{
-		{"still there", 10, true, "GROUPING_INGRESS:7", 0, 0, false},
-		{"consumed (a work queue deleted it)", 10, false, "", 0, 0, false},
-		{"the stream went on", 30, false, "", 0, 0, false},
-		{"the stream ends below it", 6, false, "", 7, 10, true},
-		{"the stream is empty again", 0, false, "", 1, 10, true},
-		{"another message at its sequence", 12, true, "GROUPING_INGRESS:99", 10, 10, true},
+		{"still there", 10, true, "GROUPING_INGRESS:7", false, 0, 0, false},
+		{"consumed (a work queue deleted it)", 10, false, "", false, 0, 0, false},
+		{"the stream went on", 30, false, "", false, 0, 0, false},
+		{"the stream ends below it", 6, false, "", false, 7, 10, true},
+		{"the stream is empty again", 0, false, "", false, 1, 10, true},
+		{"another message at its sequence", 12, true, "GROUPING_INGRESS:99", false, 10, 10, true},
+		{"ends below it, answered without a leader", 6, false, "", true, 0, 0, false},
+		{"another message, answered without a leader", 12, true, "GROUPING_INGRESS:99", true, 0, 0, false},
 	} {
-		lo, hi, lost := queueLost(10, "GROUPING_INGRESS:7", tc.last, tc.found, tc.atID)
+		lo, hi, lost := queueLost(10, "GROUPING_INGRESS:7", tc.last, tc.found, tc.atID, !tc.noLeader)
 		if lost != tc.wantLost || lo != tc.lo || hi != tc.hi {
 			t.Errorf("%s: queueLost = %d-%d %v, want %d-%d %v", tc.name, lo, hi, lost, tc.lo, tc.hi, tc.wantLost)
 		}

@@ -27,8 +27,8 @@
 // # What is measured
 //
 // On each NATS set-up, phases run one after the other on the same servers;
-// before each, the ingress is purged and the bindings and checkpoints are
-// cleared, so each starts from the same state:
+// before each, the ingress is purged and the bindings, the checkpoints and
+// the routing floor are cleared, so each starts from the same state:
 //
 //   - baseline (i), the relay, first: a durable pull consumer on the
 //     ingress (AckAll) whose messages are republished, asynchronously
