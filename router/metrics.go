@@ -69,6 +69,7 @@ type collector struct {
 	routed, skipped, deadLettered, publishErrors, proposals, failures *prometheus.Desc
 	held, heldBytes, lag, full, resets, gaps, missing                 *prometheus.Desc
 	spilled, spilledBytes                                             *prometheus.Desc
+	heldBackGroups, heldBackMsgs, heldBackTotal, groupShare           *prometheus.Desc
 	batches, batchFailures, batched, batchesInFlight, maxBatch        *prometheus.Desc
 	queueRewinds, queueLost, bindingsRewinds                          *prometheus.Desc
 	queueOrphans                                                      *prometheus.Desc
@@ -99,6 +100,11 @@ func newCollector(r *Router) *collector {
 		spilled: d("spilled_messages",
 			"Messages waiting for a decision that this node holds without their body (past half of --max-held-bytes); each is read again from the ingress when it is published."),
 		spilledBytes: d("spilled_bytes", "What the spilled messages take in memory (bounded by --max-spilled-bytes)."),
+		heldBackGroups: d("held_back_groups",
+			"Groups held back for their share of this node's queue window: past it, their next messages wait on the node's held subject and go onto the queue as the consumer acknowledges the earlier ones (--group-share)."),
+		heldBackMsgs:  d("held_back_messages", "Messages of the held-back groups waiting on this node's held subject."),
+		heldBackTotal: d("held_back_total", "Times a group started being held back for its share of this node's queue window."),
+		groupShare:    d("group_share", "How many of a group's messages may be on this node's queue unacknowledged now (0: no bound)."),
 		batches: d("queue_batches_total",
 			"Batches this node published onto its queue (several messages of one group that has a backlog, one PubAck round trip): atomic on a replicated queue stream, fast-ingest on R1."),
 		batchFailures: d("queue_batch_failures_total",
@@ -179,6 +185,10 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	gauge(c.heldBytes, float64(st.HeldBytes))
 	gauge(c.spilled, float64(st.Spilled))
 	gauge(c.spilledBytes, float64(st.SpilledBytes))
+	gauge(c.heldBackGroups, float64(st.HeldBackGroups))
+	gauge(c.heldBackMsgs, float64(st.HeldBackMessages))
+	counter(c.heldBackTotal, st.HeldBackTotal)
+	gauge(c.groupShare, float64(st.GroupShare))
 	counter(c.batches, st.Batches)
 	counter(c.batchFailures, st.BatchFailures)
 	counter(c.batched, st.BatchedMessages)

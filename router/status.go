@@ -95,7 +95,12 @@ type NodeStatus struct {
 	// yet, and delivered but not acked.
 	QueuePending uint64
 	QueueUnacked uint64
-	Heartbeat    time.Time
+	// HeldBack: messages of its groups held back for their share of its
+	// queue's window (waiting on its held subject), HeldBackGroups how
+	// many groups.
+	HeldBack       int
+	HeldBackGroups int
+	Heartbeat      time.Time
 }
 
 // Status returns a snapshot of the node and of the nodes it knows. It reads
@@ -124,8 +129,13 @@ func (r *Router) Status(ctx context.Context) Status {
 			n.Live, n.Type, n.HasConsumer = true, info.Type, info.HasConsumer
 			n.Position, n.Held, n.Waiting, n.Routed = info.Position, info.Held, info.WaitingGroups, info.Routed
 			n.QueuePending, n.QueueUnacked, n.Heartbeat = info.QueuePending, info.QueueUnacked, info.Heartbeat
+			n.HeldBackGroups = info.HeldBackGroups
+			for _, h := range info.HeldBack {
+				n.HeldBack += h.Count
+			}
 			if id == r.cfg.Node {
 				n.Position, n.Held, n.Routed = s.Stats.Position, s.Stats.Held, s.Stats.Routed // fresher
+				n.HeldBack, n.HeldBackGroups = s.Stats.HeldBackMessages, s.Stats.HeldBackGroups
 			}
 			if info.Type == string(Local) {
 				n.Role = role(info, s.ActiveHandler)

@@ -110,6 +110,7 @@ type runFlags struct {
 	maxHeldBytes int64
 	maxGroups    int
 	maxSpilled   int64
+	groupShare   int
 	name         string
 	groupHeader  string
 	localFirst   bool
@@ -165,6 +166,7 @@ func newRunFlags(fs *flag.FlagSet) action {
 	fs.IntVar(&f.maxHeld, "max-held", router.DefaultMaxHeldMessages, "at most `N` messages held in memory (read ahead, awaiting a decision or their group's previous publish); past it the node stops reading: back-pressure, no loss")
 	fs.Int64Var(&f.maxHeldBytes, "max-held-bytes", router.DefaultMaxHeldBytes, "at most `BYTES` of messages held in memory (the process's heap grows to about 2-3 times this under full read-ahead)")
 	fs.Int64Var(&f.maxSpilled, "max-spilled-bytes", router.DefaultMaxSpilledBytes, "past half of --max-held-bytes (or --max-held), a message waiting for a decision keeps only its sequence (about 160 bytes and its group id) and is read again from the ingress when it is published, so that a flood of new groups does not stop the node's reading: at most `BYTES` of such messages (0: never; the node then stops reading at its held bounds)")
+	fs.IntVar(&f.groupShare, "group-share", 0, "at most `N` of a group's messages unacknowledged on this node's queue: past it the group's next messages wait, in order, on the node's held subject, so that one busy or stuck group never fills the queue consumer's window and holds the others back (0: half the window shared by the busy groups, at least 16 each; -1: no bound)")
 	fs.IntVar(&f.maxGroups, "max-groups", proposals.DefaultMaxGroups, "LOCAL: at most `N` groups bound at once in the cluster (every node caches each binding); a new group past it is refused: its messages go to "+router.DeadLetterStream+" with the reason, with an aggregated warning and a \"limit\" event (0: no limit)")
 	fs.StringVar(&f.name, "name", defaultName, "grouping-handler `NAME`; a LOCAL handler and its backup share it")
 	fs.StringVar(&f.groupHeader, "group-header", router.DefaultGroupHeader, "`HEADER` holding the group id")
@@ -297,6 +299,7 @@ func (f *runFlags) merge(env environment) (runOptions, error) {
 		MaxHeldBytes:       f.maxHeldBytes,
 		MaxGroups:          f.maxGroups,
 		MaxSpilledBytes:    f.maxSpilled,
+		GroupShare:         f.groupShare,
 
 		InboxPrefix: opts.conn.InboxPrefix,
 		JSDomain:    opts.conn.JSDomain,

@@ -105,9 +105,22 @@ func (o *groupsOptions) run(ctx context.Context, in *invocation) error {
 	if err != nil {
 		return err
 	}
+	heldFilter := router.HeldFilter("*", "*.*")
 	var nodes []string
 	if o.node != "" {
 		nodes = []string{o.node}
+		heldFilter = router.HeldFilter(o.node, "*.*")
+	}
+	heldBack, err := heldBackCounts(setupCtx, js, heldFilter)
+	if err != nil {
+		return err
+	}
+	backOf := func(g string) int {
+		key, err := kvbinding.Key(g)
+		if err != nil {
+			return 0
+		}
+		return sumHeldBack(heldBack[key])
 	}
 	queued := map[string]*queueCount{}
 	err = scanQueues(ctx, js, o.groupHeader, nodes, func(m queueMsg) {
@@ -131,7 +144,7 @@ func (o *groupsOptions) run(ctx context.Context, in *invocation) error {
 		return w.row(row, now)
 	}
 	err = kvbinding.ScanBindings(ctx, js, kvbinding.DefaultBucket, func(b kvbinding.Binding) error {
-		row := groupRow{b: b}
+		row := groupRow{b: b, heldBack: backOf(b.Group)}
 		if q := queued[b.Group]; q != nil {
 			row.q = *q
 			delete(queued, b.Group)
@@ -170,7 +183,7 @@ func (o *groupsOptions) run(ctx context.Context, in *invocation) error {
 
 // keep applies --node and --state to a row.
 func (o *groupsOptions) keep(r *groupRow) bool {
-	busy := r.q.waiting > 0 || r.q.unacked > 0 || r.held > 0
+	busy := r.q.waiting > 0 || r.q.unacked > 0 || r.held > 0 || r.heldBack > 0
 	switch o.state {
 	case stateAll:
 	case stateCurrent:
@@ -202,7 +215,7 @@ func newGroupsWriter(w io.Writer, asJSON bool) *groupsWriter {
 	gw := &groupsWriter{out: bufio.NewWriterSize(w, 64<<10), asJSON: asJSON}
 	if !asJSON {
 		gw.tw = tabwriter.NewWriter(gw.out, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(gw.tw, "GROUP\tNODE\tSTATE\tSINCE\tWAITING\tUNACKED\tOLDEST\tHELD\tDECIDED-BY\tWHY")
+		fmt.Fprintln(gw.tw, "GROUP\tNODE\tSTATE\tSINCE\tWAITING\tUNACKED\tOLDEST\tHELD\tHELD-BACK\tDECIDED-BY\tWHY")
 	}
 	return gw
 }
@@ -220,9 +233,9 @@ func (w *groupsWriter) row(r *groupRow, now time.Time) error {
 		_, err := w.out.Write(w.buf)
 		return err
 	}
-	_, err := fmt.Fprintf(w.tw, "%s\t%s\t%s\t%s\t%d\t%d\t%s\t%d\t%s\t%s\n",
+	_, err := fmt.Fprintf(w.tw, "%s\t%s\t%s\t%s\t%d\t%d\t%s\t%d\t%d\t%s\t%s\n",
 		displayGroup(r.b.Group), r.nodeColumn(), r.state(), formatTime(r.b.DecidedAt),
-		r.q.waiting, r.q.unacked, age(now, r.q.oldest), r.held, orDash(r.b.DecidedBy), r.why())
+		r.q.waiting, r.q.unacked, age(now, r.q.oldest), r.held, r.heldBack, orDash(r.b.DecidedBy), r.why())
 	if err == nil && w.rows%groupsTableBlock == 0 {
 		err = w.tw.Flush()
 	}

@@ -247,7 +247,7 @@ func TestGroupsAndWhere(t *testing.T) {
 			t.Fatalf("exit %d: %s", code, stderr)
 		}
 		lines := strings.Split(strings.TrimSuffix(stdout, "\n"), "\n")
-		if len(lines) != 5 || strings.Join(strings.Fields(lines[0]), " ") != "GROUP NODE STATE SINCE WAITING UNACKED OLDEST HELD DECIDED-BY WHY" {
+		if len(lines) != 5 || strings.Join(strings.Fields(lines[0]), " ") != "GROUP NODE STATE SINCE WAITING UNACKED OLDEST HELD HELD-BACK DECIDED-BY WHY" {
 			t.Fatalf("table:\n%s", stdout)
 		}
 		rows := map[string][]string{}
@@ -259,9 +259,9 @@ func TestGroupsAndWhere(t *testing.T) {
 			f := strings.Fields(l)
 			rows[f[0]] = f[1:]
 		}
-		// NODE STATE SINCE WAITING UNACKED OLDEST HELD DECIDED-BY WHY...
-		if r := rows["waits"]; len(r) < 9 || r[0] != "n1" || r[1] != "bound" || r[3] != "3" || r[4] != "0" || r[5] == "-" || r[6] != "0" ||
-			r[7] != "h/n1" || strings.Join(r[8:], " ") != "proposed by n1" {
+		// NODE STATE SINCE WAITING UNACKED OLDEST HELD HELD-BACK DECIDED-BY WHY...
+		if r := rows["waits"]; len(r) < 10 || r[0] != "n1" || r[1] != "bound" || r[3] != "3" || r[4] != "0" || r[5] == "-" || r[6] != "0" ||
+			r[7] != "0" || r[8] != "h/n1" || strings.Join(r[9:], " ") != "proposed by n1" {
 			t.Errorf("waits: %q", r)
 		} else if _, err := time.Parse(timeLayout, r[2]); err != nil {
 			t.Errorf("waits: since %q: %v", r[2], err)
@@ -269,7 +269,7 @@ func TestGroupsAndWhere(t *testing.T) {
 		if r := rows["acked-not"]; len(r) < 8 || r[3] != "0" || r[4] != "2" {
 			t.Errorf("acked-not: %q", r)
 		}
-		if r := rows["held up"]; strings.Join(r, " ") != "- unbound - 0 0 - 2 - -" {
+		if r := rows["held up"]; strings.Join(r, " ") != "- unbound - 0 0 - 2 0 - -" {
 			t.Errorf("held up: %q", r)
 		}
 	})

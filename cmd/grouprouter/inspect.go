@@ -208,11 +208,53 @@ func maxHeld(on []heldOn) int {
 	return n
 }
 
+// heldBackCounts reads how many messages wait on the nodes' held subjects
+// (groups held back for their share of a queue's window), matching filter
+// (router.HeldFilter), by group key (kvbinding.Key) and node: one request
+// of the queue stream's per-subject counts.
+func heldBackCounts(ctx context.Context, js jetstream.JetStream, filter string) (map[string]map[string]int, error) {
+	out := map[string]map[string]int{}
+	s, err := js.Stream(ctx, router.QueueStream)
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		return out, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	info, err := s.Info(ctx, jetstream.WithSubjectFilter(filter))
+	if err != nil {
+		return nil, err
+	}
+	for subj, n := range info.State.Subjects {
+		t := strings.SplitN(strings.TrimPrefix(subj, router.HeldSubjectPrefix), ".", 4)
+		if len(t) != 4 {
+			continue
+		}
+		key := t[1] + "." + t[2]
+		if out[key] == nil {
+			out[key] = map[string]int{}
+		}
+		out[key][t[0]] += int(n)
+	}
+	return out, nil
+}
+
+// sumHeldBack is a group's held-back messages on every node.
+func sumHeldBack(byNode map[string]int) int {
+	n := 0
+	for _, c := range byNode {
+		n += c
+	}
+	return n
+}
+
 // groupRow is one group as groups and where show it.
 type groupRow struct {
 	b    kvbinding.Binding // State "" when the group has no record
 	q    queueCount
 	held int
+	// heldBack: its messages waiting on a node's held subject.
+	heldBack int
 }
 
 func (r *groupRow) state() string {
@@ -245,7 +287,9 @@ func (r *groupRow) appendJSON(buf []byte) []byte {
 		buf = appendJSONTime(buf, r.q.oldest)
 	}
 	buf = jsonx.AppendField(buf, "held", false)
-	return strconv.AppendInt(buf, int64(r.held), 10)
+	buf = strconv.AppendInt(buf, int64(r.held), 10)
+	buf = jsonx.AppendField(buf, "held_back", false)
+	return strconv.AppendInt(buf, int64(r.heldBack), 10)
 }
 
 func appendJSONTime(buf []byte, t time.Time) []byte {

@@ -91,10 +91,11 @@ type nodeQueue struct {
 
 // whereResult is everything where shows.
 type whereResult struct {
-	row    groupRow
-	queues []nodeQueue // by node
-	heldOn []heldOn    // by node
-	parked *parkedJSON // when a consumer parked it
+	row      groupRow
+	heldBack map[string]int // its messages on each node's held subject
+	queues   []nodeQueue    // by node
+	heldOn   []heldOn       // by node
+	parked   *parkedJSON    // when a consumer parked it
 }
 
 // run shows where the group is.
@@ -132,6 +133,14 @@ func (o *whereOptions) run(ctx context.Context, in *invocation) error {
 	}
 	res.heldOn = held[o.group]
 	res.row.held = maxHeld(res.heldOn)
+	if key, err := kvbinding.Key(o.group); err == nil && !o.ungrouped {
+		back, err := heldBackCounts(setupCtx, js, router.HeldFilter("*", key))
+		if err != nil {
+			return err
+		}
+		res.heldBack = back[key]
+		res.row.heldBack = sumHeldBack(res.heldBack)
+	}
 
 	// The queues that may hold the group's messages: its node's, the
 	// previous node's, those being drained; all when it has no record.
@@ -164,12 +173,15 @@ func (o *whereOptions) run(ctx context.Context, in *invocation) error {
 		res.row.q.merge(*q)
 	}
 	slices.SortFunc(res.queues, func(a, b nodeQueue) int { return strings.Compare(a.node, b.node) })
-	switch pg, err := consumer.GetParked(setupCtx, js, o.group); {
-	case err == nil:
-		p := toParkedJSON(pg)
-		res.parked = &p
-	case !errors.Is(err, consumer.ErrNotParked):
-		fmt.Fprintf(stderr, "grouprouter where: cannot tell whether the group is parked: %v\n", err)
+	if !o.ungrouped {
+		// Messages without a group are never parked as a group.
+		switch pg, err := consumer.GetParked(setupCtx, js, o.group); {
+		case err == nil:
+			p := toParkedJSON(pg)
+			res.parked = &p
+		case !errors.Is(err, consumer.ErrNotParked):
+			fmt.Fprintf(stderr, "grouprouter where: cannot tell whether the group is parked: %v\n", err)
+		}
 	}
 
 	if o.asJSON {
@@ -195,6 +207,17 @@ func writeWhereJSON(w io.Writer, res *whereResult) error {
 			buf = append(buf, `,"oldest":`...)
 			buf = appendJSONTime(buf, q.oldest)
 		}
+		buf = append(buf, '}')
+	}
+	buf = append(buf, `],"held_back_on":[`...)
+	for i, n := range sortedNodes(res.heldBack) {
+		if i > 0 {
+			buf = append(buf, ',')
+		}
+		buf = append(buf, `{"node":`...)
+		buf = jsonx.AppendString(buf, n)
+		buf = append(buf, `,"count":`...)
+		buf = strconv.AppendInt(buf, int64(res.heldBack[n]), 10)
 		buf = append(buf, '}')
 	}
 	buf = append(buf, `],"held_on":[`...)
@@ -262,6 +285,9 @@ func writeWhereText(w io.Writer, res *whereResult, now time.Time) error {
 	for _, q := range res.queues {
 		line("queue "+q.node, fmt.Sprintf("%d waiting, %d unacked, oldest %s", q.waiting, q.unacked, age(now, q.oldest)))
 	}
+	for _, n := range sortedNodes(res.heldBack) {
+		line("held back on "+n, fmt.Sprintf("%d: past its share of %s's queue window, they go onto the queue as its consumer acknowledges the earlier ones", res.heldBack[n], n))
+	}
 	line("held", strconv.Itoa(r.held))
 	for _, h := range res.heldOn {
 		line("held on "+h.node, fmt.Sprintf("%d from seq %d, since %s (%s ago)", h.Count, h.OldestSeq, formatTime(h.Since), age(now, h.Since)))
@@ -276,4 +302,14 @@ func writeWhereText(w io.Writer, res *whereResult, now time.Time) error {
 		line("parked why", flatLine(p.Reason))
 	}
 	return tw.Flush()
+}
+
+// sortedNodes returns m's node ids, sorted.
+func sortedNodes(m map[string]int) []string {
+	out := make([]string, 0, len(m))
+	for n := range m {
+		out = append(out, n)
+	}
+	slices.Sort(out)
+	return out
 }

@@ -86,6 +86,10 @@ type nodeV struct {
 	RoutedRate   *float64 `json:"routed_per_second,omitempty"`
 	QueuePending uint64   `json:"queue_pending"`
 	QueueUnacked uint64   `json:"queue_unacked"`
+	// HeldBack: messages of groups held back for their share of the
+	// node's queue window, HeldBackGroups: how many groups.
+	HeldBack       int `json:"held_back"`
+	HeldBackGroups int `json:"held_back_groups"`
 	// HeartbeatAge is the age of its last announcement, in seconds.
 	HeartbeatAge float64 `json:"heartbeat_age_seconds,omitempty"`
 	Self         bool    `json:"self,omitempty"`
@@ -112,7 +116,8 @@ func (s *Server) build(st router.Status) view {
 	for _, n := range st.Nodes {
 		row := nodeV{Node: n.Node, Live: n.Live, Type: n.Type, Role: n.Role, HasConsumer: n.HasConsumer, Groups: n.Groups,
 			Position: n.Position, Lag: n.Lag, Held: n.Held, Waiting: n.Waiting, Routed: n.Routed,
-			QueuePending: n.QueuePending, QueueUnacked: n.QueueUnacked, Self: n.Node == st.Node}
+			QueuePending: n.QueuePending, QueueUnacked: n.QueueUnacked, HeldBack: n.HeldBack, HeldBackGroups: n.HeldBackGroups,
+			Self: n.Node == st.Node}
 		if rate, ok := nodeRates[n.Node]; ok {
 			row.RoutedRate = &rate
 		}
