@@ -231,4 +231,3 @@ func pct(ds []time.Duration, p int) time.Duration {
 	i := (len(s)*p + 99) / 100
 	return s[min(max(i-1, 0), len(s)-1)].Round(time.Millisecond)
 }
-

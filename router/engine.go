@@ -243,7 +243,7 @@ type action struct {
 	dlq   bool      // actPublish: to the dead-letter stream, reason in reason
 	// held: actPublish, actBatch: onto the node's held subject, not its
 	// queue (fairshare.go).
-	held  bool
+	held bool
 	// epoch: actPublish to a queue: the HeaderEpoch value.
 	epoch []string
 	group string // actDuty
