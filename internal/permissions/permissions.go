@@ -432,7 +432,7 @@ func streams() []string {
 // handler publishes HandlerEvents.
 var (
 	NodeEvents = []string{proposals.EventTimeout, proposals.EventDeadLetter, proposals.EventProgress, proposals.EventIngressGap,
-		proposals.EventQueueLoss, proposals.EventBucketRewind}
+		proposals.EventQueueLoss, proposals.EventBucketRewind, proposals.EventHold, proposals.EventUnhold}
 	HandlerEvents = []string{proposals.EventBind, proposals.EventReject, proposals.EventHandlerTakeover, proposals.EventMove,
 		proposals.EventHandoff, proposals.EventExpire, proposals.EventClose, proposals.EventUnbind, proposals.EventLimit}
 	// ConsumerEvents are the kinds package consumer publishes.
@@ -449,6 +449,7 @@ func (l Layout) node(node string, handler bool) User {
 	bindings, nodes := kvbinding.DefaultBucket, kvbinding.DefaultNodesBucket
 	pub := []Grant{
 		{router.QueueSubjectPrefix + ">", "republish its groups onto its queue, ungrouped messages onto any node's (round-robin), moved ones onto its own"},
+		{router.HeldSubjectPrefix + node + ".>", "hold back, on its held subject, a group's messages past its share of its queue's window (moved onto its queue later)"},
 		{router.DeadLetterSubjectPrefix + ">", "dead-letter what cannot be routed"},
 		{proposals.ProposeSubject(node), "ask the handler for every record change, as itself only"},
 	}
@@ -515,7 +516,7 @@ func (l Layout) handlerPublish(node string) []Grant {
 	for _, s := range streams() {
 		pub = append(pub, l.api("STREAM.CREATE."+s, "create the layout when it is missing (REMOTE nodes wait for it)")...)
 	}
-	pub = append(pub, l.api("STREAM.UPDATE."+router.QueueStream, "allow atomic batches on a queue stream created before them (a handler may create the layout anyway)")...)
+	pub = append(pub, l.api("STREAM.UPDATE."+router.QueueStream, "allow atomic batches, and add the held subject, on a queue stream created before them (a handler may create the layout anyway)")...)
 	pub = append(pub, l.api("STREAM.UPDATE."+kvStream(nodes), "deny roll-ups and purges on a registry bucket created by an earlier release (a handler may create the layout anyway)")...)
 	pub = append(pub, l.api("STREAM.UPDATE."+kvStream(consumer.ParkedBucket), "deny roll-ups and purges on a parked bucket created by an earlier release")...)
 	pub = slices.Concat(pub,

@@ -83,7 +83,7 @@ func ordered(stream, filter string) []string {
 // TestEveryConstantHasAPlace) whose subjects the checks below place.
 var covered = []string{
 	"IngressStream", "QueueStream", "DeadLetterStream", "EventsStream",
-	"QueueSubjectPrefix", "DeadLetterSubjectPrefix", "QueueConsumerPrefix", "PriorityGroup", "DeadLetterTooLong",
+	"QueueSubjectPrefix", "HeldSubjectPrefix", "DeadLetterSubjectPrefix", "QueueConsumerPrefix", "PriorityGroup", "DeadLetterTooLong",
 	"SubjectProposePrefix", "SubjectPropose", "SubjectAdmin", "SubjectHandlerPrefix", "SubjectEventsPrefix", "ServiceName",
 	"DefaultBucket", "DefaultNodesBucket",
 	"ParkedStream", "ParkedBucket", "ParkedSubjectPrefix", // as consumer's: the consumer-n1 checks
@@ -120,6 +120,11 @@ func roleChecks() []check {
 			}
 		}
 		add(u, sub, false, "_INBOX.Zx", "jms.orders", router.QueueSubject("n1", "jms.x"), kvSubj(b, "r.g"))
+		// A node holds back onto its own held subject only; nobody else
+		// writes there.
+		add(u, pub, u == "node-n1", router.HeldSubject("n1", "g", "jms.x"))
+		add(u, pub, u == "node-n2", router.HeldSubject("n2", "g", "jms.x"))
+		add(u, sub, false, router.HeldSubject("n1", "g", "jms.x"))
 		add(u, sub, u == "observer", proposals.SubjectEventsPrefix+proposals.EventBind)
 		add(u, sub, u == "observer" || strings.HasPrefix(u, "node-"), proposals.SubjectEventsPrefix+proposals.EventHandlerTakeover)
 		add(u, sub, u == "observer" || u == "operator", proposals.SubjectEventsPrefix+proposals.EventProgress)
