@@ -102,7 +102,7 @@ func parseFlags(args []string, stdout, stderr io.Writer) (config, error) {
 	fs.IntVar(&c.Groups, "groups", defaultGroups, "hot groups of the steady state")
 	fs.IntVar(&c.Payload, "payload", defaultPayload, "message body size in bytes")
 	fs.Float64Var(&c.Rate, "rate", 0, "publish rate (msgs/s) of the latency runs; 0 = half the measured peak")
-	fs.StringVar(&workloads, "workloads", "steady,cardinality,zipf,hot", "workloads to run: steady, cardinality, zipf, hot (1 and 10 groups), burst, flood")
+	fs.StringVar(&workloads, "workloads", "steady,cardinality,zipf,hot", "workloads to run: steady, cardinality, zipf, hot (1 and 10 groups), burst, flood, busy (quiet groups beside one group's backlog)")
 	fs.IntVar(&c.MaxBatch, "max-batch", 0, "the router nodes' MaxBatch (messages of a group per batch: atomic on R3, fast-ingest on R1; 1 turns batches off); 0 = the router's default")
 	fs.IntVar(&c.WarmStart, "warm-start", defaultWarmStart, "bindings written before the cache warm start (0 skips it)")
 	fs.IntVar(&c.ZipfGroups, "zipf-groups", defaultZipfGroups, "distinct groups of the zipf workload")
@@ -142,13 +142,13 @@ func parseFlags(args []string, stdout, stderr io.Writer) (config, error) {
 	}
 	for _, w := range strings.Split(workloads, ",") {
 		switch w = strings.TrimSpace(w); w {
-		case wlSteady, wlCardinality, wlZipf, wlHot, wlBurst, wlFlood:
+		case wlSteady, wlCardinality, wlZipf, wlHot, wlBurst, wlFlood, wlBusy:
 			if !slices.Contains(c.Workloads, w) {
 				c.Workloads = append(c.Workloads, w)
 			}
 		case "":
 		default:
-			return c, fmt.Errorf("%w: unknown workload %q (want steady, cardinality, zipf, hot, burst, flood)", ErrUsage, w)
+			return c, fmt.Errorf("%w: unknown workload %q (want steady, cardinality, zipf, hot, burst, flood, busy)", ErrUsage, w)
 		}
 	}
 	switch {
@@ -324,6 +324,7 @@ type serverResults struct {
 	kvN, kvConcN   int
 	burst          []burstRun // the burst workload, one run per id length
 	flood          *floodRun  // the flood workload
+	busy           *busyRun   // the busy-group workload
 	warm           *warmResult
 }
 
@@ -396,7 +397,7 @@ func (b *bencher) runServers(ctx context.Context, servers int, first bool) (*ser
 	// workload's hundreds of thousands of messages into the next (the hot
 	// groups measured 0.42x the relay after the steady state and zipf,
 	// 0.94x alone, in the same hour).
-	routed := slices.DeleteFunc(slices.Clone(b.cfg.Workloads), func(w string) bool { return w == wlBurst || w == wlFlood })
+	routed := slices.DeleteFunc(slices.Clone(b.cfg.Workloads), func(w string) bool { return w == wlBurst || w == wlFlood || w == wlBusy })
 	for i, wl := range routed {
 		nodeProfile, selfProfile := profile, profileName(profile, "nats-router")
 		if len(routed) > 1 {
@@ -416,6 +417,11 @@ func (b *bencher) runServers(ctx context.Context, servers int, first bool) (*ser
 	}
 	if slices.Contains(b.cfg.Workloads, wlFlood) {
 		if err := b.floodPhase(ctx, e, sr, profile); err != nil {
+			return nil, err
+		}
+	}
+	if slices.Contains(b.cfg.Workloads, wlBusy) {
+		if err := b.busyPhase(ctx, e, sr); err != nil {
 			return nil, err
 		}
 	}

@@ -407,6 +407,7 @@ func (sr *serverResults) rows(cfg config) []Row {
 	}
 	sr.burstRows(rb)
 	sr.floodRows(rb)
+	sr.busyRows(rb)
 	if s3 := sr.steady3; s3 != nil {
 		common(wlSteady, 3, s3)
 		latRows(wlSteady, 3, "latency", s3.lat, false, relayLat, false)
