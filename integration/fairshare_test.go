@@ -231,3 +231,63 @@ func pct(ds []time.Duration, p int) time.Duration {
 	i := (len(s)*p + 99) / 100
 	return s[min(max(i-1, 0), len(s)-1)].Round(time.Millisecond)
 }
+
+// A node that dies while a busy group's messages wait on its held
+// subject loses none of them: started again, it counts what its held
+// subject holds before it routes, sends the group's later messages behind
+// them, and moves them onto its queue as the consumer works; every message
+// is processed once, in order.
+func TestHeldBackGroupSurvivesACrash(t *testing.T) {
+	const window, backlog = 100, 400
+	s := natstest.RunServer(t)
+	n := startNode(t, s.URL(), testConfig("n1", router.Local))
+	r := &fairRun{nc: s.Connect(), js: jetStream(t, s.URL())}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c, err := r.js.Consumer(ctx, router.QueueStream, router.QueueConsumer("n1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cc := c.CachedInfo().Config
+	cc.MaxAckPending = window
+	if _, err := r.js.UpdateConsumer(ctx, router.QueueStream, cc); err != nil {
+		t.Fatal(err)
+	}
+	natstest.Eventually(t, 10*time.Second, func() error {
+		if got := n.r.Stats().GroupShare; got != window/2 {
+			return fmt.Errorf("group share %d, want %d", got, window/2)
+		}
+		return nil
+	})
+	// No consumer yet: the backlog goes to the queue up to the share, the
+	// rest is held.
+	want := map[string][]string{}
+	r.burst(t, "hot", backlog, want)
+	natstest.Eventually(t, 20*time.Second, func() error {
+		if st := n.r.Stats(); st.HeldBackMessages < backlog-window {
+			return fmt.Errorf("%d messages held back", st.HeldBackMessages)
+		}
+		return nil
+	})
+	n.kill()
+	r.burst(t, "hot", 100, want) // while it is down: behind the held ones
+	n.restart()
+	// No consumer yet, so nothing is released: the count comes from the
+	// held subject, read before the node routes.
+	natstest.Eventually(t, 10*time.Second, func() error {
+		if st := n.r.Stats(); st.HeldBackGroups != 1 || st.HeldBackMessages < backlog-window {
+			return fmt.Errorf("after the restart the node holds back %d messages of %d groups, want %d+ of 1 (counted from its held subject)",
+				st.HeldBackMessages, st.HeldBackGroups, backlog-window)
+		}
+		return nil
+	})
+	startConsumer(t, s.URL(), "n1", &r.col)
+	got := r.col.waitCount(t, backlog+100, 60*time.Second)
+	checkOrderedOnce(t, got, want)
+	natstest.Eventually(t, 10*time.Second, func() error {
+		if st := n.r.Stats(); st.HeldBackMessages != 0 || st.HeldBackGroups != 0 {
+			return fmt.Errorf("still %d messages of %d groups held back", st.HeldBackMessages, st.HeldBackGroups)
+		}
+		return nil
+	})
+}
