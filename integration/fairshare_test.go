@@ -240,7 +240,12 @@ func pct(ds []time.Duration, p int) time.Duration {
 func TestHeldBackGroupSurvivesACrash(t *testing.T) {
 	const window, backlog = 100, 400
 	s := natstest.RunServer(t)
-	n := startNode(t, s.URL(), testConfig("n1", router.Local))
+	cfg := testConfig("n1", router.Local)
+	// A group waits in memory for room (up to 15 s, or a quarter of the
+	// held messages): this bound sends its backlog to the held subject
+	// at once.
+	cfg.MaxHeldMessages = 400
+	n := startNode(t, s.URL(), cfg)
 	r := &fairRun{nc: s.Connect(), js: jetStream(t, s.URL())}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()

@@ -121,6 +121,15 @@ type lane struct {
 	// from by an announcement (heldUndecided), and when.
 	heldSeq uint64
 	heldAt  int64 // unix nanoseconds
+	// fairSince: since when the lane waits, in memory, for room in its
+	// group's share of the queue window (zero: it does not); fairTold:
+	// a hold event said so; fairTick: the fair round that last saw it
+	// wait (fairshare.go).
+	fairSince time.Time
+	fairTold  bool
+	fairTick  uint64
+	// fairHead: since when its head waits for room (zero: it does not).
+	fairHead time.Time
 }
 
 // epochHeader returns the header value of the group's epoch under route,
@@ -330,8 +339,12 @@ type engine struct {
 	// fenced.
 	aliveUntil time.Time
 	held       map[*lane]struct{}
-	// fair: each group's share of the queue window (fairshare.go).
-	fair fairShare
+	// fair: each group's share of the queue window (fairshare.go);
+	// fairWait: the lanes waiting in memory for room in it; fairTick
+	// counts the fair shell's rounds.
+	fair     fairShare
+	fairWait map[*lane]struct{}
+	fairTick uint64
 
 	stats engineStats
 }
@@ -350,6 +363,7 @@ func newEngine(cfg engineConfig, recs records, rnd *rand.Rand) *engine {
 		recent:    make(map[string]struct{}),
 		pace:      newWindow(windowMin, windowMax, maxBatch),
 		fair:      newFairShare(cfg.groupShare),
+		fairWait:  make(map[*lane]struct{}),
 	}
 	if cfg.groupTimeout > 0 {
 		e.lastActive = make(map[string]int64)
@@ -546,6 +560,9 @@ func (e *engine) pump(ln *lane, now time.Time) {
 			// messages are on the queue (released pumps the lane), so
 			// that its binding ends behind all of them.
 			return
+		}
+		if e.fairWaits(ln, m, now) {
+			return // at its share of the queue window: fairRead pumps it
 		}
 		held := e.aim(ln, m)
 		ln.inflight = 1

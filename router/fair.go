@@ -187,8 +187,8 @@ func (r *Router) fairRound(ctx context.Context, cons jetstream.Consumer, stream 
 	var checks []checkTask
 	busy := false
 	r.do(func(e *engine, now time.Time) {
-		rel, checks = e.fairRead(info.AckFloor.Stream, info.Config.MaxAckPending)
-		busy = e.fair.heldGroups > 0 || e.fair.heavy > 0
+		rel, checks = e.fairRead(info.AckFloor.Stream, info.Config.MaxAckPending, now)
+		busy = e.fair.heldGroups > 0 || e.fair.heavy > 0 || len(e.fairWait) > 0
 	})
 	for _, c := range checks {
 		_, err := stream.GetMsg(rctx, c.seq, jetstream.WithGetMsgSubject(QueueFilter(r.cfg.Node)))
@@ -278,7 +278,7 @@ func (r *Router) holdEvent(a action) {
 			Reason: "past its share of the queue window: " + strconv.Itoa(a.count) + " messages unacknowledged on the queue"}.Publish(r.nc)
 		return
 	}
-	r.log.Debug("group no longer held back: its held messages are on the queue", "group", a.group, "held", a.count, "for", a.took)
+	r.log.Debug("group no longer held back", "group", a.group, "held", a.count, "for", a.took)
 	proposals.Event{Kind: proposals.EventUnhold, Group: a.group, Node: r.cfg.Node, By: r.cfg.Node, Count: a.count,
 		Reason: "held back for " + a.took.Round(time.Millisecond).String()}.Publish(r.nc)
 }

@@ -367,10 +367,11 @@ func (e *engine) fairStored(ln *lane, held bool, qseq uint64, n int, now time.Ti
 		e.fair.stored(ln.ref, ln.group, qseq, n)
 		return
 	}
-	if e.fair.heldStored(ln.ref, ln.group, n, now) {
+	if e.fair.heldStored(ln.ref, ln.group, n, now) && !ln.fairTold {
 		e.stats.heldBack++
 		e.emit(action{kind: actHold, group: ln.group, on: true, count: len(e.fair.groups[ln.ref].seqs)})
 	}
+	ln.fairTold = false // its hold is the held subject's now
 }
 
 // groupShareNow returns the share a group gets now (0: none applies).
@@ -384,7 +385,7 @@ func (e *engine) groupShareNow() int {
 // heldBack lists the groups held back now, the most messages held first
 // (at most kvbinding.MaxWaitingListed), and how many there are.
 func (e *engine) heldBack() ([]kvbinding.HeldGroup, int) {
-	if e.fair.heldGroups == 0 {
+	if e.fair.heldGroups == 0 && len(e.fairWait) == 0 {
 		return nil, 0
 	}
 	top := newTopK(kvbinding.MaxWaitingListed, func(a, b kvbinding.HeldGroup) bool {
@@ -398,14 +399,105 @@ func (e *engine) heldBack() ([]kvbinding.HeldGroup, int) {
 			top.offer(kvbinding.HeldGroup{Group: g.group, Count: g.held, Since: g.since.UTC()})
 		}
 	}
+	for ln := range e.fairWait {
+		if g := e.fair.groups[ln.ref]; g == nil || g.held == 0 {
+			top.offer(kvbinding.HeldGroup{Group: ln.group, Count: len(ln.msgs), Since: ln.fairSince.UTC()})
+		}
+	}
 	return top.sorted(), top.seen
 }
 
-// fairRead takes the queue consumer's ack floor and window, and returns
+// A group at its share first waits in memory: the queue consumer usually
+// acknowledges within milliseconds (a throughput run's consumer lags by a
+// batch or two), and the next round of the fair shell lets it on. Only a
+// group that waits longer than fairMemoryWait, or whose backlog would
+// take the memory the other groups need, moves its next messages to the
+// held subject, which costs a copy and a delete each: a batch import of
+// 100,000 messages of one group, a handler stuck on it. The bound keeps a
+// node's checkpoint from lagging behind a waiting group for longer than
+// that (a restart re-routes from its checkpoint, within the queue's 2
+// minute duplicate window).
+const fairMemoryWait = 15 * time.Second
+
+// fairTellAfter: a group waiting this long is announced (event hold).
+const fairTellAfter = time.Second
+
+// fairWaits reports whether ln, whose head m is this node's to publish,
+// waits in memory for room in its group's share of the queue window.
+func (e *engine) fairWaits(ln *lane, m *msgRec, now time.Time) bool {
+	if !e.cfg.holds || !e.fair.on() || m.target != 0 || e.fair.holding(ln.ref) {
+		e.endWait(ln, now)
+		return false
+	}
+	if room := e.fair.room(ln.ref); room > 0 {
+		ln.fairHead = time.Time{}
+		if len(ln.msgs) <= room {
+			e.endWait(ln, now) // all it has fits: the episode is over
+		} else {
+			ln.fairTick = e.fairTick // it will wait again
+		}
+		return false
+	}
+	if ln.fairSince.IsZero() {
+		ln.fairSince = now
+		e.fairWait[ln] = struct{}{}
+	}
+	if ln.fairHead.IsZero() {
+		ln.fairHead = now
+	}
+	ln.fairTick = e.fairTick
+	if now.Sub(ln.fairHead) < fairMemoryWait && len(ln.msgs) < e.cfg.maxHeldMessages/4 && e.heldBytes < e.cfg.maxHeldBytes/2 {
+		return true
+	}
+	// Too long or too big: its messages go to the held subject (aim), and
+	// the hold is its (fairStored, released).
+	delete(e.fairWait, ln)
+	ln.fairSince, ln.fairHead = time.Time{}, time.Time{}
+	return false
+}
+
+// endWait ends ln's wait in memory, announcing its end if its start was.
+func (e *engine) endWait(ln *lane, now time.Time) {
+	if ln.fairSince.IsZero() {
+		return
+	}
+	delete(e.fairWait, ln)
+	if ln.fairTold && !e.fair.holding(ln.ref) {
+		e.emit(action{kind: actHold, group: ln.group, took: now.Sub(ln.fairSince), count: 0})
+	}
+	ln.fairSince, ln.fairHead, ln.fairTold = time.Time{}, time.Time{}, false
+}
+
+// fairRead takes the queue consumer's ack floor and window, moves on the
+// lanes waiting for room (announcing those that wait long), and returns
 // what the fair shell is to do now (fairShare.due).
-func (e *engine) fairRead(floor uint64, window int) ([]releaseTask, []checkTask) {
+func (e *engine) fairRead(floor uint64, window int, now time.Time) ([]releaseTask, []checkTask) {
 	e.fair.consumed(floor, window)
+	e.fairTick++
+	for ln := range e.fairWait {
+		if e.lanes[ln.group] == ln && len(ln.msgs) > 0 {
+			e.pump(ln, now)
+		}
+		if ln.fairTick != e.fairTick && !ln.fairSince.IsZero() {
+			e.endWait(ln, now) // no longer waiting for room (moved, fenced, dropped)
+			continue
+		}
+		if _, still := e.fairWait[ln]; still && !ln.fairTold && now.Sub(ln.fairSince) >= fairTellAfter {
+			ln.fairTold = true
+			e.stats.heldBack++
+			e.emit(action{kind: actHold, group: ln.group, on: true, count: len(e.fair.groups[ln.ref].seqs)})
+		}
+	}
 	return e.fair.due(maxFairChecks)
+}
+
+// waiting returns the lanes waiting in memory for room and their messages.
+func (e *engine) fairWaiting() (groups, msgs int) {
+	for ln := range e.fairWait {
+		groups++
+		msgs += len(ln.msgs)
+	}
+	return groups, msgs
 }
 
 // maxFairChecks bounds the lookups of one round of the fair shell.

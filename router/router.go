@@ -297,6 +297,7 @@ func (r *Router) Stats() Stats {
 		return Stats{}
 	}
 	e := r.eng
+	waitGroups, waitMsgs := e.fairWaiting()
 	return Stats{
 		Routed: r.routed.Load(), Skipped: e.stats.skipped, DeadLettered: e.stats.deadLettered,
 		DecisionErrors: e.stats.decisionErrors, PublishErrors: e.stats.publishErrors, Proposals: e.stats.asked,
@@ -307,7 +308,7 @@ func (r *Router) Stats() Stats {
 		WindowCuts: e.stats.windowCuts, ProposalWindow: int(e.pace.limit),
 		Held: e.heldMsgs, HeldBytes: e.heldBytes, Position: e.position(),
 		Spilled: e.spilledMsgs, SpilledBytes: e.spilledBytes, SpilledTotal: e.stats.spilled,
-		HeldBackGroups: e.fair.heldGroups, HeldBackMessages: e.fair.held, GroupShare: e.groupShareNow(), HeldBackTotal: e.stats.heldBack,
+		HeldBackGroups: e.fair.heldGroups + waitGroups, HeldBackMessages: e.fair.held + waitMsgs, GroupShare: e.groupShareNow(), HeldBackTotal: e.stats.heldBack,
 		IngressGaps: r.loss.gaps.Load(), IngressMissing: r.loss.missing.Load(),
 		QueueRewinds: r.queueTail.rewinds.Load(), QueueLostSeqs: r.queueTail.lost.Load(), QueueOrphans: r.queueTail.orphans.Load(), BindingsRewinds: r.cache.Rewinds(),
 	}

@@ -128,6 +128,7 @@ func NodeMain(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		replicas   = fs.Int("replicas", 0, "replicas of streams and buckets, 0 = auto (router)")
 		startSeq   = fs.Uint64("start-seq", 0, "first ingress sequence to relay (relay)")
 		maxBatch   = fs.Int("max-batch", 0, "messages of a group per batch, 1 = off, 0 = the default (router)")
+		groupShare = fs.Int("group-share", 0, "a group's share of the queue window, -1 = no bound, 0 = the default (router)")
 		maxSpilled = fs.Int64("max-spilled-bytes", 0, "bytes of spilled messages, -1 = never spill, 0 = the default (router)")
 		cpuprofile = fs.String("cpuprofile", "", "write a CPU profile of this process to `file`")
 		memprofile = fs.String("memprofile", "", "write a heap profile of this process to `file` each time its heap in use reaches a new peak (checked every 200 ms)")
@@ -199,7 +200,7 @@ func NodeMain(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 			return err
 		}
 		cfg := router.Config{Name: *name, Type: t, Address: *address, Timeout: *timeout, Node: *node,
-			Replicas: *replicas, MaxBatch: *maxBatch, MaxSpilledBytes: *maxSpilled, Logger: log}
+			Replicas: *replicas, MaxBatch: *maxBatch, MaxSpilledBytes: *maxSpilled, GroupShare: *groupShare, Logger: log}
 		r, err := router.New(nc, cfg)
 		if err != nil {
 			return err

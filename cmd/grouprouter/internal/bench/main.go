@@ -56,6 +56,7 @@ type config struct {
 	CPUProfile string
 	Sync       localnats.Sync
 	MaxBatch   int
+	GroupShare int
 }
 
 // Defaults: the steady state runs the 100,000 messages; the whole
@@ -103,6 +104,7 @@ func parseFlags(args []string, stdout, stderr io.Writer) (config, error) {
 	fs.IntVar(&c.Payload, "payload", defaultPayload, "message body size in bytes")
 	fs.Float64Var(&c.Rate, "rate", 0, "publish rate (msgs/s) of the latency runs; 0 = half the measured peak")
 	fs.StringVar(&workloads, "workloads", "steady,cardinality,zipf,hot", "workloads to run: steady, cardinality, zipf, hot (1 and 10 groups), burst, flood, busy (quiet groups beside one group's backlog)")
+	fs.IntVar(&c.GroupShare, "group-share", 0, "the router nodes' --group-share (-1: no group is held back for its share of the queue window); 0 = the router's default")
 	fs.IntVar(&c.MaxBatch, "max-batch", 0, "the router nodes' MaxBatch (messages of a group per batch: atomic on R3, fast-ingest on R1; 1 turns batches off); 0 = the router's default")
 	fs.IntVar(&c.WarmStart, "warm-start", defaultWarmStart, "bindings written before the cache warm start (0 skips it)")
 	fs.IntVar(&c.ZipfGroups, "zipf-groups", defaultZipfGroups, "distinct groups of the zipf workload")
@@ -593,6 +595,9 @@ func (b *bencher) startNodes(ctx context.Context, e *env, n, consumed int, profi
 			"--type", string(typ), "--name", handlerName, "--address", benchAddress}
 		if i == 0 && profile != "" {
 			args = append(args, "--cpuprofile", profile)
+		}
+		if b.cfg.GroupShare != 0 {
+			args = append(args, "--group-share", strconv.Itoa(b.cfg.GroupShare))
 		}
 		if b.cfg.MaxBatch > 0 {
 			args = append(args, "--max-batch", strconv.Itoa(b.cfg.MaxBatch))
