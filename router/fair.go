@@ -191,15 +191,18 @@ func (r *Router) fairRound(ctx context.Context, cons jetstream.Consumer, stream 
 		busy = e.fair.heldGroups > 0 || e.fair.heavy > 0 || len(e.fairWait) > 0
 	})
 	for _, c := range checks {
-		_, err := stream.GetMsg(rctx, c.seq, jetstream.WithGetMsgSubject(QueueFilter(r.cfg.Node)))
-		switch {
-		case errors.Is(err, jetstream.ErrMsgNotFound):
-			r.do(func(e *engine, _ time.Time) { e.fair.gone(c.ref, c.seq) })
-		case err == nil:
-			// The next of the node's messages at or after the sequence:
-			// another's, or this one still there.
-		default:
-			r.log.Debug("queue message not looked up by the fair shell", "seq", c.seq, "err", err)
+		// A group's messages are consumed in order: its newest gone, all
+		// are; else its oldest may be.
+		for _, seq := range []uint64{c.newest, c.oldest} {
+			gone, err := r.queueGone(rctx, stream, seq)
+			if err != nil {
+				r.log.Debug("queue message not looked up by the fair shell", "seq", seq, "err", err)
+				break
+			}
+			if gone {
+				r.do(func(e *engine, _ time.Time) { e.fair.gone(c.ref, seq) })
+				break
+			}
 		}
 	}
 	for _, task := range rel {
@@ -281,4 +284,18 @@ func (r *Router) holdEvent(a action) {
 	r.log.Debug("group no longer held back", "group", a.group, "held", a.count, "for", a.took)
 	proposals.Event{Kind: proposals.EventUnhold, Group: a.group, Node: r.cfg.Node, By: r.cfg.Node, Count: a.count,
 		Reason: "held back for " + a.took.Round(time.Millisecond).String()}.Publish(r.nc)
+}
+
+// queueGone reports whether the queue no longer holds the message at seq
+// (acknowledged, or moved off): a lookup of the node's next message at or
+// after seq finds another, or none.
+func (r *Router) queueGone(ctx context.Context, stream jetstream.Stream, seq uint64) (bool, error) {
+	m, err := stream.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(QueueFilter(r.cfg.Node)))
+	switch {
+	case errors.Is(err, jetstream.ErrMsgNotFound):
+		return true, nil
+	case err != nil:
+		return false, err
+	}
+	return m.Sequence != seq, nil
 }

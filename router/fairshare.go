@@ -228,18 +228,18 @@ type releaseTask struct {
 	n          int
 }
 
-// checkTask asks the fair shell whether the group's queue message at seq
-// is still there.
+// checkTask asks the fair shell whether the group's newest, then its
+// oldest, message still on the queue as far as the engine knows is still
+// there.
 type checkTask struct {
-	ref string
-	seq uint64
+	ref            string
+	newest, oldest uint64
 }
 
 // due returns what the fair shell is to do now: releases for the groups
 // with messages held and room on the queue (not already being released),
-// and lookups of the oldest message of the groups held back whose oldest
-// is above the ack floor (the floor waits for the slowest message of any
-// group), at most maxChecks.
+// and lookups of the groups with fairMinShare or more messages above the
+// ack floor, at most maxChecks.
 func (f *fairShare) due(maxChecks int) (rel []releaseTask, checks []checkTask) {
 	if !f.on() {
 		return nil, nil
@@ -253,8 +253,11 @@ func (f *fairShare) due(maxChecks int) (rel []releaseTask, checks []checkTask) {
 				continue
 			}
 		}
-		if len(g.seqs) >= share && len(checks) < maxChecks && g.seqs[0] > f.floor {
-			checks = append(checks, checkTask{ref: ref, seq: g.seqs[0]})
+		// The ack floor waits for the slowest message of any group: a
+		// group with many messages above it is looked up, lest one busy
+		// group's backlog make the others look busy too.
+		if len(g.seqs) >= min(fairMinShare, share) && len(checks) < maxChecks && g.seqs[0] > f.floor {
+			checks = append(checks, checkTask{ref: ref, newest: g.seqs[len(g.seqs)-1], oldest: g.seqs[0]})
 		}
 	}
 	return rel, checks
