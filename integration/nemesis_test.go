@@ -177,9 +177,10 @@ type nemesisResult struct {
 	faults     map[string]int
 	messages   int
 	deliveries int
-	lost       int
+	lost       int // not processed by the end of the drain
 	copies     int
 	outOfOrder int // groups
+	byQueue    int // of outOfOrder, by a queue's delivery order (see explainOrder)
 	overlaps   int // groups processed on two nodes at once
 	unexpected int
 	// longestWait is the longest a message waited, after both its PubAck
@@ -266,7 +267,7 @@ func TestNemesis(t *testing.T) {
 func logNemesisSummary(t *testing.T, results []nemesisResult) {
 	var b strings.Builder
 	w := tabwriter.NewWriter(&b, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(w, "seed\tfaults\tmessages\tdeliveries\tlost\tcopies\tout of order\ton two nodes\tunexpected\tlongest wait\twall\tresult\t")
+	fmt.Fprintln(w, "seed\tfaults\tmessages\tdeliveries\tundelivered\tcopies\tout of order (by a queue)\ton two nodes\tunexpected\tlongest wait\twall\tresult\t")
 	total := nemesisResult{faults: map[string]int{}}
 	failed := 0
 	for _, r := range results {
@@ -274,8 +275,8 @@ func logNemesisSummary(t *testing.T, results []nemesisResult) {
 		if r.failed {
 			outcome, failed = "FAIL", failed+1
 		}
-		fmt.Fprintf(w, "%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%v\t%v\t%s\t\n", r.seed, sumFaults(r.faults), r.messages, r.deliveries,
-			r.lost, r.copies, r.outOfOrder, r.overlaps, r.unexpected, r.longestWait.Round(100*time.Millisecond), r.wall.Round(time.Second), outcome)
+		fmt.Fprintf(w, "%d\t%d\t%d\t%d\t%d\t%d\t%d (%d)\t%d\t%d\t%v\t%v\t%s\t\n", r.seed, sumFaults(r.faults), r.messages, r.deliveries,
+			r.lost, r.copies, r.outOfOrder, r.byQueue, r.overlaps, r.unexpected, r.longestWait.Round(100*time.Millisecond), r.wall.Round(time.Second), outcome)
 		for k, n := range r.faults {
 			total.faults[k] += n
 		}
@@ -284,20 +285,21 @@ func logNemesisSummary(t *testing.T, results []nemesisResult) {
 		total.lost += r.lost
 		total.copies += r.copies
 		total.outOfOrder += r.outOfOrder
+		total.byQueue += r.byQueue
 		total.overlaps += r.overlaps
 		total.unexpected += r.unexpected
 		total.longestWait = max(total.longestWait, r.longestWait)
 		total.wall += r.wall
 	}
-	fmt.Fprintf(w, "total\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%v\t%v\t%d failed\t\n", sumFaults(total.faults), total.messages, total.deliveries,
-		total.lost, total.copies, total.outOfOrder, total.overlaps, total.unexpected, total.longestWait.Round(100*time.Millisecond),
+	fmt.Fprintf(w, "total\t%d\t%d\t%d\t%d\t%d\t%d (%d)\t%d\t%d\t%v\t%v\t%d failed\t\n", sumFaults(total.faults), total.messages, total.deliveries,
+		total.lost, total.copies, total.outOfOrder, total.byQueue, total.overlaps, total.unexpected, total.longestWait.Round(100*time.Millisecond),
 		total.wall.Round(time.Second), failed)
 	_ = w.Flush()
 	var kinds []string
 	for _, k := range nemesisKinds {
 		kinds = append(kinds, fmt.Sprintf("%s=%d", k, total.faults[k]))
 	}
-	t.Logf("nemesis: %d schedules, %d faults (%s), %d messages checked, %d violations (lost %d, copies %d, groups out of order %d, groups on two nodes at once %d, unexpected %d)\n%s",
+	t.Logf("nemesis: %d schedules, %d faults (%s), %d messages checked, %d violations (undelivered at the end %d, copies %d, groups out of order %d, groups on two nodes at once %d, unexpected %d)\n%s",
 		len(results), sumFaults(total.faults), strings.Join(kinds, " "), total.messages, total.violations(),
 		total.lost, total.copies, total.outOfOrder, total.overlaps, total.unexpected, b.String())
 }
@@ -350,12 +352,12 @@ func runNemesis(t *testing.T, bin string, seed uint64, res *nemesisResult) {
 	res.messages, res.deliveries = c.Messages, c.Deliveries
 	res.lost, res.copies, res.outOfOrder, res.unexpected = len(c.Lost), len(c.Copies), len(c.OutOfOrder), len(c.Unexpected)
 	got := r.col.all()
-	n.explainOrder(t, c, got)
+	res.byQueue = n.explainOrder(t, c, got)
 	ex := checkExclusive(got, nemesisAckWait)
 	res.overlaps = len(ex.Overlaps)
 	n.reportExclusive(t, ex)
 	acked, _ := ackTimes(r.ps...)
-	wait, body, from, to := soakLongestWait(got, acked)
+	wait, body, from, to := soakLongestWait(firstProcessed(got), acked)
 	res.longestWait = wait
 	if body != "" {
 		t.Logf("longest wait of a message whose predecessor in its group was processed: %s, %v (ready %s, processed %s on %s), during: %s",
@@ -365,8 +367,26 @@ func runNemesis(t *testing.T, bin string, seed uint64, res *nemesisResult) {
 	for _, s := range n.spans {
 		spans = append(spans, n.spanString(s))
 	}
-	t.Logf("seed %d: %d faults:\n  %s\n%d messages checked, %d deliveries; lost %d, copies %d, groups out of order %d, groups on two nodes at once %d, unexpected %d",
+	t.Logf("seed %d: %d faults:\n  %s\n%d messages checked, %d deliveries; undelivered %d, copies %d, groups out of order %d, groups on two nodes at once %d, unexpected %d",
 		seed, len(n.spans), strings.Join(spans, "\n  "), c.Messages, c.Deliveries, res.lost, res.copies, res.outOfOrder, res.overlaps, res.unexpected)
+}
+
+// firstProcessed returns the first processing of each message: a copy
+// processed again later did not wait that long.
+func firstProcessed(got []delivery) []delivery {
+	first := map[string]int{}
+	var out []delivery
+	for _, d := range got {
+		if k, ok := first[d.body]; ok {
+			if d.at.Before(out[k].at) {
+				out[k] = d
+			}
+			continue
+		}
+		first[d.body] = len(out)
+		out = append(out, d)
+	}
+	return out
 }
 
 // spanString writes a fault span with times from the schedule's start
@@ -569,10 +589,15 @@ func (n *nemesis) settled(processed int) error {
 // queueSeqRef matches the #queue-sequence of a checkPartition violation.
 var queueSeqRef = regexp.MustCompile(`#(\d+)`)
 
-// explainOrder logs, for every group out of order, its trace and when
-// the two messages of its first violation were processed, with the
-// faults around them.
-func (n *nemesis) explainOrder(t *testing.T, c partitionCheck, got []delivery) {
+// explainOrder logs, for every group out of order, its trace, when the
+// two messages of its first violation were processed, the faults around
+// them and whose order it was; it returns how many groups were put out of
+// order by a queue's delivery order rather than by the routing: both
+// messages on one queue (checkPartition's QueueOrder), or the earlier one
+// moved off the queue the later one was processed from (a delivery the
+// consumer never received, moved by the hand-over after its ack wait,
+// while the later ones were delivered and acknowledged).
+func (n *nemesis) explainOrder(t *testing.T, c partitionCheck, got []delivery) (byQueue int) {
 	t.Helper()
 	first := map[uint64]delivery{}
 	for _, d := range got {
@@ -581,20 +606,29 @@ func (n *nemesis) explainOrder(t *testing.T, c partitionCheck, got []delivery) {
 		}
 	}
 	for _, g := range sortedKeys(c.OutOfOrder) {
-		var at []time.Time
+		var ds []delivery
 		for _, m := range queueSeqRef.FindAllStringSubmatch(c.OutOfOrder[g], -1) {
 			seq, _ := strconv.ParseUint(m[1], 10, 64)
 			if d, ok := first[seq]; ok {
-				at = append(at, d.at)
+				ds = append(ds, d)
 			}
 		}
-		when := ""
-		if len(at) == 2 {
-			when = fmt.Sprintf(" processed at %s and %s, during: %s", at[0].Format("15:04:05.000"), at[1].Format("15:04:05.000"),
-				n.faultsDuring(at[0].Add(-5*time.Second), at[1]))
+		why := "the routing's"
+		if q, ok := c.QueueOrder[g]; ok {
+			why, byQueue = "the queue's delivery order: "+q, byQueue+1
 		}
-		t.Logf("out of order: group %s: %s%s\n  trace: %s", g, c.OutOfOrder[g], when, c.Traces[g])
+		when := ""
+		if len(ds) == 2 {
+			ahead, late := ds[0], ds[1]
+			when = fmt.Sprintf(" processed at %s and %s, during: %s", ahead.at.Format("15:04:05.000"), late.at.Format("15:04:05.000"),
+				n.faultsDuring(ahead.at.Add(-5*time.Second), late.at))
+			if _, ok := c.QueueOrder[g]; !ok && late.movedFrom != "" && late.movedFrom == ahead.node {
+				why, byQueue = fmt.Sprintf("the queue's delivery order: the earlier message was moved off %s's queue, where the later one was processed", ahead.node), byQueue+1
+			}
+		}
+		t.Logf("out of order: group %s: %s%s (%s)\n  trace: %s", g, c.OutOfOrder[g], when, why, c.Traces[g])
 	}
+	return byQueue
 }
 
 // reportExclusive logs checkExclusive's counts and fails the test on a
@@ -766,5 +800,27 @@ func TestCheckExclusive(t *testing.T) {
 				t.Errorf("overlap %q, want it to start with %q (trace %s)", c.Overlaps["g"], tc.example, c.Traces["g"])
 			}
 		})
+	}
+}
+
+// explainOrder tells the routing's order violations from a queue's: a
+// message moved off the queue its group's later messages were processed
+// from is the queue's delivery order.
+func TestExplainOrderByQueue(t *testing.T) {
+	t0 := time.Now()
+	d := func(ms int, node string, qseq uint64, body, movedFrom string) delivery {
+		g, _, _ := strings.Cut(body, "/")
+		return delivery{received: received{node: node, group: g, body: body}, at: t0.Add(time.Duration(ms) * time.Millisecond),
+			queueSeq: qseq, movedFrom: movedFrom, delivered: 1}
+	}
+	want := map[string][]string{"g": {"g/0", "g/1", "g/2"}, "h": {"h/0", "h/1", "h/2"}}
+	got := []delivery{
+		d(1, "n2", 1, "g/0", ""), d(2, "n2", 3, "g/2", ""), d(3, "n0", 9, "g/1", "n2"), // moved off n2 after g/2 was processed there
+		d(4, "n2", 4, "h/0", ""), d(5, "n2", 6, "h/2", ""), d(6, "n0", 10, "h/1", ""), // routed to n0 late
+	}
+	c := checkPartition(got, want)
+	n := &nemesis{start: t0}
+	if k := n.explainOrder(t, c, got); len(c.OutOfOrder) != 2 || k != 1 {
+		t.Errorf("%d groups out of order, %d by a queue; want 2, 1 (%v)", len(c.OutOfOrder), k, c.OutOfOrder)
 	}
 }
