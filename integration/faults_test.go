@@ -231,6 +231,7 @@ func retriesOf(ps ...*loadProducer) (retries, dups int) {
 type delivery struct {
 	received
 	at        time.Time // when the consumer processed it
+	acked     time.Time // when the server confirmed the consumer's ack (zero: never)
 	queueSeq  uint64    // sequence in the queue stream
 	consSeq   uint64    // the queue consumer's delivery sequence (a gap: a delivery not received yet)
 	delivered uint64    // JetStream delivery count (> 1: redelivered)
@@ -245,7 +246,8 @@ type timedCollector struct {
 	seen map[string]int // body -> times processed
 }
 
-func (c *timedCollector) add(d delivery) {
+// add records a delivery and returns its index, for ackedAt.
+func (c *timedCollector) add(d delivery) int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.seen == nil {
@@ -253,6 +255,14 @@ func (c *timedCollector) add(d delivery) {
 	}
 	c.got = append(c.got, d)
 	c.seen[d.body]++
+	return len(c.got) - 1
+}
+
+// ackedAt records when the ack of delivery i was confirmed.
+func (c *timedCollector) ackedAt(i int, at time.Time) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.got[i].acked = at
 }
 
 func (c *timedCollector) all() []delivery {
@@ -309,24 +319,38 @@ func (c *timedCollector) waitConsumed(t testing.TB, want map[string][]string, d 
 // appConsumer consumes a node's queue as the README tells applications to:
 // the node's durable consumer, pulled with the priority group. It records
 // each message, then acks it. Acks are synchronous (confirmed by the
-// server) and retried across reconnects, so that a server restart does
-// not lose an ack and make JetStream redeliver an already processed
-// message 30s later; they run in the background so that a message's
-// round trip does not hold up the next one.
+// server, and the confirmation's time recorded) and retried across
+// reconnects, so that a server restart does not lose an ack and make
+// JetStream redeliver an already processed message 30s later; they run in
+// the background so that a message's round trip does not hold up the
+// next one.
 type appConsumer struct {
 	t      testing.TB
 	url    string
 	node   string
 	col    *timedCollector
+	ackFor time.Duration // how long a failed ack is retried
 	nc     *nats.Conn
 	cc     jetstream.ConsumeContext
 	acks   *sync.WaitGroup // acks in flight of the current run
 	ackErr atomic.Int64    // acks given up on
 }
 
+// defaultAckFor is how long an appConsumer retries a failed ack before it
+// gives up (JetStream then redelivers the message after its ack wait).
+const defaultAckFor = 10 * time.Second
+
 func startAppConsumer(t testing.TB, url, node string, col *timedCollector) *appConsumer {
 	t.Helper()
-	a := &appConsumer{t: t, url: url, node: node, col: col}
+	return startAppConsumerAckingFor(t, url, node, col, defaultAckFor)
+}
+
+// startAppConsumerAckingFor is startAppConsumer with acks retried for
+// ackFor: a consumer that outlasts a network fault with its acks, as an
+// application that keeps acknowledging does.
+func startAppConsumerAckingFor(t testing.TB, url, node string, col *timedCollector, ackFor time.Duration) *appConsumer {
+	t.Helper()
+	a := &appConsumer{t: t, url: url, node: node, col: col, ackFor: ackFor}
 	a.start()
 	t.Cleanup(a.stop)
 	return a
@@ -372,16 +396,20 @@ func (a *appConsumer) handle(nc *nats.Conn, acks *sync.WaitGroup, m jetstream.Ms
 	if meta, err := m.Metadata(); err == nil {
 		d.queueSeq, d.consSeq, d.delivered = meta.Sequence.Stream, meta.Sequence.Consumer, meta.NumDelivered
 	}
-	a.col.add(d)
+	i := a.col.add(d)
 	acks.Add(1)
 	go func() {
 		defer acks.Done()
-		deadline := time.Now().Add(10 * time.Second)
+		deadline := time.Now().Add(a.ackFor)
 		for {
 			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 			err := m.DoubleAck(ctx)
 			cancel()
-			if err == nil || errors.Is(err, jetstream.ErrMsgAlreadyAckd) {
+			if err == nil {
+				a.col.ackedAt(i, time.Now())
+				return
+			}
+			if errors.Is(err, jetstream.ErrMsgAlreadyAckd) {
 				return
 			}
 			if nc.IsClosed() || time.Now().After(deadline) {
@@ -686,29 +714,33 @@ var streamsOfTheRouter = []string{
 // replica is online and caught up.
 func waitStreamsCurrent(t testing.TB, js jetstream.JetStream, d time.Duration, streams ...string) {
 	t.Helper()
-	natstest.Eventually(t, d, func() error {
-		for _, name := range streams {
-			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-			s, err := js.Stream(ctx, name)
-			var info *jetstream.StreamInfo
-			if err == nil {
-				info, err = s.Info(ctx)
-			}
-			cancel()
-			if err != nil {
-				return fmt.Errorf("%s: %w", name, err)
-			}
-			if info.Cluster == nil || info.Cluster.Leader == "" {
-				return fmt.Errorf("%s has no leader", name)
-			}
-			for _, r := range info.Cluster.Replicas {
-				if r.Offline || !r.Current {
-					return fmt.Errorf("%s: replica %s offline=%v current=%v", name, r.Name, r.Offline, r.Current)
-				}
+	natstest.Eventually(t, d, func() error { return streamsCurrent(js, streams...) })
+}
+
+// streamsCurrent returns an error unless each stream has a leader and
+// every replica is online and caught up.
+func streamsCurrent(js jetstream.JetStream, streams ...string) error {
+	for _, name := range streams {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		s, err := js.Stream(ctx, name)
+		var info *jetstream.StreamInfo
+		if err == nil {
+			info, err = s.Info(ctx)
+		}
+		cancel()
+		if err != nil {
+			return fmt.Errorf("%s: %w", name, err)
+		}
+		if info.Cluster == nil || info.Cluster.Leader == "" {
+			return fmt.Errorf("%s has no leader", name)
+		}
+		for _, r := range info.Cluster.Replicas {
+			if r.Offline || !r.Current {
+				return fmt.Errorf("%s: replica %s offline=%v current=%v", name, r.Name, r.Offline, r.Current)
 			}
 		}
-		return nil
-	})
+	}
+	return nil
 }
 
 // loadCheckpoint reads a node's stored routing checkpoint.

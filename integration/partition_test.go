@@ -69,15 +69,31 @@ type partitionNode struct {
 // partitionRun is a running partition test: cluster, nodes, consumers and
 // producers.
 type partitionRun struct {
+	bin   string // the built binary
 	pc    *natstest.ProxiedCluster
 	procs map[string]*routerProc
 	links map[string]*natstest.Proxy
 	col   *timedCollector
 	cons  []*appConsumer
 	ps    []*loadProducer
-	admin *nats.Conn          // of the test, on server 1 directly
+	admin *nats.Conn          // of the test, on server 1 directly (on the others while it is down)
 	js    jetstream.JetStream // on admin
 	reg   *kvbinding.Registry
+}
+
+// partitionSetup is what varies between the runs of startPartitionRunWith.
+type partitionSetup struct {
+	// bin is the built binary ("": built by the run).
+	bin string
+	// flags are the nodes' flags after --nats, --node and --type (nil:
+	// partitionFlags).
+	flags []string
+	// ackFor is how long the consumers retry a failed ack (0:
+	// defaultAckFor).
+	ackFor time.Duration
+	// logsOnFailure saves the nodes' logs (see saveLogs) only when the
+	// test failed.
+	logsOnFailure bool
 }
 
 // startPartitionRun builds the binary, starts a proxied 3-server cluster
@@ -87,23 +103,48 @@ type partitionRun struct {
 // until the cluster routes under load.
 func startPartitionRun(t *testing.T, nodes []partitionNode, slots []int) *partitionRun {
 	t.Helper()
-	bin := buildRelease(t, "")
+	return startPartitionRunWith(t, partitionSetup{}, nodes, slots)
+}
+
+// startPartitionRunWith is startPartitionRun as setup says.
+func startPartitionRunWith(t *testing.T, setup partitionSetup, nodes []partitionNode, slots []int) *partitionRun {
+	t.Helper()
+	bin := setup.bin
+	if bin == "" {
+		bin = buildRelease(t, "")
+	}
+	flags := setup.flags
+	if flags == nil {
+		flags = partitionFlags
+	}
+	ackFor := setup.ackFor
+	if ackFor == 0 {
+		ackFor = defaultAckFor
+	}
 	pc := natstest.RunProxiedCluster(t, 3)
-	admin := natstest.Connect(t, pc.Servers[1].URL(), nats.Name("partition-admin"))
+	// Server 1 first, and kept while it runs (a scenario cuts server 0
+	// off: the test reads the majority's view); the others while it is
+	// stopped.
+	admin := natstest.Connect(t, strings.Join([]string{pc.Servers[1].URL(), pc.Servers[2].URL(), pc.Servers[0].URL()}, ","),
+		nats.Name("partition-admin"), nats.DontRandomize())
 	js, err := jetstream.New(admin)
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := &partitionRun{pc: pc, procs: map[string]*routerProc{}, links: map[string]*natstest.Proxy{},
+	r := &partitionRun{bin: bin, pc: pc, procs: map[string]*routerProc{}, links: map[string]*natstest.Proxy{},
 		col: &timedCollector{}, admin: admin, js: js}
 	// Registered first, so it runs last: after the processes ended.
-	t.Cleanup(func() { r.saveLogs(t) })
+	t.Cleanup(func() {
+		if !setup.logsOnFailure || t.Failed() {
+			r.saveLogs(t)
+		}
+	})
 	ids := make([]string, len(nodes))
 	for i, n := range nodes {
 		ids[i] = n.id
 		link := pc.LinkProxy(t, n.server)
 		r.links[n.id] = link
-		args := append([]string{"--nats", link.URL(), "--node", n.id, "--type", n.typ}, partitionFlags...)
+		args := append([]string{"--nats", link.URL(), "--node", n.id, "--type", n.typ}, flags...)
 		r.procs[n.id] = startRouterProc(t, bin, n.id, args...)
 		if i == 0 {
 			// The first node creates the registry; it takes the lease
@@ -137,7 +178,7 @@ func startPartitionRun(t *testing.T, nodes []partitionNode, slots []int) *partit
 			_, err := js.Consumer(ctx, router.QueueStream, router.QueueConsumer(n.id))
 			return err
 		})
-		r.cons = append(r.cons, startAppConsumer(t, pc.ClientURL(n.server), n.id, r.col))
+		r.cons = append(r.cons, startAppConsumerAckingFor(t, pc.ClientURL(n.server), n.id, r.col, ackFor))
 	}
 	waitEligible(t, admin, ids, ids)
 	// A partition tests replication: every stream the nodes depend on
@@ -183,7 +224,7 @@ func (r *partitionRun) saveLogs(t *testing.T) {
 		return
 	}
 	for id, p := range r.procs {
-		path := filepath.Join(dir, t.Name()+"-"+id+".log")
+		path := filepath.Join(dir, strings.ReplaceAll(t.Name(), "/", "_")+"-"+id+".log")
 		if err := os.WriteFile(path, []byte(p.log.String()), 0o644); err != nil {
 			t.Logf("save log of %s: %v", id, err)
 		}

@@ -161,7 +161,14 @@ type routerProc struct {
 // shown if the test fails, and it is killed at cleanup.
 func startRouterProc(t *testing.T, bin, name string, args ...string) *routerProc {
 	t.Helper()
-	p := &routerProc{args: args, log: &lockedBuffer{}, done: make(chan struct{})}
+	return runRouterProc(t, bin, name, &lockedBuffer{}, args...)
+}
+
+// runRouterProc is startRouterProc writing to log: a process started
+// again after a crash continues its predecessor's log.
+func runRouterProc(t *testing.T, bin, name string, log *lockedBuffer, args ...string) *routerProc {
+	t.Helper()
+	p := &routerProc{args: args, log: log, done: make(chan struct{})}
 	p.cmd = exec.Command(bin, append([]string{"run"}, args...)...)
 	p.cmd.Stdout, p.cmd.Stderr = p.log, p.log
 	if err := p.cmd.Start(); err != nil {
