@@ -352,9 +352,9 @@ type partitionCheck struct {
 	// Lost lists acknowledged messages never delivered.
 	Lost []string
 	// Copies lists messages stored on the queues more than once (under
-	// two queue sequences), each as body@node#seq of every copy, whose
-	// later copy was processed within the queue's ack wait of the first:
-	// two consumers had the message at once.
+	// two queue sequences), each as body@node#seq of every copy, but the
+	// LateCopies: routed twice, or moved and processed again within the
+	// queue's ack wait of the first.
 	Copies []string
 	// LateCopies lists those processed again only past the ack wait: a
 	// queue consumer's leader on the losing side of a partition delivered
@@ -467,7 +467,7 @@ func checkPartition(got []delivery, want map[string][]string) partitionCheck {
 				}
 				parts = append(parts, p)
 			}
-			if ds[len(ds)-1].at.Sub(ds[0].at) >= partitionAckWait {
+			if late := ds[len(ds)-1]; late.at.Sub(ds[0].at) >= partitionAckWait && late.movedFrom != "" {
 				c.LateCopies = append(c.LateCopies, strings.Join(parts, " "))
 			} else {
 				c.Copies = append(c.Copies, strings.Join(parts, " "))
@@ -874,6 +874,7 @@ func TestCheckPartition(t *testing.T) {
 		return delivery{received: received{node: node, group: g, body: body}, at: t0.Add(time.Duration(ms) * time.Millisecond),
 			queueSeq: qseq, delivered: delivered, epoch: 1}
 	}
+	moved := func(x delivery, from string) delivery { x.movedFrom = from; return x }
 	want := map[string][]string{"g": {"g/0", "g/1", "g/2"}, "h": {"h/0", "h/1"}}
 	for _, tc := range []struct {
 		name                  string
@@ -892,8 +893,11 @@ func TestCheckPartition(t *testing.T) {
 		{"lost and copied", []delivery{d(1, "n0", 1, "g/0", 1), d(2, "n0", 2, "g/1", 1), d(3, "n1", 5, "g/1", 1),
 			d(4, "n1", 6, "g/2", 1), d(5, "n0", 3, "h/0", 1)}, 0, 1, 1, 0, "", false},
 		// Past the ack wait: JetStream's at-least-once, not the router's.
-		{"copied past the ack wait", []delivery{d(1, "n0", 1, "g/0", 1), d(2, "n0", 2, "g/1", 1), d(40_000, "n1", 5, "g/1", 1),
+		{"copied past the ack wait", []delivery{d(1, "n0", 1, "g/0", 1), d(2, "n0", 2, "g/1", 1), moved(d(40_000, "n1", 5, "g/1", 1), "n0"),
 			d(40_001, "n1", 6, "g/2", 1), d(5, "n0", 3, "h/0", 1), d(6, "n0", 4, "h/1", 1)}, 0, 0, 0, 0, "", false},
+		// Routed twice (not moved) is the router's, however late.
+		{"routed twice, late", []delivery{d(1, "n0", 1, "g/0", 1), d(2, "n0", 2, "g/1", 1), d(40_000, "n1", 5, "g/1", 1),
+			d(40_001, "n1", 6, "g/2", 1), d(5, "n0", 3, "h/0", 1), d(6, "n0", 4, "h/1", 1)}, 0, 0, 1, 0, "", false},
 		{"redelivered behind later ones on one queue", []delivery{d(1, "n0", 1, "g/0", 1), d(2, "n0", 3, "g/2", 1), d(3, "n0", 2, "g/1", 2),
 			d(4, "n0", 4, "h/0", 1), d(5, "n0", 5, "h/1", 1)}, 0, 0, 0, 0, "", false},
 	} {
