@@ -25,7 +25,7 @@ import (
 )
 
 func TestBatchesAcrossFaults(t *testing.T) {
-	t.Parallel() // see parallel.go
+	t.Parallel() // see doc.go
 	for _, tc := range []struct {
 		name string
 		// fault injects the fault into a cluster whose node owner has a

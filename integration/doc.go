@@ -1,5 +1,14 @@
 // Package integration runs grouprouter end to end against in-process NATS
 // servers (one server, and three-server JetStream clusters on loopback):
 // several router nodes, real producers and real queue consumers, with
-// faults injected by stopping nodes, handlers and servers.
+// faults injected by stopping nodes, handlers and servers, and by holding
+// the traffic of routes and links in TCP proxies.
+//
+// The long fault runs (the nemesis, the partition scenarios, the takeover
+// of many groups, batches across faults) call t.Parallel: each owns its
+// servers, its nodes and its ports, and spends most of its time waiting
+// for a fault's hold or a grace period to pass, so they overlap those
+// waits two at a time (go test's -parallel is GOMAXPROCS) after the other
+// tests of the package have run. They are written to hold under load (two
+// busy loops alongside), which running beside each other adds.
 package integration

@@ -116,7 +116,7 @@ func TestConsumerLeavesOnClusterGroupsMove(t *testing.T) {
 // after it (logged; the assertion is only that every group moved, every
 // message was processed once, in order).
 func TestTakeoverOfManyGroups(t *testing.T) {
-	t.Parallel() // see parallel.go
+	t.Parallel() // see doc.go
 	if testing.Short() {
 		t.Skip("-short: takes ~30 s")
 	}

@@ -225,7 +225,7 @@ func nemesisPlan(t *testing.T) (seeds []uint64, budget time.Duration) {
 // nodes at once by consumers that kept acknowledging. A failing schedule
 // prints the command that replays it.
 func TestNemesis(t *testing.T) {
-	// In parallel with the other long fault runs (parallel.go says why).
+	// In parallel with the other long fault runs (doc.go says why).
 	t.Parallel()
 	seeds, budget := nemesisPlan(t)
 	if testing.Short() && budget == 0 && os.Getenv("GROUPROUTER_NEMESIS_SEED") == "" {

@@ -771,7 +771,7 @@ func leaderships(pc *natstest.ProxiedCluster, i int) string {
 // as the active handler for the whole cut, "moving" groups from its side's
 // stale view).
 func TestPartitionHandlerServerCutOff(t *testing.T) {
-	t.Parallel() // see parallel.go
+	t.Parallel() // see doc.go
 	r := startPartitionRun(t, []partitionNode{{"n0", "LOCAL", 0}, {"n1", "LOCAL", 1}, {"n3", "REMOTE", 0}, {"n2", "REMOTE", 2}},
 		[]int{12, 12, 12})
 	// The active handler's server is the one cut off: n0's on server 0
@@ -855,7 +855,7 @@ func TestPartitionHandlerServerCutOff(t *testing.T) {
 // cut arrives. Every acknowledged message is delivered, stored once, each
 // group in order.
 func TestPartitionRemoteLinkBlackHoled(t *testing.T) {
-	t.Parallel() // see parallel.go
+	t.Parallel() // see doc.go
 	r := startPartitionRun(t, []partitionNode{{"n0", "LOCAL", 0}, {"n1", "LOCAL", 1}, {"n2", "REMOTE", 2}},
 		[]int{14, 13, 13})
 	natstest.Eventually(t, 30*time.Second, func() error {
