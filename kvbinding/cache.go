@@ -93,6 +93,9 @@ type Cache struct {
 	delivered atomic.Uint64
 	ignored   atomic.Uint64
 	rewinds   atomic.Uint64
+	// rewoundThrough is the highest revision read when the bucket was
+	// found below it (RewoundThrough).
+	rewoundThrough atomic.Uint64
 
 	// replay, while not nil, receives what the watch reads after a
 	// rewind, until its initial records are in: then the cache adopts
@@ -550,6 +553,9 @@ func (c *Cache) Run(ctx context.Context, s *Store) error {
 		ready: c.watchReady,
 		rewound: func(seen, last uint64) {
 			c.rewinds.Add(1)
+			if seen > c.rewoundThrough.Load() {
+				c.rewoundThrough.Store(seen) // only the watch's goroutine writes it
+			}
 			c.log.Error("the bindings bucket went back below what this node had read: its servers lost acknowledged writes; reading it again",
 				"bucket", s.bucket, "read_through", seen, "bucket_last", last)
 			c.replay = NewCache(CacheConfig{Logger: c.log})
@@ -564,6 +570,13 @@ func (c *Cache) Run(ctx context.Context, s *Store) error {
 // Rewinds counts the times the bucket was found below what the cache had
 // read.
 func (c *Cache) Rewinds() uint64 { return c.rewinds.Load() }
+
+// RewoundThrough returns the highest revision the cache had read when it
+// found the bucket below it (0: never). The bucket's next writes reuse
+// revisions up to there unless a writer first moves the bucket past it
+// (Store.Advance): a revision is a group's epoch, which consumers take as
+// only ever growing.
+func (c *Cache) RewoundThrough() uint64 { return c.rewoundThrough.Load() }
 
 func (c *Cache) watchStart(records uint64) {
 	if c.replay != nil {

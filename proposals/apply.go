@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"time"
 
 	"github.com/nats-io/nats.go/micro"
@@ -141,16 +142,21 @@ func (h *Handler) writeAll(ctx context.Context, plans []planned, ps []Proposal) 
 	}
 	h.pausingFor(pausing, 1)
 	defer h.pausingFor(pausing, -1)
-	authorized := h.auth.holds(time.Now())
+	var blocked error // no record is written
+	if !h.auth.holds(time.Now()) {
+		blocked = errNoAuthority
+	} else if slices.ContainsFunc(plans, func(pl planned) bool { return pl.res.Write != nil }) {
+		blocked = h.pastRewind(ctx) // rewind.go
+	}
 	for k, pl := range plans {
 		res := pl.res
 		if res.Write == nil {
 			out[k] = h.unwritten(pl, ps[k])
 			continue
 		}
-		if !authorized {
+		if blocked != nil {
 			h.unreserve(pl, ps[k].Group)
-			out[k] = Decision{Group: ps[k].Group, Outcome: Failed, Error: errNoAuthority.Error()}
+			out[k] = Decision{Group: ps[k].Group, Outcome: Failed, Error: blocked.Error()}
 			continue
 		}
 		var pauseErr error

@@ -35,7 +35,8 @@
 // locks are held across I/O: a decision holds its groups' locks from
 // reading their records, through the pause of the queues it drains and its
 // record writes, to its event (one decision at a time per group). No other
-// lock is held across a JetStream call: Pause and Resume are made by the
+// lock is held across a JetStream call but Handler.advancing (rewind.go),
+// which nobody waits for (TryLock). Pause and Resume are made by the
 // pauser goroutine alone (pauser.go), which takes monitor.mu only between
 // its calls and never a group lock; a decision waiting for its pause waits
 // on a channel.
