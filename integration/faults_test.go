@@ -759,6 +759,30 @@ func loadCheckpoint(t testing.TB, js jetstream.JetStream, nodeID string) kvbindi
 	return c
 }
 
+// waitCheckpointsPast waits until the stored checkpoint of each node
+// starts past seq: whatever the node routed up to seq is behind it.
+func waitCheckpointsPast(t testing.TB, js jetstream.JetStream, seq uint64, d time.Duration, nodes ...string) {
+	t.Helper()
+	reg, err := kvbinding.OpenRegistry(context.Background(), js, kvbinding.RegistryConfig{}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	natstest.Eventually(t, d, func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		for _, n := range nodes {
+			c, ok, err := reg.LoadCheckpoint(ctx, n)
+			switch {
+			case err != nil:
+				return fmt.Errorf("checkpoint of %s: %w", n, err)
+			case !ok || c.Start() <= seq:
+				return fmt.Errorf("checkpoint of %s starts at %d, not past %d", n, c.Start(), seq)
+			}
+		}
+		return nil
+	})
+}
+
 // compareBindings fails for every group of before whose binding changed
 // (other node, or another revision: rewritten).
 func compareBindings(t testing.TB, before, after map[string]kvbinding.Binding, why string) {

@@ -93,6 +93,9 @@ type Cache struct {
 	delivered atomic.Uint64
 	ignored   atomic.Uint64
 	rewinds   atomic.Uint64
+	// rewoundThrough is the highest revision read when the bucket was
+	// found below it (RewoundThrough).
+	rewoundThrough atomic.Uint64
 
 	// replay, while not nil, receives what the watch reads after a
 	// rewind, until its initial records are in: then the cache adopts
@@ -104,6 +107,9 @@ type Cache struct {
 	// MaxKeyLen) of each group whose record stands under one, written
 	// before digest keys (LegacyKey).
 	legacy map[string]string
+	// reserved counts, by ref, the reservations of groups whose first
+	// bound record is being written (Reserve).
+	reserved map[string]int
 
 	notify chan<- string
 	done   chan struct{} // closed when Run returns: no more notifications
@@ -234,11 +240,57 @@ func (c *Cache) Counts() map[string]int {
 func (c *Cache) Bound() int {
 	c.mu.RLock()
 	defer c.mu.RUnlock()
+	return c.boundLocked()
+}
+
+func (c *Cache) boundLocked() int {
 	n := 0
 	for i := range c.counts {
 		n += c.counts[i] + c.leaving[i]
 	}
 	return n
+}
+
+// BoundReserved returns Bound plus the groups reserved (Reserve): what a
+// group limit counts.
+func (c *Cache) BoundReserved() int {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	return c.boundLocked() + len(c.reserved)
+}
+
+// Reserve counts ref's group (by Ref) in BoundReserved until the cache
+// holds a record of it that Bound counts, or Unreserve ends it: a group
+// limit's count of a new group whose record is being written, once
+// whether the writer's Apply or the watch brings the record first. A
+// group reserved twice is counted once, until both end.
+func (c *Cache) Reserve(ref string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if e, ok := c.m[ref]; ok && countsBound(ref, e) {
+		return
+	}
+	if c.reserved == nil {
+		c.reserved = map[string]int{}
+	}
+	c.reserved[ref]++
+}
+
+// Unreserve ends a reservation of ref (its record was not written, or is
+// in the cache already).
+func (c *Cache) Unreserve(ref string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.reserved[ref] <= 1 {
+		delete(c.reserved, ref)
+		return
+	}
+	c.reserved[ref]--
+}
+
+// countsBound reports whether Bound counts ref's record e.
+func countsBound(ref string, e entry) bool {
+	return e.state == stateMoving || e.state == stateBound && ref != ""
 }
 
 // Count returns the number of groups bound to node.
@@ -334,6 +386,9 @@ func (c *Cache) applyLocked(ref string, b Binding, fromWatch bool) bool {
 		}
 	}
 	c.m[ref] = e
+	if len(c.reserved) > 0 && countsBound(ref, e) {
+		delete(c.reserved, ref) // counted by Bound now
+	}
 	return true
 }
 
@@ -498,6 +553,9 @@ func (c *Cache) Run(ctx context.Context, s *Store) error {
 		ready: c.watchReady,
 		rewound: func(seen, last uint64) {
 			c.rewinds.Add(1)
+			if seen > c.rewoundThrough.Load() {
+				c.rewoundThrough.Store(seen) // only the watch's goroutine writes it
+			}
 			c.log.Error("the bindings bucket went back below what this node had read: its servers lost acknowledged writes; reading it again",
 				"bucket", s.bucket, "read_through", seen, "bucket_last", last)
 			c.replay = NewCache(CacheConfig{Logger: c.log})
@@ -512,6 +570,13 @@ func (c *Cache) Run(ctx context.Context, s *Store) error {
 // Rewinds counts the times the bucket was found below what the cache had
 // read.
 func (c *Cache) Rewinds() uint64 { return c.rewinds.Load() }
+
+// RewoundThrough returns the highest revision the cache had read when it
+// found the bucket below it (0: never). The bucket's next writes reuse
+// revisions up to there unless a writer first moves the bucket past it
+// (Store.Advance): a revision is a group's epoch, which consumers take as
+// only ever growing.
+func (c *Cache) RewoundThrough() uint64 { return c.rewoundThrough.Load() }
 
 func (c *Cache) watchStart(records uint64) {
 	if c.replay != nil {
@@ -568,6 +633,11 @@ func (c *Cache) adopt(r *Cache) {
 	c.names, c.index, c.counts, c.leaving = r.names, r.index, r.counts, r.leaving
 	c.legacy = r.legacy
 	c.watchRev = r.watchRev
+	for ref := range c.reserved {
+		if e, ok := c.m[ref]; ok && countsBound(ref, e) {
+			delete(c.reserved, ref)
+		}
+	}
 	c.mu.Unlock()
 	c.log.Info("bindings read again after the bucket went back", "records", len(r.m), "changed", len(changed))
 	for _, g := range changed {

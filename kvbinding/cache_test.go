@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -203,6 +204,42 @@ func TestCacheOwnersCountsMovesInProgress(t *testing.T) {
 	if d, u := c.Draining(), c.Unsettled(); len(d) != 0 || len(u) != 0 {
 		t.Fatalf("after the hand-over Draining = %v, Unsettled = %v", d, u)
 	}
+}
+
+// TestCacheReservations: BoundReserved counts a reserved group once: not
+// when Bound counts it already, once however often it is reserved, and
+// once when its record comes (the reservation ends there); Unreserve ends
+// the others.
+func TestCacheReservations(t *testing.T) {
+	c := NewCache(CacheConfig{})
+	c.Apply(bound("a", "n1", 1, 1))
+	c.Apply(Binding{Group: "b", State: StateMoving, Node: "n3", PrevNode: "n2", FromSeq: 1, Revision: 2})
+	c.Apply(Binding{Group: "c", State: StateReleased, PrevNode: "n1", ThroughSeq: 4, Revision: 3})
+	c.Apply(bound("", "n4", 1, 4)) // the ungrouped routing binding is no group
+	long := strings.Repeat("x", 100)
+	c.Apply(bound(long, "n1", 1, 5))
+	step := func(what string, want int) {
+		t.Helper()
+		if got := c.BoundReserved(); got != want {
+			t.Fatalf("%s: BoundReserved = %d, want %d (Bound %d)", what, got, want, c.Bound())
+		}
+	}
+	step("no reservation", 3)
+	c.Reserve("a")
+	c.Reserve(Ref(long))
+	step("bound groups reserved", 3)
+	c.Reserve("new")
+	c.Reserve("new")
+	step("a new group reserved twice", 4)
+	c.Reserve("c")
+	step("an ended record's group reserved", 5)
+	c.Apply(bound("new", "n2", 9, 10))
+	step("the new group's record in the cache", 5)
+	c.Unreserve("new")
+	c.Unreserve("new")
+	step("the new group's reservations ended after its record came", 5)
+	c.Unreserve("c")
+	step("the ended record's group not written", 4)
 }
 
 // TestCacheRefusesInvalidValues: a value that does not decode, does not

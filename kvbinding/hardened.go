@@ -42,22 +42,41 @@ func HardenedBucketConfig(bucket, description string, replicas int, maxValueSize
 
 // OpenHardenedBucket binds to the bucket of cfg (a HardenedBucketConfig),
 // creating it when it does not exist yet; an existing bucket is used as it
-// is (see HardenBucket).
+// is (see HardenBucket). Another process may be creating it at the same
+// moment: until it has a stream leader the bucket answers no lookup, and a
+// create of another configuration finds the name in use. So each lookup
+// has a deadline of its own, and it looks again, every 100 ms, until the
+// bucket answers or ctx ends.
 func OpenHardenedBucket(ctx context.Context, js jetstream.JetStream, cfg jetstream.StreamConfig) (jetstream.KeyValue, error) {
 	bucket := strings.TrimPrefix(cfg.Name, "KV_")
-	kv, err := js.KeyValue(ctx, bucket)
-	if errors.Is(err, jetstream.ErrBucketNotFound) {
-		if _, cerr := js.CreateStream(ctx, cfg); cerr != nil && !errors.Is(cerr, jetstream.ErrStreamNameAlreadyInUse) {
+	for {
+		lctx, cancel := context.WithTimeout(ctx, bucketLookTimeout)
+		kv, err := js.KeyValue(lctx, bucket)
+		cancel()
+		if err == nil {
+			return kv, nil
+		}
+		unanswered := errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil
+		if !errors.Is(err, jetstream.ErrBucketNotFound) && !unanswered {
+			return nil, fmt.Errorf("kvbinding: open bucket %s: %w", bucket, err)
+		}
+		if _, cerr := js.CreateStream(ctx, cfg); cerr == nil {
+			continue
+		} else if !errors.Is(cerr, jetstream.ErrStreamNameAlreadyInUse) {
 			return nil, fmt.Errorf("kvbinding: create bucket %s: %w", bucket, cerr)
 		}
-		// Created here, or by another process between the two calls.
-		kv, err = js.KeyValue(ctx, bucket)
+		// Being created by another process (or there, of another
+		// configuration, and not answering yet).
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("kvbinding: open bucket %s: %w", bucket, ctx.Err())
+		case <-time.After(100 * time.Millisecond):
+		}
 	}
-	if err != nil {
-		return nil, fmt.Errorf("kvbinding: open bucket %s: %w", bucket, err)
-	}
-	return kv, nil
 }
+
+// bucketLookTimeout bounds one lookup of a bucket in OpenHardenedBucket.
+const bucketLookTimeout = 2 * time.Second
 
 // IsHardened reports whether a bucket's stream configuration refuses
 // roll-ups and purges.

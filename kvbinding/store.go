@@ -1,6 +1,7 @@
 package kvbinding
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -278,6 +279,65 @@ func (s *Store) WriteManyThen(ctx context.Context, ws []Write, stored func(i int
 		}
 	}
 	return out
+}
+
+// FillKey is the key Advance writes: no group's (the cache and List skip
+// it), it holds one empty value, and only its revisions matter.
+const FillKey = "fill"
+
+// advanceWindow bounds the fill writes Advance has in flight.
+const advanceWindow = 1024
+
+// Advance writes FillKey until the bucket's last revision is at least
+// through, and returns the last revision written (0 when it wrote none).
+// After the bucket went back below revisions that nodes had read, it
+// keeps the next records from reusing them (Cache.RewoundThrough). It
+// writes as many values as the bucket is behind, in pipelined rounds;
+// stopped by ctx or an error, it can be called again and goes on from
+// where the bucket is.
+func (s *Store) Advance(ctx context.Context, through uint64) (uint64, error) {
+	pub, err := s.publisher()
+	if err != nil {
+		return 0, err
+	}
+	subject := "$KV." + s.bucket + "." + FillKey
+	var last uint64
+	for n := uint64(1); ; {
+		var mu sync.Mutex
+		var first error
+		var wg sync.WaitGroup
+		for range n {
+			wg.Add(1)
+			perr := pub.Publish(&nats.Msg{Subject: subject}, func(ack jspub.Ack, err error) {
+				defer wg.Done()
+				mu.Lock()
+				defer mu.Unlock()
+				if err != nil {
+					first = cmp.Or(first, err)
+					return
+				}
+				last = max(last, ack.Sequence)
+			})
+			if perr != nil {
+				wg.Done()
+				mu.Lock()
+				first = cmp.Or(first, perr)
+				mu.Unlock()
+				break
+			}
+		}
+		wg.Wait()
+		if first != nil {
+			return last, fmt.Errorf("kvbinding: advance bucket %s to revision %d: %w", s.bucket, through, first)
+		}
+		if last >= through {
+			return last, nil
+		}
+		if err := ctx.Err(); err != nil {
+			return last, fmt.Errorf("kvbinding: advance bucket %s to revision %d: at %d: %w", s.bucket, through, last, err)
+		}
+		n = min(through-last, advanceWindow)
+	}
 }
 
 func (s *Store) publisher() (*jspub.Publisher, error) {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"time"
 
 	"github.com/nats-io/nats.go/micro"
@@ -53,6 +54,13 @@ type planned struct {
 	reserved bool
 }
 
+// unreserve ends pl's reservation in the group limit, if it has one.
+func (h *Handler) unreserve(pl planned, group string) {
+	if pl.reserved {
+		h.limit.release(h.cache, group)
+	}
+}
+
 // DecideAll decides every proposal of req, writing the records before it
 // returns, in one pipelined round of compare-and-set writes.
 func (h *Handler) DecideAll(ctx context.Context, req Request) []Decision {
@@ -85,13 +93,11 @@ func (h *Handler) DecideAll(ctx context.Context, req Request) []Decision {
 		if in.Op == OpBind && env.MaxGroups > 0 {
 			// Counted and decided under one lock: concurrent batches
 			// never bind past the limit together.
-			h.limit.decide(func(inFlight int) {
-				env.Bound = h.cache.Bound() + inFlight
+			h.limit.decide(h.cache, p.Group, func(bound int) bool {
+				env.Bound = bound
 				res = Transition(p.Group, cur, in, env)
-				if res.Write != nil && res.Write.State == kvbinding.StateBound && p.Group != "" && !countedBound(cur) {
-					reserved = true
-					h.limit.reserved++
-				}
+				reserved = res.Write != nil && res.Write.State == kvbinding.StateBound && p.Group != "" && !countedBound(cur)
+				return reserved
 			})
 		} else {
 			res = Transition(p.Group, cur, in, env)
@@ -136,18 +142,21 @@ func (h *Handler) writeAll(ctx context.Context, plans []planned, ps []Proposal) 
 	}
 	h.pausingFor(pausing, 1)
 	defer h.pausingFor(pausing, -1)
-	authorized := h.auth.holds(time.Now())
+	var blocked error // no record is written
+	if !h.auth.holds(time.Now()) {
+		blocked = errNoAuthority
+	} else if slices.ContainsFunc(plans, func(pl planned) bool { return pl.res.Write != nil }) {
+		blocked = h.pastRewind(ctx) // rewind.go
+	}
 	for k, pl := range plans {
 		res := pl.res
 		if res.Write == nil {
 			out[k] = h.unwritten(pl, ps[k])
 			continue
 		}
-		if !authorized {
-			if pl.reserved {
-				h.limit.release(1)
-			}
-			out[k] = Decision{Group: ps[k].Group, Outcome: Failed, Error: errNoAuthority.Error()}
+		if blocked != nil {
+			h.unreserve(pl, ps[k].Group)
+			out[k] = Decision{Group: ps[k].Group, Outcome: Failed, Error: blocked.Error()}
 			continue
 		}
 		var pauseErr error
@@ -162,9 +171,7 @@ func (h *Handler) writeAll(ctx context.Context, plans []planned, ps []Proposal) 
 			}
 		}
 		if pauseErr != nil {
-			if pl.reserved {
-				h.limit.release(1)
-			}
+			h.unreserve(pl, ps[k].Group)
 			out[k] = Decision{Group: ps[k].Group, Outcome: Failed, Error: pauseErr.Error()}
 			continue
 		}
@@ -180,17 +187,25 @@ func (h *Handler) writeAll(ctx context.Context, plans []planned, ps []Proposal) 
 	}
 	if len(writes) > 0 {
 		// A new bound group's record goes into the cache as soon as it
-		// is stored, and its limit reservation ends there: the limit
-		// counts it once, whatever the watch and the rest of the batch do.
+		// is stored, and its limit reservation ends there (the limit
+		// counts it once meanwhile, whatever the watch and the rest of the
+		// batch do). A write not stored by its first attempt ends its
+		// reservation once settled, whatever the outcome.
+		released := make([]bool, len(writes))
 		stored := func(j int, b kvbinding.Binding) {
-			if plans[at[j]].reserved {
+			k := at[j]
+			if plans[k].reserved {
 				h.cache.Apply(b)
-				h.limit.release(1)
+				h.unreserve(plans[k], ps[k].Group)
+				released[j] = true
 			}
 		}
 		for j, r := range h.store.WriteManyThen(ctx, writes, stored) {
 			k := at[j]
 			out[k] = h.settle(plans[k], ps[k], r.Binding, r.Err)
+			if !released[j] {
+				h.unreserve(plans[k], ps[k].Group)
+			}
 		}
 	}
 	return out
@@ -242,11 +257,6 @@ func routeNode(r *kvbinding.Binding) string {
 
 // settle turns the outcome of a record write into the decision to reply.
 func (h *Handler) settle(pl planned, p Proposal, b kvbinding.Binding, err error) Decision {
-	if pl.reserved && err != nil {
-		// Not stored by its first attempt (writeAll's stored released
-		// the others as they were acknowledged).
-		defer h.limit.release(1)
-	}
 	d := Decision{Group: p.Group, Outcome: Failed}
 	switch {
 	case err == nil:

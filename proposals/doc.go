@@ -29,13 +29,15 @@
 // LeastLoaded), which the simulation in router/ drives as well.
 //
 // Lock order in the handler: the group locks (grouplock.go; a caller takes
-// all its groups at once, in sorted order), then monitor.mu, then the
-// leaves: the binding cache's and the registry's locks, suspectMu,
-// ingressLast.mu, Metrics.mu. Only the group locks are held across I/O:
-// a decision holds its groups' locks from reading their records, through
-// the pause of the queues it drains and its record writes, to its event
-// (one decision at a time per group). No other lock is held across a
-// JetStream call: Pause and Resume are made by the pauser goroutine alone
-// (pauser.go), which takes monitor.mu only between its calls and never a
-// group lock; a decision waiting for its pause waits on a channel.
+// all its groups at once, in sorted order), then monitor.mu, then
+// groupLimit.mu (limit.go), then the leaves: the binding cache's and the
+// registry's locks, suspectMu, ingressLast.mu, Metrics.mu. Only the group
+// locks are held across I/O: a decision holds its groups' locks from
+// reading their records, through the pause of the queues it drains and its
+// record writes, to its event (one decision at a time per group). No other
+// lock is held across a JetStream call but Handler.advancing (rewind.go),
+// which nobody waits for (TryLock). Pause and Resume are made by the
+// pauser goroutine alone (pauser.go), which takes monitor.mu only between
+// its calls and never a group lock; a decision waiting for its pause waits
+// on a channel.
 package proposals

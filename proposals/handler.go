@@ -212,6 +212,11 @@ type Handler struct {
 	// auth is until when this handler may decide, by its own clock
 	// (authority.go).
 	auth authority
+
+	// After the bindings bucket went back (rewind.go): the revision the
+	// bucket is known to be past, and the one advance at a time.
+	advanced  atomic.Uint64
+	advancing sync.Mutex
 }
 
 // NewHandler returns a handler deciding with the given shared state. cache

@@ -6,32 +6,35 @@ import (
 	"time"
 
 	"grouprouter/internal/logagg"
+	"grouprouter/kvbinding"
 )
 
-// groupLimit counts the new bound groups decided but not yet in the
-// handler's cache (their records are being written), so that a limit
-// check counts them: Cache.Bound plus these. A reservation ends when its
-// record is stored and applied to the cache (writeAll), or is not
-// written. A record the watch applies before its PubAck comes is counted
-// twice for that moment: the limit may refuse a group a moment early,
-// never bind one past it.
+// groupLimit serializes the limit checks of concurrent decisions: a
+// check counts the bound groups and the new ones being written
+// (Cache.BoundReserved) and reserves its own new group under one lock, so
+// that concurrent batches never bind past the limit together. The cache
+// counts a group being written once, whether its record came through the
+// handler's Apply or, first, through the watch; a reservation ends there,
+// or when its record is not written (writeAll, unreserve).
 type groupLimit struct {
-	mu       sync.Mutex
-	reserved int
+	mu sync.Mutex
 }
 
-// decide runs fn with the lock held, passing the groups reserved.
-func (l *groupLimit) decide(fn func(inFlight int)) {
+// decide runs fn with the lock held, passing the groups bound and
+// reserved in cache. When fn returns true, group is reserved until
+// release.
+func (l *groupLimit) decide(cache *kvbinding.Cache, group string, fn func(bound int) bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	fn(l.reserved)
+	if fn(cache.BoundReserved()) {
+		cache.Reserve(kvbinding.Ref(group))
+	}
 }
 
-// release ends n reservations (their batch is written, or failed).
-func (l *groupLimit) release(n int) {
-	l.mu.Lock()
-	l.reserved -= n
-	l.mu.Unlock()
+// release ends a reservation of group in cache (its record is written and
+// in the cache, or is not written).
+func (l *groupLimit) release(cache *kvbinding.Cache, group string) {
+	cache.Unreserve(kvbinding.Ref(group))
 }
 
 // limitEventEvery bounds the limit events: one per interval while new

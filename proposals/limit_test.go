@@ -157,3 +157,49 @@ func TestTransitionDeadLetterAgain(t *testing.T) {
 		})
 	}
 }
+
+// TestGroupLimitCountsAWrittenGroupOnce: a new group's record can reach
+// the handler's cache through the watch before its own write is
+// acknowledged, while the group is still reserved. The limit counts it
+// once then, not twice: with a limit of 2 and one group bound, a second
+// new group is bound (TestGroupLimit once dead-lettered a new group so,
+// at 19 bound of 20); a third is refused, before and after the
+// reservation ends.
+func TestGroupLimitCountsAWrittenGroupOnce(t *testing.T) {
+	s := natstest.RunServer(t)
+	env := startHandler(t, s, "h1", liveNodes, func(c *HandlerConfig) { c.MaxGroups = 2 })
+	natstest.Eventually(t, 5*time.Second, func() error {
+		if !env.h.Active() {
+			return natstest.ErrNotYet
+		}
+		return nil
+	})
+	ctx := context.Background()
+	// g1 decided and reserved, its record stored and applied by the
+	// watch, its PubAck not yet handled (writeAll's stored not yet run).
+	env.h.limit.decide(env.h.cache, "g1", func(int) bool { return true })
+	if _, err := env.h.store.Create(ctx, kvbinding.Binding{Group: "g1", State: kvbinding.StateBound, Node: "n1", FromSeq: 10}); err != nil {
+		t.Fatal(err)
+	}
+	natstest.Eventually(t, 5*time.Second, func() error {
+		if n := env.h.cache.Bound(); n != 1 {
+			return fmt.Errorf("cache counts %d bound, want 1", n)
+		}
+		return nil
+	})
+	c := NewClient(s.Connect(), "n1", 5*time.Second)
+	propose := func(group string, seq uint64, want Outcome) {
+		t.Helper()
+		ds, err := c.Propose(ctx, []Proposal{{Group: group, Node: "n1", Seq: seq}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ds[0].Outcome != want {
+			t.Fatalf("%s: %s (%s), want %s", group, ds[0].Outcome, ds[0].Error, want)
+		}
+	}
+	propose("g2", 11, Accepted)
+	propose("g3", 12, Refused)
+	env.h.limit.release(env.h.cache, "g1")
+	propose("g4", 13, Refused)
+}

@@ -215,6 +215,13 @@ func (h *Handler) restoreBad(ctx context.Context) {
 		}
 		writes = append(writes, w)
 	}
+	if len(writes) == 0 {
+		return
+	}
+	if err := h.pastRewind(ctx); err != nil {
+		h.log.Debug("invalid values not restored yet", "err", err)
+		return
+	}
 	for _, res := range h.store.WriteMany(ctx, writes) {
 		if res.Err == nil {
 			h.cache.Apply(res.Binding)

@@ -32,6 +32,10 @@ import (
 //     records and decide alike, so exactly one of them stops, whatever
 //     their clocks say: the earlier one keeps its queue, lease and
 //     checkpoint, and the one that stops withdraws and saves nothing.
+//     The record of the predecessor the start-up check found gone is not
+//     another process, until it is renewed: the check may find it gone (or
+//     not renewed within its TTL) while the node's registry still holds it,
+//     or is yet to learn of its expiry.
 
 // claimPoll is how often a starting node reads its liveness key while it
 // waits for an old record to be renewed or to go.
@@ -111,6 +115,13 @@ func laterStarter(started time.Time, instance string, other kvbinding.NodeInfo) 
 	return instance > other.Instance
 }
 
+// stalePredecessor reports whether other, the record announced under
+// this node's id, is the last record of predecessor, the process the
+// start-up check found gone (not a renewal of it: a later heartbeat).
+func stalePredecessor(predecessor, other kvbinding.NodeInfo) bool {
+	return predecessor.Instance != "" && other.Instance == predecessor.Instance && !other.Heartbeat.After(predecessor.Heartbeat)
+}
+
 // claimNodeID is the start-up check of the node id: it returns nil when
 // no other process heartbeats under it, a *NodeIDInUseError when one
 // does, or ctx's error. Reading the key waits out NATS being unavailable,
@@ -144,6 +155,7 @@ func (r *Router) claimNodeID(ctx context.Context) error {
 			case cur.invalid != nil:
 				r.log.Warn("node id check: "+why, "err", cur.invalid)
 			case first.found:
+				r.predecessor = first.info
 				r.log.Info("node id check: the id is free: "+why, "waited", now.Sub(firstAt).Round(time.Millisecond),
 					"previous_host", first.info.Host, "previous_pid", first.info.PID, "previous_instance", first.info.Instance)
 			default:
@@ -172,7 +184,7 @@ func (r *Router) claimNodeID(ctx context.Context) error {
 // node stops (Run returns a *NodeIDInUseError).
 func (r *Router) checkOwnRecord(live map[string]kvbinding.NodeInfo) {
 	other, ok := live[r.cfg.Node]
-	if !ok || other.Instance == r.instance || r.started.IsZero() {
+	if !ok || other.Instance == r.instance || r.started.IsZero() || stalePredecessor(r.predecessor, other) {
 		return
 	}
 	if !laterStarter(r.started, r.instance, other) {

@@ -105,6 +105,32 @@ func TestLaterStarter(t *testing.T) {
 	}
 }
 
+// TestStalePredecessor: the record of the process the start-up check found
+// gone is not another process while it stays the one the check read (or
+// an older one); renewed, it is; another instance's record always is.
+func TestStalePredecessor(t *testing.T) {
+	t0 := time.Date(2026, 12, 6, 1, 0, 0, 0, time.UTC)
+	pred := kvbinding.NodeInfo{Instance: "old", Heartbeat: t0}
+	for _, tc := range []struct {
+		name  string
+		pred  kvbinding.NodeInfo
+		other kvbinding.NodeInfo
+		want  bool
+	}{
+		{"the record the check read", pred, kvbinding.NodeInfo{Instance: "old", Heartbeat: t0}, true},
+		{"an older record of it", pred, kvbinding.NodeInfo{Instance: "old", Heartbeat: t0.Add(-time.Second)}, true},
+		{"renewed since: a live process", pred, kvbinding.NodeInfo{Instance: "old", Heartbeat: t0.Add(time.Millisecond)}, false},
+		{"another instance", pred, kvbinding.NodeInfo{Instance: "other", Heartbeat: t0}, false},
+		{"no predecessor (the id was free)", kvbinding.NodeInfo{}, kvbinding.NodeInfo{Instance: "old", Heartbeat: t0}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := stalePredecessor(tc.pred, tc.other); got != tc.want {
+				t.Errorf("stalePredecessor = %v, want %v", got, tc.want)
+			}
+		})
+	}
+}
+
 func TestNodeIDInUseError(t *testing.T) {
 	started := time.Date(2026, 12, 1, 23, 59, 1, 0, time.UTC)
 	err := error(&NodeIDInUseError{Node: "n1", Other: kvbinding.NodeInfo{Host: "h1", PID: 4242, Started: started, Instance: "0193"}})

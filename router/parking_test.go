@@ -60,3 +60,43 @@ func TestHardenParkedBucket(t *testing.T) {
 		t.Errorf("a bucket EnsureParking created is not hardened: %v %v", changed, err)
 	}
 }
+
+// TestEnsureParkingConcurrently: a LOCAL node (3 replicas) and consumers
+// of package consumer (1 replica, their default) that create the parked
+// stream at once on 3 servers all succeed. Before, one that found the
+// name in use (another's create under way, the stream not answering yet)
+// gave up after three quick tries, and a consumer failed to start
+// (TestNodeRestartAfterCrashRoutesAgain, once in 20 runs: "create stream
+// GROUPING_PARKED: ... stream name already in use"); and one look at a
+// stream with no leader yet took the caller's whole deadline.
+func TestEnsureParkingConcurrently(t *testing.T) {
+	c := natstest.RunCluster(t, 3)
+	jss := make([]jetstream.JetStream, 3)
+	for i, s := range c.Servers {
+		jss[i] = s.JetStream()
+		natstest.Eventually(t, 20*time.Second, func() error {
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			defer cancel()
+			_, err := jss[i].AccountInfo(ctx)
+			return err
+		})
+	}
+	errs := make(chan error, len(jss))
+	for i, js := range jss {
+		replicas := 1
+		if i == 0 {
+			replicas = 3
+		}
+		go func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+			defer cancel()
+			_, err := EnsureParking(ctx, js, replicas)
+			errs <- err
+		}()
+	}
+	for range jss {
+		if err := <-errs; err != nil {
+			t.Error(err)
+		}
+	}
+}

@@ -138,9 +138,12 @@ type Router struct {
 	// One process per node id (identity.go): this process's instance id,
 	// host and pid, announced in its liveness record; yielded is set, and
 	// conflict receives the error, when it gives the id up to another.
-	instance       string
-	host           string
-	pid            int
+	instance string
+	host     string
+	pid      int
+	// predecessor is the last record of the process the start-up check
+	// found gone under this id (claimNodeID), if any.
+	predecessor    kvbinding.NodeInfo
 	yielded        atomic.Bool
 	conflict       chan error
 	warnedInstance atomic.Pointer[string]

@@ -298,22 +298,46 @@ func waitStream(ctx context.Context, js jetstream.JetStream, spec jetstream.Stre
 	}
 }
 
+// ensureStream creates spec's stream unless it exists (see checkStream).
+// Another process may be creating it at the same moment (a LOCAL node and
+// the consumers of package consumer start together, and ask for the
+// parked stream with other replicas): until that create is done, the
+// stream's info goes unanswered (no stream leader yet) or says not found,
+// while a create of another configuration finds the name in use. So each
+// look has a deadline of its own, and a name in use is looked at again,
+// every 100 ms, until the stream answers or ctx ends; any other create
+// error is returned after three tries.
 func ensureStream(ctx context.Context, js jetstream.JetStream, spec jetstream.StreamConfig) error {
-	for attempt := 0; ; attempt++ {
-		err := checkStream(ctx, js, spec)
-		if !errors.Is(err, jetstream.ErrStreamNotFound) {
+	for attempt := 0; ; {
+		lctx, cancel := context.WithTimeout(ctx, streamLookTimeout)
+		err := checkStream(lctx, js, spec)
+		cancel()
+		unanswered := errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil
+		if !errors.Is(err, jetstream.ErrStreamNotFound) && !unanswered {
 			return err
 		}
 		_, err = js.CreateStream(ctx, spec)
 		if err == nil {
 			return nil
 		}
-		if attempt >= 2 {
-			return fmt.Errorf("grouping: create stream %s: %w", spec.Name, err)
+		err = fmt.Errorf("grouping: create stream %s: %w", spec.Name, err)
+		if !errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
+			if attempt++; attempt >= 3 {
+				return err
+			}
+			continue // another node may have created it concurrently: look again
 		}
-		// Another node may have created it concurrently: look again.
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%w (the stream did not answer: %w)", err, ctx.Err())
+		case <-time.After(100 * time.Millisecond):
+		}
 	}
 }
+
+// streamLookTimeout bounds one look at a stream in ensureStream: a
+// stream being created answers no info request until it has a leader.
+const streamLookTimeout = 2 * time.Second
 
 // ensureQueueConsumer creates or updates node's durable queue consumer.
 func ensureQueueConsumer(ctx context.Context, js jetstream.JetStream, node string, mode QueueMode, pinnedTTL, ackWait time.Duration) (jetstream.Consumer, error) {
