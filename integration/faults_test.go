@@ -1074,6 +1074,7 @@ func endLoad(t *testing.T, js jetstream.JetStream, col *timedCollector, ps []*lo
 }
 
 func TestServerRestartUnderLoad(t *testing.T) {
+	t.Parallel() // see doc.go
 	c, nodes, col, _, js := loadedCluster(t, "LRR")
 	stalls := watchReadStalls(t, nodes...)
 	ps := loadEveryServer(t, c, col)
@@ -1153,6 +1154,7 @@ func TestServerRestartUnderLoad(t *testing.T) {
 // every acknowledged message is delivered exactly once, in order per
 // group, and no node stops.
 func TestLeaderStepdownsUnderLoad(t *testing.T) {
+	t.Parallel() // see doc.go
 	c, nodes, col, admin, js := loadedCluster(t, "LRR")
 	stalls := watchReadStalls(t, nodes...)
 	ps := loadEveryServer(t, c, col)

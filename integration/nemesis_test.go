@@ -29,6 +29,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"text/tabwriter"
@@ -233,24 +234,34 @@ func TestNemesis(t *testing.T) {
 	}
 	bin := buildRelease(t, "")
 	var results []nemesisResult
-	run := func(seed uint64) {
-		res := nemesisResult{seed: seed, faults: map[string]int{}}
+	var resMu sync.Mutex
+	run := func(t *testing.T, seed uint64, parallel bool) {
 		t.Run(fmt.Sprintf("seed=%d", seed), func(t *testing.T) {
+			if parallel {
+				t.Parallel()
+			}
+			res := nemesisResult{seed: seed, faults: map[string]int{}}
 			start := time.Now()
 			defer func() {
 				res.failed, res.wall = t.Failed(), time.Since(start)
 				if t.Failed() {
 					t.Logf("replay this schedule: %s", nemesisReplay(seed))
 				}
+				resMu.Lock()
+				results = append(results, res)
+				resMu.Unlock()
 			}()
 			runNemesis(t, bin, seed, &res)
 		})
-		results = append(results, res)
 	}
 	if budget == 0 {
-		for _, s := range seeds {
-			run(s)
-		}
+		// The fixed seeds side by side (doc.go: the long runs overlap their
+		// holds); the group returns once every one has.
+		t.Run("seeds", func(t *testing.T) {
+			for _, s := range seeds {
+				run(t, s, true)
+			}
+		})
 	} else {
 		fresh := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 0))
 		start := time.Now()
@@ -259,7 +270,7 @@ func TestNemesis(t *testing.T) {
 				t.Logf("stopping after %d schedules to fit the test timeout (run with -timeout 0 for the full length)", len(results))
 				break
 			}
-			run(fresh.Uint64() % 1_000_000_000)
+			run(t, fresh.Uint64()%1_000_000_000, false)
 		}
 	}
 	logNemesisSummary(t, results)

@@ -142,6 +142,7 @@ func TestNodeKilledGroupsMoveAfterGrace(t *testing.T) {
 // groups moves at the grace. Before, they waited out the grace (15 s by
 // default) for their first delivery.
 func TestNodeKilledNewGroupsMoveWithoutTheGrace(t *testing.T) {
+	t.Parallel() // see doc.go
 	s := natstest.RunServer(t)
 	cfg := func(id string, typ router.HandlerType) router.Config {
 		c := lifecycleConfig(id, typ)

@@ -20,6 +20,7 @@ import (
 // exactly once, in order per group, whichever node it ends on. The
 // binary is run as users run it.
 func TestPausedPastGrace(t *testing.T) {
+	t.Parallel() // see doc.go
 	bin := buildRelease(t, "")
 	c := natstest.RunCluster(t, 3)
 	var col collector

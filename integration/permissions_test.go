@@ -281,6 +281,7 @@ func (a *authCluster) startNodes(t *testing.T) []*node {
 // unbinds, an observer reading events), without a single permissions
 // violation, and each role is refused what it must not do.
 func TestPermissionsLeastPrivilege(t *testing.T) {
+	t.Parallel() // see doc.go
 	layout := permissions.Layout{Address: "jms", Nodes: []string{"n0", "n1", "n2"}, Handlers: []string{"n0", "n1"}, Name: "my-grouping-handler"}
 	a := runAuthCluster(t, layout)
 	// Four held messages at most: past two, a group's messages waiting
