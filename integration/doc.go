@@ -7,7 +7,7 @@
 // The long fault runs (the nemesis, the partition scenarios, the takeover
 // of many groups, batches across faults, leader step-downs and server
 // restarts under load, a node paused past its grace, new groups of a
-// killed node, the least-privilege accounts) call t.Parallel: each owns its
+// killed node) call t.Parallel: each owns its
 // servers, its nodes and its ports, and spends most of its time waiting
 // for a fault's hold or a grace period to pass, so they overlap those
 // waits two at a time (go test's -parallel is GOMAXPROCS) after the other
