@@ -29,8 +29,12 @@ func TestSlowConsumerMoves(t *testing.T) {
 	if testing.Short() {
 		t.Skip("-short: takes ~2 min")
 	}
+	t.Parallel() // see doc.go
 	for _, how := range []string{"operator", "rebind", "node-loss"} {
-		t.Run(how, func(t *testing.T) { runSlowConsumerMove(t, how) })
+		t.Run(how, func(t *testing.T) {
+			t.Parallel() // each on its own cluster
+			runSlowConsumerMove(t, how)
+		})
 	}
 }
 

@@ -111,6 +111,7 @@ func soakSeed(t *testing.T) uint64 {
 // stop, and every message must have been processed exactly once and in
 // order within its group, with nothing left on the queues.
 func TestSoak(t *testing.T) {
+	t.Parallel() // see doc.go
 	dur := soakDuration(t)
 	seed := soakSeed(t)
 	rng := rand.New(rand.NewPCG(seed, 0x5eed))
