@@ -17,10 +17,12 @@ import (
 // an application on package consumer (16 lanes) whose handler takes
 // busyHandler for one group and nothing for the others. Quiet groups get a
 // message each every busyEvery for busyFor, once alone and once behind a
-// backlog of busyBacklog messages of the busy group published at once. It
-// reports the quiet groups' latency in both runs (the target: behind the
-// backlog, a p99 at most twice the one without it) and the busy group's
-// own rate against what its handler allows (the target: at least 0.9x).
+// backlog of busyBacklog messages of the busy group published at once, and
+// once beside a group whose handler hangs for busyHang on its first
+// message, with as large a backlog behind it. It reports the quiet groups'
+// latency in the three runs (the target: beside the backlog or the hang, a
+// p99 at most twice the one alone) and the busy group's own rate against
+// what its handler allows (the target: at least 0.9x).
 const wlBusy = "busy"
 
 // The busy workload's shape (the issue's: a batch import of one group).
@@ -30,43 +32,58 @@ const (
 	busyQuiet   = 20
 	busyEvery   = 100 * time.Millisecond
 	busyFor     = 20 * time.Second
+	busyHang    = 60 * time.Second
+)
+
+// How a busy run loads the node beside its quiet groups.
+const (
+	busyAlone  = iota // nothing
+	busyBehind        // the busy group's backlog
+	busyHung          // a group whose handler hangs on its first message, with a backlog
 )
 
 // busyRun is what the busy workload measured.
 type busyRun struct {
 	alone, behind percentiles // the quiet groups' latency without, and behind, the backlog
+	hung          percentiles // ... beside a group whose handler hangs
 	hotRate       float64     // the busy group's messages processed per second, first to last
 	hotAllowed    float64     // what its handler allows: 1 / busyHandler
 	heldBack      bool        // the node held the busy group back (a hold event)
 }
 
-// busyPhase runs the quiet groups alone, then behind the backlog, each on
-// a fresh router node.
+// busyPhase runs the quiet groups alone, behind the backlog and beside a
+// hung group, each on a fresh router node.
 func (b *bencher) busyPhase(ctx context.Context, e *env, sr *serverResults) error {
-	b.phase("busy group: %d messages of one group at %v each, beside %d quiet groups every %v for %v: alone, then behind it",
-		busyBacklog, busyHandler, busyQuiet, busyEvery, busyFor)
+	b.phase("busy group: %d messages of one group at %v each, beside %d quiet groups every %v for %v: alone, behind it, then beside a group whose handler hangs %v",
+		busyBacklog, busyHandler, busyQuiet, busyEvery, busyFor, busyHang)
 	var br busyRun
-	alone, _, _, err := b.busyOn(ctx, e, false)
+	alone, _, _, err := b.busyOn(ctx, e, busyAlone)
 	if err != nil {
 		return err
 	}
-	behind, rate, held, err := b.busyOn(ctx, e, true)
+	behind, rate, held, err := b.busyOn(ctx, e, busyBehind)
 	if err != nil {
 		return err
 	}
-	br.alone, br.behind, br.hotRate, br.heldBack = alone, behind, rate, held
+	hung, _, _, err := b.busyOn(ctx, e, busyHung)
+	if err != nil {
+		return err
+	}
+	br.alone, br.behind, br.hung, br.hotRate, br.heldBack = alone, behind, hung, rate, held
 	br.hotAllowed = float64(time.Second) / float64(busyHandler)
 	sr.busy = &br
-	b.logf("busy group: quiet p50/p99/max alone %v/%v/%v, behind the backlog %v/%v/%v; the busy group at %.0f msgs/s of %.0f its handler allows; held back: %v",
-		alone.P50, alone.P99, alone.M, behind.P50, behind.P99, behind.M, rate, br.hotAllowed, held)
+	b.logf("busy group: quiet p50/p99/max alone %v/%v/%v, behind the backlog %v/%v/%v, beside a hung group %v/%v/%v; the busy group at %.0f msgs/s of %.0f its handler allows; held back: %v",
+		alone.P50, alone.P99, alone.M, behind.P50, behind.P99, behind.M, hung.P50, hung.P99, hung.M, rate, br.hotAllowed, held)
 	return nil
 }
 
-// busyOn runs the quiet groups on a fresh router node, behind the busy
-// group's backlog when backlog is set. It returns the quiet groups'
-// latency (publish to the handler's start), the busy group's rate, and
-// whether the node held it back.
-func (b *bencher) busyOn(ctx context.Context, e *env, backlog bool) (percentiles, float64, bool, error) {
+// busyOn runs the quiet groups on a fresh router node, beside what mode
+// says. It returns the quiet groups' latency (publish to the handler's
+// start), the busy group's rate, and whether the node held it back. The
+// hung group is not waited for: its handler hangs past the quiet groups'
+// run, and the consumer stops under it.
+func (b *bencher) busyOn(ctx context.Context, e *env, mode int) (percentiles, float64, bool, error) {
+	backlog := mode == busyBehind
 	if err := b.resetRouting(ctx, e); err != nil {
 		return percentiles{}, 0, false, err
 	}
@@ -88,6 +105,16 @@ func (b *bencher) busyOn(ctx context.Context, e *env, backlog bool) (percentiles
 	go func() {
 		done <- consumer.Consume(cctx, e.js, "n0", func(ctx context.Context, m *consumer.Message) error {
 			now := time.Now()
+			if m.Group == "stuck" {
+				if string(m.Data) == "stuck/0" {
+					select {
+					case <-ctx.Done():
+						return ctx.Err()
+					case <-time.After(busyHang):
+					}
+				}
+				return nil
+			}
 			if m.Group == "hot" {
 				select {
 				case <-ctx.Done():
@@ -130,12 +157,16 @@ func (b *bencher) busyOn(ctx context.Context, e *env, backlog bool) (percentiles
 	}
 	defer func() { _ = sub.Unsubscribe() }()
 	js := e.prod.js[0]
-	if backlog {
+	if mode != busyAlone {
+		group := "hot"
+		if mode == busyHung {
+			group = "stuck"
+		}
 		futures := make([]jetstream.PubAckFuture, 0, busyBacklog)
 		for i := range busyBacklog {
 			m := nats.NewMsg(benchAddress + ".busy")
-			m.Header.Set("Group-Id", "hot")
-			m.Data = []byte("hot/" + strconv.Itoa(i))
+			m.Header.Set("Group-Id", group)
+			m.Data = []byte(group + "/" + strconv.Itoa(i))
 			f, err := js.PublishMsgAsync(m)
 			if err != nil {
 				return percentiles{}, 0, false, err
@@ -213,6 +244,10 @@ func (sr *serverResults) busyRows(rb *rowBuilder) {
 	r.Target = "<= 2x alone"
 	ok := br.alone.P99 > 0 && br.behind.P99 <= 2*br.alone.P99
 	r.Met = &ok
+	r = rb.add(wlBusy, 1, "quiet groups p99, beside a group whose handler hangs", ms(br.hung.P99), unitMs).vs("alone", ms(br.alone.P99))
+	r.Target = "<= 2x alone"
+	unhurt := br.alone.P99 > 0 && br.hung.P99 <= 2*br.alone.P99
+	r.Met = &unhurt
 	r = rb.add(wlBusy, 1, "busy group's own rate", br.hotRate, unitMsgs).vs("its handler's", br.hotAllowed)
 	r.Target = ">= 0.9x its handler's"
 	fast := br.hotRate >= 0.9*br.hotAllowed
