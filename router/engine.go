@@ -240,6 +240,9 @@ const (
 	// actHold: group started (count > 0: messages held) or stopped (took:
 	// for how long, count: messages) being held back (announce it).
 	actHold
+	// actFairWake: a group started waiting for room in its share (wake
+	// the fair shell, which may be between idle rounds).
+	actFairWake
 )
 
 // action is one thing the engine asks its shells to do.

@@ -163,6 +163,13 @@ func (r *Router) fairLoop(ctx context.Context, cons jetstream.Consumer) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
+		case <-r.fairWake:
+			if !t.Stop() {
+				select {
+				case <-t.C:
+				default:
+				}
+			}
 		}
 		busy := r.fairRound(ctx, cons, stream)
 		if busy {

@@ -444,6 +444,10 @@ func (e *engine) fairWaits(ln *lane, m *msgRec, now time.Time) bool {
 	if ln.fairSince.IsZero() {
 		ln.fairSince = now
 		e.fairWait[ln] = struct{}{}
+		// The fair shell reads the ack floor every fairIdle while no group
+		// is at its share: a group that fills its share within that (a
+		// hot group routed at full speed) must not wait for the round.
+		e.emit(action{kind: actFairWake})
 	}
 	if ln.fairHead.IsZero() {
 		ln.fairHead = now

@@ -156,6 +156,7 @@ type Router struct {
 	changes   chan string // refs of the groups whose record changed, from the cache
 	askWake   chan struct{}
 	timerWake chan struct{}
+	fairWake  chan struct{} // a group waits for room in its share
 	duties    *dutyQueue
 
 	suspectMu sync.Mutex
@@ -244,6 +245,7 @@ func New(nc *nats.Conn, cfg Config) (*Router, error) {
 		changes:   make(chan string, 4096),
 		askWake:   make(chan struct{}, 1),
 		timerWake: make(chan struct{}, 1),
+		fairWake:  make(chan struct{}, 1),
 		duties:    newDutyQueue(),
 		fetches:   make(chan struct{}, maxFetches),
 		metrics:   newNodeMetrics(cfg.Type),
@@ -359,6 +361,8 @@ func (r *Router) perform(acts []action) {
 			r.warnWindow.Warn("", "window", a.count)
 		case actHold:
 			r.holdEvent(a)
+		case actFairWake:
+			wake(r.fairWake)
 		}
 	}
 }
