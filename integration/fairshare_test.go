@@ -38,17 +38,7 @@ func startFairRun(t *testing.T, window int, slow func(group string) time.Duratio
 	r := &fairRun{nc: s.Connect()}
 	r.holds = watchEvents(t, r.nc, proposals.EventHold)
 	r.js = jetStream(t, s.URL())
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	c, err := r.js.Consumer(ctx, router.QueueStream, router.QueueConsumer("n1"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	cc := c.CachedInfo().Config
-	cc.MaxAckPending = window
-	if _, err := r.js.UpdateConsumer(ctx, router.QueueStream, cc); err != nil {
-		t.Fatal(err)
-	}
+	setQueueWindow(t, r.js, "n1", window)
 	cctx, stop := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() {
@@ -247,17 +237,7 @@ func TestHeldBackGroupSurvivesACrash(t *testing.T) {
 	cfg.MaxHeldMessages = 400
 	n := startNode(t, s.URL(), cfg)
 	r := &fairRun{nc: s.Connect(), js: jetStream(t, s.URL())}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	c, err := r.js.Consumer(ctx, router.QueueStream, router.QueueConsumer("n1"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	cc := c.CachedInfo().Config
-	cc.MaxAckPending = window
-	if _, err := r.js.UpdateConsumer(ctx, router.QueueStream, cc); err != nil {
-		t.Fatal(err)
-	}
+	setQueueWindow(t, r.js, "n1", window)
 	natstest.Eventually(t, 10*time.Second, func() error {
 		if got := n.r.Stats().GroupShare; got != window/2 {
 			return fmt.Errorf("group share %d, want %d", got, window/2)
@@ -295,4 +275,20 @@ func TestHeldBackGroupSurvivesACrash(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// setQueueWindow sets the MaxAckPending of node's queue consumer.
+func setQueueWindow(t *testing.T, js jetstream.JetStream, node string, window int) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c, err := js.Consumer(ctx, router.QueueStream, router.QueueConsumer(node))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cc := c.CachedInfo().Config
+	cc.MaxAckPending = window
+	if _, err := js.UpdateConsumer(ctx, router.QueueStream, cc); err != nil {
+		t.Fatal(err)
+	}
 }

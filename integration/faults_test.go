@@ -633,27 +633,31 @@ func checkDelivered(t testing.TB, got []delivery, want map[string][]string, oneN
 // waitQueuesEmpty waits until no message is left on any node's queue.
 func waitQueuesEmpty(t testing.TB, js jetstream.JetStream, d time.Duration) {
 	t.Helper()
-	natstest.Eventually(t, d, func() error {
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		defer cancel()
-		s, err := js.Stream(ctx, router.QueueStream)
-		if err != nil {
-			return err
+	natstest.Eventually(t, d, func() error { return queuesEmpty(js) })
+}
+
+// queuesEmpty reports an error, with the first message left and what the
+// queue consumers hold, while a message is left on a node's queue.
+func queuesEmpty(js jetstream.JetStream) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	s, err := js.Stream(ctx, router.QueueStream)
+	if err != nil {
+		return err
+	}
+	info, err := s.Info(ctx, jetstream.WithSubjectFilter(router.QueueSubjectPrefix+">"))
+	if err != nil {
+		return err
+	}
+	if info.State.Msgs != 0 {
+		first := ""
+		if m, err := s.GetMsg(ctx, info.State.FirstSeq); err == nil {
+			first = fmt.Sprintf("%s %q %v", m.Subject, m.Data, m.Header)
 		}
-		info, err := s.Info(ctx, jetstream.WithSubjectFilter(router.QueueSubjectPrefix+">"))
-		if err != nil {
-			return err
-		}
-		if info.State.Msgs != 0 {
-			first := ""
-			if m, err := s.GetMsg(ctx, info.State.FirstSeq); err == nil {
-				first = fmt.Sprintf("%s %q %v", m.Subject, m.Data, m.Header)
-			}
-			return fmt.Errorf("%d messages left on queues: %v (stream %d..%d, first %s; consumers: %s)", info.State.Msgs, info.State.Subjects,
-				info.State.FirstSeq, info.State.LastSeq, first, queueConsumers(ctx, s))
-		}
-		return nil
-	})
+		return fmt.Errorf("%d messages left on queues: %v (stream %d..%d, first %s; consumers: %s)", info.State.Msgs, info.State.Subjects,
+			info.State.FirstSeq, info.State.LastSeq, first, queueConsumers(ctx, s))
+	}
+	return nil
 }
 
 // queueConsumers describes the queue stream's consumers: what each was

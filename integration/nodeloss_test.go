@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
+
 	"grouprouter/internal/natstest"
 	"grouprouter/proposals"
 	"grouprouter/router"
@@ -82,15 +84,7 @@ func (p *producer) total() (map[string][]string, int) {
 // and what it never routed, in order, nothing lost or duplicated.
 func TestNodeKilledGroupsMoveAfterGrace(t *testing.T) {
 	s := natstest.RunServer(t)
-	startNode(t, s.URL(), lifecycleConfig("n0", router.Local))
-	n1 := startNode(t, s.URL(), lifecycleConfig("n1", router.Remote))
-	startNode(t, s.URL(), lifecycleConfig("n2", router.Remote))
-	var col collector
-	startConsumer(t, s.URL(), "n0", &col)
-	stop1 := startConsumer(t, s.URL(), "n1", &col)
-	startConsumer(t, s.URL(), "n2", &col)
-	nc := s.Connect()
-	waitEligible(t, nc, []string{"n0", "n1", "n2"}, []string{"n0", "n1", "n2"})
+	n1, col, stop1, nc := threeNodesOnOneServer(t, s, lifecycleConfig)
 	handoffs := watchEvents(t, nc, proposals.EventHandoff)
 	groups := make([]string, 12)
 	for i := range groups {
@@ -149,15 +143,7 @@ func TestNodeKilledNewGroupsMoveWithoutTheGrace(t *testing.T) {
 		c.NodeGrace = 5 * time.Second
 		return c
 	}
-	startNode(t, s.URL(), cfg("n0", router.Local))
-	n1 := startNode(t, s.URL(), cfg("n1", router.Remote))
-	startNode(t, s.URL(), cfg("n2", router.Remote))
-	var col collector
-	startConsumer(t, s.URL(), "n0", &col)
-	stop1 := startConsumer(t, s.URL(), "n1", &col)
-	startConsumer(t, s.URL(), "n2", &col)
-	nc := s.Connect()
-	waitEligible(t, nc, []string{"n0", "n1", "n2"}, []string{"n0", "n1", "n2"})
+	n1, col, stop1, nc := threeNodesOnOneServer(t, s, cfg)
 	moves := watchEvents(t, nc, proposals.EventMove)
 	old := startProducer(t, s.URL(), groupNames(12), 2*time.Millisecond)
 	col.waitCount(t, 200, 20*time.Second)
@@ -244,4 +230,22 @@ func TestNodeKilledNewGroupsMoveWithoutTheGrace(t *testing.T) {
 	}
 	t.Logf("%d groups taken off the dead node early; the slowest delivered whole %v after the kill; the grace's moves began %v after it",
 		len(early), slowest.Round(time.Millisecond), graceAt.Sub(killed).Round(time.Millisecond))
+}
+
+// threeNodesOnOneServer starts n0 (LOCAL), n1 and n2 (REMOTE) on s with
+// the configurations cfg gives, a consumer on each node's queue into one
+// collector, and waits until all three are eligible. It returns n1, the
+// collector, what stops n1's consumer and a connection to s.
+func threeNodesOnOneServer(t *testing.T, s *natstest.Server, cfg func(string, router.HandlerType) router.Config) (*node, *collector, func(), *nats.Conn) {
+	t.Helper()
+	startNode(t, s.URL(), cfg("n0", router.Local))
+	n1 := startNode(t, s.URL(), cfg("n1", router.Remote))
+	startNode(t, s.URL(), cfg("n2", router.Remote))
+	col := &collector{}
+	startConsumer(t, s.URL(), "n0", col)
+	stop1 := startConsumer(t, s.URL(), "n1", col)
+	startConsumer(t, s.URL(), "n2", col)
+	nc := s.Connect()
+	waitEligible(t, nc, []string{"n0", "n1", "n2"}, []string{"n0", "n1", "n2"})
+	return n1, col, stop1, nc
 }

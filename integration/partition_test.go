@@ -321,24 +321,6 @@ func (r *partitionRun) finish(t *testing.T) partitionCheck {
 	return c
 }
 
-// queuesEmpty reports an error while a message is left on a node's queue.
-func queuesEmpty(js jetstream.JetStream) error {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-	defer cancel()
-	s, err := js.Stream(ctx, router.QueueStream)
-	if err != nil {
-		return err
-	}
-	info, err := s.Info(ctx, jetstream.WithSubjectFilter(router.QueueSubjectPrefix+">"))
-	if err != nil {
-		return err
-	}
-	if info.State.Msgs != 0 {
-		return fmt.Errorf("%d messages left on the queues %v", info.State.Msgs, info.State.Subjects)
-	}
-	return nil
-}
-
 // ---------------------------------------------------------------------------
 // The check
 
