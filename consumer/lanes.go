@@ -52,6 +52,12 @@ type lane struct {
 	claimUntil time.Time
 	replayDue  bool // take the replay job next
 	replaying  bool // the replay job runs
+	// recState and recRev: the state of the group's parked record as
+	// last set (by the watch or this process's own write), and the
+	// record's revision as the watch brought it. A read of the record
+	// older than recRev is stale (a replica behind answered it).
+	recState parkState
+	recRev   uint64
 
 	barriers []barrier // sorted by seq
 	queued   bool      // in laneSet.ready
@@ -377,6 +383,7 @@ func (s *laneSet) setRecord(group string, st parkState, mine bool, claimUntil, n
 		}
 		l = s.lane(group, now)
 	}
+	l.recState = st
 	switch st {
 	case notParked:
 		l.parked, l.hold, l.replayMine = false, false, false
@@ -428,7 +435,9 @@ func (s *laneSet) endReplay(l *lane, st parkState, done uint64, retryAt, now tim
 	case parkedState:
 		l.parked, l.hold = true, false
 	case replayState:
-		l.parked, l.hold, l.claimUntil = true, true, retryAt
+		// To be tried again, unless the record changed meanwhile to say
+		// otherwise (the watch's setRecord since).
+		l.parked, l.hold, l.claimUntil = true, l.recState == replayState, retryAt
 	}
 	s.kick(l, now)
 }

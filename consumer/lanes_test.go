@@ -162,6 +162,28 @@ func TestLanes(t *testing.T) {
 			{op: "endReplay", group: "g", st: replayState},
 			{op: "next"}, // tried again after replayRetry
 		}},
+		// A replay job whose read of the record was older than the watch's
+		// ends "not done": it is taken again once replayRetry has passed,
+		// and the arrivals keep waiting meanwhile.
+		{"a replay that read a stale record is tried again", []step{
+			{op: "record", group: "g", st: replayState, mine: true},
+			{op: "arrive", group: "g", seq: 10, want: held},
+			{op: "next", nextG: "g", replay: true},
+			{op: "endReplay", group: "g", st: replayState},
+			{op: "next"},
+			{op: "due", after: replayRetry},
+			{op: "next", nextG: "g", replay: true},
+		}},
+		// The record changed while the job ran (parked again, say): the
+		// job's "not done" does not hold the arrivals back.
+		{"a replay ended not done after the record went back to parked releases its arrivals", []step{
+			{op: "record", group: "g", st: replayState, mine: true},
+			{op: "arrive", group: "g", seq: 10, want: held},
+			{op: "next", nextG: "g", replay: true},
+			{op: "record", group: "g", st: parkedState},
+			{op: "endReplay", group: "g", st: replayState},
+			{op: "next", next: 10, nextG: "g", parkIt: true},
+		}},
 		{"a group parked elsewhere parks its arrivals", []step{
 			{op: "park", group: "g"},
 			{op: "arrive", group: "g", seq: 1, want: held},

@@ -203,6 +203,9 @@ func (r *runner) applyParked(key string, deleted bool, value []byte, rev uint64)
 		r.parkedSet[group] = true
 	}
 	r.lanes.setRecord(group, st, mine, claimUntil, time.Now())
+	if l := r.lanes.lanes[group]; l != nil {
+		l.recRev = max(l.recRev, rev)
+	}
 	r.cond.Signal()
 	r.log.Debug("consumer: parked record changed", "group", group, "state", st, "replay_here", mine)
 }

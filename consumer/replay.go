@@ -124,6 +124,17 @@ func (r *runner) replayGroup(ctx context.Context, l *lane) (parkState, uint64) {
 		r.warn("replay", "consumer: cannot read a parked record; trying again", "group", group, "err", err)
 		return replayState, 0
 	}
+	r.mu.Lock()
+	watched := l.recRev
+	r.mu.Unlock()
+	if j.rev < watched {
+		// The bucket allows direct gets, which any replica answers: one
+		// behind gave a record older than the watch's. Acting on it (a
+		// group merely parked) would drop the replay for good.
+		r.log.Debug("consumer: a parked record read older than the watch's; reading again shortly", "group", group,
+			"read_revision", j.rev, "watched_revision", watched)
+		return replayState, 0
+	}
 	now := time.Now()
 	switch {
 	case j.rec.State != StateReplay:

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
 	"strings"
 	"sync"
@@ -31,6 +32,15 @@ func TestPermsParkingLeastPrivilege(t *testing.T) {
 	layout := permissions.Layout{Address: "jms", Nodes: []string{"n0"}, Handlers: []string{"n0"}, Name: "my-grouping-handler"}
 	a := runAuthCluster(t, layout)
 	cfg := testConfig("n0", router.Local)
+	// The node's and the consumer's debug logs, shown if the test fails.
+	nodeLogs := captureLogs(&cfg, slog.LevelDebug)
+	consLogs := &lockedBuffer{}
+	consLog := slog.New(slog.NewTextHandler(consLogs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("consumer-n0's log:\n%s\nnode n0's log (last 16 KiB):\n%s", consLogs.String(), tail(nodeLogs.String(), 16<<10))
+		}
+	})
 	u := a.users["node-n0"]
 	cfg.InboxPrefix = u.InboxPrefix
 	n0 := &node{t: t, id: "n0", cfg: cfg, url: a.c.Servers[0].URL(), opts: a.opts(t, u.Name, u.Name)}
@@ -57,7 +67,8 @@ func TestPermsParkingLeastPrivilege(t *testing.T) {
 			got[m.Group] = append(got[m.Group], body)
 			mu.Unlock()
 			return nil
-		}, consumer.WithMaxAttempts(2), consumer.WithBackoff(10*time.Millisecond, 20*time.Millisecond), consumer.WithParkedReplicas(3))
+		}, consumer.WithMaxAttempts(2), consumer.WithBackoff(10*time.Millisecond, 20*time.Millisecond), consumer.WithParkedReplicas(3),
+			consumer.WithLogger(consLog))
 	}()
 	defer func() {
 		cancel()
