@@ -492,7 +492,13 @@ func (e *engine) fairRead(floor uint64, window int, now time.Time) ([]releaseTas
 		if _, still := e.fairWait[ln]; still && !ln.fairTold && now.Sub(ln.fairSince) >= fairTellAfter {
 			ln.fairTold = true
 			e.stats.heldBack++
-			e.emit(action{kind: actHold, group: ln.group, on: true, count: len(e.fair.groups[ln.ref].seqs)})
+			unacked := 0
+			if g := e.fair.groups[ln.ref]; g != nil {
+				// Dropped once nothing of it is accounted for (maybeDrop),
+				// while its lane may still be waiting for this round.
+				unacked = len(g.seqs)
+			}
+			e.emit(action{kind: actHold, group: ln.group, on: true, count: unacked})
 		}
 	}
 	return e.fair.due(maxFairChecks)
