@@ -265,10 +265,11 @@ func (r *Router) release(ctx context.Context, stream jetstream.Stream, task rele
 		out.Header.Set(jetstream.MsgIDHeader, "rel:"+strconv.FormatUint(in, 10))
 		out.Header.Set(jetstream.ExpectedStreamHeader, QueueStream)
 		out.Header.Set(HeaderEpoch, strconv.FormatUint(epoch, 10))
-		seq, err := r.publishSync(ctx, out, func() bool { _, ok := mine(); return ok })
+		ack, err := r.publishSync(ctx, out, func() bool { _, ok := mine(); return ok })
 		if err != nil {
 			return seqs, true, err
 		}
+		seq := ack.Sequence
 		if err := stream.DeleteMsg(ctx, m.Sequence); err != nil && !isGone(err) {
 			return seqs, true, err
 		}

@@ -350,14 +350,26 @@ func (r *Router) drainQueues(ctx context.Context, routes map[string]kvbinding.Bi
 			byNode[n][g] = true
 		}
 	}
-	moved := map[string]int{}
 	if len(byNode) == 0 {
-		return moved, nil
+		return map[string]int{}, nil
 	}
 	stream, err := r.js.Stream(ctx, QueueStream)
 	if err != nil {
 		return nil, err
 	}
+	return r.moveFound(ctx, stream, byNode, routes, func(ctx context.Context) (map[string][]queued, error) {
+		return r.scanQueues(ctx, stream, byNode, routes)
+	})
+}
+
+// moveFound moves, group by group, the messages find returns (a group's
+// messages on the old queues of byNode) to this node's queue, in ingress
+// order, each deleted from its old queue once its copy is stored, as soon
+// as no message of the group is delivered and unacked on an old queue
+// whose consumer is alive and acknowledging. The old queues' consumers
+// are paused before find looks and stay paused until it returns.
+func (r *Router) moveFound(ctx context.Context, stream jetstream.Stream, byNode map[string]map[string]bool,
+	routes map[string]kvbinding.Binding, find func(context.Context) (map[string][]queued, error)) (map[string]int, error) {
 	// The handler paused the old queues before it wrote the records and
 	// renews the pauses while records say they are drained; this node
 	// renews them too while it drains, so that they hold also while no
@@ -374,7 +386,7 @@ func (r *Router) drainQueues(ctx context.Context, routes map[string]kvbinding.Bi
 			r.holdPaused(holdCtx, node)
 		}()
 	}
-	byGroup, err := r.scanQueues(ctx, stream, byNode, routes)
+	byGroup, err := find(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -391,6 +403,7 @@ func (r *Router) drainQueues(ctx context.Context, routes map[string]kvbinding.Bi
 	// Groups in parallel, each as soon as its old consumers are done with
 	// it; within a group, copies one after another in ingress order, each
 	// original deleted once its copy is stored.
+	moved := map[string]int{}
 	var mu sync.Mutex
 	work, wctx := errgroup.WithContext(ctx)
 	work.SetLimit(128)
@@ -411,7 +424,7 @@ func (r *Router) drainQueues(ctx context.Context, routes map[string]kvbinding.Bi
 			mu.Unlock()
 			if err == nil && len(found) > 0 {
 				r.duties.mu.Lock()
-				r.duties.movedThrough[g] = found[len(found)-1].ingressSeq
+				r.duties.movedThrough[g] = max(r.duties.movedThrough[g], found[len(found)-1].ingressSeq)
 				r.duties.mu.Unlock()
 			}
 			return err
@@ -663,10 +676,11 @@ func (r *Router) moveGroup(ctx context.Context, stream jetstream.Stream, found [
 		out.Header.Set(HeaderMovedFrom, q.from)
 		out.Header.Set(jetstream.ExpectedStreamHeader, QueueStream)
 		out.Header[HeaderEpoch] = epochHdr
-		copySeq, err := r.publishSync(ctx, out, func() bool { return r.current(q.group, rev) })
+		ack, err := r.publishSync(ctx, out, func() bool { return r.current(q.group, rev) })
 		if err != nil {
 			return moved, err
 		}
+		copySeq := ack.Sequence
 		if err := stream.DeleteMsg(ctx, q.msg.Sequence); err != nil {
 			if !isGone(err) {
 				return moved, err
@@ -817,6 +831,10 @@ func (r *Router) catchUp(ctx context.Context, routes map[string]kvbinding.Bindin
 		return nil, err
 	}
 	progressOf(ctx).found(countFound(byGroup))
+	stream, err := r.js.Stream(ctx, QueueStream)
+	if err != nil {
+		return nil, err
+	}
 	var mu sync.Mutex
 	work, wctx := errgroup.WithContext(ctx)
 	work.SetLimit(128)
@@ -826,8 +844,14 @@ func (r *Router) catchUp(ctx context.Context, routes map[string]kvbinding.Bindin
 				if !r.current(g, routes[g].Revision) {
 					return errSuperseded
 				}
-				if _, err := r.publishSync(wctx, m, func() bool { return r.current(g, routes[g].Revision) }); err != nil {
+				ack, err := r.publishSync(wctx, m, func() bool { return r.current(g, routes[g].Revision) })
+				if err != nil {
 					return err
+				}
+				if ack.Duplicate && g != "" && ack.Stream == QueueStream {
+					if err := r.takeLateCopy(wctx, stream, g, routes[g], m, ack.Sequence); err != nil {
+						return err
+					}
 				}
 				progressOf(ctx).add(1)
 			}
@@ -848,6 +872,52 @@ func (r *Router) catchUp(ctx context.Context, routes map[string]kvbinding.Bindin
 	}
 	r.duties.mu.Unlock()
 	return caught, nil
+}
+
+// takeLateCopy is called when the queue stream took a catch-up publish of
+// group's message sent for a duplicate of a copy stored at seq. A copy on
+// this node's queue is an earlier attempt's. One on another node's queue
+// (or held subject) was published by the group's previous owner and
+// landed late: held by a partitioned link and delivered once it healed,
+// after the drain looked there (docs/protocol.md, "Remaining windows").
+// Its consumer would process it behind what this node routes next, so it
+// is moved here now, as the drain moves (waiting while that consumer holds
+// it unacked), before the group's next message is routed.
+func (r *Router) takeLateCopy(ctx context.Context, stream jetstream.Stream, group string, route kvbinding.Binding, sent *nats.Msg, seq uint64) error {
+	m, err := stream.GetMsg(ctx, seq)
+	if isGone(err) {
+		return nil // acked (or moved) already
+	}
+	if err != nil {
+		return err
+	}
+	from, held, ok := queueOwner(m.Subject)
+	if !ok || from == r.cfg.Node || m.Header.Get(HeaderIngressSeq) != sent.Header.Get(HeaderIngressSeq) {
+		return nil
+	}
+	is, err := strconv.ParseUint(m.Header.Get(HeaderIngressSeq), 10, 64)
+	if err != nil {
+		return nil
+	}
+	r.warnLate.Warn(group, "ingress_seq", is, "queue_seq", seq, "from", from, "held", held, "revision", route.Revision)
+	q := queued{msg: m, from: from, ingressSeq: is, group: group, held: held}
+	_, err = r.moveFound(ctx, stream, map[string]map[string]bool{from: {group: true}}, map[string]kvbinding.Binding{group: route},
+		func(context.Context) (map[string][]queued, error) { return map[string][]queued{group: {q}}, nil })
+	return err
+}
+
+// queueOwner returns the node whose queue (or held subject, held true)
+// the queue stream's subject belongs to.
+func queueOwner(subject string) (node string, held, ok bool) {
+	rest, ok := strings.CutPrefix(subject, QueueSubjectPrefix)
+	if !ok {
+		if rest, ok = strings.CutPrefix(subject, HeldSubjectPrefix); !ok {
+			return "", false, false
+		}
+		held = true
+	}
+	node, _, ok = strings.Cut(rest, ".")
+	return node, held, ok && node != ""
 }
 
 // readIngress calls fn for every ingress message with a sequence in
@@ -921,13 +991,13 @@ func (r *Router) readIngress(ctx context.Context, lo, hi uint64, fn func(seq uin
 // waits while this node is fenced (its liveness record may have lapsed),
 // then checks still: a step whose record moved on meanwhile stops with
 // errSuperseded instead of publishing.
-func (r *Router) publishSync(ctx context.Context, m *nats.Msg, still func() bool) (seq uint64, err error) {
+func (r *Router) publishSync(ctx context.Context, m *nats.Msg, still func() bool) (*jetstream.PubAck, error) {
 	for {
 		if err := r.waitUnfenced(ctx); err != nil {
-			return 0, err
+			return nil, err
 		}
 		if !still() {
-			return 0, errSuperseded
+			return nil, errSuperseded
 		}
 		pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		ack, err := r.js.PublishMsg(pctx, m)
@@ -936,14 +1006,14 @@ func (r *Router) publishSync(ctx context.Context, m *nats.Msg, still func() bool
 			if ack.Stream == QueueStream {
 				r.queueTail.stored(ack.Sequence, m.Header.Get(jetstream.MsgIDHeader))
 			}
-			return ack.Sequence, nil // a duplicate's ack names the first copy
+			return ack, nil // a duplicate's ack names the first copy
 		}
 		if ctx.Err() != nil {
-			return 0, err
+			return nil, err
 		}
 		select {
 		case <-ctx.Done():
-			return 0, ctx.Err()
+			return nil, ctx.Err()
 		case <-time.After(backoffBase):
 		}
 	}

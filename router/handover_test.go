@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"grouprouter/internal/logagg"
 	"grouprouter/internal/natstest"
 	"grouprouter/kvbinding"
 	"grouprouter/proposals"
@@ -70,6 +71,9 @@ func testRouter(t *testing.T, node string) (*Router, jetstream.JetStream) {
 	}
 	r := &Router{js: js, cfg: cfg, log: slog.New(slog.DiscardHandler), duties: newDutyQueue(),
 		cache: kvbinding.NewCache(kvbinding.CacheConfig{})}
+	r.warnLapsed = logagg.New(r.log, "lapsed", logagg.DefaultEvery)
+	r.warnLate = logagg.New(r.log, "late", logagg.DefaultEvery)
+	t.Cleanup(func() { r.warnLapsed.Close(); r.warnLate.Close() })
 	r.eng = newEngine(engineConfig{node: node, maxHeldMessages: 100, maxHeldBytes: 1 << 20, maxInFlight: 100, timeout: time.Second},
 		r.cache, rand.New(rand.NewPCG(1, 2)))
 	return r, js
@@ -157,6 +161,37 @@ func TestCatchUpDeadLettersWhatCannotBeGrouped(t *testing.T) {
 	}
 	if m.Header.Get(HeaderIngressSeq) != "2" || m.Header.Get(HeaderDeadReason) == "" {
 		t.Errorf("dead-lettered %v, want ingress seq 2 with a reason", m.Header)
+	}
+}
+
+// A catch-up whose publish the queue stream takes for a duplicate of a
+// copy on the old owner's queue moves that copy here before it routes the
+// group's next message: the old owner's publish was held by a partitioned
+// link and landed after the drain looked (CI: a group's message 30
+// processed from the old queue after 31..193 from the new one). A
+// duplicate of this node's own earlier attempt stays where it is.
+func TestCatchUpMovesACopyThatLandedLateOnTheOldQueue(t *testing.T) {
+	r, js := testRouter(t, "n1")
+	ctx := context.Background()
+	for range 4 {
+		m := &nats.Msg{Subject: "jms.x", Header: nats.Header{DefaultGroupHeader: {"g"}}}
+		if _, err := js.PublishMsg(ctx, m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	publishQueued(t, js, "n1", "g", 1) // this node's own earlier attempt
+	publishQueued(t, js, "n9", "g", 2) // the old owner's, landed late
+	r.eng.resume = resumePoint{ckpt: kvbinding.Checkpoint{Next: 5}}
+	route := record(t, r, kvbinding.Binding{Group: "g", State: kvbinding.StateBound, Node: "n1", FromSeq: 1, PrevNode: "n9",
+		Step: kvbinding.StepCatchUp, Revision: 7, Epoch: 7})
+	if _, err := r.catchUp(ctx, map[string]kvbinding.Binding{"g": route}); err != nil {
+		t.Fatal(err)
+	}
+	if got := queuedSeqs(t, js, "n1"); fmt.Sprint(got) != "[1 2 3 4]" {
+		t.Fatalf("n1's queue holds %v, want [1 2 3 4]", got)
+	}
+	if got := queuedSeqs(t, js, "n9"); len(got) != 0 {
+		t.Errorf("n9's queue still holds %v", got)
 	}
 }
 

@@ -206,7 +206,7 @@ type Router struct {
 	// Warnings that repeat per group are logged as one line per interval
 	// (internal/logagg): failed decisions, dead-lettered groups, drains
 	// that moved what a stalled consumer held.
-	warnNoDecision, warnDeadLettered, warnLapsed, warnPublish *logagg.Warner
+	warnNoDecision, warnDeadLettered, warnLapsed, warnLate, warnPublish *logagg.Warner
 	// warnOrphans: acknowledged queue messages the queue kept, removed
 	// (storecheck.go).
 	warnOrphans                              *logagg.Warner
@@ -267,6 +267,7 @@ func New(nc *nats.Conn, cfg Config) (*Router, error) {
 	r.warnCheckpoint = logagg.New(r.log, "checkpoint not saved", logagg.DefaultEvery)
 	r.warnWindow = logagg.New(r.log, "routing decisions timed out: fewer proposals are kept in flight", logagg.DefaultEvery)
 	r.warnLapsed = logagg.New(r.log, "moving messages the old consumer was delivered and did not ack: it made no progress for its ack wait; it may still process them (the epoch tells the copies apart)", logagg.DefaultEvery)
+	r.warnLate = logagg.New(r.log, "a message the group's previous owner published late (held by the network past the drain) is on its old queue: moved here before the group's next one", logagg.DefaultEvery)
 	r.loss.log, r.loss.nc, r.loss.node, r.loss.lim.every = r.log, nc, cfg.Node, gapReportEvery
 	if cfg.Metrics != nil {
 		if err := r.registerMetrics(cfg.Metrics); err != nil {
@@ -402,6 +403,7 @@ func (r *Router) Run(ctx context.Context) error {
 		r.warnOrphans.Close()
 		r.warnPublish.Close()
 		r.warnLapsed.Close()
+		r.warnLate.Close()
 		r.warnWindow.Close()
 		r.warnAnnounce.Close()
 		r.warnCheckpoint.Close()
