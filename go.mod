@@ -1,4 +1,4 @@
-module grouprouter
+module github.com/grouprouter/grouprouter
 
 go 1.26.8
 

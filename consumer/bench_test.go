@@ -13,8 +13,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
-	"grouprouter/consumer"
-	"grouprouter/router"
+	"github.com/grouprouter/grouprouter/consumer"
+	"github.com/grouprouter/grouprouter/router"
 )
 
 // fill queues per messages of each of groups groups, round robin, with

@@ -19,9 +19,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	dto "github.com/prometheus/client_model/go"
 
-	"grouprouter/consumer"
-	"grouprouter/internal/natstest"
-	"grouprouter/router"
+	"github.com/grouprouter/grouprouter/consumer"
+	"github.com/grouprouter/grouprouter/internal/natstest"
+	"github.com/grouprouter/grouprouter/router"
 )
 
 const node = "n1"
@@ -753,7 +753,7 @@ func packageGoroutines() []string {
 	buf = buf[:runtime.Stack(buf, true)]
 	var out []string
 	for _, g := range strings.Split(string(buf), "\n\n") {
-		if strings.Contains(g, "grouprouter/consumer.") && !strings.Contains(g, "consumer_test.") {
+		if strings.Contains(g, "github.com/grouprouter/grouprouter/consumer.") && !strings.Contains(g, "consumer_test.") {
 			out = append(out, g)
 		}
 	}

@@ -7,12 +7,8 @@
 //		return store.Apply(ctx, m.Group, m.Fence, m.Data) // nil acks it
 //	}, consumer.WithConcurrency(64))
 //
-// Import path: the module's path is "grouprouter" today, so the package
-// is "grouprouter/consumer" inside this module only. For other modules to
-// import it, the module path must become a fetchable one (for example
-// github.com/<owner>/grouprouter, making this
-// github.com/<owner>/grouprouter/consumer); nothing in this package
-// depends on the name.
+// Import path: github.com/grouprouter/grouprouter/consumer (go get
+// github.com/grouprouter/grouprouter/consumer).
 //
 // # Lanes
 //

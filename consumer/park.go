@@ -12,9 +12,9 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"grouprouter/kvbinding"
-	"grouprouter/proposals"
-	"grouprouter/router"
+	"github.com/grouprouter/grouprouter/kvbinding"
+	"github.com/grouprouter/grouprouter/proposals"
+	"github.com/grouprouter/grouprouter/router"
 )
 
 // ParkRecord is the value of a parked group's key in ParkedBucket.

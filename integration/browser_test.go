@@ -20,10 +20,10 @@ import (
 
 	"github.com/nats-io/nats.go"
 
-	"grouprouter/internal/natstest"
-	"grouprouter/internal/ops"
-	"grouprouter/proposals"
-	"grouprouter/router"
+	"github.com/grouprouter/grouprouter/internal/natstest"
+	"github.com/grouprouter/grouprouter/internal/ops"
+	"github.com/grouprouter/grouprouter/proposals"
+	"github.com/grouprouter/grouprouter/router"
 )
 
 // envBrowser names the headless browser the status page test runs (a

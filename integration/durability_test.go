@@ -16,10 +16,10 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
-	"grouprouter/internal/natstest"
-	"grouprouter/kvbinding"
-	"grouprouter/proposals"
-	"grouprouter/router"
+	"github.com/grouprouter/grouprouter/internal/natstest"
+	"github.com/grouprouter/grouprouter/kvbinding"
+	"github.com/grouprouter/grouprouter/proposals"
+	"github.com/grouprouter/grouprouter/router"
 )
 
 // TestIngressLostWritesAfterRestart: a server restarted from a store that

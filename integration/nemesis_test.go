@@ -35,8 +35,8 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"grouprouter/kvbinding"
-	"grouprouter/router"
+	"github.com/grouprouter/grouprouter/kvbinding"
+	"github.com/grouprouter/grouprouter/router"
 )
 
 // Fault kinds of the nemesis.

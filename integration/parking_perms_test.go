@@ -14,10 +14,10 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
-	"grouprouter/consumer"
-	"grouprouter/internal/natstest"
-	"grouprouter/internal/permissions"
-	"grouprouter/router"
+	"github.com/grouprouter/grouprouter/consumer"
+	"github.com/grouprouter/grouprouter/internal/natstest"
+	"github.com/grouprouter/grouprouter/internal/permissions"
+	"github.com/grouprouter/grouprouter/router"
 )
 
 // TestPermsParkingLeastPrivilege runs package consumer as node n0's

@@ -17,12 +17,12 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"grouprouter/internal/natstest"
-	"grouprouter/internal/permissions"
-	"grouprouter/internal/permissions/permtest"
-	"grouprouter/kvbinding"
-	"grouprouter/proposals"
-	"grouprouter/router"
+	"github.com/grouprouter/grouprouter/internal/natstest"
+	"github.com/grouprouter/grouprouter/internal/permissions"
+	"github.com/grouprouter/grouprouter/internal/permissions/permtest"
+	"github.com/grouprouter/grouprouter/kvbinding"
+	"github.com/grouprouter/grouprouter/proposals"
+	"github.com/grouprouter/grouprouter/router"
 )
 
 // authCluster is a 3-server JetStream cluster whose only users are those

@@ -6,8 +6,8 @@ import (
 	"testing"
 	"time"
 
-	"grouprouter/internal/natstest"
-	"grouprouter/router"
+	"github.com/grouprouter/grouprouter/internal/natstest"
+	"github.com/grouprouter/grouprouter/router"
 )
 
 // TestSpilledFloodKeepsBoundGroupsFlowing: a node whose held messages

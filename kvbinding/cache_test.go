@@ -11,7 +11,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
-	"grouprouter/internal/natstest"
+	"github.com/grouprouter/grouprouter/internal/natstest"
 )
 
 func bound(group, node string, from, rev uint64) Binding {

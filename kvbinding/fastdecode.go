@@ -3,7 +3,7 @@ package kvbinding
 import (
 	"time"
 
-	"grouprouter/internal/jsonx"
+	"github.com/grouprouter/grouprouter/internal/jsonx"
 )
 
 // fastBinding decodes the fields of a binding value that the cache keeps

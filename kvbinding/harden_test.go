@@ -10,7 +10,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
-	"grouprouter/internal/natstest"
+	"github.com/grouprouter/grouprouter/internal/natstest"
 )
 
 // rollupAll publishes a roll-up on key of bucket (natstest.RollupAll).

@@ -4,7 +4,7 @@ import (
 	"strconv"
 	"time"
 
-	"grouprouter/internal/jsonx"
+	"github.com/grouprouter/grouprouter/internal/jsonx"
 )
 
 // AppendJSON appends the binding's JSON encoding, as encoding/json would

@@ -13,7 +13,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"grouprouter/internal/retry"
+	"github.com/grouprouter/grouprouter/internal/retry"
 )
 
 // DefaultNodesBucket is the node registry bucket name.

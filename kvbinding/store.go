@@ -13,7 +13,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"grouprouter/internal/jspub"
+	"github.com/grouprouter/grouprouter/internal/jspub"
 )
 
 // DefaultBucket is the bindings bucket name.

@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"grouprouter/internal/natstest"
+	"github.com/grouprouter/grouprouter/internal/natstest"
 )
 
 // TestStoreAdvance: Advance writes the fill key until the bucket's last

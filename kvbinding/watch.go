@@ -13,8 +13,8 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
-	"grouprouter/internal/jsack"
-	"grouprouter/internal/retry"
+	"github.com/grouprouter/grouprouter/internal/jsack"
+	"github.com/grouprouter/grouprouter/internal/retry"
 )
 
 // entryOp is what a bucket record does to its key.

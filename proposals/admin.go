@@ -10,8 +10,8 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/micro"
 
-	"grouprouter/internal/logagg"
-	"grouprouter/kvbinding"
+	"github.com/grouprouter/grouprouter/internal/logagg"
+	"github.com/grouprouter/grouprouter/kvbinding"
 )
 
 // SubjectAdmin is the request/reply subject of operator commands (move,

@@ -10,8 +10,8 @@ import (
 
 	"github.com/nats-io/nats.go/micro"
 
-	"grouprouter/internal/logagg"
-	"grouprouter/kvbinding"
+	"github.com/grouprouter/grouprouter/internal/logagg"
+	"github.com/grouprouter/grouprouter/kvbinding"
 )
 
 // serve answers one proposal request; it reports whether the whole request

@@ -9,8 +9,8 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
-	"grouprouter/internal/natstest"
-	"grouprouter/kvbinding"
+	"github.com/grouprouter/grouprouter/internal/natstest"
+	"github.com/grouprouter/grouprouter/kvbinding"
 )
 
 // TestEvacuationNamesLongIDs: the cache keeps no settled long id, so the

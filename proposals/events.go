@@ -4,7 +4,7 @@ import (
 	"strconv"
 	"time"
 
-	"grouprouter/internal/jsonx"
+	"github.com/grouprouter/grouprouter/internal/jsonx"
 
 	"github.com/google/uuid"
 	"github.com/nats-io/nats.go"

@@ -6,7 +6,7 @@ import (
 	"fmt"
 	"time"
 
-	"grouprouter/kvbinding"
+	"github.com/grouprouter/grouprouter/kvbinding"
 )
 
 // The routing floor F (docs/protocol.md, "The routing floor"): every

@@ -7,8 +7,8 @@ import (
 	"testing"
 	"time"
 
-	"grouprouter/internal/natstest"
-	"grouprouter/kvbinding"
+	"github.com/grouprouter/grouprouter/internal/natstest"
+	"github.com/grouprouter/grouprouter/kvbinding"
 )
 
 func TestNextFloor(t *testing.T) {

@@ -13,8 +13,8 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/micro"
 
-	"grouprouter/internal/logagg"
-	"grouprouter/kvbinding"
+	"github.com/grouprouter/grouprouter/internal/logagg"
+	"github.com/grouprouter/grouprouter/kvbinding"
 )
 
 // Queues is what the handler needs of the node queues: pausing and

@@ -12,8 +12,8 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"grouprouter/internal/natstest"
-	"grouprouter/kvbinding"
+	"github.com/grouprouter/grouprouter/internal/natstest"
+	"github.com/grouprouter/grouprouter/kvbinding"
 )
 
 // handlerEnv runs a handler with its own connection, cache and registry.

@@ -4,7 +4,7 @@ import (
 	"fmt"
 	"time"
 
-	"grouprouter/kvbinding"
+	"github.com/grouprouter/grouprouter/kvbinding"
 )
 
 // A group's record goes through these states (kvbinding.State and Step):

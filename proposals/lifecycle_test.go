@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"grouprouter/kvbinding"
+	"github.com/grouprouter/grouprouter/kvbinding"
 )
 
 var rewrite = flag.Bool("rewrite", false, "rewrite the expected output of testdata scripts")

@@ -5,8 +5,8 @@ import (
 	"sync"
 	"time"
 
-	"grouprouter/internal/logagg"
-	"grouprouter/kvbinding"
+	"github.com/grouprouter/grouprouter/internal/logagg"
+	"github.com/grouprouter/grouprouter/kvbinding"
 )
 
 // groupLimit serializes the limit checks of concurrent decisions: a

@@ -8,7 +8,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	dto "github.com/prometheus/client_model/go"
 
-	"grouprouter/kvbinding"
+	"github.com/grouprouter/grouprouter/kvbinding"
 )
 
 func TestMetricsMoveDuration(t *testing.T) {

@@ -8,8 +8,8 @@ import (
 	"sync"
 	"time"
 
-	"grouprouter/internal/logagg"
-	"grouprouter/kvbinding"
+	"github.com/grouprouter/grouprouter/internal/logagg"
+	"github.com/grouprouter/grouprouter/kvbinding"
 )
 
 // pauseWindow is how long one pause of a queue consumer lasts; the active

@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"grouprouter/kvbinding"
+	"github.com/grouprouter/grouprouter/kvbinding"
 )
 
 // checkedQueues checks, at each call, that no other call is in flight and

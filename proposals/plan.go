@@ -4,7 +4,7 @@ import (
 	"sort"
 	"time"
 
-	"grouprouter/kvbinding"
+	"github.com/grouprouter/grouprouter/kvbinding"
 )
 
 // The handler monitor's decisions, with no I/O and no clock: on every lease

@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"grouprouter/kvbinding"
+	"github.com/grouprouter/grouprouter/kvbinding"
 )
 
 var t0 = time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC)

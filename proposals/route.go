@@ -1,6 +1,6 @@
 package proposals
 
-import "grouprouter/kvbinding"
+import "github.com/grouprouter/grouprouter/kvbinding"
 
 // RouteAction says what a node does with a message, given its group's
 // record.

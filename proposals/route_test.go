@@ -4,7 +4,7 @@ import (
 	"fmt"
 	"testing"
 
-	"grouprouter/kvbinding"
+	"github.com/grouprouter/grouprouter/kvbinding"
 )
 
 func TestOwner(t *testing.T) {

@@ -7,8 +7,8 @@ import (
 	"strconv"
 	"strings"
 
-	"grouprouter/internal/jsonx"
-	"grouprouter/kvbinding"
+	"github.com/grouprouter/grouprouter/internal/jsonx"
+	"github.com/grouprouter/grouprouter/kvbinding"
 )
 
 // Subjects of the protocol.

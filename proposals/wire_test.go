@@ -12,8 +12,8 @@ import (
 
 	"github.com/google/uuid"
 
-	"grouprouter/internal/natstest"
-	"grouprouter/kvbinding"
+	"github.com/grouprouter/grouprouter/internal/natstest"
+	"github.com/grouprouter/grouprouter/kvbinding"
 )
 
 func TestRequestRoundTrip(t *testing.T) {

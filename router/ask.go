@@ -5,7 +5,7 @@ import (
 	"sync"
 	"time"
 
-	"grouprouter/proposals"
+	"github.com/grouprouter/grouprouter/proposals"
 )
 
 const (

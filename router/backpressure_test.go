@@ -10,7 +10,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
-	"grouprouter/internal/natstest"
+	"github.com/grouprouter/grouprouter/internal/natstest"
 )
 
 // The back-pressure tests run a node whose queue stream takes ~4 messages

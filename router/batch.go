@@ -10,7 +10,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nuid"
 
-	"grouprouter/internal/jspub"
+	"github.com/grouprouter/grouprouter/internal/jspub"
 )
 
 // Atomic batches (docs/protocol.md, "Batches"): a group with a backlog has

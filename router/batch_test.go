@@ -9,8 +9,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 
-	"grouprouter/kvbinding"
-	"grouprouter/proposals"
+	"github.com/grouprouter/grouprouter/kvbinding"
+	"github.com/grouprouter/grouprouter/proposals"
 )
 
 // The batch rule of the lane engine (docs/protocol.md, "Batches"). The

@@ -3,7 +3,7 @@ package router
 import (
 	"time"
 
-	"grouprouter/kvbinding"
+	"github.com/grouprouter/grouprouter/kvbinding"
 )
 
 // The drain's decisions, with no I/O and no clock: which of a moving

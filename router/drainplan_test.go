@@ -4,7 +4,7 @@ import (
 	"testing"
 	"time"
 
-	"grouprouter/kvbinding"
+	"github.com/grouprouter/grouprouter/kvbinding"
 )
 
 func TestConsumerViewProgress(t *testing.T) {

@@ -9,8 +9,8 @@ import (
 	"strconv"
 	"time"
 
-	"grouprouter/kvbinding"
-	"grouprouter/proposals"
+	"github.com/grouprouter/grouprouter/kvbinding"
+	"github.com/grouprouter/grouprouter/proposals"
 )
 
 // The lane engine is a node's routing logic without I/O and without a

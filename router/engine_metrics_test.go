@@ -6,8 +6,8 @@ import (
 	"testing"
 	"time"
 
-	"grouprouter/kvbinding"
-	"grouprouter/proposals"
+	"github.com/grouprouter/grouprouter/kvbinding"
+	"github.com/grouprouter/grouprouter/proposals"
 )
 
 // fakeRecords is the engine's view of the binding records, set by the test.

@@ -6,8 +6,8 @@ import (
 	"testing"
 	"time"
 
-	"grouprouter/kvbinding"
-	"grouprouter/proposals"
+	"github.com/grouprouter/grouprouter/kvbinding"
+	"github.com/grouprouter/grouprouter/proposals"
 )
 
 // Focused tests of lane-engine behaviour the deterministic simulation

@@ -4,7 +4,7 @@ import (
 	"container/heap"
 	"time"
 
-	"grouprouter/kvbinding"
+	"github.com/grouprouter/grouprouter/kvbinding"
 )
 
 // A busy group must not hold the others back (docs/consuming.md, "A busy

@@ -4,7 +4,7 @@ import (
 	"context"
 	"errors"
 
-	"grouprouter/kvbinding"
+	"github.com/grouprouter/grouprouter/kvbinding"
 )
 
 // loadFloor reads the routing floor (proposals.NextFloor) at start: a node

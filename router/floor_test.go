@@ -4,8 +4,8 @@ import (
 	"testing"
 	"time"
 
-	"grouprouter/kvbinding"
-	"grouprouter/proposals"
+	"github.com/grouprouter/grouprouter/kvbinding"
+	"github.com/grouprouter/grouprouter/proposals"
 )
 
 // A node that starts without a checkpoint reads from the routing floor;

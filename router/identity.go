@@ -6,7 +6,7 @@ import (
 	"fmt"
 	"time"
 
-	"grouprouter/kvbinding"
+	"github.com/grouprouter/grouprouter/kvbinding"
 )
 
 // One process per node id.

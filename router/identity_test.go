@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"grouprouter/kvbinding"
+	"github.com/grouprouter/grouprouter/kvbinding"
 )
 
 func TestDecideClaim(t *testing.T) {

@@ -11,8 +11,8 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"grouprouter/internal/jspub"
-	"grouprouter/kvbinding"
+	"github.com/grouprouter/grouprouter/internal/jspub"
+	"github.com/grouprouter/grouprouter/kvbinding"
 )
 
 // maxControlLine is nats-server's default limit on a protocol line: a

@@ -3,7 +3,7 @@ package router
 import (
 	"time"
 
-	"grouprouter/kvbinding"
+	"github.com/grouprouter/grouprouter/kvbinding"
 )
 
 // heldUndecided returns the groups whose messages this node holds for want

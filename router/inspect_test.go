@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"grouprouter/kvbinding"
+	"github.com/grouprouter/grouprouter/kvbinding"
 )
 
 // heldLane returns a lane of n messages from ingress sequence first on.

@@ -5,8 +5,8 @@ import (
 	"testing"
 	"time"
 
-	"grouprouter/kvbinding"
-	"grouprouter/proposals"
+	"github.com/grouprouter/grouprouter/kvbinding"
+	"github.com/grouprouter/grouprouter/proposals"
 )
 
 // heldMsg is a message of group g at ingress sequence seq, for ingestAll.

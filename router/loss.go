@@ -9,7 +9,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
-	"grouprouter/proposals"
+	"github.com/grouprouter/grouprouter/proposals"
 )
 
 // Ingress messages a node never read because they were gone: sequences

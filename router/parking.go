@@ -7,8 +7,8 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
-	natsretry "grouprouter/internal/retry"
-	"grouprouter/kvbinding"
+	natsretry "github.com/grouprouter/grouprouter/internal/retry"
+	"github.com/grouprouter/grouprouter/kvbinding"
 )
 
 // The parked stream and bucket of package consumer (see its doc): they

@@ -6,8 +6,8 @@ import (
 	"sync/atomic"
 	"time"
 
-	"grouprouter/kvbinding"
-	"grouprouter/proposals"
+	"github.com/grouprouter/grouprouter/kvbinding"
+	"github.com/grouprouter/grouprouter/proposals"
 )
 
 // Progress of a takeover step. A step that moves or routes many messages

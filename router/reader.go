@@ -14,7 +14,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nuid"
 
-	"grouprouter/internal/jsack"
+	"github.com/grouprouter/grouprouter/internal/jsack"
 )
 
 // The ingress reader follows the ingress stream in order from a start

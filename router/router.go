@@ -16,10 +16,10 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"golang.org/x/sync/errgroup"
 
-	"grouprouter/internal/jspub"
-	"grouprouter/internal/logagg"
-	"grouprouter/kvbinding"
-	"grouprouter/proposals"
+	"github.com/grouprouter/grouprouter/internal/jspub"
+	"github.com/grouprouter/grouprouter/internal/logagg"
+	"github.com/grouprouter/grouprouter/kvbinding"
+	"github.com/grouprouter/grouprouter/proposals"
 )
 
 // Lock order (see also doc.go): Router.mu, then the binding cache's lock

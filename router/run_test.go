@@ -11,8 +11,8 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"grouprouter/internal/natstest"
-	"grouprouter/proposals"
+	"github.com/grouprouter/grouprouter/internal/natstest"
+	"github.com/grouprouter/grouprouter/proposals"
 )
 
 // TestRunLeavesNothingBehind: every goroutine and subscription a node
@@ -121,7 +121,7 @@ func ourGoroutines() []string {
 		if strings.Contains(g, "_test.go") || strings.Contains(g, "testing.tRunner") {
 			continue
 		}
-		if strings.Contains(g, "grouprouter/") || strings.Contains(g, "nats-io/nats.go") {
+		if strings.Contains(g, "github.com/grouprouter/grouprouter/") || strings.Contains(g, "nats-io/nats.go") {
 			out = append(out, g)
 		}
 	}

@@ -14,10 +14,10 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"golang.org/x/sync/errgroup"
 
-	"grouprouter/internal/jspub"
-	natsretry "grouprouter/internal/retry"
-	"grouprouter/kvbinding"
-	"grouprouter/proposals"
+	"github.com/grouprouter/grouprouter/internal/jspub"
+	natsretry "github.com/grouprouter/grouprouter/internal/retry"
+	"github.com/grouprouter/grouprouter/kvbinding"
+	"github.com/grouprouter/grouprouter/proposals"
 )
 
 // Pacing of the setup steps' retries.

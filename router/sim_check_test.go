@@ -5,7 +5,7 @@ import (
 	"slices"
 	"time"
 
-	"grouprouter/kvbinding"
+	"github.com/grouprouter/grouprouter/kvbinding"
 )
 
 // The invariants, checked as the run goes and at quiescence:

@@ -5,8 +5,8 @@ import (
 	"maps"
 	"time"
 
-	"grouprouter/kvbinding"
-	"grouprouter/proposals"
+	"github.com/grouprouter/grouprouter/kvbinding"
+	"github.com/grouprouter/grouprouter/proposals"
 )
 
 // simHandler is one term of a LOCAL handler (proposals.Handler while it

@@ -5,8 +5,8 @@ import (
 	"slices"
 	"time"
 
-	"grouprouter/kvbinding"
-	"grouprouter/proposals"
+	"github.com/grouprouter/grouprouter/kvbinding"
+	"github.com/grouprouter/grouprouter/proposals"
 )
 
 // The hand-over shell of handover.go over the simulated queues, step by

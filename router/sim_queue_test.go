@@ -5,7 +5,7 @@ import (
 	"strconv"
 	"time"
 
-	"grouprouter/kvbinding"
+	"github.com/grouprouter/grouprouter/kvbinding"
 )
 
 // simEntryKind says who stored a queue entry.

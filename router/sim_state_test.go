@@ -3,7 +3,7 @@ package router
 import (
 	"time"
 
-	"grouprouter/kvbinding"
+	"github.com/grouprouter/grouprouter/kvbinding"
 )
 
 // simLog is a KV bucket's change log as watchers see it: entries in

@@ -9,7 +9,7 @@ import (
 	"strings"
 	"time"
 
-	"grouprouter/proposals"
+	"github.com/grouprouter/grouprouter/proposals"
 )
 
 // The deterministic simulation (TestSimulation): the record state machine

@@ -7,7 +7,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
-	"grouprouter/kvbinding"
+	"github.com/grouprouter/grouprouter/kvbinding"
 )
 
 // isReady reports whether Ready is closed: from then on the state Run set

@@ -11,7 +11,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"grouprouter/proposals"
+	"github.com/grouprouter/grouprouter/proposals"
 )
 
 // Messages a node stored on a queue and the servers lost. A server that

@@ -10,7 +10,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
-	"grouprouter/internal/logagg"
+	"github.com/grouprouter/grouprouter/internal/logagg"
 )
 
 func TestQueueLost(t *testing.T) {

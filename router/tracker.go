@@ -3,7 +3,7 @@ package router
 import (
 	"sort"
 
-	"grouprouter/kvbinding"
+	"github.com/grouprouter/grouprouter/kvbinding"
 )
 
 // tracker records which ingress sequences are done (routed, skipped or

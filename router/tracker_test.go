@@ -4,7 +4,7 @@ import (
 	"reflect"
 	"testing"
 
-	"grouprouter/kvbinding"
+	"github.com/grouprouter/grouprouter/kvbinding"
 )
 
 func TestTrackerCheckpoint(t *testing.T) {

@@ -11,7 +11,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"grouprouter/cmd/grouprouter/internal/bench"
+	"github.com/grouprouter/grouprouter/cmd/grouprouter/internal/bench"
 )
 
 // command is a row of the command table: main dispatches on it, and

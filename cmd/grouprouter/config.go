@@ -12,7 +12,7 @@ import (
 	"strings"
 	"time"
 
-	"grouprouter/router"
+	"github.com/grouprouter/grouprouter/router"
 )
 
 // maxConfigFileSize bounds what --config reads: a grouping-handler block is

@@ -6,7 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	"grouprouter/router"
+	"github.com/grouprouter/grouprouter/router"
 )
 
 // The two blocks exactly as the HornetQ/Artemis documentation prints them.

@@ -19,8 +19,8 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"grouprouter/internal/retry"
-	"grouprouter/router"
+	"github.com/grouprouter/grouprouter/internal/retry"
+	"github.com/grouprouter/grouprouter/router"
 )
 
 // Environment variables of the connection settings, as the nats CLI reads

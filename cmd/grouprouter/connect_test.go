@@ -9,7 +9,7 @@ import (
 	"strings"
 	"testing"
 
-	"grouprouter/router"
+	"github.com/grouprouter/grouprouter/router"
 )
 
 // writeContext saves a nats CLI context file under dir (an

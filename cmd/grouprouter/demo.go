@@ -7,7 +7,7 @@ import (
 	"fmt"
 	"strings"
 
-	"grouprouter/cmd/grouprouter/internal/demo"
+	"github.com/grouprouter/grouprouter/cmd/grouprouter/internal/demo"
 )
 
 // demoOptions are the demo command's flags.

@@ -15,8 +15,8 @@ import (
 
 	"github.com/nats-io/nats-server/v2/server"
 
-	"grouprouter/internal/localnats"
-	"grouprouter/router"
+	"github.com/grouprouter/grouprouter/internal/localnats"
+	"github.com/grouprouter/grouprouter/router"
 )
 
 const (

@@ -14,8 +14,8 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
-	"grouprouter/proposals"
-	"grouprouter/router"
+	"github.com/grouprouter/grouprouter/proposals"
+	"github.com/grouprouter/grouprouter/router"
 )
 
 // eventKinds are the kinds --kind accepts, in the README's order.

@@ -14,10 +14,10 @@ import (
 
 	"github.com/nats-io/nats-server/v2/server"
 
-	"grouprouter/internal/localnats"
-	"grouprouter/kvbinding"
-	"grouprouter/proposals"
-	"grouprouter/router"
+	"github.com/grouprouter/grouprouter/internal/localnats"
+	"github.com/grouprouter/grouprouter/kvbinding"
+	"github.com/grouprouter/grouprouter/proposals"
+	"github.com/grouprouter/grouprouter/router"
 )
 
 // Defaults for what neither the configuration file nor a flag sets.

@@ -12,8 +12,8 @@ import (
 	"testing"
 	"time"
 
-	"grouprouter/proposals"
-	"grouprouter/router"
+	"github.com/grouprouter/grouprouter/proposals"
+	"github.com/grouprouter/grouprouter/router"
 )
 
 // testEnv is a Linux environment with a fixed host name and home.

@@ -10,8 +10,8 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"grouprouter/kvbinding"
-	"grouprouter/router"
+	"github.com/grouprouter/grouprouter/kvbinding"
+	"github.com/grouprouter/grouprouter/router"
 )
 
 // groupStates are the values --state accepts besides the record states.

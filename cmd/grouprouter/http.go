@@ -16,8 +16,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
-	"grouprouter/internal/ops"
-	"grouprouter/router"
+	"github.com/grouprouter/grouprouter/internal/ops"
+	"github.com/grouprouter/grouprouter/router"
 )
 
 // opsHTTP is the --http server of `run`: /metrics, /healthz, /readyz and

@@ -11,8 +11,8 @@ import (
 	"testing"
 	"time"
 
-	"grouprouter/internal/natstest"
-	"grouprouter/router"
+	"github.com/grouprouter/grouprouter/internal/natstest"
+	"github.com/grouprouter/grouprouter/router"
 )
 
 func TestHTTPFlag(t *testing.T) {

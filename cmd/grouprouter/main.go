@@ -11,7 +11,7 @@ import (
 	"strings"
 	"syscall"
 
-	"grouprouter/router"
+	"github.com/grouprouter/grouprouter/router"
 )
 
 // Exit codes.

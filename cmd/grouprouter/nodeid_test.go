@@ -12,9 +12,9 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
-	"grouprouter/internal/natstest"
-	"grouprouter/kvbinding"
-	"grouprouter/router"
+	"github.com/grouprouter/grouprouter/internal/natstest"
+	"github.com/grouprouter/grouprouter/kvbinding"
+	"github.com/grouprouter/grouprouter/router"
 )
 
 // TestRunRefusesDuplicateNodeID: two nodes started on one host without

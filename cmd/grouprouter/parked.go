@@ -12,9 +12,9 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"grouprouter/consumer"
-	"grouprouter/kvbinding"
-	"grouprouter/router"
+	"github.com/grouprouter/grouprouter/consumer"
+	"github.com/grouprouter/grouprouter/kvbinding"
+	"github.com/grouprouter/grouprouter/router"
 )
 
 // parkedJSON is a parked group as parked --json and where --json print it.

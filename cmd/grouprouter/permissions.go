@@ -7,7 +7,7 @@ import (
 	"io"
 	"strings"
 
-	"grouprouter/internal/permissions"
+	"github.com/grouprouter/grouprouter/internal/permissions"
 )
 
 type permissionsFlags struct {

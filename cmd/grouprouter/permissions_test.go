@@ -6,7 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	"grouprouter/internal/permissions"
+	"github.com/grouprouter/grouprouter/internal/permissions"
 )
 
 // defaultPermissionsArgs is the layout docs/permissions.md shows.

@@ -14,10 +14,10 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"grouprouter/internal/natstest"
-	"grouprouter/internal/permissions"
-	"grouprouter/internal/permissions/permtest"
-	"grouprouter/router"
+	"github.com/grouprouter/grouprouter/internal/natstest"
+	"github.com/grouprouter/grouprouter/internal/permissions"
+	"github.com/grouprouter/grouprouter/internal/permissions/permtest"
+	"github.com/grouprouter/grouprouter/router"
 )
 
 // TestCommandsUnderLeastPrivilege runs the commands themselves, not the

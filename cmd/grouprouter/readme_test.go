@@ -15,7 +15,7 @@ import (
 	"testing"
 	"time"
 
-	"grouprouter/internal/natstest"
+	"github.com/grouprouter/grouprouter/internal/natstest"
 )
 
 // readmeBlock is a shell block of README.md marked with a quickstart

@@ -14,10 +14,10 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"grouprouter/consumer"
-	"grouprouter/internal/jsonx"
-	"grouprouter/kvbinding"
-	"grouprouter/router"
+	"github.com/grouprouter/grouprouter/consumer"
+	"github.com/grouprouter/grouprouter/internal/jsonx"
+	"github.com/grouprouter/grouprouter/kvbinding"
+	"github.com/grouprouter/grouprouter/router"
 )
 
 // whereOptions is what the where subcommand was asked for.

@@ -18,9 +18,9 @@ import (
 
 	"github.com/nats-io/nats.go"
 
-	"grouprouter/consumer"
-	"grouprouter/kvbinding"
-	"grouprouter/router"
+	"github.com/grouprouter/grouprouter/consumer"
+	"github.com/grouprouter/grouprouter/kvbinding"
+	"github.com/grouprouter/grouprouter/router"
 )
 
 // Exit codes of a work command that mean something to work.

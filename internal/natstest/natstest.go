@@ -19,7 +19,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"grouprouter/internal/localnats"
+	"github.com/grouprouter/grouprouter/internal/localnats"
 )
 
 // Server is one in-process nats-server that can be stopped and restarted

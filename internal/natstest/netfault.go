@@ -26,7 +26,7 @@ import (
 
 	"github.com/nats-io/nats-server/v2/server"
 
-	"grouprouter/internal/localnats"
+	"github.com/grouprouter/grouprouter/internal/localnats"
 )
 
 // ConnInfo is what a Proxy knows about one connection through it.

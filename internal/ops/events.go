@@ -10,8 +10,8 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
-	"grouprouter/proposals"
-	"grouprouter/router"
+	"github.com/grouprouter/grouprouter/proposals"
+	"github.com/grouprouter/grouprouter/router"
 )
 
 // eventV is one event as the page lists it.

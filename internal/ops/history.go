@@ -9,7 +9,7 @@ import (
 	"sync"
 	"time"
 
-	"grouprouter/router"
+	"github.com/grouprouter/grouprouter/router"
 )
 
 // The status page's charts come from a history of status snapshots: one

@@ -40,7 +40,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
-	"grouprouter/router"
+	"github.com/grouprouter/grouprouter/router"
 )
 
 // Node is what the HTTP surface needs of a router node; *router.Router is one.

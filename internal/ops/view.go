@@ -6,7 +6,7 @@ import (
 	"sync"
 	"time"
 
-	"grouprouter/router"
+	"github.com/grouprouter/grouprouter/router"
 )
 
 // view is what the status page shows and /status.json returns.

@@ -34,10 +34,10 @@ import (
 
 	"github.com/nats-io/nats.go/micro"
 
-	"grouprouter/consumer"
-	"grouprouter/kvbinding"
-	"grouprouter/proposals"
-	"grouprouter/router"
+	"github.com/grouprouter/grouprouter/consumer"
+	"github.com/grouprouter/grouprouter/kvbinding"
+	"github.com/grouprouter/grouprouter/proposals"
+	"github.com/grouprouter/grouprouter/router"
 )
 
 // ErrLayout is wrapped by every error of Layout.Validate.

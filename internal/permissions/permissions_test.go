@@ -16,10 +16,10 @@ import (
 
 	"github.com/nats-io/nats-server/v2/server"
 
-	"grouprouter/consumer"
-	"grouprouter/kvbinding"
-	"grouprouter/proposals"
-	"grouprouter/router"
+	"github.com/grouprouter/grouprouter/consumer"
+	"github.com/grouprouter/grouprouter/kvbinding"
+	"github.com/grouprouter/grouprouter/proposals"
+	"github.com/grouprouter/grouprouter/router"
 )
 
 var defaultLayout = Layout{Nodes: []string{"n0", "n1", "n2"}, Handlers: []string{"n0", "n1"}}

@@ -10,7 +10,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"grouprouter/consumer"
+	"github.com/grouprouter/grouprouter/consumer"
 )
 
 // wlBusy is the busy-group workload (docs/consuming.md, "A busy group"):

@@ -21,9 +21,9 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"grouprouter/internal/localnats"
-	"grouprouter/kvbinding"
-	"grouprouter/router"
+	"github.com/grouprouter/grouprouter/internal/localnats"
+	"github.com/grouprouter/grouprouter/kvbinding"
+	"github.com/grouprouter/grouprouter/router"
 )
 
 // Child modes (NodeMain --mode).

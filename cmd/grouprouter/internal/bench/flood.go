@@ -12,7 +12,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"grouprouter/router"
+	"github.com/grouprouter/grouprouter/router"
 )
 
 // wlFlood is the flood workload (issue: bounded by default): a group bound

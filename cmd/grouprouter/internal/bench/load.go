@@ -14,8 +14,8 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"grouprouter/proposals"
-	"grouprouter/router"
+	"github.com/grouprouter/grouprouter/proposals"
+	"github.com/grouprouter/grouprouter/router"
 )
 
 // benchAddress is the grouping-handler address; producers publish on

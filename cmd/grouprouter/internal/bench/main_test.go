@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"grouprouter/internal/localnats"
+	"github.com/grouprouter/grouprouter/internal/localnats"
 )
 
 // TestMain lets the test binary stand in for the grouprouter command:

@@ -12,9 +12,9 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"grouprouter/internal/jsack"
-	"grouprouter/internal/jspub"
-	"grouprouter/router"
+	"github.com/grouprouter/grouprouter/internal/jsack"
+	"github.com/grouprouter/grouprouter/internal/jspub"
+	"github.com/grouprouter/grouprouter/router"
 )
 
 // Relay tuning: what a careful JetStream-to-JetStream relay does.

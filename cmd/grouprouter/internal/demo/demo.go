@@ -9,9 +9,9 @@ import (
 	"os"
 	"time"
 
-	"grouprouter/internal/localnats"
-	"grouprouter/proposals"
-	"grouprouter/router"
+	"github.com/grouprouter/grouprouter/internal/localnats"
+	"github.com/grouprouter/grouprouter/proposals"
+	"github.com/grouprouter/grouprouter/router"
 )
 
 // ErrConfig is wrapped by the errors of Config.Validate.

@@ -9,8 +9,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 
-	"grouprouter/internal/localnats"
-	"grouprouter/router"
+	"github.com/grouprouter/grouprouter/internal/localnats"
+	"github.com/grouprouter/grouprouter/router"
 )
 
 // Timings of the demo's nodes: shorter than the defaults, so that a lost

@@ -6,7 +6,7 @@ import (
 	"strings"
 	"time"
 
-	"grouprouter/proposals"
+	"github.com/grouprouter/grouprouter/proposals"
 )
 
 // Summary is what a demo run found.

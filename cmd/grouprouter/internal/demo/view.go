@@ -7,7 +7,7 @@ import (
 	"strings"
 	"time"
 
-	"grouprouter/proposals"
+	"github.com/grouprouter/grouprouter/proposals"
 )
 
 // frame is what the live view shows at one moment.

@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"grouprouter/proposals"
+	"github.com/grouprouter/grouprouter/proposals"
 )
 
 // A failed run says so, with examples, and OK is false.
