@@ -171,3 +171,47 @@ func TestEngineLongIDFollowsItsRef(t *testing.T) {
 		t.Fatalf("asks %+v, want a fence of the long id", batch)
 	}
 }
+
+// A lane that waited for room in its group's share, whose group the fair
+// account drops once the consumer acknowledged all of it, goes on with
+// more messages than its new room: it stays among the waiting lanes for
+// the round, with no account. Announcing its wait then must not need the
+// account (CI's nemesis seed 103: a node died of a nil pointer here).
+func TestEngineFairWaitOutlivesItsGroupsAccount(t *testing.T) {
+	now := testNow
+	recs := mapRecords{"g": {State: kvbinding.StateBound, Node: "n1", FromSeq: 1, Revision: 5, Epoch: 5}}
+	e := newTestEngine("n1", recs)
+	e.cfg.holds = true
+	e.fair = newFairShare(2)
+	for seq := uint64(1); seq <= 6; seq++ {
+		e.ingest("g", &msgRec{seq: seq}, now)
+	}
+	var qseq uint64
+	for range 10 {
+		published := false
+		for _, a := range e.take() {
+			if a.kind == actPublish && !a.held {
+				qseq++
+				published = true
+				e.acked(a.ln, a.m, false, "", nil, qseq, now)
+			}
+		}
+		if !published {
+			break
+		}
+	}
+	if qseq != 2 || len(e.fairWait) != 1 {
+		t.Fatalf("stored %d, %d lanes waiting; want 2 stored (the share) and the lane waiting", qseq, len(e.fairWait))
+	}
+	later := now.Add(2 * fairTellAfter)
+	e.fairRead(qseq, 100, later) // both acknowledged: the account goes
+	held := 0
+	for _, a := range e.take() {
+		if a.kind == actHold && a.on {
+			held++
+		}
+	}
+	if held != 1 {
+		t.Errorf("%d hold announcements, want 1 (it waited past fairTellAfter)", held)
+	}
+}
