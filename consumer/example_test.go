@@ -15,7 +15,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/grouprouter/grouprouter/consumer"
-	"github.com/grouprouter/grouprouter/router"
+	"github.com/grouprouter/grouprouter/wire"
 )
 
 // Example consumes node n1's queue with an in-process server. The queue
@@ -45,16 +45,16 @@ func Example() {
 	defer cancel()
 
 	// What the router of node n1 sets up and queues.
-	_, _ = js.CreateStream(ctx, jetstream.StreamConfig{Name: router.QueueStream, Subjects: []string{router.QueueSubjectPrefix + ">"}, Retention: jetstream.WorkQueuePolicy})
-	_, _ = js.CreateOrUpdateConsumer(ctx, router.QueueStream, jetstream.ConsumerConfig{
-		Durable: router.QueueConsumer("n1"), FilterSubject: router.QueueFilter("n1"), AckPolicy: jetstream.AckExplicitPolicy,
-		PriorityGroups: []string{router.PriorityGroup}, PriorityPolicy: jetstream.PriorityPolicyPinned, PinnedTTL: time.Minute,
+	_, _ = js.CreateStream(ctx, jetstream.StreamConfig{Name: wire.QueueStream, Subjects: []string{wire.QueueSubjectPrefix + ">"}, Retention: jetstream.WorkQueuePolicy})
+	_, _ = js.CreateOrUpdateConsumer(ctx, wire.QueueStream, jetstream.ConsumerConfig{
+		Durable: wire.QueueConsumer("n1"), FilterSubject: wire.QueueFilter("n1"), AckPolicy: jetstream.AckExplicitPolicy,
+		PriorityGroups: []string{wire.PriorityGroup}, PriorityPolicy: jetstream.PriorityPolicyPinned, PinnedTTL: time.Minute,
 	})
 	for i, group := range []string{"alice", "bob", "alice", "bob", "alice"} {
-		m := nats.NewMsg(router.QueueSubject("n1", "orders.new"))
+		m := nats.NewMsg(wire.QueueSubject("n1", "orders.new"))
 		m.Header.Set("Group-Id", group)
-		m.Header.Set(router.HeaderIngressSeq, strconv.Itoa(i+1))
-		m.Header.Set(router.HeaderEpoch, "7")
+		m.Header.Set(wire.HeaderIngressSeq, strconv.Itoa(i+1))
+		m.Header.Set(wire.HeaderEpoch, "7")
 		m.Data = []byte("order " + strconv.Itoa(i+1))
 		_, _ = js.PublishMsg(ctx, m)
 	}
