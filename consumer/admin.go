@@ -12,7 +12,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/grouprouter/grouprouter/kvbinding"
-	"github.com/grouprouter/grouprouter/router"
+	"github.com/grouprouter/grouprouter/wire"
 )
 
 // ReplayMode says what Replay does with a parked group's messages.
@@ -162,7 +162,7 @@ func parkedHead(ctx context.Context, js jetstream.JetStream, key string, after u
 		if err != nil {
 			return 0, fmt.Errorf("consumer: stream %s: %w", ParkedStream, err)
 		}
-		is, _ := strconv.ParseUint(raw.Header.Get(router.HeaderIngressSeq), 10, 64)
+		is, _ := strconv.ParseUint(raw.Header.Get(wire.HeaderIngressSeq), 10, 64)
 		if is > after {
 			return is, nil
 		}

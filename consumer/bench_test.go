@@ -14,7 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/grouprouter/grouprouter/consumer"
-	"github.com/grouprouter/grouprouter/router"
+	"github.com/grouprouter/grouprouter/wire"
 )
 
 // fill queues per messages of each of groups groups, round robin, with
@@ -29,10 +29,10 @@ func fillT(b testing.TB, q *queue, groups, per int, first uint64) uint64 {
 	seq := first
 	for range per {
 		for g := range groups {
-			m := nats.NewMsg(router.QueueSubject(node, "orders.x"))
+			m := nats.NewMsg(wire.QueueSubject(node, "orders.x"))
 			m.Header.Set("Group-Id", "g"+strconv.Itoa(g))
-			m.Header.Set(router.HeaderIngressSeq, strconv.FormatUint(seq, 10))
-			m.Header.Set(router.HeaderEpoch, "1")
+			m.Header.Set(wire.HeaderIngressSeq, strconv.FormatUint(seq, 10))
+			m.Header.Set(wire.HeaderEpoch, "1")
 			m.Data = []byte("body")
 			for {
 				_, err := q.js.PublishMsgAsync(m)
@@ -83,7 +83,7 @@ func BenchmarkConsumeVsSerial(b *testing.B) {
 
 		// The serial loop, on the same queue.
 		seq = fill(b, q, serialMsgs, 1, seq)
-		c, err := q.js.Consumer(context.Background(), router.QueueStream, router.QueueConsumer(node))
+		c, err := q.js.Consumer(context.Background(), wire.QueueStream, wire.QueueConsumer(node))
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -96,7 +96,7 @@ func BenchmarkConsumeVsSerial(b *testing.B) {
 			if n.Add(1) == serialMsgs {
 				close(serialDone)
 			}
-		}, jetstream.PullPriorityGroup(router.PriorityGroup))
+		}, jetstream.PullPriorityGroup(wire.PriorityGroup))
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -106,9 +106,9 @@ func BenchmarkConsumeVsSerial(b *testing.B) {
 		<-cc.Closed()
 		serialRate = float64(serialMsgs) / elapsed.Seconds()
 		// Let the next Consume take the pin at once.
-		s, err := q.js.Stream(context.Background(), router.QueueStream)
+		s, err := q.js.Stream(context.Background(), wire.QueueStream)
 		if err == nil {
-			_ = s.UnpinConsumer(context.Background(), router.QueueConsumer(node), router.PriorityGroup)
+			_ = s.UnpinConsumer(context.Background(), wire.QueueConsumer(node), wire.PriorityGroup)
 		}
 	}
 	b.ReportMetric(lanesRate, "msgs/s")

@@ -17,7 +17,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/grouprouter/grouprouter/kvbinding"
-	"github.com/grouprouter/grouprouter/router"
+	"github.com/grouprouter/grouprouter/wire"
 )
 
 const (
@@ -33,8 +33,8 @@ const (
 	malformedPrefix = "\x00m"
 )
 
-// Consume processes node's queue (stream router.QueueStream, durable
-// consumer router.QueueConsumer(node)) with h until ctx ends, then stops
+// Consume processes node's queue (stream wire.QueueStream, durable
+// consumer wire.QueueConsumer(node)) with h until ctx ends, then stops
 // pulling, lets the running handlers finish within the drain bound
 // (WithDrainTimeout), hands the messages it held back (nak), unpins the
 // queue in pinned mode, and returns nil, or ErrDrainTimeout when handlers
@@ -74,7 +74,7 @@ func Consume(ctx context.Context, js jetstream.JetStream, node string, h Handler
 	r := &runner{
 		js: js, node: node, h: h, o: o, id: uuid.NewString(),
 		log:         o.logger.With("node", node),
-		queuePrefix: router.QueueSubjectPrefix + node + ".",
+		queuePrefix: wire.QueueSubjectPrefix + node + ".",
 		lanes:       newLaneSet(),
 		parkedSet:   make(map[string]bool),
 		parkedAhead: make(map[string]uint64),
@@ -142,7 +142,7 @@ func (r *runner) run(ctx context.Context) error {
 	if err != nil || ctx.Err() != nil {
 		return err
 	}
-	r.pinned = slices.Contains(info.Config.PriorityGroups, router.PriorityGroup)
+	r.pinned = slices.Contains(info.Config.PriorityGroups, wire.PriorityGroup)
 	r.ackWait = info.Config.AckWait
 	if r.ackWait <= 0 {
 		r.ackWait = 30 * time.Second
@@ -153,7 +153,7 @@ func (r *runner) run(ctx context.Context) error {
 	}
 	defer stopWatch()
 	for _, pg := range info.PriorityGroups {
-		if r.pinned && pg.Group == router.PriorityGroup && pg.PinnedClientID != "" {
+		if r.pinned && pg.Group == wire.PriorityGroup && pg.PinnedClientID != "" {
 			r.log.Debug("consumer: the queue is pinned to another process; waiting as its standby", "ttl", info.Config.PinnedTTL)
 		}
 	}
@@ -190,7 +190,7 @@ func (r *runner) run(ctx context.Context) error {
 		jetstream.ConsumeErrHandler(r.consumeErr),
 	}
 	if r.pinned {
-		pull = append(pull, jetstream.PullPriorityGroup(router.PriorityGroup))
+		pull = append(pull, jetstream.PullPriorityGroup(wire.PriorityGroup))
 	}
 	cc, err := r.cons.Consume(r.arrive, pull...)
 	if err == nil {
@@ -203,11 +203,11 @@ func (r *runner) run(ctx context.Context) error {
 			}
 		case <-cc.Closed():
 			// nats.go ends a pull whose consumer was deleted.
-			err = fmt.Errorf("%w: consumer %s ended while pulling (deleted?)", ErrNoQueue, router.QueueConsumer(r.node))
+			err = fmt.Errorf("%w: consumer %s ended while pulling (deleted?)", ErrNoQueue, wire.QueueConsumer(r.node))
 			r.log.Warn("consumer: the queue consumer ended; stopping", "err", err)
 		}
 	} else {
-		err = fmt.Errorf("consumer: pull from %s: %w", router.QueueConsumer(r.node), err)
+		err = fmt.Errorf("consumer: pull from %s: %w", wire.QueueConsumer(r.node), err)
 	}
 
 	// Stop: no new starts; running handlers get the drain bound.
@@ -255,7 +255,7 @@ func (r *runner) run(ctx context.Context) error {
 func (r *runner) lookup(ctx context.Context) (*jetstream.ConsumerInfo, error) {
 	for {
 		lctx, cancel := context.WithTimeout(ctx, opTimeout)
-		cons, err := r.js.Consumer(lctx, router.QueueStream, router.QueueConsumer(r.node))
+		cons, err := r.js.Consumer(lctx, wire.QueueStream, wire.QueueConsumer(r.node))
 		cancel()
 		switch {
 		case err == nil:
@@ -264,14 +264,14 @@ func (r *runner) lookup(ctx context.Context) (*jetstream.ConsumerInfo, error) {
 		case ctx.Err() != nil:
 			return nil, nil
 		case errors.Is(err, jetstream.ErrStreamNotFound), errors.Is(err, jetstream.ErrConsumerNotFound):
-			return nil, fmt.Errorf("%w: no consumer %s on stream %s (has node %s's router run?)", ErrNoQueue, router.QueueConsumer(r.node), router.QueueStream, r.node)
+			return nil, fmt.Errorf("%w: no consumer %s on stream %s (has node %s's router run?)", ErrNoQueue, wire.QueueConsumer(r.node), wire.QueueStream, r.node)
 		case isTransient(err):
 			r.log.Debug("consumer: looking up the queue consumer; retrying", "err", err)
 			if !sleep(ctx, time.Second) {
 				return nil, nil
 			}
 		default:
-			return nil, fmt.Errorf("consumer: queue consumer %s: %w", router.QueueConsumer(r.node), err)
+			return nil, fmt.Errorf("consumer: queue consumer %s: %w", wire.QueueConsumer(r.node), err)
 		}
 	}
 }
@@ -331,12 +331,12 @@ func (r *runner) arrive(m jetstream.Msg) {
 		redelivered = meta.NumDelivered > 1
 	}
 	key := ""
-	seq, err := strconv.ParseUint(hdr.Get(router.HeaderIngressSeq), 10, 64)
+	seq, err := strconv.ParseUint(hdr.Get(wire.HeaderIngressSeq), 10, 64)
 	if err != nil || seq == 0 {
-		r.warn("malformed", "consumer: message without a valid ingress sequence; parking it", "header", hdr.Get(router.HeaderIngressSeq), "stream_seq", d.streamSeq)
+		r.warn("malformed", "consumer: message without a valid ingress sequence; parking it", "header", hdr.Get(wire.HeaderIngressSeq), "stream_seq", d.streamSeq)
 		key, seq = malformedPrefix+strconv.FormatUint(d.streamSeq, 10), max(d.streamSeq, 1)
 	} else {
-		group, invalid := router.GroupOf(hdr, r.o.groupHeader)
+		group, invalid := wire.GroupOf(hdr, r.o.groupHeader)
 		if invalid != "" {
 			r.log.Debug("consumer: message with an invalid group header, processed as ungrouped", "why", invalid, "ingress_seq", seq)
 		}
@@ -346,7 +346,7 @@ func (r *runner) arrive(m jetstream.Msg) {
 		}
 	}
 	d.seq = seq
-	if v := hdr.Get(router.HeaderEpoch); v != "" {
+	if v := hdr.Get(wire.HeaderEpoch); v != "" {
 		if d.epoch, err = strconv.ParseUint(v, 10, 64); err != nil {
 			r.log.Debug("consumer: invalid epoch header, not fenced", "value", v, "ingress_seq", seq)
 		}
@@ -368,7 +368,7 @@ func (r *runner) arrive(m jetstream.Msg) {
 	}
 	if strings.HasPrefix(key, malformedPrefix) {
 		r.lanes.lane(key, now).parked = true
-		r.lanes.lane(key, now).reason = "no valid " + router.HeaderIngressSeq + " header"
+		r.lanes.lane(key, now).reason = "no valid " + wire.HeaderIngressSeq + " header"
 	}
 	l := r.lanes.lanes[key]
 	v, stale, staleRunning := r.lanes.arrive(key, d, now)
@@ -457,7 +457,7 @@ func (r *runner) message(l *lane, d *delivery, attempt int) *Message {
 		Epoch:      d.epoch,
 		Fence:      Fence{Epoch: d.epoch, IngressSeq: d.seq},
 		Attempt:    attempt,
-		Closing:    hdr.Get(router.HeaderGroupSeq) == "-1",
+		Closing:    hdr.Get(wire.HeaderGroupSeq) == "-1",
 	}
 	if !strings.HasPrefix(l.group, "\x00") {
 		msg.Group = l.group

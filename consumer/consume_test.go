@@ -21,7 +21,7 @@ import (
 
 	"github.com/grouprouter/grouprouter/consumer"
 	"github.com/grouprouter/grouprouter/internal/natstest"
-	"github.com/grouprouter/grouprouter/router"
+	"github.com/grouprouter/grouprouter/wire"
 )
 
 const node = "n1"
@@ -56,21 +56,21 @@ func newQueueTTL(t testing.TB, pinned bool, ackWait, pinnedTTL time.Duration) *q
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{
-		Name: router.QueueStream, Subjects: []string{router.QueueSubjectPrefix + ">"},
+		Name: wire.QueueStream, Subjects: []string{wire.QueueSubjectPrefix + ">"},
 		Retention: jetstream.WorkQueuePolicy, Storage: jetstream.FileStorage, Duplicates: 2 * time.Minute,
 	}); err != nil {
 		t.Fatal(err)
 	}
 	cfg := jetstream.ConsumerConfig{
-		Durable: router.QueueConsumer(node), FilterSubject: router.QueueFilter(node),
+		Durable: wire.QueueConsumer(node), FilterSubject: wire.QueueFilter(node),
 		AckPolicy: jetstream.AckExplicitPolicy, MaxAckPending: 1000, AckWait: ackWait,
 	}
 	if pinned {
-		cfg.PriorityGroups = []string{router.PriorityGroup}
+		cfg.PriorityGroups = []string{wire.PriorityGroup}
 		cfg.PriorityPolicy = jetstream.PriorityPolicyPinned
 		cfg.PinnedTTL = pinnedTTL
 	}
-	if _, err := js.CreateOrUpdateConsumer(ctx, router.QueueStream, cfg); err != nil {
+	if _, err := js.CreateOrUpdateConsumer(ctx, wire.QueueStream, cfg); err != nil {
 		t.Fatal(err)
 	}
 	return &queue{t: t, nc: nc, js: js, pinned: pinned, url: url}
@@ -79,10 +79,10 @@ func newQueueTTL(t testing.TB, pinned bool, ackWait, pinnedTTL time.Duration) *q
 // put queues a message of group with ingress seq and epoch.
 func (q *queue) put(group string, seq, epoch uint64) {
 	q.t.Helper()
-	m := nats.NewMsg(router.QueueSubject(node, "orders.x"))
+	m := nats.NewMsg(wire.QueueSubject(node, "orders.x"))
 	m.Header.Set("Group-Id", group)
-	m.Header.Set(router.HeaderIngressSeq, strconv.FormatUint(seq, 10))
-	m.Header.Set(router.HeaderEpoch, strconv.FormatUint(epoch, 10))
+	m.Header.Set(wire.HeaderIngressSeq, strconv.FormatUint(seq, 10))
+	m.Header.Set(wire.HeaderEpoch, strconv.FormatUint(epoch, 10))
 	m.Data = []byte(group + ":" + strconv.FormatUint(seq, 10))
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
@@ -96,7 +96,7 @@ func (q *queue) left() uint64 {
 	q.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	s, err := q.js.Stream(ctx, router.QueueStream)
+	s, err := q.js.Stream(ctx, wire.QueueStream)
 	if err != nil {
 		q.t.Fatal(err)
 	}
@@ -246,7 +246,7 @@ func TestOrderPerGroupWithConcurrency(t *testing.T) {
 			if pinned {
 				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 				defer cancel()
-				c, err := q.js.Consumer(ctx, router.QueueStream, router.QueueConsumer(node))
+				c, err := q.js.Consumer(ctx, wire.QueueStream, wire.QueueConsumer(node))
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -268,7 +268,7 @@ func TestRedeliveryHeldInOrder(t *testing.T) {
 	q.put("g", 1, 1)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	c, err := q.js.Consumer(ctx, router.QueueStream, router.QueueConsumer(node))
+	c, err := q.js.Consumer(ctx, wire.QueueStream, wire.QueueConsumer(node))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -417,12 +417,12 @@ func TestRetryThenParkInOrder(t *testing.T) {
 		if err != nil {
 			t.Fatalf("parked stream: %v after %v", err, parked)
 		}
-		s, _ := strconv.ParseUint(m.Headers().Get(router.HeaderIngressSeq), 10, 64)
+		s, _ := strconv.ParseUint(m.Headers().Get(wire.HeaderIngressSeq), 10, 64)
 		parked = append(parked, s)
 		if m.Headers().Get(consumer.HeaderParkReason) != "cannot apply" {
 			t.Errorf("parked message %d has reason %q", s, m.Headers().Get(consumer.HeaderParkReason))
 		}
-		if want := router.QueueSubject(node, "orders.x"); m.Subject() != consumer.ParkedSubjectPrefix+node+".r.bad.orders.x" {
+		if want := wire.QueueSubject(node, "orders.x"); m.Subject() != consumer.ParkedSubjectPrefix+node+".r.bad.orders.x" {
 			t.Errorf("parked on %s (queued on %s)", m.Subject(), want)
 		}
 	}
@@ -610,7 +610,7 @@ func TestPinTakeoverHeldInOrder(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	oc, err := ojs.Consumer(ctx, router.QueueStream, router.QueueConsumer(node))
+	oc, err := ojs.Consumer(ctx, wire.QueueStream, wire.QueueConsumer(node))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -620,7 +620,7 @@ func TestPinTakeoverHeldInOrder(t *testing.T) {
 			_ = m.Ack()
 		}
 		otherGot.Add(1) // message 2 of g: held, never acked
-	}, jetstream.PullPriorityGroup(router.PriorityGroup))
+	}, jetstream.PullPriorityGroup(wire.PriorityGroup))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -663,7 +663,7 @@ func TestMalformedAndUngrouped(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	raw := func(hdr map[string]string) {
-		m := nats.NewMsg(router.QueueSubject(node, "raw"))
+		m := nats.NewMsg(wire.QueueSubject(node, "raw"))
 		for k, v := range hdr {
 			m.Header.Set(k, v)
 		}
@@ -672,9 +672,9 @@ func TestMalformedAndUngrouped(t *testing.T) {
 		}
 	}
 	raw(nil)
-	raw(map[string]string{"Group-Id": "g", router.HeaderIngressSeq: "x12"})
-	raw(map[string]string{router.HeaderIngressSeq: "5"})
-	raw(map[string]string{"group-id": "h", router.HeaderIngressSeq: "6", router.HeaderEpoch: "-1"})
+	raw(map[string]string{"Group-Id": "g", wire.HeaderIngressSeq: "x12"})
+	raw(map[string]string{wire.HeaderIngressSeq: "5"})
+	raw(map[string]string{"group-id": "h", wire.HeaderIngressSeq: "6", wire.HeaderEpoch: "-1"})
 	rec := newRecord()
 	r := start(t, q, func(ctx context.Context, m *consumer.Message) error {
 		rec.end(m, true)
@@ -705,7 +705,7 @@ func TestConsumerDeleted(t *testing.T) {
 	waitFor(t, "processed", func() bool { return rec.count() == 1 })
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	if err := q.js.DeleteConsumer(ctx, router.QueueStream, router.QueueConsumer(node)); err != nil {
+	if err := q.js.DeleteConsumer(ctx, wire.QueueStream, wire.QueueConsumer(node)); err != nil {
 		t.Fatal(err)
 	}
 	select {

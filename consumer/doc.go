@@ -13,7 +13,7 @@
 // # Lanes
 //
 // Consume pulls from the node's durable queue consumer (with priority
-// group router.PriorityGroup when the queue is pinned, the default) and
+// group wire.PriorityGroup when the queue is pinned, the default) and
 // puts each message into its group's lane, ordered by the
 // Grouping-Ingress-Seq header. A lane runs its lowest message when no
 // other of its group runs; up to WithConcurrency lanes run at once. A
@@ -33,7 +33,7 @@
 //
 // # Fencing
 //
-// Every queued message carries its group's epoch (router.HeaderEpoch),
+// Every queued message carries its group's epoch (wire.HeaderEpoch),
 // which grows with every move of the group. A lane that sees a message of
 // a newer epoch drops the older ones it holds, cancels a running
 // handler's context with cause ErrStale, and drops older copies that
@@ -50,7 +50,7 @@
 // subject, the reason in HeaderParkReason) and acknowledged, and the group
 // is recorded in bucket ParkedBucket, so that its later messages, on any
 // node, follow it there. The stream and the bucket are the router's: a
-// LOCAL router node creates them (router.EnsureParking). Through a
+// LOCAL router node creates them (wire.EnsureParking). Through a
 // JetStream API prefix Consume waits for them; with the account's own API
 // it creates missing ones. Consume works through an API prefix (js from
 // jetstream.NewWithAPIPrefix), as a consumer in an account of its own does

@@ -7,7 +7,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/grouprouter/grouprouter/router"
+	"github.com/grouprouter/grouprouter/wire"
 )
 
 // Defaults of the options.
@@ -24,16 +24,16 @@ const (
 	// ParkedStream holds parked messages, subjects
 	// ParkedSubjectPrefix + <node> + "." + <ingress subject>. It lives with
 	// the router's state: a LOCAL router node creates it
-	// (router.EnsureParking), and Consume creates it only when it is
+	// (wire.EnsureParking), and Consume creates it only when it is
 	// missing.
-	ParkedStream = router.ParkedStream
+	ParkedStream = wire.ParkedStream
 	// ParkedSubjectPrefix starts the subjects of ParkedStream.
-	ParkedSubjectPrefix = router.ParkedSubjectPrefix
+	ParkedSubjectPrefix = wire.ParkedSubjectPrefix
 	// ParkedBucket is the KV bucket that records the parked groups: key
 	// kvbinding.FullKey(group), value a JSON ParkRecord.
-	ParkedBucket = router.ParkedBucket
+	ParkedBucket = wire.ParkedBucket
 	// HeaderParkReason says why a message was parked.
-	HeaderParkReason = router.HeaderParkReason
+	HeaderParkReason = wire.HeaderParkReason
 	// HeaderParkAttempts says how many times its handler failed.
 	HeaderParkAttempts = "Grouping-Park-Attempts"
 )
@@ -65,7 +65,7 @@ func defaultOptions() options {
 		drainTimeout: DefaultDrainTimeout,
 		pullBatch:    DefaultPullBatch,
 		idleLane:     DefaultIdleLane,
-		groupHeader:  router.DefaultGroupHeader,
+		groupHeader:  wire.DefaultGroupHeader,
 		logger:       slog.New(slog.DiscardHandler),
 		replicas:     1,
 	}
@@ -146,10 +146,10 @@ func WithIdleLane(d time.Duration) Option {
 }
 
 // WithGroupHeader sets the header that holds the group id, as the
-// router's Config.GroupHeader (default router.DefaultGroupHeader).
+// router's Config.GroupHeader (default wire.DefaultGroupHeader).
 func WithGroupHeader(name string) Option {
 	return func(o *options) error {
-		if !router.ValidHeaderName(name) {
+		if !wire.ValidHeaderName(name) {
 			return fmt.Errorf("%w: group header %q is not a valid header name", ErrConfig, name)
 		}
 		o.groupHeader = name

@@ -14,7 +14,7 @@ import (
 
 	"github.com/grouprouter/grouprouter/kvbinding"
 	"github.com/grouprouter/grouprouter/proposals"
-	"github.com/grouprouter/grouprouter/router"
+	"github.com/grouprouter/grouprouter/wire"
 )
 
 // ParkRecord is the value of a parked group's key in ParkedBucket.
@@ -159,7 +159,7 @@ func (r *runner) tryParking(ctx context.Context) error {
 		r.parkedKV = kv
 		return nil
 	}
-	kv, err := router.EnsureParking(cctx, r.js, r.o.replicas)
+	kv, err := wire.EnsureParking(cctx, r.js, r.o.replicas)
 	if err != nil {
 		return fmt.Errorf("consumer: the parked stream and bucket (a LOCAL router node creates them): %w", err)
 	}
@@ -364,7 +364,7 @@ func (r *runner) scanBarriers(ctx context.Context, info *jetstream.ConsumerInfo)
 	if info.NumAckPending == 0 {
 		return
 	}
-	stream, err := r.js.Stream(ctx, router.QueueStream)
+	stream, err := r.js.Stream(ctx, wire.QueueStream)
 	if err != nil {
 		r.warn("scan", "consumer: cannot look for messages pending elsewhere; order across a restart is not guarded", "err", err)
 		return
@@ -373,7 +373,7 @@ func (r *runner) scanBarriers(ctx context.Context, info *jetstream.ConsumerInfo)
 	found := 0
 	for seq := info.AckFloor.Stream + 1; found < info.NumAckPending && seq <= info.Delivered.Stream; {
 		gctx, cancel := context.WithTimeout(ctx, opTimeout)
-		raw, err := stream.GetMsg(gctx, seq, jetstream.WithGetMsgSubject(router.QueueFilter(r.node)))
+		raw, err := stream.GetMsg(gctx, seq, jetstream.WithGetMsgSubject(wire.QueueFilter(r.node)))
 		cancel()
 		if errors.Is(err, jetstream.ErrMsgNotFound) {
 			break
@@ -387,8 +387,8 @@ func (r *runner) scanBarriers(ctx context.Context, info *jetstream.ConsumerInfo)
 		}
 		found++
 		seq = raw.Sequence + 1
-		is, err := strconv.ParseUint(raw.Header.Get(router.HeaderIngressSeq), 10, 64)
-		group, _ := router.GroupOf(raw.Header, r.o.groupHeader)
+		is, err := strconv.ParseUint(raw.Header.Get(wire.HeaderIngressSeq), 10, 64)
+		group, _ := wire.GroupOf(raw.Header, r.o.groupHeader)
 		if err != nil || group == "" {
 			continue
 		}
@@ -417,7 +417,7 @@ func (r *runner) checkBarriers(ctx context.Context, due map[string][]barrier) {
 	if len(due) == 0 {
 		return
 	}
-	stream, err := r.js.Stream(ctx, router.QueueStream)
+	stream, err := r.js.Stream(ctx, wire.QueueStream)
 	if err != nil {
 		return
 	}
@@ -448,10 +448,10 @@ func (r *runner) unpin(ctx context.Context, pinID string) {
 		return
 	}
 	for _, g := range info.PriorityGroups {
-		if g.Group != router.PriorityGroup || g.PinnedClientID != pinID {
+		if g.Group != wire.PriorityGroup || g.PinnedClientID != pinID {
 			continue
 		}
-		s, err := r.js.Stream(uctx, router.QueueStream)
+		s, err := r.js.Stream(uctx, wire.QueueStream)
 		if err == nil {
 			err = s.UnpinConsumer(uctx, info.Name, g.Group)
 		}

@@ -12,7 +12,7 @@ import (
 
 	"github.com/grouprouter/grouprouter/kvbinding"
 	"github.com/grouprouter/grouprouter/proposals"
-	"github.com/grouprouter/grouprouter/router"
+	"github.com/grouprouter/grouprouter/wire"
 )
 
 // replayLease is how long a replay claim stands without being renewed;
@@ -202,7 +202,7 @@ func (r *runner) replayGroup(ctx context.Context, l *lane) (parkState, uint64) {
 			continue
 		}
 		next = raw.Sequence + 1
-		seq, _ := strconv.ParseUint(raw.Header.Get(router.HeaderIngressSeq), 10, 64)
+		seq, _ := strconv.ParseUint(raw.Header.Get(wire.HeaderIngressSeq), 10, 64)
 		// The lane's done mark counts parked messages as done (so that a
 		// redelivery from the queue is not parked twice): only a copy of one
 		// this replay handled is dropped.
@@ -281,7 +281,7 @@ func (r *runner) mayReplay(ctx context.Context) bool {
 		return false
 	}
 	for _, g := range info.PriorityGroups {
-		if g.Group == router.PriorityGroup && g.PinnedClientID != "" {
+		if g.Group == wire.PriorityGroup && g.PinnedClientID != "" {
 			return false
 		}
 	}
@@ -331,7 +331,7 @@ func (r *runner) dropParked(ctx context.Context, seq uint64) {
 // replayedMessage builds what the handler sees of a parked message.
 func (r *runner) replayedMessage(group string, raw *jetstream.RawStreamMsg, seq uint64, redelivered bool) *Message {
 	_, _, subject, _ := parkedSubjectParts(raw.Subject)
-	epoch, _ := strconv.ParseUint(raw.Header.Get(router.HeaderEpoch), 10, 64)
+	epoch, _ := strconv.ParseUint(raw.Header.Get(wire.HeaderEpoch), 10, 64)
 	return &Message{
 		Subject:     subject,
 		Header:      raw.Header,
@@ -341,7 +341,7 @@ func (r *runner) replayedMessage(group string, raw *jetstream.RawStreamMsg, seq 
 		Epoch:       epoch,
 		Fence:       Fence{Epoch: epoch, IngressSeq: seq},
 		Redelivered: redelivered || parkAttempts(raw) > 0,
-		Closing:     raw.Header.Get(router.HeaderGroupSeq) == "-1",
+		Closing:     raw.Header.Get(wire.HeaderGroupSeq) == "-1",
 		Replayed:    true,
 	}
 }

@@ -17,7 +17,7 @@ import (
 
 	"github.com/grouprouter/grouprouter/consumer"
 	"github.com/grouprouter/grouprouter/proposals"
-	"github.com/grouprouter/grouprouter/router"
+	"github.com/grouprouter/grouprouter/wire"
 )
 
 // events collects the events published on the server.
@@ -230,7 +230,7 @@ func TestReplayResumedAfterCrash(t *testing.T) {
 	}
 	filter, _ := consumer.ParkedFilter("bad")
 	raw, err := s.GetMsg(ctx, 1, jetstream.WithGetMsgSubject(filter))
-	if err != nil || raw.Header.Get(router.HeaderIngressSeq) != strconv.FormatUint(bad[1], 10) {
+	if err != nil || raw.Header.Get(wire.HeaderIngressSeq) != strconv.FormatUint(bad[1], 10) {
 		t.Fatalf("first parked: %v %v", raw, err)
 	}
 	if err := s.DeleteMsg(ctx, raw.Sequence); err != nil {
@@ -367,7 +367,7 @@ func TestReplayStoppedMidwayIsResumed(t *testing.T) {
 func TestParkedAsReplayEndsStaysParked(t *testing.T) {
 	q := newQueue(t, true, 30*time.Second)
 	ev := watchEvents(t, q.nc)
-	kv, err := router.EnsureParking(context.Background(), q.js, 1)
+	kv, err := wire.EnsureParking(context.Background(), q.js, 1)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,11 +1,14 @@
 package kvbinding
 
-import "errors"
+import (
+	"errors"
+
+	"github.com/grouprouter/grouprouter/wire"
+)
 
 var (
-	// ErrInvalidGroupID is returned for a group id that is empty, longer
-	// than MaxGroupIDLen bytes or not valid UTF-8.
-	ErrInvalidGroupID = errors.New("kvbinding: invalid group id")
+	// ErrInvalidGroupID is wire.ErrInvalidGroupID.
+	ErrInvalidGroupID = wire.ErrInvalidGroupID
 	// ErrInvalidKey is returned when a key is not one that Key produces.
 	ErrInvalidKey = errors.New("kvbinding: invalid binding key")
 	// ErrDigestKey is returned by GroupFromKey for a digest key ("h."),

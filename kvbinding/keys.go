@@ -5,30 +5,20 @@ import (
 	"encoding/base64"
 	"fmt"
 	"strings"
-	"unicode/utf8"
 	"unsafe"
+
+	"github.com/grouprouter/grouprouter/wire"
 )
 
-// MaxGroupIDLen is the longest group id accepted, in bytes.
-const MaxGroupIDLen = 1024
+// MaxGroupIDLen is wire.MaxGroupIDLen.
+const MaxGroupIDLen = wire.MaxGroupIDLen
 
 // UngroupedKey is the reserved key of the routing binding for messages that
 // carry no group id. No group id encodes to it.
 const UngroupedKey = "ungrouped"
 
-// ValidateGroupID reports whether id is a usable group id: 1 to
-// MaxGroupIDLen bytes of valid UTF-8. The error wraps ErrInvalidGroupID.
-func ValidateGroupID(id string) error {
-	switch {
-	case len(id) == 0:
-		return fmt.Errorf("%w: empty", ErrInvalidGroupID)
-	case len(id) > MaxGroupIDLen:
-		return fmt.Errorf("%w: %d bytes, at most %d allowed", ErrInvalidGroupID, len(id), MaxGroupIDLen)
-	case !utf8.ValidString(id):
-		return fmt.Errorf("%w: not valid UTF-8", ErrInvalidGroupID)
-	}
-	return nil
-}
+// ValidateGroupID is wire.ValidateGroupID.
+func ValidateGroupID(id string) error { return wire.ValidateGroupID(id) }
 
 // MaxKeyLen is the longest key Key produces. A group id whose full key
 // (see FullKey) would be longer gets a digest key instead, "h." and the

@@ -10,6 +10,7 @@ import (
 
 	"github.com/grouprouter/grouprouter/kvbinding"
 	"github.com/grouprouter/grouprouter/proposals"
+	"github.com/grouprouter/grouprouter/wire"
 )
 
 // HandlerType is the grouping-handler type of a node.
@@ -34,7 +35,7 @@ func ParseHandlerType(s string) (HandlerType, error) {
 
 // Defaults of Config.
 const (
-	DefaultGroupHeader      = "Group-Id"
+	DefaultGroupHeader      = wire.DefaultGroupHeader // see package wire
 	DefaultTimeout          = 5 * time.Second
 	DefaultMaxHeldMessages  = 100_000
 	DefaultMaxHeldBytes     = 64 << 20
@@ -365,22 +366,10 @@ func ValidateAddress(a string) error {
 	return nil
 }
 
-// ValidHeaderName reports whether h can name the group header: printable
-// ASCII without spaces or ':'.
-func ValidHeaderName(h string) bool { return validHeaderName(h) }
+// ValidHeaderName is wire.ValidHeaderName.
+func ValidHeaderName(h string) bool { return wire.ValidHeaderName(h) }
 
-func validHeaderName(h string) bool {
-	if h == "" {
-		return false
-	}
-	for i := 0; i < len(h); i++ {
-		c := h[i]
-		if c <= ' ' || c >= 0x7f || c == ':' {
-			return false
-		}
-	}
-	return true
-}
+func validHeaderName(h string) bool { return wire.ValidHeaderName(h) }
 
 // validPrefix accepts subject tokens without wildcards or whitespace.
 func validPrefix(p string) bool {

@@ -1,13 +1,16 @@
 package router
 
-import "errors"
+import (
+	"errors"
+
+	"github.com/grouprouter/grouprouter/wire"
+)
 
 var (
 	// ErrConfig is wrapped by every configuration error.
 	ErrConfig = errors.New("grouping: invalid configuration")
-	// ErrStreamConflict is returned when an existing stream does not fit
-	// the configuration (e.g. the ingress stream captures another address).
-	ErrStreamConflict = errors.New("grouping: existing stream does not match the configuration")
+	// ErrStreamConflict is wire.ErrStreamConflict.
+	ErrStreamConflict = wire.ErrStreamConflict
 	// ErrPermanent is matched (errors.Is) by the *SetupError that Run
 	// returns when setting up failed in a way that waiting cannot fix: NATS
 	// refused the credentials or a permission, the connection was closed,

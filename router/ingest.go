@@ -13,6 +13,7 @@ import (
 
 	"github.com/grouprouter/grouprouter/internal/jspub"
 	"github.com/grouprouter/grouprouter/kvbinding"
+	"github.com/grouprouter/grouprouter/wire"
 )
 
 // maxControlLine is nats-server's default limit on a protocol line: a
@@ -151,40 +152,8 @@ func (r *Router) maxSubject() int {
 // node's queue and the dead-letter stream.
 func (r *Router) fits(subject string) bool { return len(subject) <= r.maxSubject() }
 
-// GroupOf returns the group id a message's headers carry under name (""
-// for none) and, when the message cannot be grouped, why: the value is not
-// a valid group id, or the header is there several times (in different
-// letter cases, or repeated) with different values. Every node reads the
-// same answer from the same headers: NATS headers are case-sensitive, so a
-// differently cased name counts as the same header, and when its copies
-// disagree the message is dead-lettered instead of guessed at.
-func GroupOf(h nats.Header, name string) (group, invalid string) {
-	var (
-		value string
-		found bool
-	)
-	for k, vs := range h {
-		if len(k) != len(name) || !equalFold(k, name) {
-			continue
-		}
-		for _, v := range vs {
-			if !found {
-				value, found = v, true
-				continue
-			}
-			if v != value {
-				return "", fmt.Sprintf("%s header is present more than once with different values", name)
-			}
-		}
-	}
-	if !found {
-		return "", ""
-	}
-	if err := kvbinding.ValidateGroupID(value); err != nil {
-		return "", fmt.Sprintf("invalid %s header: %v", name, err)
-	}
-	return value, ""
-}
+// GroupOf is wire.GroupOf.
+func GroupOf(h nats.Header, name string) (group, invalid string) { return wire.GroupOf(h, name) }
 
 func equalFold(a, b string) bool {
 	for i := 0; i < len(a); i++ {

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"slices"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -13,14 +12,15 @@ import (
 
 	"github.com/grouprouter/grouprouter/kvbinding"
 	"github.com/grouprouter/grouprouter/proposals"
+	"github.com/grouprouter/grouprouter/wire"
 )
 
 // Names of the JetStream resources a router uses.
 const (
 	// IngressStream stores what producers publish on <address>.>.
 	IngressStream = "GROUPING_INGRESS"
-	// QueueStream holds the per-node queues, subjects grouping.queue.>.
-	QueueStream = "GROUPING_QUEUE"
+	// QueueStream is wire.QueueStream.
+	QueueStream = wire.QueueStream
 	// DeadLetterStream holds messages that could not be routed, subjects grouping.dlq.>.
 	DeadLetterStream = "GROUPING_DLQ"
 	// EventsStream keeps the events published on grouping.events.<kind>
@@ -31,36 +31,26 @@ const (
 	// (a bind event is ~200 bytes stored).
 	EventsMaxBytes = 256 << 20
 
-	// QueueSubjectPrefix + <node> + "." + <ingress subject> is a node's queue subject.
-	QueueSubjectPrefix = "grouping.queue."
-	// HeldSubjectPrefix + <node> + "." + <group key> + "." + <ingress
-	// subject> holds, in the queue stream, a group's messages past its
-	// share of node's queue window (fairshare.go): read by no consumer,
-	// moved onto the queue as the consumer acknowledges the group's
-	// earlier messages. The group key is kvbinding.Key's (two tokens).
-	HeldSubjectPrefix = "grouping.held."
+	// QueueSubjectPrefix is wire.QueueSubjectPrefix.
+	QueueSubjectPrefix = wire.QueueSubjectPrefix
+	// HeldSubjectPrefix is wire.HeldSubjectPrefix.
+	HeldSubjectPrefix = wire.HeldSubjectPrefix
 	// DeadLetterSubjectPrefix + <ingress subject> is a dead-letter subject.
 	DeadLetterSubjectPrefix = "grouping.dlq."
-	// QueueConsumerPrefix + <node> is the durable consumer of a node's queue.
-	QueueConsumerPrefix = "grouping-node-"
-	// PriorityGroup is the priority group consumers of a node's queue pull with.
-	PriorityGroup = "grouping"
+	// QueueConsumerPrefix is wire.QueueConsumerPrefix.
+	QueueConsumerPrefix = wire.QueueConsumerPrefix
+	// PriorityGroup is wire.PriorityGroup.
+	PriorityGroup = wire.PriorityGroup
 )
 
 // Headers the router sets on the messages it republishes.
 const (
-	// HeaderIngressSeq carries the ingress stream sequence of the message.
-	HeaderIngressSeq = "Grouping-Ingress-Seq"
-	// HeaderEpoch carries the group's epoch on every message a node puts
-	// on a queue (kvbinding.Binding.Epoch): the revision of the binding
-	// record that made the node the group's owner. It grows with every
-	// move and is the same for every node, so a consumer that sees a
-	// message of a lower epoch than one it processed knows it for a copy
-	// made before a move (see docs/protocol.md, "Hand-over and epochs").
-	HeaderEpoch = "Grouping-Epoch"
-	// HeaderGroupSeq set to -1 on a message closes its group after it (the
-	// JMS JMSXGroupSeq convention): the binding is released cluster-wide.
-	HeaderGroupSeq = "Group-Seq"
+	// HeaderIngressSeq is wire.HeaderIngressSeq.
+	HeaderIngressSeq = wire.HeaderIngressSeq
+	// HeaderEpoch is wire.HeaderEpoch.
+	HeaderEpoch = wire.HeaderEpoch
+	// HeaderGroupSeq is wire.HeaderGroupSeq.
+	HeaderGroupSeq = wire.HeaderGroupSeq
 	// HeaderMovedFrom is set on a message moved from another node's queue
 	// when its group changed node.
 	HeaderMovedFrom = "Grouping-Moved-From"
@@ -85,10 +75,8 @@ const (
 // twice within it (same Nats-Msg-Id) is stored once.
 const queueDuplicates = 2 * time.Minute
 
-// QueueSubject returns the queue subject of a message for node.
-func QueueSubject(node, ingressSubject string) string {
-	return QueueSubjectPrefix + node + "." + ingressSubject
-}
+// QueueSubject is wire.QueueSubject.
+func QueueSubject(node, ingressSubject string) string { return wire.QueueSubject(node, ingressSubject) }
 
 // HeldSubject returns the held subject of a message of group for node.
 func HeldSubject(node, group, ingressSubject string) string {
@@ -100,11 +88,11 @@ func HeldSubject(node, group, ingressSubject string) string {
 // key (kvbinding.Key), or of all its groups for key "*.*".
 func HeldFilter(node, key string) string { return HeldSubjectPrefix + node + "." + key + ".>" }
 
-// QueueFilter returns the filter subject of node's queue consumer.
-func QueueFilter(node string) string { return QueueSubjectPrefix + node + ".>" }
+// QueueFilter is wire.QueueFilter.
+func QueueFilter(node string) string { return wire.QueueFilter(node) }
 
-// QueueConsumer returns the durable consumer name of node's queue.
-func QueueConsumer(node string) string { return QueueConsumerPrefix + node }
+// QueueConsumer is wire.QueueConsumer.
+func QueueConsumer(node string) string { return wire.QueueConsumer(node) }
 
 // Replicas returns the replica count the router asks for on connection
 // nc: want if > 0, else (auto) 3 when nc's server is in a cluster, 1
@@ -257,24 +245,9 @@ func orUnlimited32(n int32) int32 {
 	return n
 }
 
-// checkStream returns nil if the stream exists and captures spec's
-// subjects, an error wrapping jetstream.ErrStreamNotFound if it does not
-// exist.
+// checkStream is wire.CheckStream.
 func checkStream(ctx context.Context, js jetstream.JetStream, spec jetstream.StreamConfig) error {
-	s, err := js.Stream(ctx, spec.Name)
-	if err != nil {
-		return fmt.Errorf("grouping: stream %s: %w", spec.Name, err)
-	}
-	got := s.CachedInfo().Config.Subjects
-	for _, want := range spec.Subjects {
-		if want == HeldSubjectPrefix+">" {
-			continue // added to a queue stream created before it by a LOCAL node (queueHolds)
-		}
-		if !slices.Contains(got, want) {
-			return fmt.Errorf("%w: stream %s captures %v, not %s", ErrStreamConflict, spec.Name, got, want)
-		}
-	}
-	return nil
+	return wire.CheckStream(ctx, js, spec)
 }
 
 // waitStream waits until the stream exists (see checkStream), for a node
@@ -298,46 +271,10 @@ func waitStream(ctx context.Context, js jetstream.JetStream, spec jetstream.Stre
 	}
 }
 
-// ensureStream creates spec's stream unless it exists (see checkStream).
-// Another process may be creating it at the same moment (a LOCAL node and
-// the consumers of package consumer start together, and ask for the
-// parked stream with other replicas): until that create is done, the
-// stream's info goes unanswered (no stream leader yet) or says not found,
-// while a create of another configuration finds the name in use. So each
-// look has a deadline of its own, and a name in use is looked at again,
-// every 100 ms, until the stream answers or ctx ends; any other create
-// error is returned after three tries.
+// ensureStream is wire.EnsureStream.
 func ensureStream(ctx context.Context, js jetstream.JetStream, spec jetstream.StreamConfig) error {
-	for attempt := 0; ; {
-		lctx, cancel := context.WithTimeout(ctx, streamLookTimeout)
-		err := checkStream(lctx, js, spec)
-		cancel()
-		unanswered := errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil
-		if !errors.Is(err, jetstream.ErrStreamNotFound) && !unanswered {
-			return err
-		}
-		_, err = js.CreateStream(ctx, spec)
-		if err == nil {
-			return nil
-		}
-		err = fmt.Errorf("grouping: create stream %s: %w", spec.Name, err)
-		if !errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
-			if attempt++; attempt >= 3 {
-				return err
-			}
-			continue // another node may have created it concurrently: look again
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("%w (the stream did not answer: %w)", err, ctx.Err())
-		case <-time.After(100 * time.Millisecond):
-		}
-	}
+	return wire.EnsureStream(ctx, js, spec)
 }
-
-// streamLookTimeout bounds one look at a stream in ensureStream: a
-// stream being created answers no info request until it has a leader.
-const streamLookTimeout = 2 * time.Second
 
 // ensureQueueConsumer creates or updates node's durable queue consumer.
 func ensureQueueConsumer(ctx context.Context, js jetstream.JetStream, node string, mode QueueMode, pinnedTTL, ackWait time.Duration) (jetstream.Consumer, error) {
