@@ -202,10 +202,13 @@ func (o *replayOptions) run(ctx context.Context, in *invocation) error {
 		enc.SetIndent("", "  ")
 		return enc.Encode(toParkedJSON(pg))
 	}
-	fmt.Fprintf(stdout, "%s %s: node %s replays %d parked message(s) from ingress seq %s", cmd, displayGroup(group), pg.Record.Node, pg.Messages, seqOrDash(pg.Head))
+	// pg.Messages counts the group's parked messages as the replay was
+	// asked; skip's head (pg.Head) is one of them, dropped unhandled.
 	if cmd == string(consumer.ReplaySkip) {
-		fmt.Fprintf(stdout, ", dropping %d", pg.Record.SkipSeq)
+		fmt.Fprintf(stdout, "%s %s: node %s drops the parked message at ingress seq %d, then replays the %d after it\n",
+			cmd, displayGroup(group), pg.Record.Node, pg.Record.SkipSeq, max(pg.Messages, 1)-1)
+		return nil
 	}
-	fmt.Fprintln(stdout)
+	fmt.Fprintf(stdout, "%s %s: node %s replays %d parked message(s) from ingress seq %s\n", cmd, displayGroup(group), pg.Record.Node, pg.Messages, seqOrDash(pg.Head))
 	return nil
 }

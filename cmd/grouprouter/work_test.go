@@ -158,12 +158,26 @@ func TestWorkParksAndRetries(t *testing.T) {
 	if err := os.Remove(fault); err != nil {
 		t.Fatal(err)
 	}
-	if code, stdout, stderr := runCommand(t, "retry", "--nats", srv.URL(), "bad"); code != exitOK || !strings.Contains(stdout, "retry bad: node n1 replays") {
-		t.Fatalf("retry: exit %d %s %s", code, stdout, stderr)
+	// bad-2 .. bad-8 parked (7), before retry counts them.
+	natstest.Eventually(t, 30*time.Second, func() error {
+		_, stdout, _ := runCommand(t, "parked", "--nats", srv.URL(), "--json")
+		var pl parkedList
+		if err := json.Unmarshal([]byte(stdout), &pl); err != nil {
+			return err
+		}
+		if len(pl.Parked) == 0 || pl.Parked[0].Group != "bad" || pl.Parked[0].Messages != 7 {
+			return fmt.Errorf("parked %+v, want bad with 7 messages", pl.Parked)
+		}
+		return nil
+	})
+	wantRetry := fmt.Sprintf("retry bad: node n1 replays 7 parked message(s) from ingress seq %d\n", bad.FirstSeq)
+	if code, stdout, stderr := runCommand(t, "retry", "--nats", srv.URL(), "bad"); code != exitOK || stdout != wantRetry {
+		t.Fatalf("retry: exit %d %q %s; want %q", code, stdout, stderr, wantRetry)
 	}
 	code, stdout, stderrOut = runCommand(t, "skip", "--nats", srv.URL(), "term")
-	if code != exitOK || !strings.Contains(stderrOut, "ingress_seq="+strconv.FormatUint(term.FirstSeq, 10)) {
-		t.Fatalf("skip: exit %d %s %s", code, stdout, stderrOut)
+	wantSkip := fmt.Sprintf("skip term: node n1 drops the parked message at ingress seq %d, then replays the 6 after it\n", term.FirstSeq)
+	if code != exitOK || !strings.Contains(stderrOut, "ingress_seq="+strconv.FormatUint(term.FirstSeq, 10)) || stdout != wantSkip {
+		t.Fatalf("skip: exit %d %q %s; want %q", code, stdout, stderrOut, wantSkip)
 	}
 	natstest.Eventually(t, 30*time.Second, func() error {
 		got := lines()
