@@ -188,6 +188,9 @@ func TestReadmeQuickstart(t *testing.T) {
 		}
 	}
 	ungrouped := sh(rest[1], env)
+	if strings.Contains(ungrouped, "parked") {
+		t.Errorf("the ungrouped block's output speaks of parking, which the messages without a group never are")
+	}
 	for _, want := range []*regexp.Regexp{
 		regexp.MustCompile(`stored: stream GROUPING_INGRESS seq 3, group \(ungrouped\)`),
 		regexp.MustCompile(`(?m)^group: +\(ungrouped\)\nstate: +bound\nnode: +n1$`),
@@ -237,9 +240,16 @@ func TestWhereUngrouped(t *testing.T) {
 		})
 		return out
 	}
+	// The messages without a group are never parked as a group: where
+	// --ungrouped says nothing about parking (it once printed "cannot
+	// tell whether the group is parked: ... invalid group id: empty").
 	if out := where("--ungrouped"); !regexp.MustCompile(`(?m)^group: +\(ungrouped\)$`).MatchString(out) ||
-		!regexp.MustCompile(`(?m)^waiting: +1$`).MatchString(out) {
+		!regexp.MustCompile(`(?m)^waiting: +1$`).MatchString(out) || strings.Contains(out, "parked") {
 		t.Errorf("where --ungrouped:\n%s", out)
+	}
+	if code, stdout, stderr := runCommand(t, "where", "--nats", srv.URL(), "--ungrouped", "--json"); code != exitOK || stderr != "" ||
+		strings.Contains(stdout, "parked") {
+		t.Errorf("where --ungrouped --json: exit %d, stderr %q, stdout:\n%s", code, stderr, stdout)
 	}
 	if out := where("ungrouped"); !regexp.MustCompile(`(?m)^group: +ungrouped$`).MatchString(out) ||
 		!regexp.MustCompile(`(?m)^waiting: +2$`).MatchString(out) {
