@@ -117,6 +117,8 @@ func commands() []command {
 			setup: func(fs *flag.FlagSet) action { return newReplayFlags("skip", fs) }},
 		{name: "release", summary: replay, help: parkedHelp("release"), client: true, args: true,
 			setup: func(fs *flag.FlagSet) action { return newReplayFlags("release", fs) }},
+		{name: "version", summary: "print the version: module version, VCS revision and time, Go version (also --version)",
+			help: versionHelp, setup: func(fs *flag.FlagSet) action { return newVersionFlags(fs) }},
 		{name: "permissions", summary: "print the NATS users and permissions of a deployment, one user per role",
 			// permissions.go parses its own flags and writes its own help.
 			main: func(_ context.Context, args []string, in *invocation) error { return printPermissions(args, in.stdout) }},
