@@ -248,3 +248,29 @@ func TestWorkEnv(t *testing.T) {
 		}
 	}
 }
+
+// TestWorkStartLine: work says on stderr that it starts, with its node,
+// concurrency, command and the node's queue mode.
+func TestWorkStartLine(t *testing.T) {
+	for _, mode := range []router.QueueMode{router.QueuePinned, router.QueuePlain} {
+		t.Run(string(mode), func(t *testing.T) {
+			srv := natstest.RunServer(t)
+			startRouter(t, srv, mode)
+			stderr, stop := startCommand(t, "work", "--nats", srv.URL(), "--node", "n1", "--concurrency", "3", "--", "sh", "-c", "cat >/dev/null")
+			want := `level=INFO msg="grouprouter work starting" node=n1 concurrency=3 max_attempts=` + strconv.Itoa(consumer.DefaultMaxAttempts) +
+				` timeout=1m0s queue_mode=` + string(mode) + ` command="sh -c cat >/dev/null" version=`
+			natstest.Eventually(t, 10*time.Second, func() error {
+				if !strings.Contains(stderr.String(), want) {
+					return fmt.Errorf("no start line %q:\n%s", want, stderr)
+				}
+				return nil
+			})
+			if code := stop(); code != exitOK {
+				t.Errorf("work: exit %d\n%s", code, stderr)
+			}
+			if n := strings.Count(stderr.String(), "grouprouter work starting"); n != 1 {
+				t.Errorf("%d start lines:\n%s", n, stderr)
+			}
+		})
+	}
+}
