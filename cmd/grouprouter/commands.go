@@ -99,7 +99,7 @@ func commands() []command {
 			help: nodesHelp, client: true, setup: func(fs *flag.FlagSet) action { return newNodesFlags(fs) }},
 		{name: "events", summary: "print the events kept in stream GROUPING_EVENTS (--follow for new ones)",
 			help: eventsHelp(), client: true, setup: func(fs *flag.FlagSet) action { return newEventsFlags(fs) }},
-		{name: "publish", summary: "publish one message as a producer does (--group G for its group) and wait for the PubAck",
+		{name: "publish", summary: "publish a message as a producer does (--group G for its group; --count N or --stdin for many) and wait for the PubAck",
 			help: publishHelp, client: true, args: true, setup: func(fs *flag.FlagSet) action { return newPublishFlags(fs) }},
 		{name: "consume", summary: "consume a node's queue as an application does, printing each message",
 			help: consumeHelp(), client: true, setup: func(fs *flag.FlagSet) action { return newConsumeFlags(fs) }},

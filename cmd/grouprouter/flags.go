@@ -4,6 +4,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/url"
@@ -450,6 +451,8 @@ type environment struct {
 	goos     string
 	getenv   func(string) string
 	hostname func() string
+	// stdin is what publish --stdin reads (nil: none).
+	stdin io.Reader
 }
 
 // osEnvironment is the real process environment.
@@ -461,6 +464,7 @@ func osEnvironment() environment {
 			h, _ := os.Hostname()
 			return h
 		},
+		stdin: os.Stdin,
 	}
 }
 
