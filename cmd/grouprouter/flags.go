@@ -202,9 +202,22 @@ the <grouping-handler> element of --config, defaults
 (name grouping-handler, type LOCAL, address jms, timeout 5s, group-timeout
 never, reaper-period 30s). The file's <timeout>, <group-timeout> and
 <reaper-period> are milliseconds, -1 meaning never for the last two.
-
-Flags:
 `
+
+// runFlagSections group run's flags in its -h.
+var runFlagSections = []flagSection{
+	{"Node flags", []string{"config", "node", "type", "name", "address", "timeout", "group-header", "local-first", "max-attempts",
+		"queue-mode", "queue-ack-wait", "replicas"}},
+	{"Grouping flags (bindings, moves, rebalancing)", []string{"group-timeout", "reaper-period", "node-grace", "rebind-after",
+		"rebalance", "rebalance-tolerance", "rebalance-rate", "rebalance-cool-down", "group-share", "max-groups"}},
+	{"Connection flags (to join NATS servers)", []string{"nats", "context", "user", "password", "creds", "nkey", "inbox-prefix",
+		"js-domain", "js-api-prefix"}},
+	{"TLS flags", []string{"tlsca", "tlscert", "tlskey", "tlsfirst"}},
+	{"Embedded server flags (without servers to join)", []string{"listen", "store-dir", "sync", "server-config"}},
+	{"Limits flags", []string{"max-held", "max-held-bytes", "max-spilled-bytes", "max-msg-size", "ingress-max-bytes",
+		"queue-max-bytes", "dlq-max-bytes", "bindings-max-bytes", "events-max-age", "dlq-max-age"}},
+	{"Logging and monitoring flags", []string{"log-level", "log-json", "http"}},
+}
 
 // check merges the parsed flags with --config and the defaults into
 // f.opts, and validates the result. It returns errors wrapping
