@@ -175,7 +175,7 @@ func TestWorkParksAndRetries(t *testing.T) {
 		t.Fatalf("retry: exit %d %q %s; want %q", code, stdout, stderr, wantRetry)
 	}
 	code, stdout, stderrOut = runCommand(t, "skip", "--nats", srv.URL(), "term")
-	wantSkip := fmt.Sprintf("skip term: node n1 drops the parked message at ingress seq %d, then replays the 6 after it\n", term.FirstSeq)
+	wantSkip := fmt.Sprintf("skip term: node n1 drops the parked message at ingress seq %d unhandled, then replays the 6 after it\n", term.FirstSeq)
 	if code != exitOK || !strings.Contains(stderrOut, "ingress_seq="+strconv.FormatUint(term.FirstSeq, 10)) || stdout != wantSkip {
 		t.Fatalf("skip: exit %d %q %s; want %q", code, stdout, stderrOut, wantSkip)
 	}
@@ -272,5 +272,30 @@ func TestWorkStartLine(t *testing.T) {
 				t.Errorf("%d start lines:\n%s", n, stderr)
 			}
 		})
+	}
+}
+
+func TestReplayLine(t *testing.T) {
+	rec := func(first, skip uint64) consumer.ParkRecord {
+		return consumer.ParkRecord{Node: "n1", IngressSeq: first, SkipSeq: skip}
+	}
+	for _, tt := range []struct {
+		cmd  string
+		pg   consumer.ParkedGroup
+		want string
+	}{
+		{"retry", consumer.ParkedGroup{Record: rec(11, 0), Messages: 10, Head: 11}, "retry g: node n1 replays 10 parked message(s) from ingress seq 11"},
+		{"release", consumer.ParkedGroup{Record: rec(11, 0), Messages: 1, Head: 11}, "release g: node n1 replays 1 parked message(s) from ingress seq 11"},
+		{"skip", consumer.ParkedGroup{Record: rec(11, 11), Messages: 7, Head: 11},
+			"skip g: node n1 drops the parked message at ingress seq 11 unhandled, then replays the 6 after it"},
+		{"skip", consumer.ParkedGroup{Record: rec(11, 12), Messages: 2, Head: 12},
+			"skip g: node n1 drops the parked messages up to ingress seq 12 unhandled (with an earlier skip not yet done), then replays the rest: 2 parked in all"},
+		{"retry", consumer.ParkedGroup{Record: rec(11, 11), Messages: 3, Head: 12},
+			"retry g: node n1 drops the parked messages up to ingress seq 11 unhandled (a skip not yet done), then replays the rest from ingress seq 12: 3 parked in all"},
+		{"retry", consumer.ParkedGroup{Record: rec(20, 11), Messages: 3, Head: 20}, "retry g: node n1 replays 3 parked message(s) from ingress seq 20"},
+	} {
+		if got := replayLine(tt.cmd, "g", tt.pg); got != tt.want {
+			t.Errorf("%s %+v:\n got %q\nwant %q", tt.cmd, tt.pg, got, tt.want)
+		}
 	}
 }
