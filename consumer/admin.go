@@ -196,7 +196,8 @@ func parkedCounts(ctx context.Context, js jetstream.JetStream) (map[string]uint6
 // Consume of node (the record's node when node is "") handles them in
 // ingress order before any later message of the group, then deletes the
 // record (see docs/consuming.md, "Replay"). It returns the group as it
-// was asked (for ReplaySkip, Head is the message to be skipped). It
+// was asked, Messages counting its parked messages (for ReplaySkip, Head
+// is the message to be skipped, counted in Messages). It
 // returns ErrNotParked, ErrReplaying when a replay claimed by a live
 // process runs, ErrNothingToSkip, or ErrConfig for a bad group or mode.
 func Replay(ctx context.Context, js jetstream.JetStream, group string, mode ReplayMode, node string) (ParkedGroup, error) {
@@ -239,6 +240,14 @@ func Replay(ctx context.Context, js jetstream.JetStream, group string, mode Repl
 		if node != "" {
 			rec.Node = node
 		}
+		// How many it replays, counted before the replay job can drop
+		// any: a message parked after the count rewrote the record, so
+		// the update below conflicts and counts again.
+		counts, err := parkedCounts(ctx, js)
+		if err != nil {
+			return pg, err
+		}
+		pg.Messages = counts[key]
 		val, err := json.Marshal(rec)
 		if err != nil {
 			return pg, err

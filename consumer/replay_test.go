@@ -117,8 +117,8 @@ func TestReplayRetryInOrderExactlyOnce(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if pg.Head != bad[1] || pg.Record.IngressSeq != bad[1] || pg.Record.Attempts != 2 {
-				t.Errorf("Replay returned %+v, want head %d parked after 2 attempts", pg, bad[1])
+			if pg.Head != bad[1] || pg.Record.IngressSeq != bad[1] || pg.Record.Attempts != 2 || pg.Messages != 5 {
+				t.Errorf("Replay returned %+v, want head %d parked after 2 attempts, 5 messages", pg, bad[1])
 			}
 			waitFor(t, "replay reached seq 5", func() bool { return slices.Contains(rec.of("bad"), 3) })
 			q.put("bad", 100, 3) // arrives while the replay runs: waits for it

@@ -36,6 +36,15 @@ type command struct {
 	setup func(fs *flag.FlagSet) action
 	// main runs a command that parses its own arguments (setup nil).
 	main func(ctx context.Context, args []string, in *invocation) error
+	// sections, if any, group the flags in -h, in order; help then ends
+	// before them (each section has its title).
+	sections []flagSection
+}
+
+// flagSection is a titled group of flags in a command's -h.
+type flagSection struct {
+	title string
+	flags []string
 }
 
 // action is a command with its flags defined.
@@ -88,7 +97,7 @@ func commands() []command {
 	replay := "replay a parked group's messages in order (skip drops the head first)"
 	return []command{
 		{name: "run", summary: "run a router node (starts an embedded NATS server without servers to join)",
-			help: runHelp, setup: newRunFlags},
+			help: runHelp, setup: newRunFlags, sections: runFlagSections},
 		{name: "bindings", summary: "list the group bindings (group -> node)",
 			help: bindingsHelp, client: true, setup: func(fs *flag.FlagSet) action { return newBindingsFlags(fs) }},
 		{name: "groups", summary: "list the groups: node, state, since when and why, messages waiting and held",
@@ -99,7 +108,7 @@ func commands() []command {
 			help: nodesHelp, client: true, setup: func(fs *flag.FlagSet) action { return newNodesFlags(fs) }},
 		{name: "events", summary: "print the events kept in stream GROUPING_EVENTS (--follow for new ones)",
 			help: eventsHelp(), client: true, setup: func(fs *flag.FlagSet) action { return newEventsFlags(fs) }},
-		{name: "publish", summary: "publish one message as a producer does (--group G for its group) and wait for the PubAck",
+		{name: "publish", summary: "publish a message as a producer does (--group G for its group; --count N or --stdin for many) and wait for the PubAck",
 			help: publishHelp, client: true, args: true, setup: func(fs *flag.FlagSet) action { return newPublishFlags(fs) }},
 		{name: "consume", summary: "consume a node's queue as an application does, printing each message",
 			help: consumeHelp(), client: true, setup: func(fs *flag.FlagSet) action { return newConsumeFlags(fs) }},
@@ -117,6 +126,8 @@ func commands() []command {
 			setup: func(fs *flag.FlagSet) action { return newReplayFlags("skip", fs) }},
 		{name: "release", summary: replay, help: parkedHelp("release"), client: true, args: true,
 			setup: func(fs *flag.FlagSet) action { return newReplayFlags("release", fs) }},
+		{name: "version", summary: "print the version: module version, VCS revision and time, Go version (also --version)",
+			help: versionHelp, setup: func(fs *flag.FlagSet) action { return newVersionFlags(fs) }},
 		{name: "permissions", summary: "print the NATS users and permissions of a deployment, one user per role",
 			// permissions.go parses its own flags and writes its own help.
 			main: func(_ context.Context, args []string, in *invocation) error { return printPermissions(args, in.stdout) }},
@@ -218,8 +229,49 @@ func (c command) execute(ctx context.Context, args []string, env environment, st
 func (c command) writeHelp(w io.Writer) {
 	fs, _, _ := c.newFlagSet()
 	fmt.Fprint(w, c.help)
-	fs.SetOutput(w)
-	fs.PrintDefaults()
+	if len(c.sections) == 0 {
+		fs.SetOutput(w)
+		fs.PrintDefaults()
+		return
+	}
+	writeFlagSections(w, fs, c.sections)
+}
+
+// writeFlagSections writes fs's flags as PrintDefaults does, grouped in
+// sections; a flag no section names comes last, under "Other flags".
+func writeFlagSections(w io.Writer, fs *flag.FlagSet, sections []flagSection) {
+	placed := make(map[string]bool)
+	write := func(title string, flags []*flag.Flag) {
+		if len(flags) == 0 {
+			return
+		}
+		// A flag set of the section's flags prints them as fs would: the
+		// values are fs's, still at their defaults.
+		sub := flag.NewFlagSet(title, flag.ContinueOnError)
+		for _, f := range flags {
+			sub.Var(f.Value, f.Name, f.Usage)
+		}
+		fmt.Fprintf(w, "\n%s:\n", title)
+		sub.SetOutput(w)
+		sub.PrintDefaults()
+	}
+	for _, s := range sections {
+		var flags []*flag.Flag
+		for _, name := range s.flags {
+			if f := fs.Lookup(name); f != nil && !placed[name] {
+				flags = append(flags, f)
+				placed[name] = true
+			}
+		}
+		write(s.title, flags)
+	}
+	var rest []*flag.Flag
+	fs.VisitAll(func(f *flag.Flag) {
+		if !placed[f.Name] {
+			rest = append(rest, f)
+		}
+	})
+	write("Other flags", rest)
 }
 
 // printUsage writes the top-level help, listing the table.

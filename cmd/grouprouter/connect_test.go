@@ -1,13 +1,19 @@
 package main
 
 import (
+	"bytes"
+	"context"
 	"errors"
 	"flag"
 	"io"
+	"net"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/grouprouter/grouprouter/router"
 )
@@ -181,5 +187,112 @@ func TestConnSettingsErrors(t *testing.T) {
 				t.Fatalf("got %v, want a config error with %q", err, tt.want)
 			}
 		})
+	}
+}
+
+func TestMalformedNATSURL(t *testing.T) {
+	for _, ok := range []string{"nats://127.0.0.1:4222", "NATS://127.0.0.1:4222", "tls://127.0.0.1:4222", "ws://127.0.0.1:8080",
+		"wss://127.0.0.1:443/nats", "127.0.0.1:4222", "127.0.0.1", "nats://u:p@127.0.0.1:4222", "nats://[::1]:4222", "[::1]:4222",
+		"nats://127.0.0.1:4222/"} {
+		if why := malformedNATSURL(ok); why != "" {
+			t.Errorf("%q: %s, want it accepted", ok, why)
+		}
+	}
+	for in, want := range map[string]string{
+		"nats:/127.0.0.1:4222":   `no "://" after the scheme`,
+		"nats//127.0.0.1:4222":   `no "://" after the scheme`,
+		"127.0.0.1:4222/":        `no "://" after the scheme`,
+		"nats:///127.0.0.1:4222": `no host after "//"`,
+		"nats://":                `no host after "//"`,
+		"nats://:4222":           `no host after "//"`,
+		"nats://u:p@:4222":       `no host after "//"`,
+		"http://127.0.0.1:4222":  `unknown scheme "http"`,
+		"nats:127.0.0.1:4222":    `invalid host "nats:127.0.0.1"`,
+		"nats://[nats]:4222":     "invalid host",
+		"nats://127.0.0.1:":      "empty port",
+		"nats://127.0.0.1:0":     `port "0" is not 1 to 65535`,
+		"nats://127.0.0.1:70000": `port "70000" is not 1 to 65535`,
+		"nats://127.0.0.1:x":     "invalid port",
+		"nats://127.0.0.1 :4222": "invalid character",
+	} {
+		if why := malformedNATSURL(in); !strings.Contains(why, want) {
+			t.Errorf("%q: %q, want it refused with %q", in, why, want)
+		}
+	}
+	for in, want := range map[string]string{
+		"nats:/u:secret@127.0.0.1:4222": "nats:/u:xxxxx@127.0.0.1:4222",
+		"nats://u:secret@:4222":         "nats://u:xxxxx@:4222",
+		"u:secret@127.0.0.1/":           "u:xxxxx@127.0.0.1/",
+		"nats://u@:4222":                "nats://u@:4222",
+		"nats:/127.0.0.1:4222":          "nats:/127.0.0.1:4222",
+	} {
+		if got := redactMalformed(in); got != want {
+			t.Errorf("redactMalformed(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
+
+// TestMalformedNATSURLNotDialed: a malformed --nats, NATS_URL or context
+// URL is a configuration error naming it, found before any connection:
+// a listener on the port the URLs name sees none, and nothing is looked
+// up (every input is on 127.0.0.1 or has no host).
+func TestMalformedNATSURLNotDialed(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	var accepted atomic.Int32
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			accepted.Add(1)
+			c.Close()
+		}
+	}()
+	port := strconv.Itoa(l.Addr().(*net.TCPAddr).Port)
+	xdg := t.TempDir()
+	writeContext(t, xdg, "typo", `{"url": "nats:/127.0.0.1:`+port+`"}`)
+	malformed := []string{
+		"nats:/127.0.0.1:" + port,
+		"nats:127.0.0.1:" + port,
+		"nats//127.0.0.1:" + port,
+		"nats:///127.0.0.1:" + port,
+		"nats://:" + port,
+		"http://127.0.0.1:" + port,
+		"nats://127.0.0.1:" + port + ",nats:/127.0.0.1:" + port,
+		"nats:/u:secret@127.0.0.1:" + port,
+	}
+	check := func(what string, code int, stderr, url string) {
+		t.Helper()
+		bad := url[strings.LastIndex(url, ",")+1:]
+		if code != exitUsage || !strings.Contains(stderr, "malformed NATS URL") || !strings.Contains(stderr, strconv.Quote(redactMalformed(bad))) ||
+			strings.Contains(stderr, "secret") {
+			t.Errorf("%s %q: exit %d, stderr %q; want exit %d and the URL named as malformed (password hidden)", what, url, code, stderr, exitUsage)
+		}
+	}
+	for _, u := range malformed {
+		for _, cmd := range [][]string{{"groups"}, {"publish", "jms.a", "x"}, {"run", "--node", "n1"}} {
+			code, _, stderr := runCommand(t, append(append([]string{cmd[0]}, "--nats", u), cmd[1:]...)...)
+			check(cmd[0]+" --nats", code, stderr, u)
+		}
+		var stderr bytes.Buffer
+		env := environment{goos: "linux", getenv: envMap{envURL: u, "HOME": t.TempDir()}.get, hostname: func() string { return "h" }}
+		code := runEnv(context.Background(), []string{"nodes"}, env, io.Discard, &stderr)
+		check("NATS_URL", code, stderr.String(), u)
+	}
+	var stderr bytes.Buffer
+	env := environment{goos: "linux", getenv: envMap{"XDG_CONFIG_HOME": xdg, "HOME": t.TempDir()}.get, hostname: func() string { return "h" }}
+	code := runEnv(context.Background(), []string{"nodes", "--context", "typo"}, env, io.Discard, &stderr)
+	check("--context", code, stderr.String(), "nats:/127.0.0.1:"+port)
+	if !strings.Contains(stderr.String(), `context "typo"`) {
+		t.Errorf("the error does not say the URL came from the context: %s", &stderr)
+	}
+	time.Sleep(100 * time.Millisecond)
+	if n := accepted.Load(); n != 0 {
+		t.Errorf("%d connections reached 127.0.0.1:%s; a malformed URL must be refused before connecting", n, port)
 	}
 }

@@ -4,10 +4,13 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
+	"net/url"
 	"os"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -199,9 +202,22 @@ the <grouping-handler> element of --config, defaults
 (name grouping-handler, type LOCAL, address jms, timeout 5s, group-timeout
 never, reaper-period 30s). The file's <timeout>, <group-timeout> and
 <reaper-period> are milliseconds, -1 meaning never for the last two.
-
-Flags:
 `
+
+// runFlagSections group run's flags in its -h.
+var runFlagSections = []flagSection{
+	{"Node flags", []string{"config", "node", "type", "name", "address", "timeout", "group-header", "local-first", "max-attempts",
+		"queue-mode", "queue-ack-wait", "replicas"}},
+	{"Grouping flags (bindings, moves, rebalancing)", []string{"group-timeout", "reaper-period", "node-grace", "rebind-after",
+		"rebalance", "rebalance-tolerance", "rebalance-rate", "rebalance-cool-down", "group-share", "max-groups"}},
+	{"Connection flags (to join NATS servers)", []string{"nats", "context", "user", "password", "creds", "nkey", "inbox-prefix",
+		"js-domain", "js-api-prefix"}},
+	{"TLS flags", []string{"tlsca", "tlscert", "tlskey", "tlsfirst"}},
+	{"Embedded server flags (without servers to join)", []string{"listen", "store-dir", "sync", "server-config"}},
+	{"Limits flags", []string{"max-held", "max-held-bytes", "max-spilled-bytes", "max-msg-size", "ingress-max-bytes",
+		"queue-max-bytes", "dlq-max-bytes", "bindings-max-bytes", "events-max-age", "dlq-max-age"}},
+	{"Logging and monitoring flags", []string{"log-level", "log-json", "http"}},
+}
 
 // check merges the parsed flags with --config and the defaults into
 // f.opts, and validates the result. It returns errors wrapping
@@ -448,6 +464,8 @@ type environment struct {
 	goos     string
 	getenv   func(string) string
 	hostname func() string
+	// stdin is what publish --stdin reads (nil: none).
+	stdin io.Reader
 }
 
 // osEnvironment is the real process environment.
@@ -459,6 +477,7 @@ func osEnvironment() environment {
 			h, _ := os.Hostname()
 			return h
 		},
+		stdin: os.Stdin,
 	}
 }
 
@@ -502,11 +521,82 @@ func checkNATSURLs(urls, source string) error {
 		return fmt.Errorf("%w: %s is empty", router.ErrConfig, source)
 	}
 	for _, u := range strings.Split(urls, ",") {
-		if strings.TrimSpace(u) == "" {
-			return fmt.Errorf("%w: %s %q has an empty URL", router.ErrConfig, source, urls)
+		u = strings.TrimSpace(u)
+		if u == "" {
+			return fmt.Errorf("%w: %s %q has an empty URL", router.ErrConfig, source, redactURLs(urls))
+		}
+		if why := malformedNATSURL(u); why != "" {
+			return fmt.Errorf("%w: %s: malformed NATS URL %q: %s (want nats://HOST:PORT; schemes nats, tls, ws, wss)",
+				router.ErrConfig, source, redactMalformed(u), why)
 		}
 	}
 	return nil
+}
+
+// natsSchemes are the URL schemes the NATS client connects with.
+var natsSchemes = []string{"nats", "tls", "ws", "wss"}
+
+// malformedNATSURL says what is wrong with one server URL, "" if nothing:
+// checked before connecting, so that a typo such as nats:/127.0.0.1:4222
+// (which the client takes for host "nats") is named instead of looked up.
+// As the client does, a URL without "://" is HOST[:PORT].
+func malformedNATSURL(s string) string {
+	scheme, rest, ok := strings.Cut(s, "://")
+	if !ok {
+		if strings.Contains(s, "/") {
+			return `no "://" after the scheme`
+		}
+		scheme, rest = "nats", s
+	}
+	if !slices.Contains(natsSchemes, strings.ToLower(scheme)) {
+		return fmt.Sprintf("unknown scheme %q", scheme)
+	}
+	if rest == "" || rest[0] == '/' {
+		return `no host after "//"`
+	}
+	u, err := url.Parse(strings.ToLower(scheme) + "://" + rest)
+	if err != nil {
+		var ue *url.Error
+		if errors.As(err, &ue) {
+			err = ue.Err
+		}
+		return err.Error()
+	}
+	host := u.Hostname()
+	switch {
+	case host == "":
+		return `no host after "//"`
+	case strings.HasPrefix(u.Host, "["):
+		if net.ParseIP(host) == nil {
+			return fmt.Sprintf("invalid IPv6 address %q", host)
+		}
+	case strings.ContainsFunc(host, func(c rune) bool {
+		return !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '.' || c == '_')
+	}):
+		return fmt.Sprintf("invalid host %q", host)
+	}
+	if p := u.Port(); p != "" {
+		if n, err := strconv.Atoi(p); err != nil || n < 1 || n > 65535 {
+			return fmt.Sprintf("port %q is not 1 to 65535", p)
+		}
+	} else if strings.HasSuffix(u.Host, ":") {
+		return "empty port"
+	}
+	return ""
+}
+
+// redactMalformed hides the password of a URL that may not parse.
+func redactMalformed(s string) string {
+	at := strings.LastIndex(s, "@")
+	if at < 0 {
+		return s
+	}
+	start := strings.LastIndex(s[:at], "/") + 1
+	user, _, hasPassword := strings.Cut(s[start:at], ":")
+	if !hasPassword {
+		return s
+	}
+	return s[:start] + user + ":xxxxx" + s[at:]
 }
 
 // checkListen validates --listen as HOST:PORT.

@@ -49,6 +49,8 @@ func runEnv(ctx context.Context, args []string, env environment, stdout, stderr 
 	case "-h", "-help", "--help", "help":
 		printUsage(stdout)
 		return exitOK
+	case "-version", "--version":
+		name = "version"
 	}
 	cmd, ok := lookupCommand(name)
 	if !ok {

@@ -2,9 +2,11 @@ package main
 
 import (
 	"bytes"
+	"flag"
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -131,11 +133,55 @@ func TestCommandTable(t *testing.T) {
 		}
 		var buf bytes.Buffer
 		c.writeHelp(&buf)
-		if !strings.HasPrefix(buf.String(), "Usage: grouprouter "+c.name) || !strings.Contains(buf.String(), "Flags:\n  -") {
+		if !strings.HasPrefix(buf.String(), "Usage: grouprouter "+c.name) || !strings.Contains(buf.String(), "lags:\n  -") {
 			t.Errorf("%s -h:\n%s", c.name, &buf)
 		}
 		if c.client && !strings.Contains(buf.String(), "-nats") {
 			t.Errorf("%s is a client command without --nats", c.name)
 		}
+	}
+}
+
+// TestRunHelpSections: run -h groups its flags in sections, each flag in
+// exactly one (none left to "Other flags"), printed as PrintDefaults
+// prints them.
+func TestRunHelpSections(t *testing.T) {
+	c, _ := lookupCommand("run")
+	var buf bytes.Buffer
+	c.writeHelp(&buf)
+	help := buf.String()
+	if strings.Contains(help, "Other flags:") {
+		t.Errorf("run -h has flags in no section:\n%s", help)
+	}
+	last := -1
+	for _, s := range runFlagSections {
+		i := strings.Index(help, "\n"+s.title+":\n  -")
+		if i <= last {
+			t.Errorf("section %q missing or out of order:\n%s", s.title, help)
+		}
+		last = i
+	}
+	fs, _, _ := c.newFlagSet()
+	var all bytes.Buffer
+	fs.SetOutput(&all)
+	fs.PrintDefaults()
+	fs.VisitAll(func(f *flag.Flag) {
+		if n := strings.Count(help, "\n  -"+f.Name+" ") + strings.Count(help, "\n  -"+f.Name+"\n"); n != 1 {
+			t.Errorf("flag -%s shown %d times in run -h", f.Name, n)
+		}
+	})
+	// The same lines as one PrintDefaults, only grouped.
+	sorted := func(s string) string {
+		var lines []string
+		for l := range strings.Lines(s) {
+			if strings.HasPrefix(l, "  ") {
+				lines = append(lines, l)
+			}
+		}
+		slices.Sort(lines)
+		return strings.Join(lines, "")
+	}
+	if sorted(help) != sorted(all.String()) {
+		t.Errorf("run -h's flag lines differ from PrintDefaults':\n%s", help)
 	}
 }

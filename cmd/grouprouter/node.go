@@ -91,7 +91,8 @@ func (f *runFlags) run(ctx context.Context, in *invocation) error {
 	if err := web.serve(nc, r); err != nil {
 		return err
 	}
-	log.Info("grouprouter node starting",
+	v := readVersion()
+	log.Info("grouprouter node starting", "version", v.Version, "revision", v.revision(),
 		"node", opts.cfg.Node, "name", opts.cfg.Name, "type", string(opts.cfg.Type),
 		"address", opts.cfg.Address, "timeout", opts.cfg.Timeout, "queue_mode", string(opts.cfg.QueueMode),
 		"group_timeout", neverOr(opts.cfg.GroupTimeout), "node_grace", opts.cfg.NodeGrace, "rebind_after", neverOr(max(opts.cfg.RebindAfter, 0)),

@@ -202,10 +202,29 @@ func (o *replayOptions) run(ctx context.Context, in *invocation) error {
 		enc.SetIndent("", "  ")
 		return enc.Encode(toParkedJSON(pg))
 	}
-	fmt.Fprintf(stdout, "%s %s: node %s replays %d parked message(s) from ingress seq %s", cmd, displayGroup(group), pg.Record.Node, pg.Messages, seqOrDash(pg.Head))
-	if cmd == string(consumer.ReplaySkip) {
-		fmt.Fprintf(stdout, ", dropping %d", pg.Record.SkipSeq)
-	}
-	fmt.Fprintln(stdout)
+	fmt.Fprintln(stdout, replayLine(cmd, group, pg))
 	return nil
+}
+
+// replayLine says what retry, skip or release (cmd) asked of group, as
+// Replay returned it: pg.Messages counts the group's parked messages as
+// the replay was asked, those the replay drops unhandled (ingress seq up
+// to Record.SkipSeq) included.
+func replayLine(cmd, group string, pg consumer.ParkedGroup) string {
+	head := fmt.Sprintf("%s %s: node %s", cmd, displayGroup(group), pg.Record.Node)
+	skip, first := pg.Record.SkipSeq, pg.Record.IngressSeq
+	switch {
+	case cmd == string(consumer.ReplaySkip) && skip == first:
+		// The usual skip: the first parked message, and only it.
+		return fmt.Sprintf("%s drops the parked message at ingress seq %d unhandled, then replays the %d after it", head, skip, max(pg.Messages, 1)-1)
+	case cmd == string(consumer.ReplaySkip):
+		// A skip asked again before the replay ran drops every message
+		// up to the new head.
+		return fmt.Sprintf("%s drops the parked messages up to ingress seq %d unhandled (with an earlier skip not yet done), then replays the rest: %d parked in all",
+			head, skip, pg.Messages)
+	case skip != 0 && skip >= first:
+		return fmt.Sprintf("%s drops the parked messages up to ingress seq %d unhandled (a skip not yet done), then replays the rest from ingress seq %s: %d parked in all",
+			head, skip, seqOrDash(pg.Head), pg.Messages)
+	}
+	return fmt.Sprintf("%s replays %d parked message(s) from ingress seq %s", head, pg.Messages, seqOrDash(pg.Head))
 }

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/grouprouter/grouprouter/internal/natstest"
+	"github.com/grouprouter/grouprouter/kvbinding"
 )
 
 // readmeBlock is a shell block of README.md marked with a quickstart
@@ -188,6 +189,9 @@ func TestReadmeQuickstart(t *testing.T) {
 		}
 	}
 	ungrouped := sh(rest[1], env)
+	if strings.Contains(ungrouped, "parked") {
+		t.Errorf("the ungrouped block's output speaks of parking, which the messages without a group never are")
+	}
 	for _, want := range []*regexp.Regexp{
 		regexp.MustCompile(`stored: stream GROUPING_INGRESS seq 3, group \(ungrouped\)`),
 		regexp.MustCompile(`(?m)^group: +\(ungrouped\)\nstate: +bound\nnode: +n1$`),
@@ -237,9 +241,16 @@ func TestWhereUngrouped(t *testing.T) {
 		})
 		return out
 	}
+	// The messages without a group are never parked as a group: where
+	// --ungrouped says nothing about parking (it once printed "cannot
+	// tell whether the group is parked: ... invalid group id: empty").
 	if out := where("--ungrouped"); !regexp.MustCompile(`(?m)^group: +\(ungrouped\)$`).MatchString(out) ||
-		!regexp.MustCompile(`(?m)^waiting: +1$`).MatchString(out) {
+		!regexp.MustCompile(`(?m)^waiting: +1$`).MatchString(out) || strings.Contains(out, "parked") {
 		t.Errorf("where --ungrouped:\n%s", out)
+	}
+	if code, stdout, stderr := runCommand(t, "where", "--nats", srv.URL(), "--ungrouped", "--json"); code != exitOK || stderr != "" ||
+		strings.Contains(stdout, "parked") {
+		t.Errorf("where --ungrouped --json: exit %d, stderr %q, stdout:\n%s", code, stderr, stdout)
 	}
 	if out := where("ungrouped"); !regexp.MustCompile(`(?m)^group: +ungrouped$`).MatchString(out) ||
 		!regexp.MustCompile(`(?m)^waiting: +2$`).MatchString(out) {
@@ -282,6 +293,14 @@ func TestPublishArgs(t *testing.T) {
 		{name: "wildcard", args: []string{"jms.>"}, err: `invalid SUBJECT "jms.>"`},
 		{name: "bad header", args: []string{"--header", "nocolon", "jms.a"}, err: `want NAME:VALUE, got "nocolon"`},
 		{name: "bad group header", args: []string{"--group-header", "a b", "jms.a"}, err: "not a valid header name"},
+		{name: "count 0", args: []string{"--count", "0", "jms.a"}, err: "--count must be >= 1, got 0"},
+		{name: "stdin and BODY", args: []string{"--stdin", "jms.a", "x"}, err: "want SUBJECT with --stdin"},
+		{name: "stdin and count", args: []string{"--stdin", "--count", "2", "jms.a"}, err: "--count or --stdin, not both"},
+		{name: "stdin without one", args: []string{"--stdin", "jms.a"}, err: "--stdin: no standard input"},
+		{name: "numbered group checked", args: []string{"--count", "10", "--group", strings.Repeat("g", kvbinding.MaxGroupIDLen-1) + "{{i}}", "jms.a"},
+			err: "invalid --group"},
+		{name: "numbered group", args: []string{"--count", "9", "--group", "g-{{i}}", "jms.a"}, subject: "jms.a",
+			headers: map[string]string{"Group-Id": "g-{{i}}"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

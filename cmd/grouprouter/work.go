@@ -131,6 +131,7 @@ func (o *workOptions) run(ctx context.Context, in *invocation) error {
 	out, errOut := &lockedWriter{w: stdout}, &lockedWriter{w: stderr}
 	log := slog.New(slog.NewTextHandler(errOut, &slog.HandlerOptions{Level: level}))
 	w := &worker{o: *o, stdout: out, stderr: errOut, base: os.Environ()}
+	logWorkStart(ctx, js, o, log)
 	err := consumer.Consume(ctx, js, o.node, w.handle,
 		consumer.WithConcurrency(o.concurrency), consumer.WithMaxAttempts(o.maxAttempts),
 		consumer.WithBackoff(o.backoff, max(o.backoff, consumer.DefaultBackoffMax)),

@@ -158,12 +158,26 @@ func TestWorkParksAndRetries(t *testing.T) {
 	if err := os.Remove(fault); err != nil {
 		t.Fatal(err)
 	}
-	if code, stdout, stderr := runCommand(t, "retry", "--nats", srv.URL(), "bad"); code != exitOK || !strings.Contains(stdout, "retry bad: node n1 replays") {
-		t.Fatalf("retry: exit %d %s %s", code, stdout, stderr)
+	// bad-2 .. bad-8 parked (7), before retry counts them.
+	natstest.Eventually(t, 30*time.Second, func() error {
+		_, stdout, _ := runCommand(t, "parked", "--nats", srv.URL(), "--json")
+		var pl parkedList
+		if err := json.Unmarshal([]byte(stdout), &pl); err != nil {
+			return err
+		}
+		if len(pl.Parked) == 0 || pl.Parked[0].Group != "bad" || pl.Parked[0].Messages != 7 {
+			return fmt.Errorf("parked %+v, want bad with 7 messages", pl.Parked)
+		}
+		return nil
+	})
+	wantRetry := fmt.Sprintf("retry bad: node n1 replays 7 parked message(s) from ingress seq %d\n", bad.FirstSeq)
+	if code, stdout, stderr := runCommand(t, "retry", "--nats", srv.URL(), "bad"); code != exitOK || stdout != wantRetry {
+		t.Fatalf("retry: exit %d %q %s; want %q", code, stdout, stderr, wantRetry)
 	}
 	code, stdout, stderrOut = runCommand(t, "skip", "--nats", srv.URL(), "term")
-	if code != exitOK || !strings.Contains(stderrOut, "ingress_seq="+strconv.FormatUint(term.FirstSeq, 10)) {
-		t.Fatalf("skip: exit %d %s %s", code, stdout, stderrOut)
+	wantSkip := fmt.Sprintf("skip term: node n1 drops the parked message at ingress seq %d unhandled, then replays the 6 after it\n", term.FirstSeq)
+	if code != exitOK || !strings.Contains(stderrOut, "ingress_seq="+strconv.FormatUint(term.FirstSeq, 10)) || stdout != wantSkip {
+		t.Fatalf("skip: exit %d %q %s; want %q", code, stdout, stderrOut, wantSkip)
 	}
 	natstest.Eventually(t, 30*time.Second, func() error {
 		got := lines()
@@ -231,6 +245,57 @@ func TestWorkEnv(t *testing.T) {
 		"GROUPING_REPLAYED=false", "GROUPING_HEADER_GROUP_ID=g 1", "GROUPING_HEADER_X_TRACE_ID=a,b"} {
 		if !slices.Contains(env, want) {
 			t.Errorf("environment lacks %q: %q", want, env)
+		}
+	}
+}
+
+// TestWorkStartLine: work says on stderr that it starts, with its node,
+// concurrency, command and the node's queue mode.
+func TestWorkStartLine(t *testing.T) {
+	for _, mode := range []router.QueueMode{router.QueuePinned, router.QueuePlain} {
+		t.Run(string(mode), func(t *testing.T) {
+			srv := natstest.RunServer(t)
+			startRouter(t, srv, mode)
+			stderr, stop := startCommand(t, "work", "--nats", srv.URL(), "--node", "n1", "--concurrency", "3", "--", "sh", "-c", "cat >/dev/null")
+			want := `level=INFO msg="grouprouter work starting" node=n1 concurrency=3 max_attempts=` + strconv.Itoa(consumer.DefaultMaxAttempts) +
+				` timeout=1m0s queue_mode=` + string(mode) + ` command="sh -c cat >/dev/null" version=`
+			natstest.Eventually(t, 10*time.Second, func() error {
+				if !strings.Contains(stderr.String(), want) {
+					return fmt.Errorf("no start line %q:\n%s", want, stderr)
+				}
+				return nil
+			})
+			if code := stop(); code != exitOK {
+				t.Errorf("work: exit %d\n%s", code, stderr)
+			}
+			if n := strings.Count(stderr.String(), "grouprouter work starting"); n != 1 {
+				t.Errorf("%d start lines:\n%s", n, stderr)
+			}
+		})
+	}
+}
+
+func TestReplayLine(t *testing.T) {
+	rec := func(first, skip uint64) consumer.ParkRecord {
+		return consumer.ParkRecord{Node: "n1", IngressSeq: first, SkipSeq: skip}
+	}
+	for _, tt := range []struct {
+		cmd  string
+		pg   consumer.ParkedGroup
+		want string
+	}{
+		{"retry", consumer.ParkedGroup{Record: rec(11, 0), Messages: 10, Head: 11}, "retry g: node n1 replays 10 parked message(s) from ingress seq 11"},
+		{"release", consumer.ParkedGroup{Record: rec(11, 0), Messages: 1, Head: 11}, "release g: node n1 replays 1 parked message(s) from ingress seq 11"},
+		{"skip", consumer.ParkedGroup{Record: rec(11, 11), Messages: 7, Head: 11},
+			"skip g: node n1 drops the parked message at ingress seq 11 unhandled, then replays the 6 after it"},
+		{"skip", consumer.ParkedGroup{Record: rec(11, 12), Messages: 2, Head: 12},
+			"skip g: node n1 drops the parked messages up to ingress seq 12 unhandled (with an earlier skip not yet done), then replays the rest: 2 parked in all"},
+		{"retry", consumer.ParkedGroup{Record: rec(11, 11), Messages: 3, Head: 12},
+			"retry g: node n1 drops the parked messages up to ingress seq 11 unhandled (a skip not yet done), then replays the rest from ingress seq 12: 3 parked in all"},
+		{"retry", consumer.ParkedGroup{Record: rec(20, 11), Messages: 3, Head: 20}, "retry g: node n1 replays 3 parked message(s) from ingress seq 20"},
+	} {
+		if got := replayLine(tt.cmd, "g", tt.pg); got != tt.want {
+			t.Errorf("%s %+v:\n got %q\nwant %q", tt.cmd, tt.pg, got, tt.want)
 		}
 	}
 }
