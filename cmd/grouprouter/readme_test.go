@@ -113,18 +113,30 @@ func TestReadmeQuickstart(t *testing.T) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	sh := func(block string, env []string) string {
+	// A block's commands run one after another; what each writes to
+	// stderr must be shown in the README (a reader who sees another line
+	// takes it for a problem), and both outputs are returned.
+	sh := func(block string, env []string, quiet bool) string {
 		t.Helper()
-		cmd := exec.CommandContext(ctx, "sh", "-e", "-x", "-c", block)
+		cmd := exec.CommandContext(ctx, "sh", "-e", "-c", block)
 		cmd.Dir, cmd.Env = root, env
-		out, err := cmd.CombinedOutput()
+		var stdout, stderr bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &stdout, &stderr
+		err := cmd.Run()
+		t.Logf("$ %s\n%s%s", strings.TrimSpace(block), &stdout, &stderr)
 		if err != nil {
-			t.Fatalf("README block failed: %v\n%s\noutput:\n%s", err, block, out)
+			t.Fatalf("README block failed: %v\n%s\noutput:\n%s%s", err, block, &stdout, &stderr)
 		}
-		t.Logf("%s", out)
-		return string(out)
+		if quiet {
+			for _, line := range strings.Split(stderr.String(), "\n") {
+				if line = strings.TrimSpace(line); line != "" && !strings.Contains(string(readme), line) {
+					t.Errorf("a README block wrote to stderr a line the README does not show: %q", line)
+				}
+			}
+		}
+		return stdout.String() + stderr.String()
 	}
-	sh(install, cleanEnv("GOBIN="+bin, "GOFLAGS=", path))
+	sh(install, cleanEnv("GOBIN="+bin, "GOFLAGS=", path), false)
 	if _, err := os.Stat(filepath.Join(bin, "grouprouter")); err != nil {
 		t.Fatalf("the install block installed no grouprouter in GOBIN: %v", err)
 	}
@@ -177,7 +189,7 @@ func TestReadmeQuickstart(t *testing.T) {
 	})
 
 	env := cleanEnv("HOME="+home, path, "NATS_URL=nats://"+natsAddr)
-	first := sh(rest[0], env)
+	first := sh(rest[0], env, true)
 	for _, want := range []*regexp.Regexp{
 		regexp.MustCompile(`stored: stream GROUPING_INGRESS seq 1, group order-42`),
 		regexp.MustCompile(`(?s)order-42 jms.orders first\n.*order-42 jms.orders second\n`),
@@ -188,7 +200,7 @@ func TestReadmeQuickstart(t *testing.T) {
 			t.Errorf("the first quickstart block's output does not match %s", want)
 		}
 	}
-	ungrouped := sh(rest[1], env)
+	ungrouped := sh(rest[1], env, true)
 	if strings.Contains(ungrouped, "parked") {
 		t.Errorf("the ungrouped block's output speaks of parking, which the messages without a group never are")
 	}
