@@ -783,3 +783,36 @@ func TestUnconfirmedAcks(t *testing.T) {
 		}
 	}
 }
+
+// TestStopGivesBackWhatItPulled: messages pulled and not processed when
+// Consume stops are handed back at once (not left to their ack wait), so
+// that the queue shows none of them unacknowledged afterwards (issue 31:
+// consume --count 120 left 61 unacked until they were redelivered).
+func TestStopGivesBackWhatItPulled(t *testing.T) {
+	q := newQueue(t, true, time.Minute)
+	for i := range 100 {
+		q.put("g"+strconv.Itoa(i%10), uint64(i+1), 1)
+	}
+	var mu sync.Mutex
+	processed := 0
+	var r *running
+	r = start(t, q, func(ctx context.Context, m *consumer.Message) error {
+		mu.Lock()
+		defer mu.Unlock()
+		if processed++; processed == 3 {
+			r.cancel()
+		}
+		return nil
+	}, consumer.WithConcurrency(1), consumer.WithPullBatch(100))
+	if err := r.stop(t); err != nil {
+		t.Fatalf("Consume: %v", err)
+	}
+	cons, err := q.js.Consumer(context.Background(), wire.QueueStream, wire.QueueConsumer(node))
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "no message left unacknowledged", func() bool {
+		info, err := cons.Info(context.Background())
+		return err == nil && info.NumAckPending == 0
+	})
+}
