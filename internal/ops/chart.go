@@ -74,6 +74,15 @@ func niceCeil(v float64) float64 {
 	return 10 * p
 }
 
+// countsCeil raises a nice top for a chart of whole counts until its half
+// is whole too, so that no label reads 0.5 or 2.5: 1 → 2, 5 → 10.
+func countsCeil(top float64) float64 {
+	for math.Mod(top/2, 1) != 0 {
+		top *= 2
+	}
+	return top
+}
+
 // compact formats an axis value: 0, 2.5, 40, 1.2k, 3M.
 func compact(v float64) string {
 	switch {
@@ -120,6 +129,9 @@ func renderChart(c chart, from, to time.Time, every time.Duration) template.HTML
 		}
 	}
 	ymax := niceCeil(top)
+	if c.Counts {
+		ymax = countsCeil(ymax)
+	}
 	x := func(t time.Time) float64 {
 		if span <= 0 {
 			return chartLeft + pw

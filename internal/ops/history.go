@@ -122,6 +122,8 @@ type chart struct {
 	Title  string        `json:"title"`
 	Unit   string        `json:"unit"`
 	Series []chartSeries `json:"series"`
+	// Counts: its values are whole counts; its axis labels are too.
+	Counts bool `json:"counts,omitempty"`
 }
 
 // chartsOf turns the samples (oldest first) into the page's charts:
@@ -177,7 +179,7 @@ func chartsOf(samples []histSample) []chart {
 	}
 	ingress.Series = append(ingress.Series, stored)
 	routed := chart{ID: "routed", Title: "Routed to the queues, by node", Unit: "msgs/s"}
-	groups := chart{ID: "groups", Title: "Groups per node", Unit: "groups"}
+	groups := chart{ID: "groups", Title: "Groups per node", Unit: "groups", Counts: true}
 	for _, n := range names {
 		read, rt := chartSeries{Name: n, color: color(n)}, chartSeries{Name: n, color: color(n)}
 		for i := range samples {
@@ -192,7 +194,7 @@ func chartsOf(samples []histSample) []chart {
 		})})
 	}
 
-	backlog := chart{ID: "backlog", Title: "Held by the routers, waiting and unacked on the queues", Unit: "messages"}
+	backlog := chart{ID: "backlog", Title: "Held by the routers, waiting and unacked on the queues", Unit: "messages", Counts: true}
 	backlog.Series = []chartSeries{
 		{Name: "held (most any router holds)", color: 0, Points: perSample(func(s histSample) (float64, bool) {
 			most, live := 0, false
@@ -223,7 +225,7 @@ func chartsOf(samples []histSample) []chart {
 		})},
 	}
 
-	moves := chart{ID: "moves", Title: "Moves and hand-overs in progress", Unit: "groups / nodes"}
+	moves := chart{ID: "moves", Title: "Moves and hand-overs in progress", Unit: "groups / nodes", Counts: true}
 	moves.Series = []chartSeries{
 		{Name: "groups moving or in a hand-over step", color: 0, Points: perSample(func(s histSample) (float64, bool) {
 			return float64(s.unsettled), true

@@ -307,3 +307,29 @@ func TestFirstRenderListsEvents(t *testing.T) {
 		})
 	}
 }
+
+// A chart of whole counts labels its axis with whole numbers: a top of 1
+// (0 / 0.5 / 1) becomes 2, a top of 5 (2.5 halfway) becomes 10.
+func TestRenderCountsChart(t *testing.T) {
+	labels := regexp.MustCompile(`fill="#777">([0-9.k]+)</text>`)
+	for _, tc := range []struct {
+		top    float64
+		counts bool
+		want   string
+	}{
+		{1, true, "[0 1 2]"},
+		{4, true, "[0 5 10]"},
+		{4, false, "[0 2.5 5]"},
+		{1, false, "[0 0.5 1]"},
+	} {
+		c := chart{ID: "moves", Counts: tc.counts, Series: []chartSeries{{Name: "n1", color: 1, Points: []chartPoint{
+			{at: t0, v: 0, ok: true}, {at: t0.Add(2 * time.Second), v: tc.top, ok: true}}}}}
+		var got []string
+		for _, m := range labels.FindAllStringSubmatch(string(renderChart(c, t0, t0.Add(time.Minute), 2*time.Second)), -1) {
+			got = append(got, m[1])
+		}
+		if fmt.Sprint(got) != tc.want {
+			t.Errorf("top %v, counts %v: labels %v, want %s", tc.top, tc.counts, got, tc.want)
+		}
+	}
+}
