@@ -18,6 +18,12 @@ import (
 const (
 	waitFirst = 250 * time.Millisecond
 	waitMax   = time.Second
+	// leaderPoll is the first pause once the consumer exists without a
+	// leader.
+	leaderPoll = 50 * time.Millisecond
+	// leaderlessSay is how long the consumer may lack a leader before
+	// the wait says so.
+	leaderlessSay = 5 * time.Second
 )
 
 // WaitQueue waits until node's queue consumer (stream router.QueueStream,
@@ -51,11 +57,13 @@ func WaitQueue(ctx context.Context, js jetstream.JetStream, node string) (jetstr
 }
 
 // waitQueue is WaitQueue, saying once on log (at info level) when it has
-// to wait for the consumer to exist. It returns nil, nil when ctx ends.
+// to wait for the consumer to exist, and once when it has had no leader
+// for leaderlessSay. It returns nil, nil when ctx ends.
 func waitQueue(ctx context.Context, js jetstream.JetStream, node string, log *slog.Logger) (jetstream.Consumer, error) {
 	name := router.QueueConsumer(node)
 	pause := waitFirst
-	said := false
+	said, saidLeader, leaderless := false, false, 0
+	var leaderlessSince time.Time
 	for {
 		lctx, cancel := context.WithTimeout(ctx, opTimeout)
 		cons, err := js.Consumer(lctx, router.QueueStream, name)
@@ -64,13 +72,28 @@ func waitQueue(ctx context.Context, js jetstream.JetStream, node string, log *sl
 		case ctx.Err() != nil:
 			return nil, nil
 		case err == nil:
-			if leaderElected(js, cons.CachedInfo()) {
-				if said {
-					log.Info("consumer: the node's queue consumer is there; starting", "consumer", name)
+			info := cons.CachedInfo()
+			// Without cluster information for long, the servers are not
+			// a cluster after all (a leaf node's cluster, say).
+			noCluster := info != nil && info.Cluster == nil && leaderless > 0 && time.Since(leaderlessSince) >= leaderlessSay
+			if leaderElected(js, info) || noCluster {
+				if said || saidLeader {
+					log.Debug("consumer: the node's queue consumer is there; starting", "consumer", name)
 				}
 				return cons, nil
 			}
-			log.Debug("consumer: the queue consumer has no leader yet; waiting", "consumer", name)
+			if leaderless == 0 {
+				pause = leaderPoll // elected within about 100 ms, as a rule
+				leaderlessSince = time.Now()
+			}
+			leaderless++
+			if !saidLeader && time.Since(leaderlessSince) >= leaderlessSay {
+				// A new one gets its leader within a second; not this one.
+				saidLeader = true
+				log.Info("consumer: waiting for the node's queue consumer to have a leader (are its servers up?)", "consumer", name)
+			} else {
+				log.Debug("consumer: the queue consumer has no leader yet; waiting", "consumer", name)
+			}
 		case errors.Is(err, jetstream.ErrStreamNotFound), errors.Is(err, jetstream.ErrConsumerNotFound):
 			if !said {
 				said = true
