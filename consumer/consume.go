@@ -50,11 +50,16 @@ const (
 // is recorded in bucket ParkedBucket so that later arrivals follow until
 // the record is deleted. See docs/consuming.md.
 //
-// The node's router must have run once (it creates the queue consumer):
-// otherwise Consume returns ErrNoQueue. Consume creates the parked stream
-// and bucket if they are missing. It returns an error wrapping ErrConfig
-// for invalid arguments, and the error of a setup step that failed for
-// another reason than a transient one (which it retries until ctx ends).
+// Consume may start before the node's router (in a compose file or a
+// systemd unit both start together): until the router has created the
+// queue consumer, and in a cluster until the consumer has a leader,
+// Consume waits, says once (at info level) what it waits for, and looks
+// again every 250 ms to 1 s, until ctx ends (WaitQueue). It returns
+// ErrNoQueue only when the queue consumer is deleted while it pulls.
+// Consume creates the parked stream and bucket if they are missing. It
+// returns an error wrapping ErrConfig for invalid arguments, and the error
+// of a setup step that failed for another reason than a transient one
+// (which it retries until ctx ends).
 func Consume(ctx context.Context, js jetstream.JetStream, node string, h Handler, opts ...Option) error {
 	o := defaultOptions()
 	for _, opt := range opts {
@@ -251,29 +256,14 @@ func (r *runner) run(ctx context.Context) error {
 	return err
 }
 
-// lookup finds the node's queue consumer, waiting out transient errors.
+// lookup waits for the node's queue consumer (waitQueue).
 func (r *runner) lookup(ctx context.Context) (*jetstream.ConsumerInfo, error) {
-	for {
-		lctx, cancel := context.WithTimeout(ctx, opTimeout)
-		cons, err := r.js.Consumer(lctx, wire.QueueStream, wire.QueueConsumer(r.node))
-		cancel()
-		switch {
-		case err == nil:
-			r.cons = cons
-			return cons.CachedInfo(), nil
-		case ctx.Err() != nil:
-			return nil, nil
-		case errors.Is(err, jetstream.ErrStreamNotFound), errors.Is(err, jetstream.ErrConsumerNotFound):
-			return nil, fmt.Errorf("%w: no consumer %s on stream %s (has node %s's router run?)", ErrNoQueue, wire.QueueConsumer(r.node), wire.QueueStream, r.node)
-		case isTransient(err):
-			r.log.Debug("consumer: looking up the queue consumer; retrying", "err", err)
-			if !sleep(ctx, time.Second) {
-				return nil, nil
-			}
-		default:
-			return nil, fmt.Errorf("consumer: queue consumer %s: %w", wire.QueueConsumer(r.node), err)
-		}
+	cons, err := waitQueue(ctx, r.js, r.node, r.log)
+	if cons == nil || err != nil {
+		return nil, err
 	}
+	r.cons = cons
+	return cons.CachedInfo(), nil
 }
 
 // pullExpiry is how long a pull request of Consume waits on the server.

@@ -9,7 +9,8 @@ var (
 	// ErrConfig wraps an invalid argument or option of Consume.
 	ErrConfig = errors.New("consumer: invalid configuration")
 	// ErrNoQueue is returned by Consume when the node's queue consumer
-	// does not exist: the node's router has not run yet.
+	// was deleted while it pulled (Consume waits for one that does not
+	// exist yet).
 	ErrNoQueue = errors.New("consumer: the node has no queue consumer")
 	// ErrDrainTimeout is returned by Consume when handlers still ran after
 	// the drain bound (WithDrainTimeout) once ctx ended; their messages

@@ -63,8 +63,9 @@ priority group %q when the node's queue mode is pinned), prints each
 message, one at a time and each group in ingress order (also when
 JetStream redelivers), and acknowledges it; it unpins when it stops. A
 group parked by a consumer (grouprouter parked) has its messages parked,
-not printed. The node's router must have run once, to create the
-consumer. To run a program per message, see grouprouter work.
+not printed. Started before the node's router, it says so once and waits
+for the consumer the router creates. To run a program per message, see
+grouprouter work.
 
 Each message is one line:
   <ingress-seq> <group-id, or - without one> <subject> <body>
@@ -107,14 +108,21 @@ func (o *consumeOptions) run(ctx context.Context, in *invocation) error {
 	name := router.QueueConsumer(o.node)
 	before := nc.LastError()
 	cons, err := js.Consumer(ctx, router.QueueStream, name)
-	if err != nil {
-		switch {
-		case errors.Is(err, jetstream.ErrStreamNotFound), errors.Is(err, jetstream.ErrConsumerNotFound):
-			return fmt.Errorf("node %s has no queue consumer yet: is its router running? (no consumer %s on stream %s at %s)",
-				o.node, name, router.QueueStream, redactURLs(in.conn.URL))
-		case ctx.Err() != nil:
-			return nil // interrupted while looking up
+	switch {
+	case ctx.Err() != nil:
+		return nil // interrupted while looking up
+	case errors.Is(err, jetstream.ErrStreamNotFound), errors.Is(err, jetstream.ErrConsumerNotFound):
+		// Started before the node's router (together, in a compose file
+		// or a unit): wait for the consumer it creates.
+		fmt.Fprintf(stderr, "grouprouter consume: node %s has no queue consumer yet: waiting for its router to create it (consumer %s on stream %s at %s)\n",
+			o.node, name, router.QueueStream, redactURLs(in.conn.URL))
+		if cons, err = consumer.WaitQueue(ctx, js, o.node); ctx.Err() != nil {
+			return nil // interrupted while waiting
 		}
+		if err != nil {
+			return requestError(err, in.conn, nc, before, "queue consumer "+name)
+		}
+	case err != nil:
 		return requestError(err, in.conn, nc, before, "queue consumer "+name)
 	}
 	if info := cons.CachedInfo(); len(info.Config.PriorityGroups) > 0 {

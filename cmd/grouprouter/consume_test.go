@@ -204,26 +204,54 @@ func TestConsume(t *testing.T) {
 	}
 }
 
-func TestConsumeUnknownNode(t *testing.T) {
+// TestConsumeStartedBeforeItsNode: consume started before the node's
+// router (in a compose file or a unit, both start together) says once
+// that it waits, and prints the node's first message once the router
+// runs; with no router for its node it waits until interrupted (exit 0).
+func TestConsumeStartedBeforeItsNode(t *testing.T) {
 	srv := natstest.RunServer(t)
+	waiting := func(node string) string {
+		return "grouprouter consume: node " + node + " has no queue consumer yet: waiting for its router to create it (consumer " +
+			router.QueueConsumer(node) + " on stream GROUPING_QUEUE at " + srv.URL() + ")\n"
+	}
+	out, errOut := &syncBuffer{}, &syncBuffer{}
+	done := make(chan int, 1)
+	go func() {
+		done <- runContext(context.Background(), []string{"consume", "--nats", srv.URL(), "--node", "n1", "--count", "1"}, out, errOut)
+	}()
+	natstest.Eventually(t, 30*time.Second, func() error {
+		if !strings.Contains(errOut.String(), waiting("n1")) {
+			return natstest.ErrNotYet
+		}
+		return nil
+	})
+	time.Sleep(600 * time.Millisecond) // a few of its looks
+	select {
+	case code := <-done:
+		t.Fatalf("consume exited %d before the node ran: %q", code, errOut.String())
+	default:
+	}
 	startRouter(t, srv, router.QueuePinned)
-	code, stdout, stderr := runCommand(t, "consume", "--nats", srv.URL(), "--node", "n9", "--count", "1")
-	if code != exitFailure {
-		t.Errorf("exit %d, want %d", code, exitFailure)
+	js, err := jetstream.New(srv.Connect())
+	if err != nil {
+		t.Fatal(err)
 	}
-	want := "grouprouter: node n9 has no queue consumer yet: is its router running? (no consumer grouping-node-n9 on stream GROUPING_QUEUE at " + srv.URL() + ")\n"
-	if stderr != want {
-		t.Errorf("stderr\n got %q\nwant %q", stderr, want)
-	}
-	if stdout != "" {
-		t.Errorf("stdout %q", stdout)
+	publish(t, js, "jms.orders", []byte("hello"), "Group-Id", "g")
+	select {
+	case code := <-done:
+		if code != exitOK || out.String() != "1 g jms.orders hello\n" || errOut.String() != waiting("n1") {
+			t.Errorf("exit %d, stdout %q, stderr %q", code, out.String(), errOut.String())
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatalf("consume did not print the message: stderr %q", errOut.String())
 	}
 
-	// No stream at all: the same message.
-	empty := natstest.RunServer(t)
-	code, _, stderr = runCommand(t, "consume", "--nats", empty.URL(), "--node", "n1")
-	if code != exitFailure || !strings.HasPrefix(stderr, "grouprouter: node n1 has no queue consumer yet: is its router running?") {
-		t.Errorf("exit %d, stderr %q", code, stderr)
+	// A node whose router never runs: it waits until interrupted.
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	var stdout, stderr bytes.Buffer
+	if code := runContext(ctx, []string{"consume", "--nats", srv.URL(), "--node", "n9"}, &stdout, &stderr); code != exitOK || stdout.Len() > 0 || stderr.String() != waiting("n9") {
+		t.Errorf("consume of a node without a router, interrupted: exit %d, stdout %q, stderr %q", code, stdout.String(), stderr.String())
 	}
 }
 

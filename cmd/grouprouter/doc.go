@@ -161,7 +161,8 @@
 // "<ingress-seq> <group-id or -> <subject> <body>" or, with --json, as one
 // JSON object per line, and acknowledges it after printing (unless
 // --no-ack). It stops after --count messages, or at SIGINT/SIGTERM with
-// --count 0. The node's router must have run once to create the consumer.
+// --count 0. Started before the node's router, it says so once and waits
+// for the consumer the router creates (as work does).
 //
 // demo runs everything in this process, with no NATS needed: a 3-server
 // JetStream cluster on loopback, nodes n0 (LOCAL), n1 (LOCAL backup) and

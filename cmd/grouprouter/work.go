@@ -86,6 +86,8 @@ it, and every later message of its group, wait in stream %s until
 'grouprouter retry|skip|release GROUP'. Any other exit, a signal or the
 timeout fails the run: it is retried after --backoff (other groups go on),
 and parked after --max-attempts. CMD's stdout and stderr pass through.
+Started before the node's router, work says so once (a log line) and
+waits for the queue consumer the router creates.
 
 Flags:
 `, workExitTerminal, consumer.ParkedStream)
@@ -137,7 +139,7 @@ func (o *workOptions) run(ctx context.Context, in *invocation) error {
 		consumer.WithBackoff(o.backoff, max(o.backoff, consumer.DefaultBackoffMax)),
 		consumer.WithDrainTimeout(o.drainTimeout), consumer.WithGroupHeader(o.groupHeader), consumer.WithLogger(log))
 	if errors.Is(err, consumer.ErrNoQueue) {
-		return fmt.Errorf("node %s has no queue consumer yet: is its router running? (%v)", o.node, err)
+		return fmt.Errorf("node %s's queue consumer %s was deleted", o.node, router.QueueConsumer(o.node))
 	}
 	return err
 }

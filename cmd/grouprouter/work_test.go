@@ -299,3 +299,83 @@ func TestReplayLine(t *testing.T) {
 		}
 	}
 }
+
+// TestWorkStartedBeforeItsNode: work started before the node's router
+// (before its queue consumer exists) does not exit: it says once that it
+// waits, then runs the script for every message, each group in order.
+func TestWorkStartedBeforeItsNode(t *testing.T) {
+	if _, err := exec.LookPath("sh"); err != nil {
+		t.Fatalf("no sh: %v", err)
+	}
+	srv := natstest.RunServer(t)
+	dir := t.TempDir()
+	script, out := filepath.Join(dir, "work.sh"), filepath.Join(dir, "out")
+	if err := os.WriteFile(script, []byte(workScript), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("OUT", out)
+	t.Setenv("FAULT", filepath.Join(dir, "no-fault"))
+
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan int, 1)
+	stderr := &syncBuffer{}
+	go func() {
+		done <- runContext(ctx, []string{"work", "--nats", srv.URL(), "--node", "n1", "--concurrency", "4", "--", "sh", script},
+			&bytes.Buffer{}, stderr)
+	}()
+	defer func() {
+		cancel()
+		select {
+		case code := <-done:
+			if code != exitOK {
+				t.Errorf("work: exit %d, stderr %q", code, stderr.String())
+			}
+		case <-time.After(60 * time.Second):
+			t.Error("work did not stop")
+		}
+	}()
+	natstest.Eventually(t, 30*time.Second, func() error {
+		if !strings.Contains(stderr.String(), "waiting for the node's queue consumer") {
+			return natstest.ErrNotYet
+		}
+		return nil
+	})
+	t.Logf("work, before the node's router: %s", stderr.String())
+	startRouter(t, srv, router.QueuePinned)
+	js, err := jetstream.New(srv.Connect())
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string][]string{}
+	for i := range 10 {
+		for _, g := range []string{"a", "b", "c"} {
+			body := g + "-" + strconv.Itoa(i)
+			want[g] = append(want[g], body)
+			publish(t, js, "jms.orders", []byte(body), "Group-Id", g)
+		}
+	}
+	got := map[string][]string{}
+	natstest.Eventually(t, 30*time.Second, func() error {
+		data, _ := os.ReadFile(out)
+		got = map[string][]string{}
+		n := 0
+		for l := range strings.Lines(string(data)) {
+			if f := strings.Fields(l); len(f) >= 3 {
+				got[f[0]] = append(got[f[0]], f[2])
+				n++
+			}
+		}
+		if n < 30 {
+			return fmt.Errorf("%d of 30 processed", n)
+		}
+		return nil
+	})
+	for g, w := range want {
+		if !slices.Equal(got[g], w) {
+			t.Errorf("group %s processed %v, want %v", g, got[g], w)
+		}
+	}
+	if n := strings.Count(stderr.String(), "waiting for the node's queue consumer"); n != 1 {
+		t.Errorf("work said %d times that it waits, want once; stderr:\n%s", n, stderr.String())
+	}
+}
