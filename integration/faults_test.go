@@ -1258,8 +1258,12 @@ func TestActiveHandlerKilledUnderLoad(t *testing.T) {
 		// look at every group started in that window.
 		// At least 2 s, and until three groups were first published after
 		// the kill: a loaded machine can hold the producers up that long
-		// (CI under load: none in the first 2 s of cycle 1).
+		// (CI under load: none in the first 2 s of cycle 1). The node comes
+		// back after the 2 s, before its liveness record (3 s) lapses: a
+		// node gone longer has its newest groups moved (by design), which
+		// this test does not look at.
 		time.Sleep(2 * time.Second)
+		active.restart() // its groups' waiting messages flow again
 		natstest.Eventually(t, 30*time.Second, func() error {
 			_, firsts := ackTimes(ps...)
 			n := 0
@@ -1304,11 +1308,15 @@ func TestActiveHandlerKilledUnderLoad(t *testing.T) {
 			t.Errorf("no new group was started after the kill: the test shows nothing")
 		}
 		compareBindings(t, before, listBindings(t, st), fmt.Sprintf("crash %d of the active handler", cycle))
-		active.restart() // its groups' waiting messages flow again
 	}
 	t.Logf("longest decision stall after crash of active LOCAL handler: %v", longest.Round(time.Millisecond))
 	time.Sleep(500 * time.Millisecond)
-	_, want, total := endLoad(t, js, col, ps, true, false, 60*time.Second, 10*time.Second)
+	// Not one node per group: a group bound to the killed node in the
+	// seconds before it came back is moved if its liveness record lapsed
+	// meanwhile (a restart that takes over a second under load; by
+	// design, so that such groups do not wait for the grace). What must
+	// not move is what was bound before each kill (compareBindings).
+	_, want, total := endLoad(t, js, col, ps, false, false, 60*time.Second, 10*time.Second)
 	compareBindings(t, bound, listBindings(t, st), "after both crashes")
 	t.Logf("%d messages in %d groups", total, len(want))
 }
