@@ -15,6 +15,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/grouprouter/grouprouter/internal/natstest"
+	"github.com/grouprouter/grouprouter/internal/routertest"
 	"github.com/grouprouter/grouprouter/router"
 )
 
@@ -144,34 +145,9 @@ func TestExternalConsumeOnlyProgram(t *testing.T) {
 
 	s := natstest.RunServer(t)
 	nc := s.Connect(nats.Name("node-n1"))
-	r, err := router.New(nc, router.Config{
-		Name: "external", Type: router.Local, Address: "jms", Node: "n1",
-		Timeout: time.Second, Heartbeat: 100 * time.Millisecond, LeaseTTL: time.Second,
-		CheckpointInterval: 200 * time.Millisecond, PinnedTTL: time.Second,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	routertest.Start(t, nc, router.Config{Name: "external", Type: router.Local, Address: "jms", Node: "n1"})
 	ctx, cancel := context.WithTimeout(context.Background(), 40*time.Second)
 	defer cancel()
-	runCtx, stopNode := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- r.Run(runCtx) }()
-	defer func() {
-		stopNode()
-		if err := <-done; err != nil {
-			t.Errorf("node: %v", err)
-		}
-	}()
-	select {
-	case <-r.Ready():
-	case err := <-done:
-		done <- err
-		t.Fatalf("node stopped during start: %v", err)
-	case <-ctx.Done():
-		t.Fatal("node not ready")
-	}
-
 	t.Logf("node ready %v after the start", time.Since(begin).Round(time.Millisecond))
 	const groups, perGroup = 4, 25
 	var stdout bytes.Buffer
@@ -184,17 +160,7 @@ func TestExternalConsumeOnlyProgram(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for i := range perGroup {
-		for g := range groups {
-			m := nats.NewMsg("jms.orders")
-			group := "g" + strconv.Itoa(g)
-			m.Header.Set("Group-Id", group)
-			m.Data = []byte(group + ":" + strconv.Itoa(i))
-			if _, err := js.PublishMsg(ctx, m); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
+	routertest.PublishGroups(ctx, t, js, "jms.orders", "g", groups, perGroup)
 	err = prog.Wait()
 	if got, want := strings.TrimSpace(stdout.String()), "ok "+strconv.Itoa(groups*perGroup); err != nil || got != want {
 		t.Fatalf("program: %v, output:\n%s\nwant %q", err, got, want)

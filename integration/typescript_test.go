@@ -15,6 +15,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/grouprouter/grouprouter/internal/natstest"
+	"github.com/grouprouter/grouprouter/internal/routertest"
 	"github.com/grouprouter/grouprouter/router"
 )
 
@@ -73,14 +74,6 @@ func TestTypeScriptExampleConsumesInOrder(t *testing.T) {
 
 	s := natstest.RunServer(t)
 	nc := s.Connect(nats.Name("node-n1"))
-	r, err := router.New(nc, router.Config{
-		Name: "typescript", Type: router.Local, Address: "jms", Node: "n1",
-		Timeout: time.Second, Heartbeat: 100 * time.Millisecond, LeaseTTL: time.Second,
-		CheckpointInterval: 200 * time.Millisecond, PinnedTTL: time.Second,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	// The example starts first: it waits for the node's queue consumer.
@@ -91,38 +84,12 @@ func TestTypeScriptExampleConsumesInOrder(t *testing.T) {
 	if err := prog.Start(); err != nil {
 		t.Fatal(err)
 	}
-	runCtx, stopNode := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- r.Run(runCtx) }()
-	defer func() {
-		stopNode()
-		if err := <-done; err != nil {
-			t.Errorf("node: %v", err)
-		}
-	}()
-	select {
-	case <-r.Ready():
-	case err := <-done:
-		done <- err
-		t.Fatalf("node stopped during start: %v", err)
-	case <-ctx.Done():
-		t.Fatal("node not ready")
-	}
+	routertest.Start(t, nc, router.Config{Name: "typescript", Type: router.Local, Address: "jms", Node: "n1"})
 	js, err := jetstream.New(nc)
 	if err != nil {
 		t.Fatal(err)
 	}
-	for i := range perGroup {
-		for g := range groups {
-			m := nats.NewMsg("jms.orders")
-			group := "ts-" + strconv.Itoa(g)
-			m.Header.Set(router.DefaultGroupHeader, group)
-			m.Data = []byte(group + ":" + strconv.Itoa(i))
-			if _, err := js.PublishMsg(ctx, m); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
+	routertest.PublishGroups(ctx, t, js, "jms.orders", "ts-", groups, perGroup)
 	err = prog.Wait()
 	t.Logf("example's stderr:\n%s", &stderr)
 	if got, want := strings.TrimSpace(stdout.String()), "ok "+strconv.Itoa(groups*perGroup); err != nil || got != want {

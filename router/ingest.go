@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -155,29 +156,13 @@ func (r *Router) fits(subject string) bool { return len(subject) <= r.maxSubject
 // GroupOf is wire.GroupOf.
 func GroupOf(h nats.Header, name string) (group, invalid string) { return wire.GroupOf(h, name) }
 
-func equalFold(a, b string) bool {
-	for i := 0; i < len(a); i++ {
-		x, y := a[i], b[i]
-		if 'A' <= x && x <= 'Z' {
-			x += 'a' - 'A'
-		}
-		if 'A' <= y && y <= 'Z' {
-			y += 'a' - 'A'
-		}
-		if x != y {
-			return false
-		}
-	}
-	return true
-}
-
 // prepare builds the message to republish: body and headers kept, the
 // producer's JetStream control headers renamed, dedup id from the ingress
 // sequence. The subject is filled in when the destination is known.
 func prepare(seq uint64, hdr nats.Header, data []byte) *nats.Msg {
 	out := &nats.Msg{Header: make(nats.Header, len(hdr)+3), Data: data}
 	for k, v := range hdr {
-		if len(k) > 5 && equalFold(k[:5], "Nats-") {
+		if len(k) > 5 && strings.EqualFold(k[:5], "Nats-") {
 			out.Header[HeaderOrigPrefix+k] = v
 			continue
 		}
@@ -208,7 +193,7 @@ func prepareInPlace(seq uint64, msg *nats.Msg) {
 		msg.Header = make(nats.Header, 3)
 	}
 	for k, v := range msg.Header {
-		if len(k) > 5 && equalFold(k[:5], "Nats-") {
+		if len(k) > 5 && strings.EqualFold(k[:5], "Nats-") {
 			delete(msg.Header, k)
 			msg.Header[HeaderOrigPrefix+k] = v
 		}
