@@ -1,7 +1,6 @@
 package consumer_test
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -27,24 +26,6 @@ import (
 // waitingLine is what Consume logs, once, while the queue consumer does
 // not exist yet.
 const waitingLine = "waiting for the node's queue consumer"
-
-// syncLog is a log output that tests read while it is written.
-type syncLog struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (l *syncLog) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.Write(p)
-}
-
-func (l *syncLog) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.String()
-}
 
 // launchNode starts router node id (LOCAL, on url) without waiting for
 // it; it stops when the test ends.
@@ -194,7 +175,7 @@ func TestConsumeStartedBeforeNode(t *testing.T) {
 			srv := natstest.RunServer(t)
 			js := srv.JetStream()
 			var o orderLog
-			logs := &syncLog{}
+			logs := &natstest.Buffer{}
 			ctx, cancel := context.WithCancel(context.Background())
 			done := make(chan error, 1)
 			go func() {

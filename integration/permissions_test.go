@@ -1,7 +1,6 @@
 package integration
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -718,7 +717,7 @@ func readEvents(t *testing.T, nc *nats.Conn, kind string) map[string]int {
 // bucket; it waits, saying so, until a LOCAL node has created them.
 func TestPermsRemoteNodeWaitsForLocal(t *testing.T) {
 	s := natstest.RunServer(t)
-	logs := &syncBuffer{}
+	logs := &natstest.Buffer{}
 	cfg := testConfig("n1", router.Remote)
 	cfg.Logger = slog.New(slog.NewTextHandler(logs, nil))
 	n1 := &node{t: t, id: "n1", cfg: cfg, url: s.URL()}
@@ -746,24 +745,6 @@ func TestPermsRemoteNodeWaitsForLocal(t *testing.T) {
 	}
 	startNode(t, s.URL(), testConfig("n0", router.Local))
 	n1.waitReady(30 * time.Second)
-}
-
-// syncBuffer is a bytes.Buffer safe for concurrent use.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 // On a single server, under the printed permissions, a hot group's backlog

@@ -214,7 +214,7 @@ func TestConsumeStartedBeforeItsNode(t *testing.T) {
 		return "grouprouter consume: node " + node + " has no queue consumer yet: waiting for its router to create it (consumer " +
 			router.QueueConsumer(node) + " on stream GROUPING_QUEUE at " + srv.URL() + ")\n"
 	}
-	out, errOut := &syncBuffer{}, &syncBuffer{}
+	out, errOut := &natstest.Buffer{}, &natstest.Buffer{}
 	done := make(chan int, 1)
 	go func() {
 		done <- runContext(context.Background(), []string{"consume", "--nats", srv.URL(), "--node", "n1", "--count", "1"}, out, errOut)
@@ -261,7 +261,7 @@ func TestConsumeInterrupted(t *testing.T) {
 	srv := natstest.RunServer(t)
 	startRouter(t, srv, router.QueuePinned)
 	ctx, cancel := context.WithCancel(context.Background())
-	out := &syncBuffer{}
+	out := &natstest.Buffer{}
 	done := make(chan int, 1)
 	go func() {
 		done <- runContext(ctx, []string{"consume", "--nats", srv.URL(), "--node", "n1"}, out, &bytes.Buffer{})

@@ -175,7 +175,7 @@ func TestEventsStream(t *testing.T) {
 	t.Run("follow", func(t *testing.T) {
 		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
-		var out syncBuffer
+		var out natstest.Buffer
 		done := make(chan int, 1)
 		go func() {
 			var errOut bytes.Buffer

@@ -42,10 +42,10 @@ func TestEmbeddedPortInUse(t *testing.T) {
 
 // startCommand runs the command line in the background until the test
 // ends or the returned stop is called; stop returns the exit code.
-func startCommand(t *testing.T, args ...string) (stderr *syncBuffer, stop func() int) {
+func startCommand(t *testing.T, args ...string) (stderr *natstest.Buffer, stop func() int) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	stderr = &syncBuffer{}
+	stderr = &natstest.Buffer{}
 	done := make(chan int, 1)
 	go func() { done <- runContext(ctx, args, &bytes.Buffer{}, stderr) }()
 	stopped := false
@@ -69,7 +69,7 @@ func startCommand(t *testing.T, args ...string) (stderr *syncBuffer, stop func()
 }
 
 // logLines returns the JSON log lines written so far.
-func logLines(t *testing.T, stderr *syncBuffer) []map[string]any {
+func logLines(t *testing.T, stderr *natstest.Buffer) []map[string]any {
 	t.Helper()
 	var out []map[string]any
 	for _, line := range strings.Split(stderr.String(), "\n") {

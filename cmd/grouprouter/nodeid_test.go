@@ -29,7 +29,7 @@ func TestRunRefusesDuplicateNodeID(t *testing.T) {
 	const node = "host-a-example" // the default id on that host
 
 	ctx1, cancel1 := context.WithCancel(context.Background())
-	first := &syncBuffer{}
+	first := &natstest.Buffer{}
 	done1 := make(chan int, 1)
 	go func() {
 		done1 <- runEnv(ctx1, []string{"run", "--nats", srv.URL(), "--queue-mode", "plain", "--log-json"}, env, &bytes.Buffer{}, first)

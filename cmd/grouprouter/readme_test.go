@@ -149,7 +149,7 @@ func TestReadmeQuickstart(t *testing.T) {
 	}
 	runLine = strings.Replace(runLine, "127.0.0.1:8222", httpAddr, 1)
 	runLine = strings.Replace(runLine, "grouprouter run ", "exec grouprouter run --listen "+natsAddr+" ", 1)
-	var runOut syncBuffer
+	var runOut natstest.Buffer
 	node := exec.Command("sh", "-c", runLine)
 	node.Dir, node.Env = root, cleanEnv("HOME="+home, path)
 	node.Stdout, node.Stderr = &runOut, &runOut

@@ -30,7 +30,7 @@ func userServer(t *testing.T) *natstest.Server {
 
 // waitRegistry waits until a node created its registry bucket (it is
 // set up) on the server at url, reached with opts.
-func waitRegistry(t *testing.T, url string, stderr *syncBuffer, opts ...nats.Option) {
+func waitRegistry(t *testing.T, url string, stderr *natstest.Buffer, opts ...nats.Option) {
 	t.Helper()
 	nc := natstest.Connect(t, url, opts...)
 	js, err := jetstream.New(nc)

@@ -318,7 +318,7 @@ func TestWorkStartedBeforeItsNode(t *testing.T) {
 
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan int, 1)
-	stderr := &syncBuffer{}
+	stderr := &natstest.Buffer{}
 	go func() {
 		done <- runContext(ctx, []string{"work", "--nats", srv.URL(), "--node", "n1", "--concurrency", "4", "--", "sh", script},
 			&bytes.Buffer{}, stderr)
