@@ -414,15 +414,19 @@ func (r *Router) moveFound(ctx context.Context, stream jetstream.Stream, byNode 
 	defer func() { release(); holding.Wait() }()
 	views := map[string]consumerView{}
 	for node := range byNode {
+		first := drainPause / 3
 		if v, ok := r.pausedView(ctx, node); ok {
 			views[node] = v
+			// Renewed while a third of drainPause at least is left of the
+			// pause found, as of this node's own.
+			first = min(first, v.pauseLeft-drainPause/3-time.Since(v.progress))
 		} else {
 			r.pauseQueue(ctx, node)
 		}
 		holding.Add(1)
 		go func() {
 			defer holding.Done()
-			r.holdPaused(holdCtx, node)
+			r.holdPaused(holdCtx, node, first)
 		}()
 	}
 	read := time.Now()
@@ -483,8 +487,8 @@ func (r *Router) moveFound(ctx context.Context, stream jetstream.Stream, byNode 
 }
 
 // pausedView reads node's queue consumer and returns the drain's first
-// view of it when the reading found it paused with at least half of
-// drainPause left (ok false: not paused, or for too short a while, or no
+// view of it (its progress is the reading's time) when the reading found
+// it paused with at least half of drainPause left (ok false: not paused, or for too short a while, or no
 // consumer, or the reading failed: the caller pauses it).
 func (r *Router) pausedView(ctx context.Context, node string) (consumerView, bool) {
 	read, err := r.readConsumer(ctx, node)
@@ -878,9 +882,9 @@ func moveID(rev, seq uint64) string {
 const drainPause = 10 * time.Second
 
 // holdPaused keeps node's queue consumer paused until ctx ends, renewing
-// the pause every third of drainPause (the first renewal after that).
-func (r *Router) holdPaused(ctx context.Context, node string) {
-	t := time.NewTicker(drainPause / 3)
+// the pause after first, then every third of drainPause.
+func (r *Router) holdPaused(ctx context.Context, node string, first time.Duration) {
+	t := time.NewTimer(max(first, 0))
 	defer t.Stop()
 	for {
 		select {
@@ -889,6 +893,7 @@ func (r *Router) holdPaused(ctx context.Context, node string) {
 		case <-t.C:
 		}
 		r.pauseQueue(ctx, node)
+		t.Reset(drainPause / 3)
 	}
 }
 
