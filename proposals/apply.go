@@ -140,6 +140,18 @@ func (h *Handler) writeAll(ctx context.Context, plans []planned, ps []Proposal) 
 			pausing = append(pausing, pl.res.Pause...)
 		}
 	}
+	// A record written without the drain its previous revision had (a
+	// drain step reported done, an evacuation, a release) may leave a
+	// paused queue with no drain: the keeper lifts that pause now, not at
+	// its next tick (every paused moment stalls all the node's groups).
+	// Deferred first, so that it runs after this batch's pausing count
+	// is dropped.
+	lifted := false
+	defer func() {
+		if lifted {
+			h.keepPaused()
+		}
+	}()
 	h.pausingFor(pausing, 1)
 	defer h.pausingFor(pausing, -1)
 	var blocked error // no record is written
@@ -203,12 +215,29 @@ func (h *Handler) writeAll(ctx context.Context, plans []planned, ps []Proposal) 
 		for j, r := range h.store.WriteManyThen(ctx, writes, stored) {
 			k := at[j]
 			out[k] = h.settle(plans[k], ps[k], r.Binding, r.Err)
+			if out[k].Outcome == Accepted && endsDrain(plans[k].cur, r.Binding) {
+				lifted = true
+			}
 			if !released[j] {
 				h.unreserve(plans[k], ps[k].Group)
 			}
 		}
 	}
 	return out
+}
+
+// endsDrain reports whether the record written (next) no longer names a
+// queue that its previous revision (cur) said was drained.
+func endsDrain(cur *kvbinding.Binding, next kvbinding.Binding) bool {
+	if cur == nil {
+		return false
+	}
+	for _, n := range cur.Drain {
+		if !slices.Contains(next.Drain, n) {
+			return true
+		}
+	}
+	return false
 }
 
 // countedBound reports whether Cache.Bound counts the group of record cur

@@ -38,6 +38,14 @@ type RebalanceConfig struct {
 	// share (the groups on nodes with a consumer, divided by their
 	// number) before groups move.
 	Tolerance int
+	// Slack widens the tolerance to this fraction of a node's share when
+	// that is more (0.05: a node of 1,000 groups over 3 nodes may be 16
+	// off its share of 333): a move pauses the old node's queue consumer,
+	// which holds back all of its groups for the hand-over's drain, a
+	// price that a difference of a few groups in hundreds is not worth.
+	// 0 in a handler's configuration takes DefaultRebalance's; negative:
+	// none.
+	Slack float64
 	// MaxMoves bounds the moves started per handler tick.
 	MaxMoves int
 	// MaxInFlight bounds the groups moving (for any reason) when
@@ -58,8 +66,15 @@ type RebalanceConfig struct {
 
 // DefaultRebalance is the rebalancing of a handler whose configuration
 // does not say otherwise.
-var DefaultRebalance = RebalanceConfig{Enabled: true, Tolerance: 1, MaxMoves: 4, MaxInFlight: 16, CoolDown: 30 * time.Second,
+var DefaultRebalance = RebalanceConfig{Enabled: true, Tolerance: 1, Slack: 0.05, MaxMoves: 4, MaxInFlight: 16, CoolDown: 30 * time.Second,
 	ReturnCoolDown: 10 * time.Second}
+
+// allowance returns how far a node's load times n may be from total (the
+// comparisons are made on load×n, to stay in whole numbers where they
+// can): n times the tolerance, or Slack times total when more.
+func (cfg RebalanceConfig) allowance(n, total int) float64 {
+	return max(float64(cfg.Tolerance*n), cfg.Slack*float64(total))
+}
 
 // Candidate is a settled group a rebalance may move.
 type Candidate struct {
@@ -114,9 +129,10 @@ func Overloaded(cfg RebalanceConfig, nodes map[string]NodeState, incoming map[st
 		return nil
 	}
 	out, unbalanced := []string(nil), false
+	allow := cfg.allowance(n, total)
 	for _, id := range eligible {
 		l := loads[id] * n
-		if l > total+cfg.Tolerance*n || l < total-cfg.Tolerance*n {
+		if float64(l) > float64(total)+allow || float64(l) < float64(total)-allow {
 			unbalanced = true
 		}
 		if l > total {
@@ -189,8 +205,9 @@ func PlanRebalance(cfg RebalanceConfig, in RebalanceInput) []RebalanceMove {
 		if src == "" || loads[src]-loads[dst] < 2 {
 			break
 		}
-		over := loads[src]*n > total+cfg.Tolerance*n
-		under := loads[dst]*n < total-cfg.Tolerance*n
+		allow := cfg.allowance(n, total)
+		over := float64(loads[src]*n) > float64(total)+allow
+		under := float64(loads[dst]*n) < float64(total)-allow
 		if !over && !under {
 			break
 		}

@@ -73,7 +73,7 @@ type HandlerConfig struct {
 	Queues Queues
 	// Rebalance tunes the moves that spread groups over the nodes whose
 	// queue has a consumer; nil: DefaultRebalance. Zero MaxMoves,
-	// MaxInFlight and CoolDown take DefaultRebalance's.
+	// MaxInFlight, CoolDown and Slack take DefaultRebalance's.
 	Rebalance *RebalanceConfig
 	// MaxGroups bounds the groups bound at once (bound or being moved;
 	// ended records expire by themselves): a new group past it is refused
@@ -137,6 +137,10 @@ func (c HandlerConfig) withDefaults() HandlerConfig {
 			rb.ReturnCoolDown = DefaultRebalance.ReturnCoolDown
 		}
 		rb.Tolerance = max(rb.Tolerance, 0)
+		if rb.Slack == 0 {
+			rb.Slack = DefaultRebalance.Slack
+		}
+		rb.Slack = max(rb.Slack, 0)
 	}
 	c.Rebalance = &rb
 	if c.Version == "" {

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/grouprouter/grouprouter/internal/natstest"
 	"github.com/grouprouter/grouprouter/kvbinding"
 )
 
@@ -133,4 +134,88 @@ func TestPauserOrdersCalls(t *testing.T) {
 		t.Fatalf("%d pauses and %d resumes: the test exercised nothing", q.pauses.Load(), q.resumes.Load())
 	}
 	t.Logf("%d pauses, %d resumes", q.pauses.Load(), q.resumes.Load())
+}
+
+// recordedQueues records resumes.
+type recordedQueues struct {
+	resumed chan string
+}
+
+func (q *recordedQueues) Pause(ctx context.Context, node string, until time.Time) error { return nil }
+func (q *recordedQueues) Resume(ctx context.Context, node string) error {
+	select {
+	case q.resumed <- node:
+	default:
+	}
+	return nil
+}
+func (q *recordedQueues) IngressLast(ctx context.Context) (uint64, error) { return 1 << 40, nil }
+
+// The write that ends the last drain of a paused queue (a drain step
+// reported done) has it resumed at once, not at the handler's next tick:
+// every moment it stays paused holds back all of its node's groups.
+func TestDrainedQueueResumedAtOnce(t *testing.T) {
+	s := natstest.RunServer(t)
+	q := &recordedQueues{resumed: make(chan string, 8)}
+	e := startHandler(t, s, "n0", liveNodes, func(c *HandlerConfig) {
+		c.Queues = q
+		c.LeaseTTL = 20 * time.Second // ticks 5 s apart: none resumes within the test
+	})
+	natstest.Eventually(t, 5*time.Second, func() error {
+		if !e.h.Active() {
+			return natstest.ErrNotYet
+		}
+		return nil
+	})
+	ctx := context.Background()
+	b, err := e.h.store.Create(ctx, kvbinding.Binding{Group: "g", State: kvbinding.StateBound, Node: "n2", PrevNode: "n1", FromSeq: 1,
+		Step: kvbinding.StepDrain, Drain: []string{"n1"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	natstest.Eventually(t, 5*time.Second, func() error {
+		if r, ok := e.h.cache.Lookup("g"); !ok || r.Revision != b.Revision {
+			return natstest.ErrNotYet
+		}
+		return nil
+	})
+	if err := e.h.pause(ctx, "n1"); err != nil {
+		t.Fatal(err)
+	}
+	c := NewClient(s.Connect(), "n2", 5*time.Second)
+	ds, err := c.Propose(ctx, []Proposal{{Op: OpDrained, Group: "g", Rev: b.Revision}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ds[0].Outcome != Accepted {
+		t.Fatalf("drained report: %+v", ds[0])
+	}
+	select {
+	case node := <-q.resumed:
+		if node != "n1" {
+			t.Fatalf("resumed %s, want n1", node)
+		}
+	case <-time.After(2 * time.Second):
+		t.Fatal("n1's queue not resumed within 2 s of its last drain's end")
+	}
+}
+
+func TestEndsDrain(t *testing.T) {
+	drain := &kvbinding.Binding{Drain: []string{"n1", "n2"}}
+	for _, tt := range []struct {
+		cur  *kvbinding.Binding
+		next []string
+		want bool
+	}{
+		{nil, nil, false},
+		{&kvbinding.Binding{}, nil, false},
+		{drain, []string{"n1", "n2"}, false},
+		{drain, []string{"n2", "n1", "n3"}, false},
+		{drain, []string{"n1"}, true},
+		{drain, nil, true},
+	} {
+		if got := endsDrain(tt.cur, kvbinding.Binding{Drain: tt.next}); got != tt.want {
+			t.Errorf("endsDrain(%v, %v) = %v, want %v", tt.cur, tt.next, got, tt.want)
+		}
+	}
 }

@@ -52,7 +52,22 @@ type MonitorState struct {
 	// none is planned until RebalanceDone (their records are not counted
 	// yet).
 	Rebalancing bool
+	// BalanceTotal: the groups on the nodes rebalancing counted at the
+	// last tick (BalanceCounted: there was one); BalanceWaits: the ticks
+	// in a row rebalancing waited because that count changed (see
+	// steadyTicks).
+	BalanceTotal, BalanceWaits int
+	BalanceCounted             bool
 }
+
+// steadyTicks: rebalancing plans only on a tick whose count of groups (on
+// the nodes it spreads them over) is the previous tick's, or after this
+// many ticks in a row that it was not. While groups are being bound, each
+// new one goes to the least loaded node, which spreads the load by itself,
+// and the counts taken during a burst of bindings (decided for several
+// proposers at once, each from its own view) are off by a few: moves
+// planned from them are moved back a tick later.
+const steadyTicks = 4
 
 // SeenRev is a record revision and when the monitor first saw it.
 type SeenRev struct {
@@ -198,7 +213,21 @@ func (s *MonitorState) Plan(cfg MonitorConfig, in MonitorInput) MonitorActions {
 		out.Evacuate = append(out.Evacuate, Evacuation{Node: node, Groups: groups})
 		s.Evacuating[node] = true
 	}
-	if cfg.Rebalance.Enabled && in.Nodes != nil && !s.Rebalancing && len(out.Evacuate) == 0 && len(out.Rebind) == 0 && len(s.Evacuating) == 0 {
+	steady := true
+	if cfg.Rebalance.Enabled && in.Nodes != nil {
+		total := 0
+		for _, n := range in.Nodes {
+			total += n.Groups
+		}
+		if s.BalanceCounted && total != s.BalanceTotal && s.BalanceWaits < steadyTicks {
+			steady = false
+			s.BalanceWaits++
+		} else {
+			s.BalanceWaits = 0
+		}
+		s.BalanceTotal, s.BalanceCounted = total, true
+	}
+	if cfg.Rebalance.Enabled && in.Nodes != nil && steady && !s.Rebalancing && len(out.Evacuate) == 0 && len(out.Rebind) == 0 && len(s.Evacuating) == 0 {
 		// Nodes being emptied come first: their groups land where the
 		// balance is counted next tick.
 		out.Rebalance = PlanRebalance(cfg.Rebalance, RebalanceInput{

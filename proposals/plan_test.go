@@ -193,6 +193,20 @@ func TestPlanRebalance(t *testing.T) {
 		{name: "tolerance 0 spreads to within one", cfg: RebalanceConfig{Enabled: true, MaxMoves: 10},
 			in:   RebalanceInput{Nodes: cons(11, 10, 9), Candidates: map[string][]Candidate{"1": cands("1", "a", "b")}},
 			want: []RebalanceMove{{"1a", "1", "3"}}},
+		{name: "a few groups off among hundreds: within the slack", cfg: RebalanceConfig{Enabled: true, Tolerance: 1, Slack: 0.05, MaxMoves: 10},
+			in: RebalanceInput{Nodes: cons(337, 331, 332), Candidates: map[string][]Candidate{"1": cands("1", "a", "b")}}},
+		{name: "the same without slack: moves", cfg: RebalanceConfig{Enabled: true, Tolerance: 1, MaxMoves: 10},
+			in:   RebalanceInput{Nodes: cons(337, 331, 332), Candidates: map[string][]Candidate{"1": cands("1", "a", "b")}},
+			want: []RebalanceMove{{"1a", "1", "2"}, {"1b", "1", "2"}}},
+		{name: "a node joined: it takes groups up to its share less the slack", cfg: RebalanceConfig{Enabled: true, Tolerance: 1, Slack: 0.05, MaxMoves: 400},
+			in: RebalanceInput{Nodes: cons(50, 50, 0), Candidates: map[string][]Candidate{"1": cands("1", "a", "b", "c", "d", "e", "f", "g", "h", "i", "j", "k", "l", "m", "n", "o", "p", "q", "r", "s", "t", "u", "v", "w", "x", "y", "z"),
+				"2": cands("2", "a", "b", "c", "d", "e", "f", "g", "h", "i", "j", "k", "l", "m", "n", "o", "p", "q", "r", "s", "t", "u", "v", "w", "x", "y", "z")}},
+			want: []RebalanceMove{{"1a", "1", "3"}, {"2a", "2", "3"}, {"1b", "1", "3"}, {"2b", "2", "3"}, {"1c", "1", "3"}, {"2c", "2", "3"},
+				{"1d", "1", "3"}, {"2d", "2", "3"}, {"1e", "1", "3"}, {"2e", "2", "3"}, {"1f", "1", "3"}, {"2f", "2", "3"},
+				{"1g", "1", "3"}, {"2g", "2", "3"}, {"1h", "1", "3"}, {"2h", "2", "3"}, {"1i", "1", "3"}, {"2i", "2", "3"},
+				{"1j", "1", "3"}, {"2j", "2", "3"}, {"1k", "1", "3"}, {"2k", "2", "3"}, {"1l", "1", "3"}, {"2l", "2", "3"},
+				{"1m", "1", "3"}, {"2m", "2", "3"}, {"1n", "1", "3"}, {"2n", "2", "3"}, {"1o", "1", "3"}, {"2o", "2", "3"},
+				{"1p", "1", "3"}, {"2p", "2", "3"}}},
 		{name: "started together: 30/0/0", in: RebalanceInput{Nodes: cons(30, 0, 0),
 			Candidates: map[string][]Candidate{"1": cands("1", "a", "b", "c", "d", "e")}},
 			want: []RebalanceMove{{"1a", "1", "2"}, {"1b", "1", "3"}, {"1c", "1", "2"}, {"1d", "1", "3"}, {"1e", "1", "2"}}},
@@ -320,5 +334,41 @@ func TestPlanPauses(t *testing.T) {
 				t.Fatalf("got pause %v resume %v, want %v %v", p, r, tt.wantPause, tt.wantResume)
 			}
 		})
+	}
+}
+
+// Rebalancing waits while the count of groups changes from one tick to the
+// next (groups being bound spread by themselves, and a count taken in a
+// burst of bindings is off by a few), but not for more than steadyTicks
+// ticks in a row.
+func TestPlanRebalanceWaitsForASteadyCount(t *testing.T) {
+	var s MonitorState
+	cfg := testMonitorConfig
+	in := func(now float64, n1, n2 int) MonitorInput {
+		return MonitorInput{Now: at(now), Live: map[string]bool{"n1": true, "n2": true}, Owners: map[string]bool{"n1": true},
+			Nodes:      map[string]NodeState{"n1": {HasConsumer: true, Groups: n1}, "n2": {HasConsumer: true, Groups: n2}},
+			Candidates: map[string][]Candidate{"n1": {{Group: "a"}, {Group: "b"}, {Group: "c"}, {Group: "d"}}}}
+	}
+	if got := s.Plan(cfg, in(0, 0, 0)); len(got.Rebalance) != 0 {
+		t.Fatalf("tick 0: %+v, want nothing", got.Rebalance)
+	}
+	// Binding: counts grow; nothing moves.
+	if got := s.Plan(cfg, in(0.5, 6, 1)); len(got.Rebalance) != 0 {
+		t.Fatalf("tick 0.5 (count 0 -> 7): %+v, want nothing", got.Rebalance)
+	}
+	// The same count: spread.
+	if got := s.Plan(cfg, in(1, 6, 1)); len(got.Rebalance) == 0 {
+		t.Fatal("tick 1 (count steady): nothing planned")
+	}
+	s.RebalanceDone()
+	s = MonitorState{}
+	s.Plan(cfg, in(0, 0, 0))
+	for i := 1; i <= steadyTicks; i++ {
+		if got := s.Plan(cfg, in(float64(i)/2, 6+i, 0)); len(got.Rebalance) != 0 {
+			t.Fatalf("changing count, tick %d: %+v, want nothing", i, got.Rebalance)
+		}
+	}
+	if got := s.Plan(cfg, in(float64(steadyTicks+1)/2, 7+steadyTicks, 0)); len(got.Rebalance) == 0 {
+		t.Fatalf("after %d ticks of a changing count: nothing planned", steadyTicks)
 	}
 }

@@ -46,10 +46,16 @@ type consumerView struct {
 	// ack floor or its pending count moved), or when it began watching it.
 	progress time.Time
 	// quiet: its last delivered sequence did not move between the last two
-	// readings: the pause is in effect (on a replicated consumer a pause
-	// applies a little after the call returns), so what is past it stays
-	// undelivered.
+	// readings, or the last reading found the pause in effect (paused): on
+	// a replicated consumer a pause applies a little after the call
+	// returns; once it does, what is past delivered stays undelivered.
 	quiet bool
+	// paused: the reading found the consumer paused: its leader answered
+	// with the pause applied (it delivers nothing while it is, and
+	// delivered is read under the same lock as its deliveries), for
+	// pauseLeft more.
+	paused    bool
+	pauseLeft time.Duration
 	// unsure: until when what its previous leader delivered may be unknown
 	// to it (zero: no leader change within its ack wait). A replicated
 	// consumer's leader delivers before its replicas learn of it: one that
@@ -64,13 +70,15 @@ type consumerView struct {
 // observe returns the view after a new reading of the consumer, taken at
 // now: progress moves when the consumer acked anything since the last
 // reading (its ack floor or its pending count changed). The first reading
-// (v.progress zero) starts the clock.
+// (v.progress zero) starts the clock. The consumer is quiet when its
+// delivered sequence held still since the previous reading, or when this
+// reading found it paused (no second reading needed).
 func (v consumerView) observe(read consumerView, now time.Time) consumerView {
 	read.progress = v.progress
 	if v.progress.IsZero() || read.ackFloor != v.ackFloor || read.pending != v.pending || read.exists != v.exists {
 		read.progress = now
 	}
-	read.quiet = !v.progress.IsZero() && read.exists == v.exists && read.delivered == v.delivered
+	read.quiet = (read.exists && read.paused) || (!v.progress.IsZero() && read.exists == v.exists && read.delivered == v.delivered)
 	return read
 }
 

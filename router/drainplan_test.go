@@ -46,6 +46,39 @@ func TestConsumerViewProgress(t *testing.T) {
 	}
 }
 
+// A reading that finds the consumer paused (its leader applied the pause)
+// is quiet at once: nothing is delivered while it is, so what is past its
+// delivered sequence may move without a second reading.
+func TestConsumerViewPausedIsQuiet(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	running := consumerView{exists: true, delivered: 10, ackWait: 30 * time.Second}
+	if v := (consumerView{}).observe(running, t0); v.quiet {
+		t.Fatal("a first reading of a running consumer counts as quiet")
+	}
+	paused := running
+	paused.paused, paused.pauseLeft = true, 9*time.Second
+	v := (consumerView{}).observe(paused, t0)
+	if !v.quiet {
+		t.Fatal("a first reading of a paused consumer is not quiet")
+	}
+	if got := fateOf(drainMsg{node: "a", seq: 11}, v, t0); got != fateMove {
+		t.Errorf("an undelivered message of a paused consumer: fate %v, want move", got)
+	}
+	if got := fateOf(drainMsg{node: "a", seq: 10}, v, t0); got != fateAwait {
+		t.Errorf("a delivered, unacked message of a paused consumer: fate %v, want await", got)
+	}
+	// After a leader change within the ack wait, the pause does not make
+	// the reading sure.
+	v.unsure = t0.Add(time.Second)
+	if got := fateOf(drainMsg{node: "a", seq: 11}, v, t0); got != fateAwait {
+		t.Errorf("paused, but its leader is new: fate %v, want await", got)
+	}
+	// A paused reading without a consumer is no quiet one.
+	if v := (consumerView{}).observe(consumerView{paused: true}, t0); v.quiet {
+		t.Error("a reading without a consumer counts as quiet")
+	}
+}
+
 func TestPlanDrain(t *testing.T) {
 	now := time.Unix(1000, 0)
 	alive := consumerView{exists: true, delivered: 20, ackFloor: 10, pending: 5, ackWait: 30 * time.Second, progress: now.Add(-time.Second), quiet: true}

@@ -3,6 +3,7 @@ package router
 import (
 	"context"
 	"errors"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -70,6 +71,13 @@ func (q *dutyQueue) add(group string, duty proposals.Duty, rev uint64) {
 	wake(q.wake)
 }
 
+// pending returns how many steps wait to be taken.
+func (q *dutyQueue) pending() int {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return len(q.jobs)
+}
+
 func (q *dutyQueue) takeAll() map[string]dutyJob {
 	q.mu.Lock()
 	defer q.mu.Unlock()
@@ -77,6 +85,15 @@ func (q *dutyQueue) takeAll() map[string]dutyJob {
 	q.jobs = map[string]dutyJob{}
 	return jobs
 }
+
+// How the hand-over loop gathers the records of a burst into one batch
+// (handOverLoop).
+const (
+	handOverQuick  = 2 * time.Millisecond
+	handOverFew    = 16
+	handOverSettle = 20 * time.Millisecond
+	handOverLimit  = 250 * time.Millisecond
+)
 
 // handOverLoop runs the takeover steps handed to this node, in batches:
 // a whole node's groups arrive at once when it is evacuated.
@@ -91,25 +108,35 @@ func (r *Router) handOverLoop(ctx context.Context) {
 		case <-r.duties.wake:
 		}
 		// Let a burst of records (a whole node's groups) arrive first: wait
-		// until none came for 20 ms (at most 250 ms), so that one batch
-		// reads the old queues and the ingress once for all of them.
-		settle := time.NewTimer(20 * time.Millisecond)
-		limit := time.NewTimer(250 * time.Millisecond)
+		// until none came for handOverSettle (at most handOverLimit), so
+		// that one batch reads the old queues and the ingress once for all
+		// of them. A few records (a rebalancing tick's, an operator's move)
+		// go after handOverQuick: the old queue is paused meanwhile, which
+		// holds back every group of its node.
+		quick := time.NewTimer(handOverQuick)
+		settle := time.NewTimer(handOverSettle)
+		limit := time.NewTimer(handOverLimit)
 	gather:
 		for {
 			select {
 			case <-ctx.Done():
+				quick.Stop()
 				settle.Stop()
 				limit.Stop()
 				return
 			case <-r.duties.wake:
-				settle.Reset(20 * time.Millisecond)
+				settle.Reset(handOverSettle)
+			case <-quick.C:
+				if r.duties.pending() <= handOverFew {
+					break gather
+				}
 			case <-settle.C:
 				break gather
 			case <-limit.C:
 				break gather
 			}
 		}
+		quick.Stop()
 		settle.Stop()
 		limit.Stop()
 		jobs := r.duties.takeAll()
@@ -375,21 +402,40 @@ func (r *Router) moveFound(ctx context.Context, stream jetstream.Stream, byNode 
 	// renews them too while it drains, so that they hold also while no
 	// handler is active. The first renewal is made before the drain
 	// looks at the queues.
+	//
+	// The handler's pause is usually in effect already (it paused before
+	// it wrote the record): a reading of the consumer that finds it paused
+	// for long enough (its leader applied it) stands for this node's first
+	// renewal and for the drain's first readings (quiet at once), instead
+	// of a pause call and a second reading after it.
+	began := time.Now()
 	holdCtx, release := context.WithCancel(ctx)
 	var holding sync.WaitGroup
 	defer func() { release(); holding.Wait() }()
+	views := map[string]consumerView{}
 	for node := range byNode {
-		r.pauseQueue(ctx, node)
+		first := drainPause / 3
+		if v, ok := r.pausedView(ctx, node); ok {
+			views[node] = v
+			// Renewed while a third of drainPause at least is left of the
+			// pause found, as of this node's own.
+			first = min(first, v.pauseLeft-drainPause/3-time.Since(v.progress))
+		} else {
+			r.pauseQueue(ctx, node)
+		}
 		holding.Add(1)
 		go func() {
 			defer holding.Done()
-			r.holdPaused(holdCtx, node)
+			r.holdPaused(holdCtx, node, first)
 		}()
 	}
+	read := time.Now()
 	byGroup, err := find(ctx)
 	if err != nil {
 		return nil, err
 	}
+	r.log.Debug("hand-over drain: old queues read", "nodes", len(byNode), "found", countFound(byGroup),
+		"paused_in", read.Sub(began).Round(time.Microsecond), "read_in", time.Since(read).Round(time.Microsecond))
 	progressOf(ctx).found(countFound(byGroup))
 	plans := make(map[string][]drainMsg, len(byGroup))
 	for g, found := range byGroup {
@@ -430,7 +476,7 @@ func (r *Router) moveFound(ctx context.Context, stream jetstream.Stream, byNode 
 			return err
 		})
 	}
-	if err := r.awaitConsumers(wctx, stream, byNode, routes, plans, start); err != nil {
+	if err := r.awaitConsumers(wctx, stream, byNode, views, routes, plans, start); err != nil {
 		_ = work.Wait()
 		return nil, err
 	}
@@ -440,27 +486,70 @@ func (r *Router) moveFound(ctx context.Context, stream jetstream.Stream, byNode 
 	return moved, nil
 }
 
+// pausedView reads node's queue consumer and returns the drain's first
+// view of it (its progress is the reading's time) when the reading found
+// it paused with at least half of drainPause left (ok false: not paused, or for too short a while, or no
+// consumer, or the reading failed: the caller pauses it).
+func (r *Router) pausedView(ctx context.Context, node string) (consumerView, bool) {
+	read, err := r.readConsumer(ctx, node)
+	if err != nil || !read.exists || !read.paused || read.pauseLeft < drainPause/2 {
+		return consumerView{}, false
+	}
+	return consumerView{}.observe(read, time.Now()), true
+}
+
+// scanWalkers bounds the walks of one old queue that run at once; each
+// walks a range of the queue stream's sequences (scanPerWalker messages of
+// the node's at least, as the stream info counted them).
+const (
+	scanWalkers   = 16
+	scanPerWalker = 4
+)
+
 // scanQueues reads the old queues and returns, per group, its messages
 // found there (a copy this step made before on this node's own queue is
 // left out: it is in place already).
+//
+// Each old node costs first one stream info, filtered on its queue's and
+// held subjects (answered by the stream's leader, as the message reads
+// are): a node whose queue holds nothing, and whose held subjects hold
+// nothing of the groups, is not walked at all. Otherwise its queue is
+// walked message by message (a read returns the node's next message from
+// a sequence on), in up to scanWalkers ranges of sequences at once, and
+// the held subjects of the groups that have some.
 func (r *Router) scanQueues(ctx context.Context, stream jetstream.Stream, byNode map[string]map[string]bool, routes map[string]kvbinding.Binding) (map[string][]queued, error) {
-	info, err := stream.Info(ctx)
-	if err != nil {
-		return nil, err
-	}
 	byGroup := map[string][]queued{}
 	seen := map[string]map[uint64]bool{}
 	for node, groups := range byNode {
 		prefix := QueueSubjectPrefix + node + "."
-		for seq := info.State.FirstSeq; seq <= info.State.LastSeq; {
-			m, err := stream.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(prefix+">"))
-			if isGone(err) {
-				break
-			}
+		var (
+			qinfo, hinfo *jetstream.StreamInfo
+		)
+		reads, rctx := errgroup.WithContext(ctx)
+		reads.Go(func() (err error) {
+			qinfo, err = stream.Info(rctx, jetstream.WithSubjectFilter(prefix+">"))
+			return err
+		})
+		reads.Go(func() (err error) {
+			hinfo, err = stream.Info(rctx, jetstream.WithSubjectFilter(HeldSubjectPrefix+node+".>"))
+			return err
+		})
+		if err := reads.Wait(); err != nil {
+			return nil, err
+		}
+		waiting := 0
+		for _, n := range qinfo.State.Subjects {
+			waiting += int(n)
+		}
+		var msgs []*jetstream.RawStreamMsg
+		if waiting > 0 {
+			var err error
+			msgs, err = walkSubject(ctx, stream, prefix+">", qinfo.State.FirstSeq, qinfo.State.LastSeq, waiting)
 			if err != nil {
 				return nil, err
 			}
-			seq = m.Sequence + 1
+		}
+		for _, m := range msgs {
 			g, invalid := GroupOf(m.Header, r.cfg.GroupHeader)
 			if invalid != "" || !groups[g] {
 				continue
@@ -485,21 +574,26 @@ func (r *Router) scanQueues(ctx context.Context, stream jetstream.Stream, byNode
 		}
 		// What the old node held back of these groups (fairshare.go):
 		// later than what its queue holds of them, never delivered.
+		heldSubjects := make([]string, 0, len(hinfo.State.Subjects))
+		for subj, n := range hinfo.State.Subjects {
+			if n > 0 {
+				heldSubjects = append(heldSubjects, subj)
+			}
+		}
 		for g := range groups {
 			key, err := kvbinding.Key(g)
 			if err != nil {
 				continue
 			}
-			filter := HeldFilter(node, key)
-			for seq := info.State.FirstSeq; seq <= info.State.LastSeq; {
-				m, err := stream.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(filter))
-				if isGone(err) {
-					break
-				}
-				if err != nil {
-					return nil, err
-				}
-				seq = m.Sequence + 1
+			keyPrefix := HeldSubjectPrefix + node + "." + key + "."
+			if !slices.ContainsFunc(heldSubjects, func(subj string) bool { return strings.HasPrefix(subj, keyPrefix) }) {
+				continue
+			}
+			held, err := walkSubject(ctx, stream, HeldFilter(node, key), hinfo.State.FirstSeq, hinfo.State.LastSeq, 1)
+			if err != nil {
+				return nil, err
+			}
+			for _, m := range held {
 				is, err := strconv.ParseUint(m.Header.Get(HeaderIngressSeq), 10, 64)
 				if err != nil {
 					continue
@@ -518,33 +612,96 @@ func (r *Router) scanQueues(ctx context.Context, stream jetstream.Stream, byNode
 	return byGroup, nil
 }
 
-// drainPoll is how often a drain that waits for an old consumer looks at
-// it again; drainLookups bounds the messages it looks up each time.
+// walkSubject returns the messages of stream on filter with sequences in
+// [first, last], in order, reading one message per request (the next on
+// filter from a sequence). n is about how many there are: the range is
+// split into up to scanWalkers parts, of scanPerWalker of them at least,
+// walked at once.
+func walkSubject(ctx context.Context, stream jetstream.Stream, filter string, first, last uint64, n int) ([]*jetstream.RawStreamMsg, error) {
+	if first == 0 || last < first {
+		return nil, nil
+	}
+	parts := uint64(max(1, min(scanWalkers, n/scanPerWalker)))
+	if span := last - first + 1; parts > span {
+		parts = span
+	}
+	width := (last - first + 1) / parts
+	found := make([][]*jetstream.RawStreamMsg, parts)
+	walks, wctx := errgroup.WithContext(ctx)
+	for i := range parts {
+		lo, hi := first+i*width, first+(i+1)*width-1
+		if i == parts-1 {
+			hi = last
+		}
+		walks.Go(func() error {
+			for seq := lo; seq <= hi; {
+				m, err := stream.GetMsg(wctx, seq, jetstream.WithGetMsgSubject(filter))
+				if isGone(err) {
+					return nil
+				}
+				if err != nil {
+					return err
+				}
+				if m.Sequence > hi {
+					return nil
+				}
+				found[i] = append(found[i], m)
+				seq = m.Sequence + 1
+			}
+			return nil
+		})
+	}
+	if err := walks.Wait(); err != nil {
+		return nil, err
+	}
+	var out []*jetstream.RawStreamMsg
+	for _, f := range found {
+		out = append(out, f...)
+	}
+	return out, nil
+}
+
+// drainPoll is how often, at most, a drain that waits for an old
+// consumer looks at it again: first after drainFirstPoll, then after twice
+// as long each round up to drainPoll (a consumer that acks promptly is
+// seen done within milliseconds; one that takes long is not read more
+// often than before); drainLookups bounds the messages it looks up each
+// time.
 const (
-	drainPoll    = 100 * time.Millisecond
-	drainLookups = 256
+	drainPoll      = 100 * time.Millisecond
+	drainFirstPoll = 10 * time.Millisecond
+	drainLookups   = 256
 )
 
 // awaitConsumers waits, group by group, until no message of the group is
 // delivered and unacked on an old queue whose consumer is alive and
 // acknowledging (planDrain), and calls start for each group then, with
-// what to move. It reads each old queue's consumer every drainPoll, and
+// what to move. It reads each old queue's consumer each round (rounds
+// drainFirstPoll apart, then twice as far each time up to drainPoll), and
 // looks whether an awaited message is still there only after its consumer
-// made progress.
+// made progress. views holds the readings taken before the queues were
+// read (moveFound): the first round uses them instead of reading again.
 func (r *Router) awaitConsumers(ctx context.Context, stream jetstream.Stream, byNode map[string]map[string]bool,
-	routes map[string]kvbinding.Binding, plans map[string][]drainMsg, start func(string, drainPlan)) error {
-	views := map[string]consumerView{}
+	views map[string]consumerView, routes map[string]kvbinding.Binding, plans map[string][]drainMsg, start func(string, drainPlan)) error {
+	if views == nil {
+		views = map[string]consumerView{}
+	}
 	checked := map[string]time.Time{} // per group: when its awaited messages were last looked at
 	logged := map[string]bool{}
+	poll := drainFirstPoll
 	for first := true; len(plans) > 0; first = false {
 		if !first {
 			select {
 			case <-ctx.Done():
 				return ctx.Err()
-			case <-time.After(drainPoll):
+			case <-time.After(poll):
 			}
+			poll = min(2*poll, drainPoll)
 		}
 		for node := range byNode {
+			if _, ok := views[node]; ok && first {
+				continue // read just before the queues were
+			}
 			read, err := r.readConsumer(ctx, node)
 			if err != nil {
 				return err
@@ -636,7 +793,7 @@ func (r *Router) readConsumer(ctx context.Context, node string) (consumerView, e
 		wait = DefaultQueueAckWait
 	}
 	v := consumerView{exists: true, delivered: info.Delivered.Stream, ackFloor: info.AckFloor.Stream,
-		pending: info.NumAckPending, ackWait: wait}
+		pending: info.NumAckPending, ackWait: wait, paused: info.Paused, pauseLeft: info.PauseRemaining}
 	if c := info.Cluster; c != nil && c.LeaderSince != nil && !info.TimeStamp.IsZero() &&
 		c.LeaderSince.Sub(info.Created) > firstLeaderWithin {
 		// Both times are the servers': the leader's age, not a comparison
@@ -725,9 +882,9 @@ func moveID(rev, seq uint64) string {
 const drainPause = 10 * time.Second
 
 // holdPaused keeps node's queue consumer paused until ctx ends, renewing
-// the pause every third of drainPause (the first renewal after that).
-func (r *Router) holdPaused(ctx context.Context, node string) {
-	t := time.NewTicker(drainPause / 3)
+// the pause after first, then every third of drainPause.
+func (r *Router) holdPaused(ctx context.Context, node string, first time.Duration) {
+	t := time.NewTimer(max(first, 0))
 	defer t.Stop()
 	for {
 		select {
@@ -736,6 +893,7 @@ func (r *Router) holdPaused(ctx context.Context, node string) {
 		case <-t.C:
 		}
 		r.pauseQueue(ctx, node)
+		t.Reset(drainPause / 3)
 	}
 }
 

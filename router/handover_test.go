@@ -221,6 +221,118 @@ func TestDrainMergesTheTakersOwnQueue(t *testing.T) {
 	}
 }
 
+// The scan of the old queues finds a group's messages among many of other
+// groups and nodes, in queue order, and what the old node held back of it,
+// whatever the walkers' split of the sequences; a node with nothing
+// waiting is not walked.
+func TestScanQueuesFindsTheGroupsAmongMany(t *testing.T) {
+	r, js := testRouter(t, "n1")
+	ctx := context.Background()
+	want := map[string][]uint64{}
+	for seq := uint64(1); seq <= 300; seq++ {
+		node := "n9"
+		if seq%3 == 0 {
+			node = "n8" // another node's queue: never looked at
+		}
+		g := "g" + strconv.FormatUint(seq%7, 10)
+		publishQueued(t, js, node, g, seq)
+		if node == "n9" && (g == "g3" || g == "g5") {
+			want[g] = append(want[g], seq)
+		}
+	}
+	for _, seq := range []uint64{301, 302} {
+		m := nats.NewMsg(HeldSubject("n9", "g3", "jms.x"))
+		m.Header.Set(DefaultGroupHeader, "g3")
+		m.Header.Set(HeaderIngressSeq, strconv.FormatUint(seq, 10))
+		if _, err := js.PublishMsg(ctx, m); err != nil {
+			t.Fatal(err)
+		}
+		want["g3"] = append(want["g3"], seq)
+	}
+	m := nats.NewMsg(HeldSubject("n9", "g4", "jms.x")) // another group's
+	m.Header.Set(DefaultGroupHeader, "g4")
+	m.Header.Set(HeaderIngressSeq, "303")
+	if _, err := js.PublishMsg(ctx, m); err != nil {
+		t.Fatal(err)
+	}
+	stream, err := js.Stream(ctx, QueueStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	byNode := map[string]map[string]bool{"n9": {"g3": true, "g5": true}, "n7": {"g3": true}}
+	found, err := r.scanQueues(ctx, stream, byNode, map[string]kvbinding.Binding{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for g, w := range want {
+		var got []uint64
+		for _, q := range found[g] {
+			if q.from != "n9" {
+				t.Errorf("%s: found on %s's queue", g, q.from)
+			}
+			got = append(got, q.ingressSeq)
+		}
+		if fmt.Sprint(got) != fmt.Sprint(w) {
+			t.Errorf("%s: found %v, want %v", g, got, w)
+		}
+	}
+	if len(found) != 2 {
+		t.Errorf("found groups %d, want 2", len(found))
+	}
+	for _, n := range []int{1, 7, 64, 1000} {
+		msgs, err := walkSubject(ctx, stream, QueueSubjectPrefix+"n9.>", 1, 300, n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(msgs) != 200 {
+			t.Fatalf("walk with n=%d: %d messages, want 200", n, len(msgs))
+		}
+		for i := 1; i < len(msgs); i++ {
+			if msgs[i].Sequence <= msgs[i-1].Sequence {
+				t.Fatalf("walk with n=%d: out of order at %d", n, i)
+			}
+		}
+	}
+}
+
+// A drain of a queue whose consumer is paused already (the handler paused
+// it before it wrote the record) takes that reading for its first renewal
+// and for a quiet one: it moves at once what was never delivered.
+func TestDrainOfAPausedQueue(t *testing.T) {
+	r, js := testRouter(t, "n1")
+	ctx := context.Background()
+	if _, err := ensureQueueConsumer(ctx, js, "n9", QueuePinned, 5*time.Second, 30*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := js.PauseConsumer(ctx, QueueStream, QueueConsumer("n9"), time.Now().Add(drainPause)); err != nil {
+		t.Fatal(err)
+	}
+	v, ok := r.pausedView(ctx, "n9")
+	if !ok || !v.quiet {
+		t.Fatalf("paused consumer: view %+v, ok %v; want a quiet one", v, ok)
+	}
+	if _, ok := r.pausedView(ctx, "n8"); ok {
+		t.Fatal("a queue without a consumer: taken as paused")
+	}
+	publishQueued(t, js, "n9", "g", 7)
+	publishQueued(t, js, "n9", "h", 8)
+	route := record(t, r, kvbinding.Binding{Group: "g", State: kvbinding.StateBound, Node: "n1", FromSeq: 9, PrevNode: "n9",
+		Step: kvbinding.StepDrain, Drain: []string{"n9"}, Revision: 5})
+	moved, err := r.drainQueues(ctx, map[string]kvbinding.Binding{"g": route})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if moved["g"] != 1 {
+		t.Errorf("moved %v, want g: 1", moved)
+	}
+	if got := queuedSeqs(t, js, "n1"); fmt.Sprint(got) != "[7]" {
+		t.Errorf("n1's queue holds %v, want [7]", got)
+	}
+	if got := queuedSeqs(t, js, "n9"); fmt.Sprint(got) != "[8]" {
+		t.Errorf("n9's queue holds %v, want [8] (another group's)", got)
+	}
+}
+
 // A drain stops once the record moved past the revision it works for.
 // (The simulation's seed 112894.)
 func TestDrainStopsWhenTheRecordMovesOn(t *testing.T) {
