@@ -17,6 +17,7 @@ import (
 
 	"github.com/grouprouter/grouprouter/consumer"
 	"github.com/grouprouter/grouprouter/internal/natstest"
+	"github.com/grouprouter/grouprouter/internal/routertest"
 	"github.com/grouprouter/grouprouter/kvbinding"
 	"github.com/grouprouter/grouprouter/router"
 )
@@ -31,26 +32,9 @@ const waitingLine = "waiting for the node's queue consumer"
 // it; it stops when the test ends.
 func launchNode(t testing.TB, url, id string, mode router.QueueMode) *router.Router {
 	t.Helper()
-	r, err := router.New(natstest.Connect(t, url, nats.Name("node-"+id)), router.Config{
+	r, _ := routertest.Launch(t, natstest.Connect(t, url, nats.Name("node-"+id)), router.Config{
 		Name: "h", Type: router.Local, Address: "jms", Timeout: time.Second,
 		Node: id, Heartbeat: 100 * time.Millisecond, QueueMode: mode,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- r.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("node %s: %v", id, err)
-			}
-		case <-time.After(30 * time.Second):
-			t.Errorf("node %s did not stop", id)
-		}
 	})
 	return r
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/grouprouter/grouprouter/internal/natstest"
+	"github.com/grouprouter/grouprouter/internal/routertest"
 	"github.com/grouprouter/grouprouter/router"
 )
 
@@ -38,31 +39,8 @@ func runTestRouter(t *testing.T, srv *natstest.Server, cfg router.Config) *route
 // runTestRouterOn is runTestRouter on connection nc.
 func runTestRouterOn(t *testing.T, nc *nats.Conn, cfg router.Config) *router.Router {
 	t.Helper()
-	r, err := router.New(nc, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- r.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("router %s: %v", cfg.Node, err)
-			}
-		case <-time.After(30 * time.Second):
-			t.Errorf("router %s did not stop", cfg.Node)
-		}
-	})
-	select {
-	case <-r.Ready():
-	case err := <-done:
-		t.Fatalf("router %s stopped before it was ready: %v", cfg.Node, err)
-	case <-time.After(30 * time.Second):
-		t.Fatalf("router %s not ready", cfg.Node)
-	}
+	r, done := routertest.Launch(t, nc, cfg)
+	routertest.WaitReady(t, r, done)
 	return r
 }
 

@@ -34,28 +34,48 @@ func Start(t testing.TB, nc *nats.Conn, cfg router.Config) *router.Router {
 	if cfg.PinnedTTL == 0 {
 		cfg.PinnedTTL = time.Second
 	}
+	r, done := Launch(t, nc, cfg)
+	WaitReady(t, r, done)
+	return r
+}
+
+// Launch runs a router node on nc with cfg, as given, until the test ends,
+// without waiting for it to be ready; done yields Run's error should the
+// node stop before. The node's Run error, if any, fails the test at its
+// end, as does a node that does not stop within 30 s.
+func Launch(t testing.TB, nc *nats.Conn, cfg router.Config) (r *router.Router, done <-chan error) {
+	t.Helper()
 	r, err := router.New(nc, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx, stop := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- r.Run(ctx) }()
+	ran := make(chan error, 1)
+	go func() { ran <- r.Run(ctx) }()
 	t.Cleanup(func() {
 		stop()
-		if err := <-done; err != nil {
-			t.Errorf("node %s: %v", cfg.Node, err)
+		select {
+		case err := <-ran:
+			if err != nil {
+				t.Errorf("node %s: %v", cfg.Node, err)
+			}
+		case <-time.After(30 * time.Second):
+			t.Errorf("node %s did not stop", cfg.Node)
 		}
 	})
+	return r, ran
+}
+
+// WaitReady waits up to 30 s until r routes; done is Launch's.
+func WaitReady(t testing.TB, r *router.Router, done <-chan error) {
+	t.Helper()
 	select {
 	case <-r.Ready():
 	case err := <-done:
-		done <- err
-		t.Fatalf("node %s stopped during start: %v", cfg.Node, err)
+		t.Fatalf("node stopped before it was ready: %v", err)
 	case <-time.After(30 * time.Second):
-		t.Fatalf("node %s not ready in 30 s", cfg.Node)
+		t.Fatal("node not ready within 30 s")
 	}
-	return r
 }
 
 // PublishGroups publishes perGroup messages of each of groups groups
