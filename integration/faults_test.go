@@ -666,8 +666,13 @@ func queueConsumers(ctx context.Context, s jetstream.Stream) string {
 	var b strings.Builder
 	l := s.ListConsumers(ctx)
 	for ci := range l.Info() {
-		fmt.Fprintf(&b, "[%s delivered %d, ack floor %d, ack pending %d, redelivered %d, pending %d] ",
-			ci.Name, ci.Delivered.Stream, ci.AckFloor.Stream, ci.NumAckPending, ci.NumRedelivered, ci.NumPending)
+		leader := ""
+		if ci.Cluster != nil {
+			leader = ci.Cluster.Leader
+		}
+		fmt.Fprintf(&b, "[%s delivered %d, ack floor %d, ack pending %d, redelivered %d, pending %d, waiting pulls %d, paused %v (%v left), leader %q] ",
+			ci.Name, ci.Delivered.Stream, ci.AckFloor.Stream, ci.NumAckPending, ci.NumRedelivered, ci.NumPending,
+			ci.NumWaiting, ci.Paused, ci.PauseRemaining.Round(time.Millisecond), leader)
 	}
 	if err := l.Err(); err != nil {
 		fmt.Fprintf(&b, "(listing: %v)", err)
@@ -789,6 +794,17 @@ func waitCheckpointsPast(t testing.TB, js jetstream.JetStream, seq uint64, d tim
 
 // compareBindings fails for every group of before whose binding changed
 // (other node, or another revision: rewritten).
+// others is the bindings of groups bound to none of the nodes in skip.
+func others(bindings map[string]kvbinding.Binding, skip map[string]bool) map[string]kvbinding.Binding {
+	out := make(map[string]kvbinding.Binding, len(bindings))
+	for g, b := range bindings {
+		if !skip[b.Node] {
+			out[g] = b
+		}
+	}
+	return out
+}
+
 func compareBindings(t testing.TB, before, after map[string]kvbinding.Binding, why string) {
 	t.Helper()
 	changed := 0
@@ -1209,9 +1225,10 @@ func TestLeaderStepdownsUnderLoad(t *testing.T) {
 
 // n0 and n1 are LOCAL (one active handler, one hot backup), n2 REMOTE, on
 // three servers; producers keep starting new groups. The active handler's
-// node is killed (twice: the second time the former backup): bindings made
-// before stay as they were (same node, same revision), no group splits,
-// and new groups keep being decided. The decision stall is measured from
+// node is killed (twice: the second time the former backup) and restarted:
+// bindings made before on the nodes not killed stay as they were (same
+// node, same revision), every group stays in order, and new groups keep
+// being decided. The decision stall is measured from
 // the kill to the first consumption of a group first published after it.
 func TestActiveHandlerKilledUnderLoad(t *testing.T) {
 	c, nodes, col, admin, js := loadedCluster(t, "LLR")
@@ -1228,6 +1245,7 @@ func TestActiveHandlerKilledUnderLoad(t *testing.T) {
 	})
 	var longest time.Duration
 	bound := map[string]kvbinding.Binding{} // every binding seen before a kill
+	killed := map[string]bool{}             // the nodes killed so far
 	for cycle := range 2 {
 		active := waitActiveHandler(t, 20*time.Second, nodes[0], nodes[1])
 		before := listBindings(t, st)
@@ -1254,16 +1272,13 @@ func TestActiveHandlerKilledUnderLoad(t *testing.T) {
 		t.Logf("decision stall after crash of active LOCAL handler: %v (cycle %d: killed %s; first new group %s)",
 			stall.Round(time.Millisecond), cycle, active.id, firstGroup)
 		longest = max(longest, stall)
-		// Keep going a while with the handler down on that node, then
-		// look at every group started in that window.
-		// At least 2 s, and until three groups were first published after
-		// the kill: a loaded machine can hold the producers up that long
-		// (CI under load: none in the first 2 s of cycle 1). The node comes
-		// back after the 2 s, before its liveness record (3 s) lapses: a
-		// node gone longer has its newest groups moved (by design), which
-		// this test does not look at.
+		// The backup decides now; the node comes back at once (its
+		// groups' waiting messages flow again), then the test looks at
+		// every group started until three were first published after the
+		// kill, and at least 2 s: a loaded machine can hold the producers
+		// up that long (CI under load: none in the first 2 s of cycle 1).
+		active.restart()
 		time.Sleep(2 * time.Second)
-		active.restart() // its groups' waiting messages flow again
 		natstest.Eventually(t, 30*time.Second, func() error {
 			_, firsts := ackTimes(ps...)
 			n := 0
@@ -1307,17 +1322,20 @@ func TestActiveHandlerKilledUnderLoad(t *testing.T) {
 		if newGroups == 0 {
 			t.Errorf("no new group was started after the kill: the test shows nothing")
 		}
-		compareBindings(t, before, listBindings(t, st), fmt.Sprintf("crash %d of the active handler", cycle))
+		killed[active.id] = true
+		compareBindings(t, others(before, killed), listBindings(t, st), fmt.Sprintf("crash %d of the active handler", cycle))
 	}
 	t.Logf("longest decision stall after crash of active LOCAL handler: %v", longest.Round(time.Millisecond))
 	time.Sleep(500 * time.Millisecond)
-	// Not one node per group: a group bound to the killed node in the
-	// seconds before it came back is moved if its liveness record lapsed
-	// meanwhile (a restart that takes over a second under load; by
-	// design, so that such groups do not wait for the grace). What must
-	// not move is what was bound before each kill (compareBindings).
+	// Not one node per group, and the killed nodes' groups may have
+	// moved: a group bound to a killed node in its last seconds moves
+	// when the node's liveness record lapses before it is back (a restart
+	// that takes over a second under load; by design, so that such groups
+	// do not wait for the grace; CI: pb-s05-v4, bound to n1 just before
+	// its kill, moved to n0). endLoad checks their order and losses; the
+	// other nodes' bindings must not move (compareBindings).
 	_, want, total := endLoad(t, js, col, ps, false, false, 60*time.Second, 10*time.Second)
-	compareBindings(t, bound, listBindings(t, st), "after both crashes")
+	compareBindings(t, others(bound, killed), listBindings(t, st), "after both crashes")
 	t.Logf("%d messages in %d groups", total, len(want))
 }
 

@@ -287,10 +287,11 @@ func (r *partitionRun) finish(t *testing.T) partitionCheck {
 	want, total := sentAll(r.ps...)
 	deadline := time.Now().Add(partitionDrain)
 	var left error
+	stuck := ""
 	for {
-		left = nil
+		left, stuck = nil, ""
 		if n, ex := r.col.missing(want); n > 0 {
-			left = fmt.Errorf("%d acknowledged messages not processed (e.g. %s)", n, ex)
+			left, stuck = fmt.Errorf("%d acknowledged messages not processed (e.g. %s)", n, ex), ex
 		} else if err := queuesEmpty(r.js); err != nil {
 			left = err
 		}
@@ -301,6 +302,9 @@ func (r *partitionRun) finish(t *testing.T) partitionCheck {
 	}
 	if left != nil {
 		t.Errorf("after %v of draining: %v", partitionDrain, left)
+		if stuck != "" {
+			r.explainStuck(t, stuck)
+		}
 	}
 	for _, p := range r.ps {
 		p.mu.Lock()
@@ -319,6 +323,43 @@ func (r *partitionRun) finish(t *testing.T) partitionCheck {
 		t.Errorf("checked %d messages, the producers had %d acknowledged", c.Messages, total)
 	}
 	return c
+}
+
+// explainStuck says where the message body (group/number) waits: the
+// group's binding, the queues and their consumers, and what each node
+// logged about the group (a CI failure shows no more than the test
+// prints).
+func (r *partitionRun) explainStuck(t *testing.T, body string) {
+	t.Helper()
+	group, _, _ := strings.Cut(body, "/")
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	err := kvbinding.ScanBindings(ctx, r.js, "", func(b kvbinding.Binding) error {
+		if b.Group == group {
+			t.Logf("stuck %s: binding %s on %s rev %d epoch %d from_seq %d drain %v prev %s (%s)",
+				body, b.State, b.Node, b.Revision, b.Epoch, b.FromSeq, b.Drain, b.PrevNode, b.Reason)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Logf("stuck %s: bindings not read: %v", body, err)
+	}
+	if s, err := r.js.Stream(ctx, router.QueueStream); err == nil {
+		t.Logf("stuck %s: queue consumers: %s", body, queueConsumers(ctx, s))
+	}
+	if err := queuesEmpty(r.js); err != nil {
+		t.Logf("stuck %s: %v", body, err)
+	}
+	for _, name := range sortedKeys(r.procs) {
+		var lines []string
+		for _, l := range strings.Split(r.procs[name].log.String(), "\n") {
+			if strings.Contains(l, group) || strings.Contains(l, "level=WARN") || strings.Contains(l, "level=ERROR") {
+				lines = append(lines, l)
+			}
+		}
+		lines = lines[max(0, len(lines)-40):]
+		t.Logf("stuck %s: %s's last %d log lines about the group or warning:\n%s", body, name, len(lines), strings.Join(lines, "\n"))
+	}
 }
 
 // ---------------------------------------------------------------------------
