@@ -201,7 +201,24 @@ func (r *runner) run(ctx context.Context) error {
 	if err == nil {
 		select {
 		case <-ctx.Done():
-			cc.Stop()
+			// What was pulled and not started is handed back (below),
+			// including what the pull's buffer holds and what arrives
+			// until the pull ends: no new handler starts, a pinned
+			// queue is unpinned first (the servers then end this
+			// process's pull requests instead of delivering to them
+			// after it is gone), and the pull is drained, not stopped
+			// (Stop drops its buffer: those messages would wait out
+			// their ack wait; issue 31).
+			r.mu.Lock()
+			r.lanes.stopping = true
+			r.cond.Broadcast()
+			pinID := r.pinID
+			r.pinID = ""
+			r.mu.Unlock()
+			if r.pinned && pinID != "" {
+				r.unpin(ctx, pinID)
+			}
+			cc.Drain()
 			select {
 			case <-cc.Closed():
 			case <-time.After(opTimeout):
@@ -248,6 +265,13 @@ func (r *runner) run(ctx context.Context) error {
 	r.mu.Unlock()
 	for _, d := range heldBack {
 		_ = d.msg.Nak() // to the next consumer at once
+	}
+	if len(heldBack) > 0 {
+		// A Nak is not answered: flushed here, before the caller can
+		// close the connection (consume --count exits right away).
+		if err := r.js.Conn().FlushTimeout(opTimeout); err != nil {
+			r.log.Debug("consumer: the hand-back was not flushed", "err", err)
+		}
 	}
 	r.log.Debug("consumer: stopped", "handed_back", len(heldBack))
 	if r.pinned && pinID != "" {

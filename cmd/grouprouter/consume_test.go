@@ -7,6 +7,8 @@ import (
 	"encoding/json"
 	"errors"
 	"flag"
+	"fmt"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -350,5 +352,64 @@ func TestQuoteField(t *testing.T) {
 		if got := quoteField(tt.in, tt.last); got != tt.want {
 			t.Errorf("quoteField(%q, %v) = %s, want %s", tt.in, tt.last, got, tt.want)
 		}
+	}
+}
+
+// TestConsumeCountHandsBackTheRest: consume --count N on a queue that
+// holds more than N messages acknowledges the N it printed and hands the
+// rest it pulled back at once (issue 31: --count 120 of 200 left 61 to
+// wait out their ack wait). Five runs of --count 40 print the 200
+// messages once each, every group in order, on a queue whose ack wait
+// (10 min) is far longer than the test may take.
+func TestConsumeCountHandsBackTheRest(t *testing.T) {
+	for _, mode := range []router.QueueMode{router.QueuePinned, router.QueuePlain} {
+		t.Run(string(mode), func(t *testing.T) {
+			srv := natstest.RunServer(t)
+			runTestRouter(t, srv, router.Config{
+				Name: "h", Type: router.Local, Address: "jms", Timeout: time.Second,
+				Node: "n1", Heartbeat: 100 * time.Millisecond, QueueMode: mode, QueueAckWait: 10 * time.Minute,
+			})
+			js, err := jetstream.New(srv.Connect())
+			if err != nil {
+				t.Fatal(err)
+			}
+			for i := range 200 {
+				publish(t, js, "jms.orders", []byte(strconv.Itoa(i)), "Group-Id", "g"+strconv.Itoa(i%20))
+			}
+			natstest.Eventually(t, 30*time.Second, func() error {
+				if info := queueConsumerInfo(t, js); info.NumPending < 200 {
+					return fmt.Errorf("%d of 200 on the queue", info.NumPending)
+				}
+				return nil
+			})
+			last := map[string]int{}
+			printed := 0
+			for round := range 5 {
+				code, stdout, stderr := runCommand(t, "consume", "--nats", srv.URL(), "--node", "n1", "--count", "40")
+				if code != exitOK {
+					t.Fatalf("round %d: exit %d; stderr: %s", round, code, stderr)
+				}
+				for _, line := range strings.Split(strings.TrimSuffix(stdout, "\n"), "\n") {
+					f := strings.Fields(line) // seq group subject body
+					if len(f) != 4 {
+						t.Fatalf("round %d: line %q", round, line)
+					}
+					body, _ := strconv.Atoi(f[3])
+					if prev, ok := last[f[1]]; ok && body != prev+20 {
+						t.Errorf("round %d: group %s: %d after %d", round, f[1], body, prev)
+					} else if !ok && body >= 20 {
+						t.Errorf("round %d: group %s starts at %d", round, f[1], body)
+					}
+					last[f[1]] = body
+					printed++
+				}
+			}
+			if printed != 200 {
+				t.Errorf("%d messages printed, want 200", printed)
+			}
+			if info := queueConsumerInfo(t, js); info.NumAckPending != 0 || info.NumPending != 0 {
+				t.Errorf("after all: %d awaiting ack, %d pending", info.NumAckPending, info.NumPending)
+			}
+		})
 	}
 }
