@@ -198,33 +198,13 @@ func (r *runner) run(ctx context.Context) error {
 		pull = append(pull, jetstream.PullPriorityGroup(wire.PriorityGroup))
 	}
 	cc, err := r.cons.Consume(r.arrive, pull...)
+	pulling := err == nil
 	if err == nil {
 		select {
 		case <-ctx.Done():
-			// What was pulled and not started is handed back (below),
-			// including what the pull's buffer holds and what arrives
-			// until the pull ends: no new handler starts, a pinned
-			// queue is unpinned first (the servers then end this
-			// process's pull requests instead of delivering to them
-			// after it is gone), and the pull is drained, not stopped
-			// (Stop drops its buffer: those messages would wait out
-			// their ack wait; issue 31).
-			r.mu.Lock()
-			r.lanes.stopping = true
-			r.cond.Broadcast()
-			pinID := r.pinID
-			r.pinID = ""
-			r.mu.Unlock()
-			if r.pinned && pinID != "" {
-				r.unpin(ctx, pinID)
-			}
-			cc.Drain()
-			select {
-			case <-cc.Closed():
-			case <-time.After(opTimeout):
-			}
 		case <-cc.Closed():
 			// nats.go ends a pull whose consumer was deleted.
+			pulling = false
 			err = fmt.Errorf("%w: consumer %s ended while pulling (deleted?)", ErrNoQueue, wire.QueueConsumer(r.node))
 			r.log.Warn("consumer: the queue consumer ended; stopping", "err", err)
 		}
@@ -232,7 +212,8 @@ func (r *runner) run(ctx context.Context) error {
 		err = fmt.Errorf("consumer: pull from %s: %w", wire.QueueConsumer(r.node), err)
 	}
 
-	// Stop: no new starts; running handlers get the drain bound.
+	// Stop: no new starts; running handlers get the drain bound. What
+	// arrives meanwhile waits in its lane, to be handed back.
 	r.mu.Lock()
 	r.lanes.stopping = true
 	for l, t := range r.timers {
@@ -253,6 +234,28 @@ func (r *runner) run(ctx context.Context) error {
 		<-done
 		if err == nil {
 			err = ErrDrainTimeout
+		}
+	}
+	if pulling {
+		// Everything pulled and not processed is handed back (below),
+		// also what the pull still holds and what arrives until it
+		// ends: with no handler running any more, a pinned queue is
+		// unpinned (the servers then end this process's pull requests
+		// instead of delivering to them after it is gone; another
+		// process may take the pin now), and the pull is drained, not
+		// stopped (Stop drops what nats.go holds: those messages would
+		// wait out their ack wait; issue 31).
+		r.mu.Lock()
+		pinID := r.pinID
+		r.pinID = ""
+		r.mu.Unlock()
+		if r.pinned && pinID != "" {
+			r.unpin(ctx, pinID)
+		}
+		cc.Drain()
+		select {
+		case <-cc.Closed():
+		case <-time.After(opTimeout):
 		}
 	}
 	tickStop()
