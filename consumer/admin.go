@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -46,51 +47,56 @@ type ParkedGroup struct {
 // ListParked returns the parked groups, sorted by group. No bucket or
 // stream yet gives none.
 func ListParked(ctx context.Context, js jetstream.JetStream) ([]ParkedGroup, error) {
+	out, _, err := ListParkedFirst(ctx, js, -1)
+	return out, err
+}
+
+// ListParkedFirst returns the first n parked groups by group id (every
+// one when n < 0) and how many groups are parked in all: a status page
+// shows some of many at the cost of one record read each. No bucket or
+// stream yet gives none.
+func ListParkedFirst(ctx context.Context, js jetstream.JetStream, n int) ([]ParkedGroup, int, error) {
 	kv, err := js.KeyValue(ctx, ParkedBucket)
 	if errors.Is(err, jetstream.ErrBucketNotFound) {
-		return nil, nil
+		return nil, 0, nil
 	}
 	if err != nil {
-		return nil, fmt.Errorf("consumer: bucket %s: %w", ParkedBucket, err)
+		return nil, 0, fmt.Errorf("consumer: bucket %s: %w", ParkedBucket, err)
 	}
 	lister, err := kv.ListKeys(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("consumer: bucket %s: %w", ParkedBucket, err)
+		return nil, 0, fmt.Errorf("consumer: bucket %s: %w", ParkedBucket, err)
 	}
-	var keys []string
+	type keyed struct{ group, key string }
+	var keys []keyed
 	for k := range lister.Keys() {
-		keys = append(keys, k)
+		if group, err := kvbinding.GroupFromKey(k); err == nil {
+			keys = append(keys, keyed{group, k})
+		}
+	}
+	slices.SortFunc(keys, func(a, b keyed) int { return strings.Compare(a.group, b.group) })
+	total := len(keys)
+	if n >= 0 && len(keys) > n {
+		keys = keys[:n]
 	}
 	counts, err := parkedCounts(ctx, js)
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	var out []ParkedGroup
 	for _, k := range keys {
-		group, err := kvbinding.GroupFromKey(k)
-		if err != nil {
-			continue
-		}
-		pg, err := getParked(ctx, js, kv, group, k)
+		pg, err := getParked(ctx, js, kv, k.group, k.key)
 		if errors.Is(err, ErrNotParked) {
+			total--
 			continue // released meanwhile
 		}
 		if err != nil {
-			return nil, err
+			return nil, 0, err
 		}
-		pg.Messages = counts[k]
+		pg.Messages = counts[k.key]
 		out = append(out, pg)
 	}
-	slices.SortFunc(out, func(a, b ParkedGroup) int {
-		switch {
-		case a.Group < b.Group:
-			return -1
-		case a.Group > b.Group:
-			return 1
-		}
-		return 0
-	})
-	return out, nil
+	return out, total, nil
 }
 
 // openParked reads group's parked record and messages, with the bucket

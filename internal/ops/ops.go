@@ -79,6 +79,7 @@ type Server struct {
 	rates   rateSampler
 	events  eventRings
 	samples *history
+	parked  parkedReader
 	// wanted wakes Run when a status request comes; lastWanted is its
 	// time, in Unix nanoseconds.
 	wanted     chan struct{}
@@ -117,6 +118,7 @@ func New(cfg Config) (*Server, error) {
 		events:  newEventRings(cfg.Events),
 		samples: newHistory(),
 		wanted:  make(chan struct{}, 1),
+		parked:  parkedReader{nc: cfg.Conn},
 	}, nil
 }
 
@@ -197,5 +199,10 @@ func (s *Server) view(ctx context.Context) view {
 	}
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
-	return s.build(s.cfg.Node.Status(ctx))
+	v := s.build(s.cfg.Node.Status(ctx))
+	if s.cfg.Conn != nil {
+		parked := s.parked.list(ctx)
+		v.Parked = &parked
+	}
+	return v
 }

@@ -40,8 +40,12 @@ type view struct {
 	// Steps are the latest progress events of the hand-over steps (a
 	// node draining or catching up groups it took over), one per step,
 	// newest first.
-	Steps     []eventV `json:"steps"`
-	Following bool     `json:"events_following"`
+	Steps []eventV `json:"steps"`
+	// Parked are the groups parked by their consumers (package consumer),
+	// the first of them by id; nil when the node has no NATS connection
+	// to read them with.
+	Parked    *parkedList `json:"parked,omitempty"`
+	Following bool        `json:"events_following"`
 	// EventsLoaded: the follower has read the events stored when it
 	// started, so an empty list means none.
 	EventsLoaded bool `json:"events_loaded"`
@@ -245,6 +249,7 @@ func pageFuncs() template.FuncMap {
 			return fmt.Sprintf("%d B", n)
 		},
 		"clock": func(t time.Time) string { return t.UTC().Format("15:04:05.000") },
+		"stamp": func(t time.Time) string { return t.UTC().Format("2006-01-02 15:04:05") },
 		"progress": func(count, total int) string {
 			if total == 0 {
 				return fmt.Sprintf("%d", count)

@@ -124,3 +124,42 @@ func TestPageListsSteps(t *testing.T) {
 		}
 	}
 }
+
+// TestPageListsParkedGroups: the page renders the parked groups, says how
+// many there are when it shows the first of them only, and says why it
+// could not read them.
+func TestPageListsParkedGroups(t *testing.T) {
+	page, err := template.New("status").Funcs(pageFuncs()).Parse(statusPage)
+	if err != nil {
+		t.Fatal(err)
+	}
+	at := time.Date(2026, 12, 1, 10, 0, 0, 0, time.UTC)
+	for _, tc := range []struct {
+		name   string
+		parked *parkedList
+		want   []string
+	}{
+		{"some", &parkedList{Total: 2, Groups: []parkedV{
+			{Group: "g1", Node: "n1", At: at, Attempts: 5, Reason: "store down", Messages: 3},
+			{Group: "g2", Node: "n2", At: at, Attempts: 1, Reason: "x", Messages: 1, Replay: "retry"},
+		}}, []string{"Parked groups <span class=\"dim\">(2)</span>", "<td>g1</td><td>n1</td><td>2026-12-01 10:00:00</td>", "store down",
+			"waits for grouprouter retry", "<td>retry</td>"}},
+		{"the first of many", &parkedList{Total: 40, Groups: []parkedV{{Group: "g1", Node: "n1", At: at}}},
+			[]string{"(40, the first 1 by id)", "<td>g1</td>"}},
+		{"none", &parkedList{}, []string{"Parked groups <span class=\"dim\">(0)</span></h2>\n<p class=\"dim\">none</p>"}},
+		{"unreadable", &parkedList{Error: "permissions violation"}, []string{`id="parked-error"`, "not read: permissions violation"}},
+		{"no connection", nil, []string{"no NATS connection to read them with"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var out strings.Builder
+			if err := page.Execute(&out, view{Parked: tc.parked, EventsLoaded: true}); err != nil {
+				t.Fatal(err)
+			}
+			for _, want := range tc.want {
+				if !strings.Contains(out.String(), want) {
+					t.Errorf("page lacks %q", want)
+				}
+			}
+		})
+	}
+}

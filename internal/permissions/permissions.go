@@ -471,6 +471,10 @@ func (l Layout) node(node string, handler bool) User {
 		l.ordered(router.IngressStream, "", "read the ingress"),
 		l.ordered(kvStream(bindings), kvSubject(bindings, ">"), "watch the bindings"),
 		l.ordered(kvStream(nodes), kvSubject(nodes, kvbinding.LiveKey(">")), "watch the live nodes"),
+		l.ordered(kvStream(consumer.ParkedBucket), kvSubject(consumer.ParkedBucket, ">"), "the status page: list the parked groups"),
+		[]Grant{{"$JS.FC." + kvStream(consumer.ParkedBucket) + ".>", "flow control replies of the parked groups' listing"}},
+		l.kvGet(consumer.ParkedBucket, ">", "the status page: read a parked group's record"),
+		l.api("STREAM.MSG.GET."+consumer.ParkedStream, "the status page: a parked group's first parked message"),
 	)
 	for _, n := range l.Nodes {
 		pub = append(pub, l.api("CONSUMER.INFO."+router.QueueStream+"."+router.QueueConsumer(n),
