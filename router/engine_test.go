@@ -2,6 +2,7 @@ package router
 
 import (
 	"math/rand/v2"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -213,5 +214,35 @@ func TestEngineFairWaitOutlivesItsGroupsAccount(t *testing.T) {
 	}
 	if held != 1 {
 		t.Errorf("%d hold announcements, want 1 (it waited past fairTellAfter)", held)
+	}
+}
+
+// Among lanes waiting for room, one that holds far more than its part of
+// the node's held messages goes to the held subject when memory runs low;
+// lanes busy alike wait in memory (the node stops reading instead).
+func TestEngineHogsMemory(t *testing.T) {
+	e := newTestEngine("n1", mapRecords{})
+	lanes := make([]*lane, 10)
+	fill := func(sizes ...int) {
+		clear(e.fairWait)
+		e.heldMsgs = 0
+		for i, n := range sizes {
+			lanes[i] = &lane{group: "g" + strconv.Itoa(i), msgs: make([]*msgRec, n)}
+			e.fairWait[lanes[i]] = struct{}{}
+			e.heldMsgs += n
+		}
+	}
+	fill(5, 5, 5, 5, 5, 5, 5, 5, 5, 5)
+	for i, ln := range lanes {
+		if e.hogsMemory(ln) {
+			t.Errorf("busy alike: lane %d of 10 with 5 of 50 held counted as hogging", i)
+		}
+	}
+	fill(40, 1, 1, 1, 1, 1, 1, 1, 1, 1)
+	if !e.hogsMemory(lanes[0]) {
+		t.Error("a lane with 40 of 49 held messages not counted as hogging")
+	}
+	if e.hogsMemory(lanes[1]) {
+		t.Error("a lane with 1 of 49 held messages counted as hogging")
 	}
 }

@@ -453,7 +453,8 @@ func (e *engine) fairWaits(ln *lane, m *msgRec, now time.Time) bool {
 		ln.fairHead = now
 	}
 	ln.fairTick = e.fairTick
-	if now.Sub(ln.fairHead) < fairMemoryWait && len(ln.msgs) < e.cfg.maxHeldMessages/4 && e.heldBytes < e.cfg.maxHeldBytes/2 {
+	if now.Sub(ln.fairHead) < fairMemoryWait && len(ln.msgs) < e.cfg.maxHeldMessages/4 &&
+		(e.heldBytes < e.cfg.maxHeldBytes/2 || !e.hogsMemory(ln)) {
 		return true
 	}
 	// Too long or too big: its messages go to the held subject (aim), and
@@ -461,6 +462,20 @@ func (e *engine) fairWaits(ln *lane, m *msgRec, now time.Time) bool {
 	delete(e.fairWait, ln)
 	ln.fairSince, ln.fairHead = time.Time{}, time.Time{}
 	return false
+}
+
+// hogsMemory reports whether ln holds more than twice its part of the
+// messages the node holds, among the lanes waiting for room. When every
+// group is busy alike (a saturated node: each one at its share, the node's
+// memory full), none does: the lanes wait in memory and the node stops
+// reading the ingress until the consumer catches up, since moving every
+// group's excess through the held subject costs a copy and a delete per
+// message for no group's benefit (peerbench's 1,000 groups on three
+// servers: 55,090 of 100,000 messages had not arrived when it gave up).
+// One group whose backlog fills the memory does, and goes to the held
+// subject, so that the others' messages keep flowing.
+func (e *engine) hogsMemory(ln *lane) bool {
+	return len(ln.msgs)*max(len(e.fairWait), 1) > 2*e.heldMsgs
 }
 
 // endWait ends ln's wait in memory, announcing its end if its start was.
