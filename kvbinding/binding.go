@@ -198,25 +198,66 @@ const (
 	PhaseDeadLettered
 )
 
-// Phase returns where b stands.
-func (b Binding) Phase() Phase {
-	switch {
-	case b.Invalid:
-		return PhaseNone
-	case b.State == StateBound && b.Step == StepDrain:
-		return PhaseDraining
-	case b.State == StateBound && b.Step == StepCatchUp:
-		return PhaseCatchingUp
-	case b.State == StateBound:
-		return PhaseBound
-	case b.State == StateMoving:
-		return PhaseMoving
-	case b.State == StateReleased:
-		return PhaseReleased
-	case b.State == StateDeadLettered:
-		return PhaseDeadLettered
+// phaseRecords is each phase's State and Step: the one table the phases
+// and the binding cache's codes (which are phases) are read from.
+var phaseRecords = [...]struct {
+	state State
+	step  Step
+}{
+	PhaseBound:        {StateBound, StepNone},
+	PhaseMoving:       {StateMoving, StepNone},
+	PhaseDraining:     {StateBound, StepDrain},
+	PhaseCatchingUp:   {StateBound, StepCatchUp},
+	PhaseReleased:     {StateReleased, StepNone},
+	PhaseDeadLettered: {StateDeadLettered, StepNone},
+}
+
+// Record returns the State and Step of a record in phase p ("" and
+// StepNone for PhaseNone).
+func (p Phase) Record() (State, Step) {
+	if int(p) >= len(phaseRecords) {
+		return "", StepNone
 	}
-	return PhaseNone
+	r := phaseRecords[p]
+	return r.state, r.step
+}
+
+// stepping reports whether the new owner is taking the group over.
+func (p Phase) stepping() bool { return p == PhaseDraining || p == PhaseCatchingUp }
+
+// Bound reports whether the group is bound to its record's Node: bound,
+// or bound and taking the group over (draining, catching up).
+func (p Phase) Bound() bool {
+	return p == PhaseBound || p == PhaseDraining || p == PhaseCatchingUp
+}
+
+// Current reports whether the record routes the group now: bound to a
+// node, or moving (PrevNode hands it over).
+func (p Phase) Current() bool { return p.Bound() || p == PhaseMoving }
+
+// Ended reports whether the binding ended: released or dead-lettered.
+func (p Phase) Ended() bool { return p == PhaseReleased || p == PhaseDeadLettered }
+
+// Phase returns where b stands: phaseRecords read backwards. A step the
+// table does not pair with b's state (a record that fails Validate) is
+// ignored: the state alone decides.
+func (b Binding) Phase() Phase {
+	if b.Invalid || b.State == "" {
+		return PhaseNone
+	}
+	byState := PhaseNone
+	for p, r := range phaseRecords {
+		if r.state != b.State {
+			continue
+		}
+		if r.step == b.Step {
+			return Phase(p)
+		}
+		if r.step == StepNone {
+			byState = Phase(p)
+		}
+	}
+	return byState
 }
 
 // Describe says in words where the group's record stands.

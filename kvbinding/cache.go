@@ -17,23 +17,11 @@ type entry struct {
 	seq   uint64 // FromSeq, or ThroughSeq when released or dead-lettered
 	node  uint32 // index into Cache.names; 0 = none
 	prev  uint32
-	state uint8
-	step  uint8
+	// phase is where the record stands (Binding.Phase; its State and Step
+	// come back from Phase.Record): PhaseNone for a value that is not
+	// usable (Binding.Invalid).
+	phase Phase
 }
-
-const (
-	stateBound uint8 = iota + 1
-	stateDead
-	stateMoving
-	stateReleased
-	stateInvalid
-)
-
-const (
-	stepNone uint8 = iota
-	stepDrain
-	stepCatchUp
-)
 
 // CacheConfig configures a Cache.
 type CacheConfig struct {
@@ -189,26 +177,20 @@ func (c *Cache) nameLocked(ref string) string {
 func (c *Cache) routeLocked(ref string, e entry) Binding {
 	group := c.nameLocked(ref)
 	r := Binding{Group: group, Revision: e.rev, Epoch: e.epoch, PrevNode: c.names[e.prev], Node: c.names[e.node]}
-	switch e.state {
-	case stateDead:
-		r.State, r.ThroughSeq = StateDeadLettered, e.seq
-	case stateReleased:
-		r.State, r.ThroughSeq = StateReleased, e.seq
-	case stateMoving:
-		r.State, r.FromSeq = StateMoving, e.seq
-	case stateInvalid:
+	r.State, r.Step = e.phase.Record()
+	switch e.phase {
+	case PhaseNone:
 		r.Invalid = true
+	case PhaseReleased, PhaseDeadLettered:
+		r.ThroughSeq = e.seq
 	default:
-		r.State, r.FromSeq = StateBound, e.seq
-		switch e.step {
-		case stepDrain:
-			r.Step, r.Drain = StepDrain, c.drains[ref]
-		case stepCatchUp:
-			r.Step = StepCatchUp
-		}
-		if e.step != stepNone {
-			r.Routed = c.routed[ref]
-		}
+		r.FromSeq = e.seq
+	}
+	if e.phase == PhaseDraining {
+		r.Drain = c.drains[ref]
+	}
+	if e.phase.stepping() {
+		r.Routed = c.routed[ref]
 	}
 	return r
 }
@@ -290,7 +272,7 @@ func (c *Cache) Unreserve(ref string) {
 
 // countsBound reports whether Bound counts ref's record e.
 func countsBound(ref string, e entry) bool {
-	return e.state == stateMoving || e.state == stateBound && ref != ""
+	return e.phase == PhaseMoving || e.phase.Bound() && ref != ""
 }
 
 // Count returns the number of groups bound to node.
@@ -357,25 +339,20 @@ func (c *Cache) applyLocked(ref string, b Binding, fromWatch bool) bool {
 	if IsRef(ref) {
 		name = b.Group
 	}
-	e := entry{rev: b.Revision, epoch: b.OwnerEpoch(), prev: c.intern(b.PrevNode), node: c.intern(b.Node)}
-	switch b.State {
-	case StateDeadLettered:
-		e.state, e.seq = stateDead, b.ThroughSeq
-	case StateReleased:
-		e.state, e.seq = stateReleased, b.ThroughSeq
-	case StateMoving:
-		e.state, e.seq = stateMoving, b.FromSeq
+	e := entry{rev: b.Revision, epoch: b.OwnerEpoch(), prev: c.intern(b.PrevNode), node: c.intern(b.Node), phase: b.Phase()}
+	switch {
+	case e.phase.Ended():
+		e.seq = b.ThroughSeq
+	case e.phase == PhaseMoving:
+		e.seq = b.FromSeq
 		c.leaving[e.prev]++
 		c.unsettled[ref] = name
-	default:
-		e.state, e.seq = stateBound, b.FromSeq
-		switch b.Step {
-		case StepDrain:
-			e.step = stepDrain
+	case e.phase.Bound():
+		e.seq = b.FromSeq
+		if e.phase == PhaseDraining {
 			c.drains[ref] = append([]string(nil), b.Drain...)
-			c.unsettled[ref] = name
-		case StepCatchUp:
-			e.step = stepCatchUp
+		}
+		if e.phase.stepping() {
 			c.unsettled[ref] = name
 		}
 		if b.Routed != 0 {
@@ -402,7 +379,7 @@ func (c *Cache) invalidLocked(ref string, rev uint64) bool {
 	if had && old.rev >= rev {
 		return false
 	}
-	if had && old.state != stateInvalid {
+	if had && old.phase != PhaseNone {
 		// Keep routing by the last valid record; the handler writes it
 		// back over the bad value (Bad).
 		c.bad[ref] = rev
@@ -411,7 +388,7 @@ func (c *Cache) invalidLocked(ref string, rev uint64) bool {
 	if had {
 		c.uncount(ref, old)
 	}
-	c.m[ref] = entry{rev: rev, state: stateInvalid}
+	c.m[ref] = entry{rev: rev, phase: PhaseNone}
 	return true
 }
 
@@ -451,15 +428,15 @@ func (c *Cache) deleteLocked(ref string, rev uint64) bool {
 
 func (c *Cache) uncount(ref string, e entry) {
 	switch {
-	case e.state == stateBound && ref != "":
+	case e.phase.Bound() && ref != "":
 		c.counts[e.node]--
-	case e.state == stateMoving:
+	case e.phase == PhaseMoving:
 		c.leaving[e.prev]--
 	}
-	if e.step == stepDrain {
+	if e.phase == PhaseDraining {
 		delete(c.drains, ref)
 	}
-	if e.state == stateMoving || e.step != stepNone {
+	if e.phase == PhaseMoving || e.phase.stepping() {
 		delete(c.unsettled, ref)
 		delete(c.routed, ref)
 	}
@@ -477,10 +454,10 @@ func (c *Cache) Owners() map[string]bool {
 		}
 	}
 	if e, ok := c.m[""]; ok {
-		switch e.state {
-		case stateBound:
+		switch {
+		case e.phase.Bound():
 			out[c.names[e.node]] = true
-		case stateMoving:
+		case e.phase == PhaseMoving:
 			out[c.names[e.prev]] = true
 		}
 	}
@@ -648,7 +625,7 @@ func (c *Cache) adopt(r *Cache) {
 // sameEntry reports whether a, with node names an, and b, with names bn,
 // are the same record.
 func sameEntry(an []string, a entry, bn []string, b entry) bool {
-	return a.rev == b.rev && a.epoch == b.epoch && a.seq == b.seq && a.state == b.state && a.step == b.step &&
+	return a.rev == b.rev && a.epoch == b.epoch && a.seq == b.seq && a.phase == b.phase &&
 		an[a.node] == bn[b.node] && an[a.prev] == bn[b.prev]
 }
 
@@ -810,7 +787,7 @@ func (c *Cache) RefsOf(node string) []string {
 	}
 	var out []string
 	for ref, e := range c.m {
-		if (e.state == stateBound && e.node == i) || (e.state == stateMoving && e.prev == i) {
+		if (e.phase.Bound() && e.node == i) || (e.phase == PhaseMoving && e.prev == i) {
 			out = append(out, ref)
 		}
 	}

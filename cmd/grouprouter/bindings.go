@@ -55,7 +55,7 @@ func (f *bindingsFlags) run(ctx context.Context, in *invocation) error {
 	before := nc.LastError()
 	var list []kvbinding.Binding
 	err := kvbinding.ScanBindings(ctx, js, kvbinding.DefaultBucket, func(b kvbinding.Binding) error {
-		if f.all || b.State == kvbinding.StateBound || b.State == kvbinding.StateMoving {
+		if f.all || b.Phase().Current() {
 			list = append(list, b)
 		}
 		return nil

@@ -187,7 +187,7 @@ func (o *groupsOptions) keep(r *groupRow) bool {
 	switch o.state {
 	case stateAll:
 	case stateCurrent:
-		if r.b.State != kvbinding.StateBound && r.b.State != kvbinding.StateMoving && !busy {
+		if !r.b.Phase().Current() && !busy {
 			return false
 		}
 	default:
@@ -197,7 +197,7 @@ func (o *groupsOptions) keep(r *groupRow) bool {
 	}
 	// --node: bound to the node, moving off it, or with messages on its
 	// queue (the only queue read then).
-	return o.node == "" || r.b.Node == o.node || (r.b.State == kvbinding.StateMoving && r.b.PrevNode == o.node) ||
+	return o.node == "" || r.b.Node == o.node || (r.b.Phase() == kvbinding.PhaseMoving && r.b.PrevNode == o.node) ||
 		r.q.waiting+r.q.unacked > 0
 }
 

@@ -300,7 +300,7 @@ func appendJSONTime(buf []byte, t time.Time) []byte {
 
 // nodeColumn is the NODE cell: the node, or old->new while moving.
 func (r *groupRow) nodeColumn() string {
-	if r.b.State == kvbinding.StateMoving {
+	if r.b.Phase() == kvbinding.PhaseMoving {
 		return orDash(r.b.PrevNode) + "->" + orDash(r.b.Node)
 	}
 	return orDash(r.b.Node)
@@ -313,22 +313,23 @@ func (r *groupRow) why() string {
 	if b.ProposedBy != "" {
 		parts = append(parts, "proposed by "+orDash(b.ProposedBy))
 	}
+	phase := b.Phase()
 	switch {
-	case b.State == kvbinding.StateMoving && b.Node == "":
+	case phase == kvbinding.PhaseMoving && b.Node == "":
 		parts = append(parts, "unbinding: "+orDash(b.PrevNode)+" hands it back")
-	case b.State == kvbinding.StateMoving:
+	case phase == kvbinding.PhaseMoving:
 		parts = append(parts, "moving: "+orDash(b.PrevNode)+" hands it over")
-	case b.State == kvbinding.StateReleased:
+	case phase == kvbinding.PhaseReleased:
 		parts = append(parts, "released by "+orDash(b.PrevNode)+" after seq "+strconv.FormatUint(b.ThroughSeq, 10))
-	case b.State == kvbinding.StateDeadLettered:
+	case phase == kvbinding.PhaseDeadLettered:
 		parts = append(parts, "dead-lettered through seq "+strconv.FormatUint(b.ThroughSeq, 10))
 	case b.PrevNode != "":
 		parts = append(parts, "from "+orDash(b.PrevNode))
 	}
-	switch b.Step {
-	case kvbinding.StepDrain:
+	switch phase {
+	case kvbinding.PhaseDraining:
 		parts = append(parts, "hand-over in progress, draining "+strings.Join(b.Drain, ","))
-	case kvbinding.StepCatchUp:
+	case kvbinding.PhaseCatchingUp:
 		parts = append(parts, "hand-over in progress, catching up from seq "+strconv.FormatUint(b.FromSeq, 10))
 	}
 	if b.Reason != "" {

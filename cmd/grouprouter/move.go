@@ -286,7 +286,7 @@ func (o moveOptions) doneBy(cur, written kvbinding.Binding) (bool, error) {
 		return false, nil
 	case rec == nil:
 		return false, fmt.Errorf("%s: the group's record is gone (expired or deleted)", o.what())
-	case cur.Node == o.node && (cur.State == kvbinding.StateBound || cur.State == kvbinding.StateMoving):
+	case cur.Node == o.node && cur.Phase().Current():
 		return false, nil // on its way
 	}
 	return false, fmt.Errorf("%s: overtaken: %s", o.what(), describeRecord(cur))
@@ -323,18 +323,19 @@ func (o moveOptions) note(b *kvbinding.Binding, final bool) string {
 	if b == nil {
 		return fmt.Sprintf("Group %s has no binding: the unbind is done; its next message gets a new one.", g)
 	}
+	phase := b.Phase()
 	switch {
-	case b.State == kvbinding.StateMoving && b.Node != "":
+	case phase == kvbinding.PhaseMoving && b.Node != "":
 		return fmt.Sprintf("Group %s is moving from %s to %s: %s hands it over with its waiting messages, in order.\n"+
 			"'grouprouter bindings' shows when it is done: the group is then bound to %s.", g, b.PrevNode, b.Node, b.PrevNode, b.Node)
-	case b.State == kvbinding.StateMoving:
+	case phase == kvbinding.PhaseMoving:
 		return fmt.Sprintf("Group %s is being unbound: %s routes what it has of it, in order, and then releases it.\n"+
 			"'grouprouter bindings' shows when it is done: the group is then released.", g, b.PrevNode)
-	case o.op == opMove && b.State == kvbinding.StateBound && b.Node == o.node && !final:
+	case o.op == opMove && phase.Bound() && b.Node == o.node && !final:
 		return fmt.Sprintf("Group %s is bound to %s already: nothing to move.", g, b.Node)
-	case o.op == opMove && b.State == kvbinding.StateBound && b.Node == o.node:
+	case o.op == opMove && phase.Bound() && b.Node == o.node:
 		return fmt.Sprintf("Group %s is bound to %s: the move is done.", g, b.Node)
-	case o.op == opUnbind && b.State == kvbinding.StateReleased:
+	case o.op == opUnbind && phase == kvbinding.PhaseReleased:
 		return fmt.Sprintf("Group %s is released: the unbind is done; its next message gets a new binding.", g)
 	case o.op == opUnbind && final:
 		return fmt.Sprintf("Group %s was released: the unbind is done; a new message has bound it again since.", g)

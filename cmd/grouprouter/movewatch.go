@@ -181,7 +181,7 @@ func (w *moveWatch) settled(b kvbinding.Binding) {
 		if len(done) > 0 {
 			s += "; " + strings.Join(done, ", ")
 		}
-	case b.State == "" || b.State == kvbinding.StateReleased:
+	case b.Phase() == kvbinding.PhaseNone || b.Phase() == kvbinding.PhaseReleased:
 		s = fmt.Sprintf("released after %v", took)
 	default:
 		s = fmt.Sprintf("released after %v, and bound again since", took)

@@ -270,7 +270,7 @@ func writeWhereText(w io.Writer, res *whereResult, now time.Time) error {
 		line("decided by", orDash(b.DecidedBy)+", "+fromSeq)
 		line("why", r.why())
 		line("revision", strconv.FormatUint(b.Revision, 10))
-		if b.State == kvbinding.StateBound || b.State == kvbinding.StateMoving {
+		if b.Phase().Current() {
 			// What the group's queued messages carry in Grouping-Epoch.
 			line("epoch", strconv.FormatUint(b.OwnerEpoch(), 10))
 		}

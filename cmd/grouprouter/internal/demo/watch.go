@@ -123,10 +123,10 @@ func (w *watcher) events() (kinds map[string]int, fresh []proposals.Event, progr
 func (w *watcher) unsettled() map[string]int {
 	out := map[string]int{}
 	for _, r := range w.cache.Unsettled() {
-		switch {
-		case r.State == kvbinding.StateMoving:
+		switch r.Phase() {
+		case kvbinding.PhaseMoving:
 			out["moving"]++
-		case r.Step != kvbinding.StepNone:
+		case kvbinding.PhaseDraining, kvbinding.PhaseCatchingUp:
 			out[string(r.Step)]++
 		}
 	}
