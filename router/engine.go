@@ -1339,13 +1339,13 @@ func (e *engine) holdsFirst(ln *lane) bool {
 	if !ok || route.Invalid {
 		return true
 	}
-	switch {
-	case route.State == kvbinding.StateDeadLettered && route.PrevNode == "":
+	switch phase := route.Phase(); {
+	case phase == kvbinding.PhaseDeadLettered && route.PrevNode == "":
 		// Dead-lettered while no node owned it: no node routed or skipped
 		// any of its messages since, so every node holds them all from
 		// the record's end (a group refused at the group limit again).
 		return len(ln.msgs) > 0 && ln.msgs[0].seq > route.ThroughSeq
-	case route.State == kvbinding.StateReleased, route.State == kvbinding.StateDeadLettered:
+	case phase.Ended():
 		return len(ln.msgs) > 0 && ln.msgs[0].seq == route.ThroughSeq+1
 	}
 	return false
