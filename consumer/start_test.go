@@ -51,8 +51,8 @@ func ready(t testing.TB, r *router.Router) {
 
 // seenWithConsumer waits (at most 10 s: the node looks every 100 ms while
 // it has none) until the node registry, what 'grouprouter nodes' shows,
-// says each node has a consumer, and returns when it first said so for
-// each.
+// says each node has a consumer, and returns for each when the node
+// announced it.
 func seenWithConsumer(t testing.TB, js jetstream.JetStream, nodes ...string) map[string]time.Time {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -70,7 +70,14 @@ func seenWithConsumer(t testing.TB, js jetstream.JetStream, nodes ...string) map
 				now := time.Now()
 				for _, i := range list {
 					if _, ok := seen[i.Node]; !ok && i.HasConsumer && slices.Contains(nodes, i.Node) {
+						// When the node announced it (its record's time;
+						// a later record's if this look came late), not
+						// when this look read it: a registry read held up
+						// by the servers is not the node's delay.
 						seen[i.Node] = now
+						if !i.Heartbeat.IsZero() && i.Heartbeat.Before(now) {
+							seen[i.Node] = i.Heartbeat
+						}
 					}
 				}
 			}

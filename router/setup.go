@@ -124,12 +124,6 @@ func (r *Router) setup(ctx context.Context) (queueCons jetstream.Consumer, relea
 		return nil, nil, err
 	}
 	r.started = time.Now().UTC()
-	if err := r.setupStep(ctx, "queue consumer", func(ctx context.Context) (err error) {
-		queueCons, err = ensureQueueConsumer(ctx, r.js, r.cfg.Node, r.cfg.QueueMode, r.cfg.PinnedTTL, r.cfg.QueueAckWait)
-		return err
-	}); err != nil {
-		return nil, nil, err
-	}
 	batch, fast := r.queueBatch(ctx)
 	r.fastBatches = fast
 	holds := r.queueHolds(ctx) // fair.go
@@ -208,6 +202,17 @@ func (r *Router) setup(ctx context.Context) (queueCons jetstream.Consumer, relea
 		return nil, nil, &SetupError{Step: "handler events", Err: err}
 	}
 	undo = append(undo, unsubscribe)
+	// The queue consumer last, right before the first announcement: an
+	// application that attaches the moment it exists is announced with
+	// it within the next look (the steps above can take seconds on a
+	// cluster that is forming; issue 31: a node seen with its consumer
+	// 2 s after the application attached).
+	if err := r.setupStep(ctx, "queue consumer", func(ctx context.Context) (err error) {
+		queueCons, err = ensureQueueConsumer(ctx, r.js, r.cfg.Node, r.cfg.QueueMode, r.cfg.PinnedTTL, r.cfg.QueueAckWait)
+		return err
+	}); err != nil {
+		return nil, nil, err
+	}
 	if err := r.setupStep(ctx, "first announcement", func(ctx context.Context) error {
 		return r.announce(ctx, queueCons)
 	}); err != nil {
