@@ -391,3 +391,51 @@ func TestSortReports(t *testing.T) {
 		}
 	}
 }
+
+// A group's previous owner published a message whose copy landed on its
+// queue late (a frozen server or a partitioned link held it) after the
+// drain had looked there, and this node, which read the ingress behind
+// the old owner, routes that message by its lane: the PubAck says
+// duplicate and names the old copy, which the lane moves onto this node's
+// queue before it routes the group's next message. Without that, the copy
+// would be processed from the old queue behind the later messages (CI's
+// nemesis seed 103: `9..38@n2 40..42@n2 39@n0`).
+func TestLaneMovesACopyThatLandedLateOnTheOldQueue(t *testing.T) {
+	s := natstest.RunServer(t)
+	nc := s.Connect()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := New(nc, Config{Name: "h", Type: Local, Address: "jms", Timeout: time.Second, Node: "n0",
+		MaxBatch: 1, Heartbeat: 100 * time.Millisecond, LeaseTTL: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	}()
+	<-r.Ready()
+	publishQueued(t, js, "n9", "g", 2) // the old owner's copy of ingress message 2
+	for range 3 {
+		m := &nats.Msg{Subject: "jms.x", Header: nats.Header{DefaultGroupHeader: {"g"}}}
+		if _, err := js.PublishMsg(ctx, m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	natstest.Eventually(t, 10*time.Second, func() error {
+		if got := queuedSeqs(t, js, "n0"); fmt.Sprint(got) != "[1 2 3]" {
+			return fmt.Errorf("n0's queue holds %v, want [1 2 3]", got)
+		}
+		return nil
+	})
+	if got := queuedSeqs(t, js, "n9"); len(got) != 0 {
+		t.Errorf("n9's queue still holds %v", got)
+	}
+}

@@ -225,11 +225,16 @@ func (r *Router) publish(a action) {
 	}
 	o := outcome{ln: a.ln, m: a.m, dlq: a.dlq, reason: a.reason}
 	id := out.Header[jetstream.MsgIDHeader][0]
+	lateCheck := !a.dlq && !a.held && a.ln.group != ""
 	done := func(ack jspub.Ack, err error) {
 		o.err = refusal(err)
 		o.seq = ack.Sequence
 		if err == nil && !o.dlq {
 			r.queueTail.stored(ack.Sequence, id)
+		}
+		if err == nil && ack.Duplicate && lateCheck && ack.Stream == QueueStream {
+			r.laneDuplicate(o, out, a.epoch)
+			return
 		}
 		r.ackMu.Lock()
 		r.acks = append(r.acks, o)
@@ -401,6 +406,56 @@ func (r *Router) fetchSpilled(a action) {
 			r.publishFailed(a, err) // retried after a pause, as any failed publish
 		}
 	}()
+}
+
+// laneDuplicate takes the outcome of a lane's publish that the queue
+// stream took for a duplicate of the copy at o.seq. The copy is usually
+// this node's own (an earlier attempt whose PubAck was lost, a restart
+// routing again from its checkpoint). It can also be the group's previous
+// owner's: a publish held by a partitioned link or a frozen server that
+// landed on the old queue after the drain looked there, when this node
+// read the ingress behind the old owner and so routes the message by its
+// lane, not by its catch-up. That copy would be processed behind what the
+// lane routes next, so it is moved here first (takeLateCopy, as the
+// catch-up does); the lane has this one publish in flight, and its next
+// waits for the outcome. Until the copy is moved the publish counts as
+// failed and is retried (same Nats-Msg-Id: a duplicate again, checked
+// again). Fast-ingest batches (R1) report no duplicates: see
+// docs/protocol.md, "Remaining windows".
+func (r *Router) laneDuplicate(o outcome, sent *nats.Msg, epoch []string) {
+	r.fetchMu.Lock()
+	if r.fetchDone {
+		r.fetchMu.Unlock()
+		o.err = context.Canceled // the node stops
+		r.do(func(e *engine, now time.Time) { r.apply(e, o, now) })
+		return
+	}
+	r.fetchWG.Add(1)
+	r.fetchMu.Unlock()
+	go func() {
+		defer r.fetchWG.Done()
+		if err := r.takeLaneLateCopy(r.fetchCtx, o.ln.group, sent, o.seq, epoch); err != nil {
+			o.err = fmt.Errorf("ingress message %d: the queue holds a copy this node has not moved onto its own queue yet: %w", o.m.seq, err)
+		}
+		r.do(func(e *engine, now time.Time) { r.apply(e, o, now) })
+	}()
+}
+
+// takeLaneLateCopy moves the copy at seq of sent, a lane's publish of
+// group's message under epoch, onto this node's queue if it is another
+// node's (takeLateCopy). A record that no longer names this node under
+// that epoch leaves it: the lane stops routing the group, and the group's
+// next owner drains this node's queue.
+func (r *Router) takeLaneLateCopy(ctx context.Context, group string, sent *nats.Msg, seq uint64, epoch []string) error {
+	route, ok := r.cache.Lookup(group)
+	if !ok || route.Node != r.cfg.Node || len(epoch) != 1 || strconv.FormatUint(route.Epoch, 10) != epoch[0] {
+		return nil
+	}
+	stream, err := r.js.Stream(ctx, QueueStream)
+	if err != nil {
+		return err
+	}
+	return r.takeLateCopy(ctx, stream, group, route, sent, seq)
 }
 
 // publishFailed hands the engine a publish that failed before it was sent.

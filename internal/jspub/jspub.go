@@ -445,6 +445,17 @@ func parseAckFast(b []byte) (Ack, bool) {
 	if n == 0 || n > 19 || a.Sequence == 0 {
 		return Ack{}, false
 	}
-	a.Duplicate = bytes.Contains(b, []byte(`"duplicate":true`))
+	a.Duplicate = isDuplicate(b)
 	return a, true
+}
+
+// isDuplicate reports whether the reply b says "duplicate": true (the
+// servers write a space after the colon; JSON allows any whitespace).
+func isDuplicate(b []byte) bool {
+	i := bytes.Index(b, []byte(`"duplicate":`))
+	if i < 0 {
+		return false
+	}
+	rest := bytes.TrimLeft(b[i+len(`"duplicate":`):], " \t\r\n")
+	return bytes.HasPrefix(rest, []byte("true"))
 }

@@ -25,6 +25,8 @@ func TestParseAck(t *testing.T) {
 	}{
 		{"plain", `{"stream":"Q","seq":42}`, Ack{Stream: "Q", Sequence: 42}, false},
 		{"duplicate", `{"stream":"GROUPING_QUEUE","seq":7,"duplicate":true}`, Ack{Stream: "GROUPING_QUEUE", Sequence: 7, Duplicate: true}, false},
+		{"duplicate as the servers write it", `{"stream":"GROUPING_QUEUE","seq":7,"duplicate": true}`, Ack{Stream: "GROUPING_QUEUE", Sequence: 7, Duplicate: true}, false},
+		{"not a duplicate", `{"stream":"Q","seq":7,"duplicate": false}`, Ack{Stream: "Q", Sequence: 7}, false},
 		{"domain", `{"stream":"Q","domain":"hub","seq":18446744073709551615}`, Ack{Stream: "Q", Sequence: 18446744073709551615}, false},
 		{"error", `{"error":{"code":503,"err_code":10077,"description":"maximum messages exceeded"}}`, Ack{}, true},
 		{"garbage", `nope`, Ack{}, true},
@@ -263,6 +265,50 @@ func TestPublishBatch(t *testing.T) {
 	}
 	if p.Pending() != 0 {
 		t.Errorf("%d outcomes still pending", p.Pending())
+	}
+}
+
+// TestPublishSaysDuplicate: a publish the stream takes for a duplicate of
+// its Nats-Msg-Id is a success that says so and names the first copy's
+// sequence, as the servers write it (the hand-over moves a copy that
+// landed late on another node's queue by it).
+func TestPublishSaysDuplicate(t *testing.T) {
+	nc, js, ctx := testServer(t)
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "Q", Subjects: []string{"q.>"}, Duplicates: time.Minute}); err != nil {
+		t.Fatal(err)
+	}
+	p, err := New(nc, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	publish := func(subject, id string) Ack {
+		t.Helper()
+		done := make(chan Ack, 1)
+		m := &nats.Msg{Subject: subject, Header: nats.Header{jetstream.MsgIDHeader: {id}}}
+		if err := p.Publish(m, func(a Ack, err error) {
+			if err != nil {
+				t.Errorf("publish %s: %v", id, err)
+			}
+			done <- a
+		}); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case a := <-done:
+			return a
+		case <-ctx.Done():
+			t.Fatalf("no outcome for %s", id)
+			return Ack{}
+		}
+	}
+	publish("q.a", "x")
+	first := publish("q.b", "y")
+	if first.Duplicate {
+		t.Fatalf("first publish of y: %+v says duplicate", first)
+	}
+	if again := publish("q.c", "y"); !again.Duplicate || again.Sequence != first.Sequence {
+		t.Fatalf("y again: %+v, want a duplicate of sequence %d", again, first.Sequence)
 	}
 }
 
