@@ -44,7 +44,7 @@ func (n *node) waitReady(d time.Duration) {
 		n.cancel = nil
 		n.t.Fatalf("node %s stopped during start: %v", n.id, err)
 	case <-time.After(d):
-		n.t.Fatalf("node %s not ready after %v", n.id, d)
+		n.t.Fatalf("node %s not ready after %v; its log's last 8 KiB (INFO and up):\n%s", n.id, d, n.log.tail(8<<10))
 	}
 }
 

@@ -55,6 +55,10 @@ type node struct {
 	r      *router.Router
 	cancel context.CancelFunc
 	done   chan error
+	// log keeps the node's recent INFO and WARN lines (across restarts)
+	// when its configuration gives no logger: a start that does not
+	// become ready prints them.
+	log *recentLog
 }
 
 // startNode starts a router node connected to url and waits until it routes.
@@ -78,7 +82,14 @@ func (n *node) launch() {
 	// Registered after the connection's cleanup, so it runs before it: the
 	// node stops gracefully, not with its connection already closed.
 	n.t.Cleanup(n.stop)
-	r, err := router.New(n.nc, n.cfg)
+	cfg := n.cfg
+	if cfg.Logger == nil {
+		if n.log == nil {
+			n.log = &recentLog{}
+		}
+		cfg.Logger = slog.New(slog.NewTextHandler(n.log, nil))
+	}
+	r, err := router.New(n.nc, cfg)
 	if err != nil {
 		n.t.Fatalf("router.New(%s): %v", n.id, err)
 	}
@@ -539,4 +550,31 @@ func waitActiveHandler(t testing.TB, d time.Duration, nodes ...*node) *node {
 		return nil
 	})
 	return active
+}
+
+// recentLog keeps the last 64 to 128 KiB written to it; safe for
+// concurrent writers.
+type recentLog struct {
+	mu  sync.Mutex
+	buf []byte
+}
+
+func (l *recentLog) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if len(l.buf)+len(p) > 128<<10 {
+		l.buf = append(l.buf[:0], l.buf[len(l.buf)-min(len(l.buf), 64<<10):]...)
+	}
+	l.buf = append(l.buf, p...)
+	return len(p), nil
+}
+
+// tail returns up to the last n bytes written ("" for a nil log).
+func (l *recentLog) tail(n int) string {
+	if l == nil {
+		return ""
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return tail(string(l.buf), n)
 }

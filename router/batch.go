@@ -95,8 +95,8 @@ func (r *Router) queueBatch(ctx context.Context) (int, bool) {
 // publishBatch carries out an actBatch: the lane's first messages onto the
 // node's queue as one atomic batch. Only the commit asks for a reply; the
 // outcome of the whole batch goes back to the engine. A message's batch
-// headers are removed once it is sent: should the batch fail, it is sent
-// again alone.
+// headers are removed once it is sent (the commit's are a copy's): should
+// the batch fail, it is sent again alone.
 func (r *Router) publishBatch(a action) {
 	if r.fastBatches {
 		r.publishFastBatch(a)
@@ -120,14 +120,20 @@ func (r *Router) publishBatch(a action) {
 			return
 		}
 	}
+	// The commit goes as a copy with headers of its own: its outcome may
+	// come back before Publish returns, and the engine may then send the
+	// message again alone from another goroutine, so the message is not
+	// touched once the commit is sent.
 	out := r.queueMsg(a.batch[last], a)
-	out.Header[headerBatchID] = []string{id}
-	out.Header[headerBatchSeq] = []string{strconv.Itoa(last + 1)}
-	out.Header[headerBatchCommit] = []string{"1"}
-	err := r.pub.Publish(out, r.batchDone(o, out.Header[jetstream.MsgIDHeader][0]))
-	delete(out.Header, headerBatchID)
-	delete(out.Header, headerBatchSeq)
-	delete(out.Header, headerBatchCommit)
+	h := make(nats.Header, len(out.Header)+3)
+	for k, v := range out.Header {
+		h[k] = v
+	}
+	h[headerBatchID] = []string{id}
+	h[headerBatchSeq] = []string{strconv.Itoa(last + 1)}
+	h[headerBatchCommit] = []string{"1"}
+	commit := &nats.Msg{Subject: out.Subject, Header: h, Data: out.Data}
+	err := r.pub.Publish(commit, r.batchDone(o, h[jetstream.MsgIDHeader][0]))
 	if err != nil {
 		r.batchNotSent(o, err)
 	}
