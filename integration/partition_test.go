@@ -94,6 +94,11 @@ type partitionSetup struct {
 	// logsOnFailure saves the nodes' logs (see saveLogs) only when the
 	// test failed.
 	logsOnFailure bool
+	// fallbacks: a node whose server refuses its link (shut down) is
+	// linked to another server instead (natstest.Fallbacks), as a client
+	// that learned the cluster's servers reconnects to another one.
+	// Without it a node stays off NATS until its own server is back.
+	fallbacks bool
 }
 
 // startPartitionRun builds the binary, starts a proxied 3-server cluster
@@ -142,7 +147,11 @@ func startPartitionRunWith(t *testing.T, setup partitionSetup, nodes []partition
 	ids := make([]string, len(nodes))
 	for i, n := range nodes {
 		ids[i] = n.id
-		link := pc.LinkProxy(t, n.server)
+		var opts []natstest.ProxyOption
+		if setup.fallbacks {
+			opts = append(opts, natstest.Fallbacks(pc.ServerAddrs(n.server)...))
+		}
+		link := pc.LinkProxy(t, n.server, opts...)
 		r.links[n.id] = link
 		args := append([]string{"--nats", link.URL(), "--node", n.id, "--type", n.typ}, flags...)
 		r.procs[n.id] = startRouterProc(t, bin, n.id, args...)

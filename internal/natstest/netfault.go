@@ -47,6 +47,9 @@ type ConnInfo struct {
 	// line was seen (a server's ID changes when it restarts: it is
 	// resolved then, not later).
 	Label string
+	// Target is the address the connection was dialed to: the proxy's
+	// target, or a fallback (see Fallbacks) when the target refused it.
+	Target string
 }
 
 // ProxyOption configures a Proxy.
@@ -70,6 +73,14 @@ func SniffConnect(identify func(name string) string) ProxyOption {
 		p.sniff = true
 		p.identify = identify
 	}
+}
+
+// Fallbacks makes the proxy dial the first of addrs that takes the
+// connection when its target refuses it (a server shut down), as a client
+// given several servers' URLs, or learning them from the cluster, then
+// connects to another one. Rehome sends such connections back.
+func Fallbacks(addrs ...string) ProxyOption {
+	return func(p *Proxy) { p.fallbacks = addrs }
 }
 
 type proxyMode int
@@ -100,11 +111,12 @@ const (
 // Its methods may be called from any goroutine. It is closed when the
 // test ends.
 type Proxy struct {
-	t        testing.TB
-	ln       net.Listener
-	target   string
-	sniff    bool
-	identify func(string) string
+	t         testing.TB
+	ln        net.Listener
+	target    string
+	sniff     bool
+	identify  func(string) string
+	fallbacks []string
 
 	mu     sync.Mutex
 	mode   proxyMode
@@ -156,6 +168,22 @@ func (p *Proxy) Hold() { p.setMode(modeHold) }
 
 // Cut closes every connection and closes new ones at once, until Heal.
 func (p *Proxy) Cut() { p.setMode(modeCut) }
+
+// Rehome closes the connections dialed to a fallback (see Fallbacks), so
+// that their clients connect again, to the target once it takes them. It
+// returns how many it closed.
+func (p *Proxy) Rehome() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	n := 0
+	for c := range p.conns {
+		if c.info.Target != "" && c.info.Target != p.target {
+			c.teardownLocked()
+			n++
+		}
+	}
+	return n
+}
 
 // Heal ends Hold and Cut: held bytes are delivered in order and new
 // connections pass. A HoldIf predicate stays (clear it with HoldIf(nil)).
@@ -457,7 +485,15 @@ func (c *proxyConn) dial() bool {
 	}
 	c.dialing = true
 	p.mu.Unlock()
-	up, err := net.DialTimeout("tcp", p.target, 5*time.Second)
+	target := p.target
+	up, err := net.DialTimeout("tcp", target, 5*time.Second)
+	for _, fb := range p.fallbacks {
+		if err == nil {
+			break
+		}
+		target = fb
+		up, err = net.DialTimeout("tcp", target, 5*time.Second)
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	c.dialing = false
@@ -470,6 +506,7 @@ func (c *proxyConn) dial() bool {
 	}
 	c.up = up
 	c.info.Upstream = up.LocalAddr().String()
+	c.info.Target = target
 	p.wg.Add(2)
 	go c.readUp()
 	go c.writeDown()
@@ -850,9 +887,9 @@ func (pc *ProxiedCluster) RouteProxy(j int) *Proxy { return pc.routes[j] }
 // LinkProxy returns a new proxy to server i's client listener, for one
 // client (a node process) whose link alone a test can Hold, Cut and Heal;
 // Freeze(i) holds it too, and Heal heals it. It is closed when t ends.
-func (pc *ProxiedCluster) LinkProxy(t testing.TB, i int) *Proxy {
+func (pc *ProxiedCluster) LinkProxy(t testing.TB, i int, opts ...ProxyOption) *Proxy {
 	t.Helper()
-	l := NewProxy(t, pc.clients[i].Target())
+	l := NewProxy(t, pc.clients[i].Target(), opts...)
 	pc.mu.Lock()
 	pc.links[i] = append(pc.links[i], l)
 	frozen := pc.frozen[i]
@@ -861,6 +898,20 @@ func (pc *ProxiedCluster) LinkProxy(t testing.TB, i int) *Proxy {
 		l.Hold()
 	}
 	return l
+}
+
+// ServerAddrs returns the addresses of the servers' client listeners
+// but server i's, in order: fallbacks for a link proxy to server i (see
+// Fallbacks). A connection through a fallback reaches the server
+// directly, not through its client proxy.
+func (pc *ProxiedCluster) ServerAddrs(i int) []string {
+	var out []string
+	for j, c := range pc.clients {
+		if j != i {
+			out = append(out, c.Target())
+		}
+	}
+	return out
 }
 
 // CheckRoutesProxied returns an error naming every route of a running

@@ -195,6 +195,73 @@ func TestProxyCut(t *testing.T) {
 	}
 }
 
+// A proxy whose target refuses a connection dials its fallback, as a
+// client given several servers connects to another one; Rehome closes
+// such connections, and the next one reaches the target again.
+func TestProxyFallsBackAndRehomes(t *testing.T) {
+	// The target: a port that refuses (a listener closed), then listens.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	target := ln.Addr().String()
+	_ = ln.Close()
+	fallback, viaFallback := echoTarget(t)
+	p := NewProxy(t, target, Fallbacks(fallback))
+	c, err := net.Dial("tcp", p.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := c.Write([]byte("fb")); err != nil {
+		t.Fatal(err)
+	}
+	if got := readFull(t, c, 2, 5*time.Second); string(got) != "fb" {
+		t.Fatalf("through the fallback got %q", got)
+	}
+	select {
+	case <-viaFallback:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the fallback accepted no connection")
+	}
+	if conns := p.Conns(); len(conns) != 1 || conns[0].Target != fallback {
+		t.Fatalf("connections %+v, want one dialed to the fallback %s", conns, fallback)
+	}
+
+	back, err := net.Listen("tcp", target)
+	if err != nil {
+		t.Skipf("the target's port %s was taken meanwhile: %v", target, err)
+	}
+	defer back.Close()
+	if n := p.Rehome(); n != 1 {
+		t.Fatalf("Rehome closed %d connections, want 1", n)
+	}
+	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := c.Read(make([]byte, 1)); err == nil || errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("read on a rehomed connection: %v, want it closed", err)
+	}
+	c2, err := net.Dial("tcp", p.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c2.Close()
+	accepted := make(chan struct{})
+	go func() {
+		if a, err := back.Accept(); err == nil {
+			close(accepted)
+			_ = a.Close()
+		}
+	}()
+	if _, err := c2.Write([]byte("x")); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-accepted:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the target, back, got no connection")
+	}
+}
+
 func TestConnectName(t *testing.T) {
 	for _, tc := range []struct{ in, want string }{
 		{"CONNECT {\"echo\":true,\"name\":\"NABC\",\"cluster\":\"x\"}\r\nINFO {}\r\n", "NABC"},
