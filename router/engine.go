@@ -1086,6 +1086,24 @@ func (e *engine) nextDue() time.Time {
 	return next
 }
 
+// begin sets where the node starts routing: its resume point and the
+// routing floor (setup reads both before the reader starts).
+func (e *engine) begin(resume resumePoint, floor uint64) {
+	e.resume, e.floor = resume, floor
+}
+
+// consumerPresent records whether the node's queue has a consumer (the
+// liveness loop reads it; the node chooses itself for new groups only
+// while it does).
+func (e *engine) consumerPresent(has bool) { e.hasConsumer = has }
+
+// close stops the engine: publishes that fail from now on are dropped,
+// not retried, and the retries not yet made are abandoned.
+func (e *engine) close() {
+	e.closing = true
+	e.abandonRetries()
+}
+
 // abandonRetries drops the publish retries not yet made, as a closing
 // engine drops a publish that fails: those messages are not routed, the
 // checkpoint does not cover them, and they are read again after a

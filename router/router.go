@@ -428,8 +428,7 @@ func (r *Router) Run(ctx context.Context) error {
 	// checkpoint covers only what was routed).
 	stopWaiting := context.AfterFunc(gctx, func() {
 		r.mu.Lock()
-		r.eng.closing = true
-		r.eng.abandonRetries()
+		r.eng.close()
 		r.cond.Broadcast()
 		r.mu.Unlock()
 	})
@@ -573,8 +572,7 @@ func (q queues) IngressCreated(ctx context.Context) (time.Time, error) {
 func (r *Router) drain() {
 	deadline := time.Now().Add(5 * time.Second)
 	r.mu.Lock()
-	r.eng.closing = true
-	r.eng.abandonRetries()
+	r.eng.close()
 	r.cond.Broadcast()
 	for r.eng.inflight > 0 && time.Now().Before(deadline) {
 		r.mu.Unlock()
@@ -820,7 +818,7 @@ func (r *Router) announce(ctx context.Context, cons jetstream.Consumer) error {
 		has := consumerPresent(info, time.Now())
 		if r.hasConsumer.Swap(has) != has {
 			r.mu.Lock()
-			r.eng.hasConsumer = has
+			r.eng.consumerPresent(has)
 			r.mu.Unlock()
 		}
 	}

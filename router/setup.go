@@ -186,8 +186,7 @@ func (r *Router) setup(ctx context.Context) (queueCons jetstream.Consumer, relea
 	}
 	resume = withFloor(resume, floor)
 	r.mu.Lock()
-	r.eng.resume = resume
-	r.eng.floor = floor
+	r.eng.begin(resume, floor)
 	r.mu.Unlock()
 	if r.cfg.Type == Local {
 		r.handler = proposals.NewHandler(r.nc, r.store, r.cache, r.reg, proposals.HandlerConfig{
