@@ -264,10 +264,13 @@ type action struct {
 	at    time.Time // actRetry
 	// reason: why a message is dead-lettered.
 	reason string
-	fail   *failure      // actFailure
-	count  int           // actDeadLettered; actWindow: the new limit; actHold
-	took   time.Duration // actDecided; actHold
-	on     bool          // actHold: started
+	// stripped: the shell's own mark, on its copy of the action: the
+	// dead-letter copy goes without its body (see outcome.stripped).
+	stripped bool
+	fail     *failure      // actFailure
+	count    int           // actDeadLettered; actWindow: the new limit; actHold
+	took     time.Duration // actDecided; actHold
+	on       bool          // actHold: started
 }
 
 // Engine counters (read by Stats under the lock). decisionErrors counts
@@ -1096,6 +1099,10 @@ func (e *engine) begin(resume resumePoint, floor uint64) {
 // liveness loop reads it; the node chooses itself for new groups only
 // while it does).
 func (e *engine) consumerPresent(has bool) { e.hasConsumer = has }
+
+// stripped records that m's dead-letter copy went without its body (the
+// shell found the ingress no longer holding it).
+func (e *engine) stripped(m *msgRec) { m.stripped = true }
 
 // close stops the engine: publishes that fail from now on are dropped,
 // not retried, and the retries not yet made are abandoned.

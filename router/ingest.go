@@ -214,7 +214,7 @@ func (r *Router) publish(a action) {
 	}
 	out := outMsg(a.m)
 	if a.dlq {
-		out = r.toDeadLetter(out, a.m.subject, a.m.seq, a.reason, a.m.stripped)
+		out = r.toDeadLetter(out, a.m.subject, a.m.seq, a.reason, a.m.stripped || a.stripped)
 	} else {
 		out.Subject = QueueSubject(a.node, a.m.subject)
 		if a.held {
@@ -223,7 +223,7 @@ func (r *Router) publish(a action) {
 		out.Header[jetstream.ExpectedStreamHeader] = r.expectQueue
 		out.Header[HeaderEpoch] = a.epoch
 	}
-	o := outcome{ln: a.ln, m: a.m, dlq: a.dlq, reason: a.reason}
+	o := outcome{ln: a.ln, m: a.m, dlq: a.dlq, reason: a.reason, stripped: a.stripped}
 	id := out.Header[jetstream.MsgIDHeader][0]
 	lateCheck := !a.dlq && !a.held && a.ln.group != ""
 	done := func(ack jspub.Ack, err error) {
@@ -254,6 +254,9 @@ type outcome struct {
 	reason string
 	err    error
 	seq    uint64 // the PubAck's stream sequence (a batch's last)
+	// stripped: the shell sent the dead-letter copy without its body (the
+	// ingress no longer held it); the engine marks the message so.
+	stripped bool
 }
 
 // ackBatch hands the engine the outcomes collected since the last batch,
@@ -290,6 +293,9 @@ func (r *Router) apply(e *engine, o outcome, now time.Time) {
 		}
 		e.ackedBatch(o.ln, o.err, o.seq, now)
 		return
+	}
+	if o.stripped {
+		e.stripped(o.m)
 	}
 	if o.err == nil && !o.dlq {
 		r.routed.Add(1)
@@ -396,7 +402,7 @@ func (r *Router) fetchSpilled(a action) {
 			}
 			a.m.payload = &held{msg: &nats.Msg{Subject: a.m.subject, Header: hdr}}
 			if a.dlq {
-				a.m.stripped = true
+				a.stripped = true
 				a.reason += "; the ingress no longer holds it (expired or removed before it was routed): stored without its body"
 				r.publish(a)
 				return
@@ -460,7 +466,7 @@ func (r *Router) takeLaneLateCopy(ctx context.Context, group string, sent *nats.
 
 // publishFailed hands the engine a publish that failed before it was sent.
 func (r *Router) publishFailed(a action, err error) {
-	o := outcome{ln: a.ln, m: a.m, dlq: a.dlq, reason: a.reason, err: err}
+	o := outcome{ln: a.ln, m: a.m, dlq: a.dlq, reason: a.reason, err: err, stripped: a.stripped}
 	r.do(func(e *engine, now time.Time) { r.apply(e, o, now) })
 }
 
