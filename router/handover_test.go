@@ -422,7 +422,13 @@ func TestLaneMovesACopyThatLandedLateOnTheOldQueue(t *testing.T) {
 		}
 	}()
 	<-r.Ready()
-	publishQueued(t, js, "n9", "g", 2) // the old owner's copy of ingress message 2
+	// The group came here from n9 (a fresh binding's copies are all this
+	// node's own: the lane checks none), and n9's copy of ingress message
+	// 2 landed on its queue late.
+	if _, err := r.store.Create(ctx, kvbinding.Binding{Group: "g", State: kvbinding.StateBound, Node: "n0", PrevNode: "n9", FromSeq: 1}); err != nil {
+		t.Fatal(err)
+	}
+	publishQueued(t, js, "n9", "g", 2)
 	for range 3 {
 		m := &nats.Msg{Subject: "jms.x", Header: nats.Header{DefaultGroupHeader: {"g"}}}
 		if _, err := js.PublishMsg(ctx, m); err != nil {

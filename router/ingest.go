@@ -356,6 +356,11 @@ func (r *Router) toDeadLetter(out *nats.Msg, subject string, seq uint64, reason 
 // maxFetches bounds the reads of spilled messages in flight.
 const maxFetches = 64
 
+// maxLateChecks bounds the lane duplicates looked at at once
+// (laneDuplicate): after a restart that routes again from the checkpoint,
+// each group that moved here once has its duplicates checked.
+const maxLateChecks = 64
+
 // spillFrom is the held bytes from which a node spills messages waiting
 // for a decision (Config.MaxSpilledBytes): half of its held bytes, the
 // other half left to the groups it routes. 0: never.
@@ -426,9 +431,19 @@ func (r *Router) fetchSpilled(a action) {
 // catch-up does); the lane has this one publish in flight, and its next
 // waits for the outcome. Until the copy is moved the publish counts as
 // failed and is retried (same Nats-Msg-Id: a duplicate again, checked
-// again). Fast-ingest batches (R1) report no duplicates: see
-// docs/protocol.md, "Remaining windows".
+// again). Only a group whose record names a previous node is checked, at
+// most maxLateChecks at once. Fast-ingest batches (R1) report no
+// duplicates: see docs/protocol.md, "Remaining windows".
 func (r *Router) laneDuplicate(o outcome, sent *nats.Msg, epoch []string) {
+	if route, ok := r.cache.Lookup(o.ln.group); ok && (route.PrevNode == "" || route.PrevNode == r.cfg.Node) {
+		// No other node held the group before this binding: every copy
+		// of its messages is this node's own (a node routing again from
+		// its checkpoint after a restart meets many, and checks none).
+		r.ackMu.Lock()
+		r.acks = append(r.acks, o)
+		r.ackMu.Unlock()
+		return
+	}
 	r.fetchMu.Lock()
 	if r.fetchDone {
 		r.fetchMu.Unlock()
@@ -440,6 +455,8 @@ func (r *Router) laneDuplicate(o outcome, sent *nats.Msg, epoch []string) {
 	r.fetchMu.Unlock()
 	go func() {
 		defer r.fetchWG.Done()
+		r.lateChecks <- struct{}{}
+		defer func() { <-r.lateChecks }()
 		if err := r.takeLaneLateCopy(r.fetchCtx, o.ln.group, sent, o.seq, epoch); err != nil {
 			o.err = fmt.Errorf("ingress message %d: the queue holds a copy this node has not moved onto its own queue yet: %w", o.m.seq, err)
 		}
@@ -457,9 +474,17 @@ func (r *Router) takeLaneLateCopy(ctx context.Context, group string, sent *nats.
 	if !ok || route.Node != r.cfg.Node || len(epoch) != 1 || strconv.FormatUint(route.Epoch, 10) != epoch[0] {
 		return nil
 	}
-	stream, err := r.js.Stream(ctx, QueueStream)
-	if err != nil {
-		return err
+	r.ingressMu.Lock()
+	stream := r.queueSt
+	r.ingressMu.Unlock()
+	if stream == nil {
+		st, err := r.js.Stream(ctx, QueueStream)
+		if err != nil {
+			return err
+		}
+		r.ingressMu.Lock()
+		r.queueSt, stream = st, st
+		r.ingressMu.Unlock()
 	}
 	return r.takeLateCopy(ctx, stream, group, route, sent, seq)
 }

@@ -200,6 +200,11 @@ type Router struct {
 	fetchCancel context.CancelFunc
 	ingressMu   sync.Mutex
 	ingressSt   jetstream.Stream
+	// lateChecks bounds the lane duplicates whose stored copy is being
+	// looked at (laneDuplicate); queueSt is the queue stream's handle for
+	// them (under ingressMu).
+	lateChecks  chan struct{}
+	queueSt     jetstream.Stream
 	stopped     atomic.Bool // Run returned
 	ingressInfo ingressInfo
 
@@ -237,18 +242,19 @@ func New(nc *nats.Conn, cfg Config) (*Router, error) {
 		return nil, err
 	}
 	r := &Router{
-		nc:        nc,
-		js:        js,
-		cfg:       cfg,
-		log:       cfg.Logger.With("node", cfg.Node),
-		ready:     make(chan struct{}),
-		changes:   make(chan string, 4096),
-		askWake:   make(chan struct{}, 1),
-		timerWake: make(chan struct{}, 1),
-		fairWake:  make(chan struct{}, 1),
-		duties:    newDutyQueue(),
-		fetches:   make(chan struct{}, maxFetches),
-		metrics:   newNodeMetrics(cfg.Type),
+		nc:         nc,
+		js:         js,
+		cfg:        cfg,
+		log:        cfg.Logger.With("node", cfg.Node),
+		ready:      make(chan struct{}),
+		changes:    make(chan string, 4096),
+		askWake:    make(chan struct{}, 1),
+		timerWake:  make(chan struct{}, 1),
+		fairWake:   make(chan struct{}, 1),
+		duties:     newDutyQueue(),
+		fetches:    make(chan struct{}, maxFetches),
+		lateChecks: make(chan struct{}, maxLateChecks),
+		metrics:    newNodeMetrics(cfg.Type),
 
 		instance: uuid.NewString(),
 		pid:      os.Getpid(),
