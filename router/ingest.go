@@ -380,14 +380,10 @@ func spillFrom(c Config) int64 {
 // routed) goes to the dead-letter stream without its body, with the
 // reason.
 func (r *Router) fetchSpilled(a action) {
-	r.fetchMu.Lock()
-	if r.fetchDone {
-		r.fetchMu.Unlock()
+	if !r.fetching() {
 		r.publishFailed(a, context.Canceled) // the node stops
 		return
 	}
-	r.fetchWG.Add(1)
-	r.fetchMu.Unlock()
 	go func() {
 		defer r.fetchWG.Done()
 		r.fetches <- struct{}{}
@@ -444,15 +440,11 @@ func (r *Router) laneDuplicate(o outcome, sent *nats.Msg, epoch []string) {
 		r.ackMu.Unlock()
 		return
 	}
-	r.fetchMu.Lock()
-	if r.fetchDone {
-		r.fetchMu.Unlock()
+	if !r.fetching() {
 		o.err = context.Canceled // the node stops
 		r.do(func(e *engine, now time.Time) { r.apply(e, o, now) })
 		return
 	}
-	r.fetchWG.Add(1)
-	r.fetchMu.Unlock()
 	go func() {
 		defer r.fetchWG.Done()
 		r.lateChecks <- struct{}{}
@@ -487,6 +479,19 @@ func (r *Router) takeLaneLateCopy(ctx context.Context, group string, sent *nats.
 		r.ingressMu.Unlock()
 	}
 	return r.takeLateCopy(ctx, stream, group, route, sent, seq)
+}
+
+// fetching counts one more of the shell's goroutines that Run's drain
+// waits for (fetchWG; the goroutine calls Done), and reports false
+// instead when the node is stopping.
+func (r *Router) fetching() bool {
+	r.fetchMu.Lock()
+	defer r.fetchMu.Unlock()
+	if r.fetchDone {
+		return false
+	}
+	r.fetchWG.Add(1)
+	return true
 }
 
 // publishFailed hands the engine a publish that failed before it was sent.
