@@ -377,7 +377,7 @@ func runNemesis(t *testing.T, bin string, seed uint64, res *nemesisResult) {
 	res.lost, res.copies, res.outOfOrder, res.unexpected = len(c.Lost), len(c.Copies), len(c.OutOfOrder), len(c.Unexpected)
 	got := r.col.all()
 	res.byQueue = n.explainOrder(t, c, got)
-	ex := checkExclusive(got, nemesisAckWait)
+	ex := checkExclusive(got, nemesisAckWait, n.ackHeld)
 	res.overlaps = len(ex.Overlaps)
 	n.reportExclusive(t, ex)
 	acked, _ := ackTimes(r.ps...)
@@ -672,8 +672,12 @@ func (n *nemesis) explainOrder(t *testing.T, c partitionCheck, got []delivery) (
 // around it.
 func (n *nemesis) reportExclusive(t *testing.T, ex exclusiveCheck) {
 	t.Helper()
-	t.Logf("one node at a time: %d deliveries checked, %d not (their ack was not confirmed within the ack wait %v: that consumer did not keep acknowledging); groups on two nodes at once: %d",
-		ex.Intervals, ex.Unconfirmed, nemesisAckWait, len(ex.Overlaps))
+	t.Logf("one node at a time: %d deliveries checked, %d not (their ack was not confirmed within the ack wait %v: that consumer did not keep acknowledging); groups on two nodes at once: %d; overlaps only by an ack confirmation a fault held: %d",
+		ex.Intervals, ex.Unconfirmed, nemesisAckWait, len(ex.Overlaps), len(ex.Held))
+	for _, g := range sortedKeys(ex.Held) {
+		t.Logf("group %s: %s; the ack was sent before a fault began and confirmed after its heal, so whether the servers took it before the later delivery is not known (reported, not failed)\n  trace: %s",
+			g, ex.Held[g], ex.HeldTraces[g])
+	}
 	for _, g := range sortedKeys(ex.Overlaps) {
 		at := ex.At[g]
 		t.Errorf("group %s processed on two nodes at once: %s, during: %s\n  trace: %s", g, ex.Overlaps[g],
@@ -701,6 +705,10 @@ type exclusiveCheck struct {
 	At map[string][2]time.Time
 	// Traces maps each such group to its deliveries around the case.
 	Traces map[string]string
+	// Held maps each group whose only overlaps the ackHeld predicate
+	// excused to its first such case (as Overlaps), and HeldTraces to
+	// its deliveries around it.
+	Held, HeldTraces map[string]string
 }
 
 // checkExclusive checks that no group was processed on two nodes at
@@ -709,8 +717,15 @@ type exclusiveCheck struct {
 // overlap. A delivery whose ack was not confirmed, or only after ackWait,
 // is left out: its consumer did not keep acknowledging, and the router
 // may then hand its messages to another node (README, guarantee 2).
-func checkExclusive(got []delivery, ackWait time.Duration) exclusiveCheck {
-	c := exclusiveCheck{Overlaps: map[string]string{}, At: map[string][2]time.Time{}, Traces: map[string]string{}}
+//
+// ackHeld (nil: none) excuses an overlap whose earlier delivery's ack,
+// sent when it was received, was confirmed only after a fault that may
+// have held the confirmation alone: the ack can have reached the servers
+// (and the router moved on rightly) or not, and the client cannot tell.
+// Such a case is reported in Held, not in Overlaps.
+func checkExclusive(got []delivery, ackWait time.Duration, ackHeld func(received, acked time.Time) bool) exclusiveCheck {
+	c := exclusiveCheck{Overlaps: map[string]string{}, At: map[string][2]time.Time{}, Traces: map[string]string{},
+		Held: map[string]string{}, HeldTraces: map[string]string{}}
 	byGroup := map[string][]delivery{}
 	for _, d := range got {
 		if d.acked.IsZero() || d.acked.Sub(d.at) > ackWait {
@@ -732,10 +747,19 @@ func checkExclusive(got []delivery, ackWait time.Duration) exclusiveCheck {
 					hit = &e
 				}
 			}
+			if hit != nil && ackHeld != nil && ackHeld(hit.at, hit.acked) {
+				if _, ok := c.Held[g]; !ok {
+					c.Held[g] = fmt.Sprintf("%s then %s", processedSpan(*hit), processedSpan(d))
+					c.HeldTraces[g] = traceAround(ds, k)
+				}
+				hit = nil
+			}
 			if hit != nil {
 				c.Overlaps[g] = fmt.Sprintf("%s then %s", processedSpan(*hit), processedSpan(d))
 				c.At[g] = [2]time.Time{hit.at, d.at}
 				c.Traces[g] = traceAround(ds, k)
+				delete(c.Held, g)
+				delete(c.HeldTraces, g)
 				break
 			}
 			if e, ok := longest[d.node]; !ok || d.acked.After(e.acked) {
@@ -744,6 +768,28 @@ func checkExclusive(got []delivery, ackWait time.Duration) exclusiveCheck {
 		}
 	}
 	return c
+}
+
+// ackHeld reports whether a fault that can hold a consumer's traffic (a
+// server cut off or frozen, a link black-holed, the servers restarted)
+// began at most a second after a delivery was received, its ack being
+// sent then, and healed before that ack was confirmed: the confirmation
+// was held, and the ack itself may have reached the servers first (seen:
+// a delivery 16–19 ms before its server was cut off, its ack confirmed
+// after the heal, the group's next message processed on another node
+// meanwhile, and nothing redelivered or moved, as when the ack was taken).
+func (n *nemesis) ackHeld(received, acked time.Time) bool {
+	for _, s := range n.spans {
+		switch s.kind {
+		case nemIsolateServer, nemFreezeServer, nemBlackholeLink, nemRestartServers:
+		default:
+			continue
+		}
+		if !s.from.Before(received) && s.from.Sub(received) <= time.Second && !acked.Before(s.to) {
+			return true
+		}
+	}
+	return false
 }
 
 // processedSpan formats a delivery as body@node#queue-sequence [received, +ack].
@@ -832,7 +878,7 @@ func TestCheckExclusive(t *testing.T) {
 		{"an ack past the ack wait", []delivery{d(1, 40_000, "n0", 1, "g/0"), d(2, 3, "n1", 7, "g/1")}, 0, 1, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			c := checkExclusive(tc.got, 30*time.Second)
+			c := checkExclusive(tc.got, 30*time.Second, nil)
 			if len(c.Overlaps) != tc.overlaps || c.Unconfirmed != tc.unconfirmed {
 				t.Errorf("overlaps %v, unconfirmed %d; want %d, %d", c.Overlaps, c.Unconfirmed, tc.overlaps, tc.unconfirmed)
 			}
@@ -840,6 +886,24 @@ func TestCheckExclusive(t *testing.T) {
 				t.Errorf("overlap %q, want it to start with %q (trace %s)", c.Overlaps["g"], tc.example, c.Traces["g"])
 			}
 		})
+	}
+
+	// An ack confirmed only after a fault that began right after it was
+	// sent is reported apart; a later overlap of the group without that
+	// excuse still fails.
+	n := &nemesis{spans: []faultSpan{{kind: nemIsolateServer, from: t0.Add(20 * time.Millisecond), to: t0.Add(15 * time.Second)}}}
+	held := []delivery{d(1, 15_200, "n1", 1, "g/0"), d(8_000, 8_020, "n2", 7, "g/1")}
+	if c := checkExclusive(held, 30*time.Second, n.ackHeld); len(c.Overlaps) != 0 || len(c.Held) != 1 {
+		t.Errorf("an ack held by a fault: overlaps %v, held %v; want none and one", c.Overlaps, c.Held)
+	}
+	real := append(held, d(20_000, 25_000, "n1", 2, "g/2"), d(21_000, 21_010, "n2", 8, "g/3"))
+	if c := checkExclusive(real, 30*time.Second, n.ackHeld); len(c.Overlaps) != 1 || len(c.Held) != 0 {
+		t.Errorf("a later overlap with no fault: overlaps %v, held %v; want one and none", c.Overlaps, c.Held)
+	}
+	late := []delivery{d(1, 15_200, "n1", 1, "g/0"), d(8_000, 8_020, "n2", 7, "g/1")}
+	n.spans[0].from = t0.Add(2 * time.Second) // the fault began long after the ack was sent
+	if c := checkExclusive(late, 30*time.Second, n.ackHeld); len(c.Overlaps) != 1 {
+		t.Errorf("an ack slow before the fault: overlaps %v, want one", c.Overlaps)
 	}
 }
 

@@ -52,8 +52,13 @@ const (
 	// server, a message every 3 ms across them.
 	partitionEvery = 9 * time.Millisecond
 	// partitionDrain bounds the wait, after the producers stop, for every
-	// acknowledged message to be processed and the queues to empty.
-	partitionDrain = 60 * time.Second
+	// acknowledged message to be processed and the queues to empty. A
+	// delivery lost with a cut-off consumer leader comes again only an ack
+	// wait (30 s) after the next election, or after a drain's own ack wait
+	// when a move paused that queue meanwhile (seen in CI: a rebalancing
+	// move 30 s after the heal, and 60 s were not enough on a loaded
+	// machine); a stall past 90 s is the router's.
+	partitionDrain = 90 * time.Second
 	// handlerName is the grouping-handler name the nodes run with (the
 	// default of --name).
 	handlerName = "grouping-handler"
