@@ -466,17 +466,9 @@ func (r *Router) takeLaneLateCopy(ctx context.Context, group string, sent *nats.
 	if !ok || route.Node != r.cfg.Node || len(epoch) != 1 || strconv.FormatUint(route.Epoch, 10) != epoch[0] {
 		return nil
 	}
-	r.ingressMu.Lock()
-	stream := r.queueSt
-	r.ingressMu.Unlock()
-	if stream == nil {
-		st, err := r.js.Stream(ctx, QueueStream)
-		if err != nil {
-			return err
-		}
-		r.ingressMu.Lock()
-		r.queueSt, stream = st, st
-		r.ingressMu.Unlock()
+	stream, err := r.streamHandle(ctx, QueueStream)
+	if err != nil {
+		return err
 	}
 	return r.takeLateCopy(ctx, stream, group, route, sent, seq)
 }
@@ -503,7 +495,7 @@ func (r *Router) publishFailed(a action, err error) {
 // ingressMsg reads the ingress message at seq (STREAM.MSG.GET: the
 // stream allows no direct get), as the reader would have delivered it.
 func (r *Router) ingressMsg(ctx context.Context, seq uint64) (*nats.Msg, error) {
-	st, err := r.ingressStream(ctx)
+	st, err := r.streamHandle(ctx, IngressStream)
 	if err != nil {
 		return nil, err
 	}
@@ -514,17 +506,21 @@ func (r *Router) ingressMsg(ctx context.Context, seq uint64) (*nats.Msg, error) 
 	return &nats.Msg{Subject: raw.Subject, Header: raw.Header, Data: raw.Data}, nil
 }
 
-// ingressStream returns a handle on the ingress stream, looked up once.
-func (r *Router) ingressStream(ctx context.Context) (jetstream.Stream, error) {
-	r.ingressMu.Lock()
-	defer r.ingressMu.Unlock()
-	if r.ingressSt != nil {
-		return r.ingressSt, nil
+// streamHandle returns a handle on the stream name, looked up once (a
+// handle is the stream's name and the client: it outlives leader changes).
+func (r *Router) streamHandle(ctx context.Context, name string) (jetstream.Stream, error) {
+	r.handlesMu.Lock()
+	defer r.handlesMu.Unlock()
+	if st := r.handles[name]; st != nil {
+		return st, nil
 	}
-	st, err := r.js.Stream(ctx, IngressStream)
+	st, err := r.js.Stream(ctx, name)
 	if err != nil {
 		return nil, err
 	}
-	r.ingressSt = st
+	if r.handles == nil {
+		r.handles = map[string]jetstream.Stream{}
+	}
+	r.handles[name] = st
 	return st, nil
 }

@@ -189,22 +189,21 @@ type Router struct {
 	loss         ingressLoss // ingress messages gone before the reader saw them (loss.go)
 	queueTail    queueTail   // the last queue write, for the lost-writes check (storecheck.go)
 	// fetches bounds the reads of spilled messages in flight
-	// (fetchSpilled); ingressSt is the ingress stream's handle for them.
-	// fetchWG counts them, and fetchCtx (cancelled by drain) bounds them,
-	// so that none outlives Run.
+	// (fetchSpilled). fetchWG counts them and the lane duplicates' checks,
+	// and fetchCtx (cancelled by drain) bounds them, so that none outlives
+	// Run.
 	fetches     chan struct{}
 	fetchWG     sync.WaitGroup
 	fetchMu     sync.Mutex // guards fetchDone and fetchWG.Add
 	fetchDone   bool
 	fetchCtx    context.Context
 	fetchCancel context.CancelFunc
-	ingressMu   sync.Mutex
-	ingressSt   jetstream.Stream
 	// lateChecks bounds the lane duplicates whose stored copy is being
-	// looked at (laneDuplicate); queueSt is the queue stream's handle for
-	// them (under ingressMu).
-	lateChecks  chan struct{}
-	queueSt     jetstream.Stream
+	// looked at (laneDuplicate).
+	lateChecks chan struct{}
+	// handles: stream handles looked up once, by name (streamHandle).
+	handlesMu   sync.Mutex
+	handles     map[string]jetstream.Stream
 	stopped     atomic.Bool // Run returned
 	ingressInfo ingressInfo
 
