@@ -17,9 +17,9 @@ import (
 
 	"github.com/grouprouter/grouprouter/consumer"
 	"github.com/grouprouter/grouprouter/internal/natstest"
-	"github.com/grouprouter/grouprouter/internal/routertest"
 	"github.com/grouprouter/grouprouter/kvbinding"
 	"github.com/grouprouter/grouprouter/router"
+	"github.com/grouprouter/grouprouter/router/routertest"
 )
 
 // Starting an application and its router node together (issue 31, item 3).

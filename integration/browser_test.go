@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"image/png"
 	"net/http"
-	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -21,9 +20,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/grouprouter/grouprouter/internal/natstest"
-	"github.com/grouprouter/grouprouter/internal/ops"
 	"github.com/grouprouter/grouprouter/proposals"
-	"github.com/grouprouter/grouprouter/router"
 )
 
 // envBrowser names the headless browser the status page test runs (a
@@ -31,6 +28,10 @@ import (
 // browser cannot be found; when it is not, the test looks for chromium on
 // PATH and is skipped, saying so, without one. .ci/run sets it.
 const envBrowser = "GROUPROUTER_BROWSER"
+
+// historyEvery is how often a node's status page samples its history
+// (the page says so under its charts).
+const historyEvery = 2 * time.Second
 
 // envArtifacts is a directory for the test's screenshot; without it, a new
 // temporary directory that is kept (its path is logged).
@@ -80,37 +81,17 @@ func browse(t *testing.T, browser, url string, extra ...string) string {
 func TestStatusPageInBrowser(t *testing.T) {
 	browser := findBrowser(t)
 	srv := natstest.RunServer(t)
-	var nodes []*node
-	for i, id := range []string{"n0", "n1", "n2"} {
-		typ := router.Remote
-		if i == 0 {
-			typ = router.Local
-		}
-		cfg := testConfig(id, typ)
-		// A killed node is gone with its groups for the grace: long
-		// enough for two samples of the history (one every 2 s).
-		cfg.NodeGrace = 5 * time.Second
-		nodes = append(nodes, startNode(t, srv.URL(), cfg))
-	}
-	col := &collector{}
-	for _, id := range []string{"n0", "n1", "n2"} {
-		startConsumer(t, srv.URL(), id, col)
-	}
+	// The nodes as users run them, each serving its operator endpoints
+	// (--http); n0's status page is the one loaded. A killed node is gone
+	// with its groups for the grace: long enough for two samples of the
+	// history.
+	var col collector
+	procs, _ := startProcNodes(t, buildRelease(t, ""), srv.URL(), &col,
+		[]procNode{{"n0", "LOCAL"}, {"n1", "REMOTE"}, {"n2", "REMOTE"}},
+		"--rebalance=false", "--node-grace", "5s", "--http", "127.0.0.1:0", "--log-level", "debug")
 	admin := natstest.Connect(t, srv.URL(), nats.Name("test-admin"))
-	waitEligible(t, admin, []string{"n0", "n1", "n2"}, []string{"n0", "n1", "n2"})
-
-	// The status page of n0, served as run --http serves it. No request
-	// reaches it before the browser's.
-	page, err := ops.New(ops.Config{Node: nodes[0].r, Conn: nodes[0].nc})
-	if err != nil {
-		t.Fatal(err)
-	}
-	hs := httptest.NewServer(page.Handler())
-	defer hs.Close()
-	opsCtx, stopOps := context.WithCancel(context.Background())
-	opsDone := make(chan struct{})
-	go func() { defer close(opsDone); _ = page.Run(opsCtx) }()
-	defer func() { stopOps(); <-opsDone }()
+	// No request reaches n0's page before the browser's.
+	pageURL := "http://" + procs["n0"].httpAddr(t)
 
 	// Traffic: 12 groups, a message each every 200 ms, until the end.
 	js := jetStream(t, srv.URL())
@@ -152,9 +133,9 @@ func TestStatusPageInBrowser(t *testing.T) {
 		t.Fatalf("no group bound to n2: %v", before)
 	}
 	// Let the history take samples of the traffic (one every 2 s).
-	time.Sleep(3 * ops.HistoryEvery)
+	time.Sleep(3 * historyEvery)
 
-	nodes[2].kill()
+	procs["n2"].kill(t)
 	natstest.Eventually(t, 60*time.Second, func() error {
 		for _, g := range onN2 {
 			if b, err := st.Get(context.Background(), g); err != nil || b.Node == "n2" || !b.Settled() {
@@ -182,10 +163,10 @@ func TestStatusPageInBrowser(t *testing.T) {
 		}
 		return nil
 	})
-	time.Sleep(2 * ops.HistoryEvery) // a sample or two after the move
+	time.Sleep(2 * historyEvery) // a sample or two after the move
 
 	// The first load: the DOM after the page's scripts ran.
-	dom := browse(t, browser, hs.URL+"/", "--dump-dom")
+	dom := browse(t, browser, pageURL+"/", "--dump-dom")
 	if strings.Contains(dom, "reading the events stream") || !strings.Contains(dom, `data-kind="bind"`) {
 		t.Errorf("the first load does not list the events:\n%s", dom)
 	}
@@ -225,7 +206,7 @@ func TestStatusPageInBrowser(t *testing.T) {
 
 	// The kill shows in the history /status.json returns: n2 gone with
 	// groups, then the groups moved.
-	resp, err := http.Get(hs.URL + "/status.json")
+	resp, err := http.Get(pageURL + "/status.json")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -269,7 +250,7 @@ func TestStatusPageInBrowser(t *testing.T) {
 		t.Fatal(err)
 	}
 	shot := filepath.Join(dir, "status.png")
-	browse(t, browser, hs.URL+"/", "--screenshot="+shot)
+	browse(t, browser, pageURL+"/", "--screenshot="+shot)
 	f, err := os.Open(shot)
 	if err != nil {
 		t.Fatalf("no screenshot: %v", err)
@@ -294,6 +275,6 @@ func TestStatusPageInBrowser(t *testing.T) {
 	}
 	// And the whole page, for a look at the tables below the charts.
 	full := filepath.Join(dir, "status-full.png")
-	browse(t, browser, hs.URL+"/", "--screenshot="+full, "--window-size=1280,2000")
+	browse(t, browser, pageURL+"/", "--screenshot="+full, "--window-size=1280,2000")
 	t.Logf("status page screenshots: %s, %s", shot, full)
 }

@@ -2,12 +2,9 @@ package integration
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
-	"net/http"
-	"net/http/httptest"
 	"slices"
 	"strings"
 	"sync"
@@ -19,8 +16,7 @@ import (
 
 	"github.com/grouprouter/grouprouter/consumer"
 	"github.com/grouprouter/grouprouter/internal/natstest"
-	opspkg "github.com/grouprouter/grouprouter/internal/ops"
-	"github.com/grouprouter/grouprouter/internal/permissions"
+	"github.com/grouprouter/grouprouter/permissions"
 	"github.com/grouprouter/grouprouter/router"
 )
 
@@ -106,37 +102,6 @@ func TestPermsParkingLeastPrivilege(t *testing.T) {
 		}
 		if len(groups) != 1 || groups[0].Group != "bad" || groups[0].Messages != 3 {
 			return fmt.Errorf("parked %+v", groups)
-		}
-		return nil
-	})
-	// The node's status page lists the group, read with the node's own
-	// rights (issue 31: it showed parked groups only as events).
-	ops, err := opspkg.New(opspkg.Config{Node: n0.r, Conn: n0.nc})
-	if err != nil {
-		t.Fatal(err)
-	}
-	page := httptest.NewServer(ops.Handler())
-	defer page.Close()
-	natstest.Eventually(t, 30*time.Second, func() error {
-		resp, err := http.Get(page.URL + "/status.json")
-		if err != nil {
-			return err
-		}
-		defer resp.Body.Close()
-		var v struct {
-			Parked struct {
-				Total  int
-				Error  string
-				Groups []struct{ Group, Node, Reason string }
-			}
-		}
-		if err := json.NewDecoder(resp.Body).Decode(&v); err != nil {
-			return err
-		}
-		p := v.Parked
-		if p.Error != "" || p.Total != 1 || len(p.Groups) != 1 || p.Groups[0].Group != "bad" || p.Groups[0].Node != "n0" ||
-			!strings.Contains(p.Groups[0].Reason, "store down") {
-			return fmt.Errorf("node n0's status page, as node-n0: parked %+v", p)
 		}
 		return nil
 	})

@@ -17,9 +17,9 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/grouprouter/grouprouter/internal/natstest"
-	"github.com/grouprouter/grouprouter/internal/permissions"
-	"github.com/grouprouter/grouprouter/internal/permissions/permtest"
 	"github.com/grouprouter/grouprouter/kvbinding"
+	"github.com/grouprouter/grouprouter/permissions"
+	"github.com/grouprouter/grouprouter/permissions/permtest"
 	"github.com/grouprouter/grouprouter/proposals"
 	"github.com/grouprouter/grouprouter/router"
 )

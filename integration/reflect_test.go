@@ -13,8 +13,8 @@ import (
 
 	"github.com/grouprouter/grouprouter/consumer"
 	"github.com/grouprouter/grouprouter/internal/natstest"
-	"github.com/grouprouter/grouprouter/internal/permissions"
 	"github.com/grouprouter/grouprouter/kvbinding"
+	"github.com/grouprouter/grouprouter/permissions"
 	"github.com/grouprouter/grouprouter/proposals"
 	"github.com/grouprouter/grouprouter/router"
 )

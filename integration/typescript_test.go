@@ -15,8 +15,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/grouprouter/grouprouter/internal/natstest"
-	"github.com/grouprouter/grouprouter/internal/routertest"
 	"github.com/grouprouter/grouprouter/router"
+	"github.com/grouprouter/grouprouter/router/routertest"
 )
 
 // envNodeJS names the Node.js binary the TypeScript example runs with (a

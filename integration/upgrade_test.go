@@ -4,11 +4,13 @@ import (
 	"archive/tar"
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"syscall"
 	"testing"
@@ -186,6 +188,36 @@ func runRouterProc(t *testing.T, bin, name string, log *lockedBuffer, args ...st
 		}
 	})
 	return p
+}
+
+// kill kills the process (SIGKILL) and waits for it.
+func (p *routerProc) kill(t *testing.T) {
+	t.Helper()
+	_ = p.cmd.Process.Kill()
+	select {
+	case <-p.done:
+	case <-time.After(30 * time.Second):
+		t.Fatalf("node still running 30 s after SIGKILL")
+	}
+}
+
+// httpListening is the line a node run with --http logs once it listens.
+var httpListening = regexp.MustCompile(`HTTP endpoints listening.* addr=(\S+)`)
+
+// httpAddr waits for the process (run with --http) to log the address its
+// operator endpoints listen on, and returns it.
+func (p *routerProc) httpAddr(t *testing.T) string {
+	t.Helper()
+	var addr string
+	natstest.Eventually(t, 30*time.Second, func() error {
+		m := httpListening.FindStringSubmatch(p.log.String())
+		if m == nil {
+			return errors.New("the node has not logged its HTTP address")
+		}
+		addr = m[1]
+		return nil
+	})
+	return addr
 }
 
 // stop stops the process as an operator does (SIGTERM) and waits for it.

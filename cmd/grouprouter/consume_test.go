@@ -17,8 +17,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/grouprouter/grouprouter/internal/natstest"
-	"github.com/grouprouter/grouprouter/internal/routertest"
 	"github.com/grouprouter/grouprouter/router"
+	"github.com/grouprouter/grouprouter/router/routertest"
 )
 
 // startRouter runs a LOCAL router node n1 on address jms in-process until

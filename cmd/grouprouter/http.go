@@ -16,12 +16,12 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
-	"github.com/grouprouter/grouprouter/internal/ops"
+	"github.com/grouprouter/grouprouter/cmd/grouprouter/internal/ops"
 	"github.com/grouprouter/grouprouter/router"
 )
 
 // opsHTTP is the --http server of `run`: /metrics, /healthz, /readyz and
-// the status page (package internal/ops). It listens as soon as the flags
+// the status page (package cmd/grouprouter/internal/ops). It listens as soon as the flags
 // are checked, so that a busy address fails before anything starts, and
 // serves once the router exists.
 type opsHTTP struct {

@@ -7,7 +7,7 @@ import (
 	"io"
 	"strings"
 
-	"github.com/grouprouter/grouprouter/internal/permissions"
+	"github.com/grouprouter/grouprouter/permissions"
 )
 
 type permissionsFlags struct {

@@ -6,7 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/grouprouter/grouprouter/internal/permissions"
+	"github.com/grouprouter/grouprouter/permissions"
 )
 
 // defaultPermissionsArgs is the layout docs/permissions.md shows.

@@ -6,6 +6,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"strings"
 	"testing"
@@ -14,9 +16,10 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/grouprouter/grouprouter/cmd/grouprouter/internal/ops"
 	"github.com/grouprouter/grouprouter/internal/natstest"
-	"github.com/grouprouter/grouprouter/internal/permissions"
-	"github.com/grouprouter/grouprouter/internal/permissions/permtest"
+	"github.com/grouprouter/grouprouter/permissions"
+	"github.com/grouprouter/grouprouter/permissions/permtest"
 	"github.com/grouprouter/grouprouter/router"
 )
 
@@ -184,7 +187,8 @@ func TestParkingUnderLeastPrivilege(t *testing.T) {
 	connect := func(user string) *nats.Conn {
 		return natstest.Connect(t, url, nats.UserInfo(user, pass[user]), nats.CustomInboxPrefix(inbox[user]))
 	}
-	runTestRouterOn(t, connect("node-n0"), router.Config{
+	nodeConn := connect("node-n0")
+	node := runTestRouterOn(t, nodeConn, router.Config{
 		Name: "h", Type: router.Local, Address: "jms", Timeout: time.Second, Node: "n0",
 		Heartbeat: 100 * time.Millisecond, LeaseTTL: time.Second, InboxPrefix: inbox["node-n0"],
 	})
@@ -245,6 +249,36 @@ func TestParkingUnderLeastPrivilege(t *testing.T) {
 		}
 		if len(pl.Parked) != 1 || pl.Parked[0].Messages != 3 {
 			return fmt.Errorf("parked %+v", pl.Parked)
+		}
+		return nil
+	})
+	// The node's status page lists the group, read with the node's own
+	// rights (issue 31: it showed parked groups only as events).
+	page, err := ops.New(ops.Config{Node: node, Conn: nodeConn})
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs := httptest.NewServer(page.Handler())
+	defer hs.Close()
+	natstest.Eventually(t, 30*time.Second, func() error {
+		resp, err := http.Get(hs.URL + "/status.json")
+		if err != nil {
+			return err
+		}
+		defer resp.Body.Close()
+		var v struct {
+			Parked struct {
+				Total  int
+				Error  string
+				Groups []struct{ Group, Node, Reason string }
+			}
+		}
+		if err := json.NewDecoder(resp.Body).Decode(&v); err != nil {
+			return err
+		}
+		if p := v.Parked; p.Error != "" || p.Total != 1 || len(p.Groups) != 1 || p.Groups[0].Group != "g" || p.Groups[0].Node != "n0" ||
+			!strings.Contains(p.Groups[0].Reason, "65") {
+			return fmt.Errorf("node n0's status page, as node-n0: parked %+v", p)
 		}
 		return nil
 	})

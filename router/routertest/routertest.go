@@ -1,4 +1,5 @@
-// Package routertest starts router nodes for tests outside package router.
+// Package routertest starts router nodes for the tests of programs that
+// use package router, as net/http/httptest starts servers.
 package routertest
 
 import (

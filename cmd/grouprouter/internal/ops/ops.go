@@ -11,7 +11,7 @@
 // itself (Config.Metrics registers the node's metrics on the caller's
 // registry; Router.CheckReady and Router.Status answer readiness and
 // status); the page and its mux are the command's, so the package is
-// internal.
+// the command's own (cmd/grouprouter/internal).
 //
 // Everything the page shows comes from the node's memory (router.Status:
 // O(nodes), whatever the number of bindings) except the latest events,

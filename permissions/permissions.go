@@ -3,7 +3,8 @@
 // N, router node N with or without the LOCAL handler, operator, observer),
 // as a nats-server accounts block. The subjects come from the constants
 // the router, the handler and the buckets use, so the block stays true as
-// they change.
+// they change. `grouprouter permissions` prints it; a Go program that
+// embeds router and consumer writes the same block with Layout.WriteConfig.
 //
 // The router's users and state live in the router's account; producers in
 // an account of their own, and the consumers of each node in one of their

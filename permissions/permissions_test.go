@@ -268,7 +268,7 @@ func TestRoles(t *testing.T) {
 // one fails here until it is given its place in the layout.
 func TestEveryConstantHasAPlace(t *testing.T) {
 	pattern := regexp.MustCompile(`^(Subject|Event)|Stream$|Prefix$|Bucket$|^DeadLetterTooLong$|^PriorityGroup$|^ServiceName$`)
-	for _, dir := range []string{"../../router", "../../proposals", "../../kvbinding"} {
+	for _, dir := range []string{"../router", "../proposals", "../kvbinding"} {
 		for name, value := range exportedConsts(t, dir) {
 			if !pattern.MatchString(name) || slices.Contains(covered, name) {
 				continue
@@ -288,7 +288,7 @@ func TestEveryConstantHasAPlace(t *testing.T) {
 // defined, and each is published by the side that publishes it.
 func TestEventKinds(t *testing.T) {
 	var kinds []string
-	for name, value := range exportedConsts(t, "../../proposals") {
+	for name, value := range exportedConsts(t, "../proposals") {
 		if strings.HasPrefix(name, "Event") && name != "EventsMaxBytes" {
 			kinds = append(kinds, value)
 		}
@@ -302,17 +302,17 @@ func TestEventKinds(t *testing.T) {
 	// Published by a node itself (an Event{Kind: ...} in the router), the
 	// rest by the handler.
 	for _, k := range NodeEvents {
-		if !sourceMentions(t, "../../router", "Kind: proposals.Event"+eventConstName(t, k)) {
+		if !sourceMentions(t, "../router", "Kind: proposals.Event"+eventConstName(t, k)) {
 			t.Errorf("event %s is not published by the router", k)
 		}
 	}
 	for _, k := range ConsumerEvents {
-		if !sourceMentions(t, "../../consumer", "proposals.Event"+eventConstName(t, k)) {
+		if !sourceMentions(t, "../consumer", "proposals.Event"+eventConstName(t, k)) {
 			t.Errorf("event %s is not published by package consumer", k)
 		}
 	}
 	for _, k := range HandlerEvents {
-		if sourceMentions(t, "../../router", "Kind: proposals.Event"+eventConstName(t, k)) {
+		if sourceMentions(t, "../router", "Kind: proposals.Event"+eventConstName(t, k)) {
 			t.Errorf("event %s is published by the router: REMOTE nodes need it", k)
 		}
 	}
@@ -320,7 +320,7 @@ func TestEventKinds(t *testing.T) {
 
 // eventConstName returns the name of the Event constant of kind.
 func eventConstName(t *testing.T, kind string) string {
-	for name, value := range exportedConsts(t, "../../proposals") {
+	for name, value := range exportedConsts(t, "../proposals") {
 		if strings.HasPrefix(name, "Event") && value == kind {
 			return strings.TrimPrefix(name, "Event")
 		}
