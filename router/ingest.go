@@ -374,21 +374,14 @@ func spillFrom(c Config) int64 {
 // fetchSpilled reads a spilled message again from the ingress, then
 // publishes it (a.m.payload is set: a retry publishes it as it is). It
 // never blocks its caller (which may be the publisher's ack handler): at
-// most cap(r.fetches) reads are in flight, the others wait in their
+// most maxFetches reads are in flight, the others wait in their
 // goroutines (no more than the publishes in flight). A
 // message the ingress no longer holds (expired or removed before it was
 // routed) goes to the dead-letter stream without its body, with the
 // reason.
 func (r *Router) fetchSpilled(a action) {
-	if !r.fetching() {
-		r.publishFailed(a, context.Canceled) // the node stops
-		return
-	}
-	go func() {
-		defer r.fetchWG.Done()
-		r.fetches <- struct{}{}
-		defer func() { <-r.fetches }()
-		ctx, cancel := context.WithTimeout(r.fetchCtx, 5*time.Second)
+	started := r.side.run(r.side.spilled, func(ctx context.Context) {
+		ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		defer cancel()
 		msg, err := r.ingressMsg(ctx, a.m.seq)
 		switch {
@@ -412,7 +405,10 @@ func (r *Router) fetchSpilled(a action) {
 		default:
 			r.publishFailed(a, err) // retried after a pause, as any failed publish
 		}
-	}()
+	})
+	if !started {
+		r.publishFailed(a, context.Canceled) // the node stops
+	}
 }
 
 // laneDuplicate takes the outcome of a lane's publish that the queue
@@ -440,20 +436,16 @@ func (r *Router) laneDuplicate(o outcome, sent *nats.Msg, epoch []string) {
 		r.ackMu.Unlock()
 		return
 	}
-	if !r.fetching() {
-		o.err = context.Canceled // the node stops
-		r.do(func(e *engine, now time.Time) { r.apply(e, o, now) })
-		return
-	}
-	go func() {
-		defer r.fetchWG.Done()
-		r.lateChecks <- struct{}{}
-		defer func() { <-r.lateChecks }()
-		if err := r.takeLaneLateCopy(r.fetchCtx, o.ln.group, sent, o.seq, epoch); err != nil {
+	started := r.side.run(r.side.late, func(ctx context.Context) {
+		if err := r.takeLaneLateCopy(ctx, o.ln.group, sent, o.seq, epoch); err != nil {
 			o.err = fmt.Errorf("ingress message %d: the queue holds a copy this node has not moved onto its own queue yet: %w", o.m.seq, err)
 		}
 		r.do(func(e *engine, now time.Time) { r.apply(e, o, now) })
-	}()
+	})
+	if !started {
+		o.err = context.Canceled // the node stops
+		r.do(func(e *engine, now time.Time) { r.apply(e, o, now) })
+	}
 }
 
 // takeLaneLateCopy moves the copy at seq of sent, a lane's publish of
@@ -466,24 +458,11 @@ func (r *Router) takeLaneLateCopy(ctx context.Context, group string, sent *nats.
 	if !ok || route.Node != r.cfg.Node || len(epoch) != 1 || strconv.FormatUint(route.Epoch, 10) != epoch[0] {
 		return nil
 	}
-	stream, err := r.streamHandle(ctx, QueueStream)
+	stream, err := r.side.stream(ctx, QueueStream)
 	if err != nil {
 		return err
 	}
 	return r.takeLateCopy(ctx, stream, group, route, sent, seq)
-}
-
-// fetching counts one more of the shell's goroutines that Run's drain
-// waits for (fetchWG; the goroutine calls Done), and reports false
-// instead when the node is stopping.
-func (r *Router) fetching() bool {
-	r.fetchMu.Lock()
-	defer r.fetchMu.Unlock()
-	if r.fetchDone {
-		return false
-	}
-	r.fetchWG.Add(1)
-	return true
 }
 
 // publishFailed hands the engine a publish that failed before it was sent.
@@ -495,7 +474,7 @@ func (r *Router) publishFailed(a action, err error) {
 // ingressMsg reads the ingress message at seq (STREAM.MSG.GET: the
 // stream allows no direct get), as the reader would have delivered it.
 func (r *Router) ingressMsg(ctx context.Context, seq uint64) (*nats.Msg, error) {
-	st, err := r.streamHandle(ctx, IngressStream)
+	st, err := r.side.stream(ctx, IngressStream)
 	if err != nil {
 		return nil, err
 	}
@@ -504,23 +483,4 @@ func (r *Router) ingressMsg(ctx context.Context, seq uint64) (*nats.Msg, error) 
 		return nil, err
 	}
 	return &nats.Msg{Subject: raw.Subject, Header: raw.Header, Data: raw.Data}, nil
-}
-
-// streamHandle returns a handle on the stream name, looked up once (a
-// handle is the stream's name and the client: it outlives leader changes).
-func (r *Router) streamHandle(ctx context.Context, name string) (jetstream.Stream, error) {
-	r.handlesMu.Lock()
-	defer r.handlesMu.Unlock()
-	if st := r.handles[name]; st != nil {
-		return st, nil
-	}
-	st, err := r.js.Stream(ctx, name)
-	if err != nil {
-		return nil, err
-	}
-	if r.handles == nil {
-		r.handles = map[string]jetstream.Stream{}
-	}
-	r.handles[name] = st
-	return st, nil
 }

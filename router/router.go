@@ -188,22 +188,8 @@ type Router struct {
 	readerResets [len(resetCauses)]atomic.Uint64
 	loss         ingressLoss // ingress messages gone before the reader saw them (loss.go)
 	queueTail    queueTail   // the last queue write, for the lost-writes check (storecheck.go)
-	// fetches bounds the reads of spilled messages in flight
-	// (fetchSpilled). fetchWG counts them and the lane duplicates' checks,
-	// and fetchCtx (cancelled by drain) bounds them, so that none outlives
-	// Run.
-	fetches     chan struct{}
-	fetchWG     sync.WaitGroup
-	fetchMu     sync.Mutex // guards fetchDone and fetchWG.Add
-	fetchDone   bool
-	fetchCtx    context.Context
-	fetchCancel context.CancelFunc
-	// lateChecks bounds the lane duplicates whose stored copy is being
-	// looked at (laneDuplicate).
-	lateChecks chan struct{}
-	// handles: stream handles looked up once, by name (streamHandle).
-	handlesMu   sync.Mutex
-	handles     map[string]jetstream.Stream
+	// side runs the reads of stored messages a lane waits for (sidereads.go).
+	side        *sideReads
 	stopped     atomic.Bool // Run returned
 	ingressInfo ingressInfo
 
@@ -241,19 +227,18 @@ func New(nc *nats.Conn, cfg Config) (*Router, error) {
 		return nil, err
 	}
 	r := &Router{
-		nc:         nc,
-		js:         js,
-		cfg:        cfg,
-		log:        cfg.Logger.With("node", cfg.Node),
-		ready:      make(chan struct{}),
-		changes:    make(chan string, 4096),
-		askWake:    make(chan struct{}, 1),
-		timerWake:  make(chan struct{}, 1),
-		fairWake:   make(chan struct{}, 1),
-		duties:     newDutyQueue(),
-		fetches:    make(chan struct{}, maxFetches),
-		lateChecks: make(chan struct{}, maxLateChecks),
-		metrics:    newNodeMetrics(cfg.Type),
+		nc:        nc,
+		js:        js,
+		cfg:       cfg,
+		log:       cfg.Logger.With("node", cfg.Node),
+		ready:     make(chan struct{}),
+		changes:   make(chan string, 4096),
+		askWake:   make(chan struct{}, 1),
+		timerWake: make(chan struct{}, 1),
+		fairWake:  make(chan struct{}, 1),
+		duties:    newDutyQueue(),
+		side:      newSideReads(js),
+		metrics:   newNodeMetrics(cfg.Type),
 
 		instance: uuid.NewString(),
 		pid:      os.Getpid(),
@@ -263,7 +248,6 @@ func New(nc *nats.Conn, cfg Config) (*Router, error) {
 	}
 	r.host, _ = os.Hostname()
 	r.cond = sync.NewCond(&r.mu)
-	r.fetchCtx, r.fetchCancel = context.WithCancel(context.Background())
 	r.warnNoDecision = logagg.New(r.log, "no routing decision; the group waits and is retried", logagg.DefaultEvery)
 	r.warnDeadLettered = logagg.New(r.log, "group dead-lettered", logagg.DefaultEvery)
 	r.warnOrphans = logagg.New(r.log, "removed an acknowledged message the queue stream kept (a server restarted as its consumer acknowledged)", logagg.DefaultEvery)
@@ -585,11 +569,7 @@ func (r *Router) drain() {
 		r.mu.Lock()
 	}
 	r.mu.Unlock()
-	r.fetchMu.Lock()
-	r.fetchDone = true
-	r.fetchMu.Unlock()
-	r.fetchCancel() // reads of spilled messages still going: their publishes are dropped
-	r.fetchWG.Wait()
+	r.side.close()
 	ckpt := r.checkpoint()
 	if r.yielded.Load() {
 		// The checkpoint and the liveness record are the other process's.
