@@ -461,7 +461,7 @@ func (r *Router) moveFound(ctx context.Context, stream jetstream.Stream, byNode 
 		}
 		route := routes[g]
 		if plan.lapsed > 0 {
-			r.warnLapsed.Warn(g, "messages", plan.lapsed, "revision", route.Revision)
+			r.warn.lapsed.Warn(g, "messages", plan.lapsed, "revision", route.Revision)
 		}
 		work.Go(func() error {
 			n, err := r.moveGroup(wctx, stream, todo, route.Revision, route.Epoch)
@@ -1057,7 +1057,7 @@ func (r *Router) takeLateCopy(ctx context.Context, stream jetstream.Stream, grou
 	if err != nil {
 		return nil
 	}
-	r.warnLate.Warn(group, "ingress_seq", is, "queue_seq", seq, "from", from, "held", held, "revision", route.Revision)
+	r.warn.late.Warn(group, "ingress_seq", is, "queue_seq", seq, "from", from, "held", held, "revision", route.Revision)
 	q := queued{msg: m, from: from, ingressSeq: is, group: group, held: held}
 	_, err = r.moveFound(ctx, stream, map[string]map[string]bool{from: {group: true}}, map[string]kvbinding.Binding{group: route},
 		func(context.Context) (map[string][]queued, error) { return map[string][]queued{group: {q}}, nil })

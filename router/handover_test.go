@@ -71,9 +71,9 @@ func testRouter(t *testing.T, node string) (*Router, jetstream.JetStream) {
 	}
 	r := &Router{js: js, cfg: cfg, log: slog.New(slog.DiscardHandler), duties: newDutyQueue(), side: newSideReads(js),
 		cache: kvbinding.NewCache(kvbinding.CacheConfig{})}
-	r.warnLapsed = logagg.New(r.log, "lapsed", logagg.DefaultEvery)
-	r.warnLate = logagg.New(r.log, "late", logagg.DefaultEvery)
-	t.Cleanup(func() { r.warnLapsed.Close(); r.warnLate.Close() })
+	r.warn.lapsed = logagg.New(r.log, "lapsed", logagg.DefaultEvery)
+	r.warn.late = logagg.New(r.log, "late", logagg.DefaultEvery)
+	t.Cleanup(func() { r.warn.lapsed.Close(); r.warn.late.Close() })
 	r.eng = newEngine(engineConfig{node: node, maxHeldMessages: 100, maxHeldBytes: 1 << 20, maxInFlight: 100, timeout: time.Second},
 		r.cache, rand.New(rand.NewPCG(1, 2)))
 	return r, js

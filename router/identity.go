@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	"github.com/grouprouter/grouprouter/kvbinding"
@@ -36,6 +37,22 @@ import (
 //     another process, until it is renewed: the check may find it gone (or
 //     not renewed within its TTL) while the node's registry still holds it,
 //     or is yet to learn of its expiry.
+
+// process is this process under its node id: its instance id, host and
+// pid, announced in its liveness record; yielded is set, and conflict
+// receives the error, when it gives the id up to another.
+type process struct {
+	instance string
+	host     string
+	pid      int
+	// predecessor is the last record of the process the start-up check
+	// found gone under this id (claimNodeID), if any.
+	predecessor kvbinding.NodeInfo
+	yielded     atomic.Bool
+	conflict    chan error
+	// warned is the instance of the earlier starter last warned about.
+	warned atomic.Pointer[string]
+}
 
 // claimPoll is how often a starting node reads its liveness key while it
 // waits for an old record to be renewed or to go.
@@ -155,7 +172,7 @@ func (r *Router) claimNodeID(ctx context.Context) error {
 			case cur.invalid != nil:
 				r.log.Warn("node id check: "+why, "err", cur.invalid)
 			case first.found:
-				r.predecessor = first.info
+				r.proc.predecessor = first.info
 				r.log.Info("node id check: the id is free: "+why, "waited", now.Sub(firstAt).Round(time.Millisecond),
 					"previous_host", first.info.Host, "previous_pid", first.info.PID, "previous_instance", first.info.Instance)
 			default:
@@ -184,24 +201,24 @@ func (r *Router) claimNodeID(ctx context.Context) error {
 // node stops (Run returns a *NodeIDInUseError).
 func (r *Router) checkOwnRecord(live map[string]kvbinding.NodeInfo) {
 	other, ok := live[r.cfg.Node]
-	if !ok || other.Instance == r.instance || r.started.IsZero() || stalePredecessor(r.predecessor, other) {
+	if !ok || other.Instance == r.proc.instance || r.started.IsZero() || stalePredecessor(r.proc.predecessor, other) {
 		return
 	}
-	if !laterStarter(r.started, r.instance, other) {
-		if p := r.warnedInstance.Load(); p == nil || *p != other.Instance {
-			r.warnedInstance.Store(&other.Instance)
+	if !laterStarter(r.started, r.proc.instance, other) {
+		if p := r.proc.warned.Load(); p == nil || *p != other.Instance {
+			r.proc.warned.Store(&other.Instance)
 			r.log.Warn("another process announces this node id; it started later and stops",
 				"other_host", other.Host, "other_pid", other.PID, "other_instance", other.Instance, "other_started", other.Started)
 		}
 		return
 	}
-	if !r.yielded.CompareAndSwap(false, true) {
+	if !r.proc.yielded.CompareAndSwap(false, true) {
 		return
 	}
 	err := &NodeIDInUseError{Node: r.cfg.Node, Other: other, Yielded: true}
 	r.log.Error("stopping: another process that started earlier runs this node id",
 		"other_host", other.Host, "other_pid", other.PID, "other_instance", other.Instance, "other_started", other.Started)
-	r.conflict <- err // buffered, sent once
+	r.proc.conflict <- err // buffered, sent once
 }
 
 // NodeIDInUseError is the error Run returns when another process runs

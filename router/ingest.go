@@ -289,7 +289,7 @@ func (r *Router) apply(e *engine, o outcome, now time.Time) {
 		if o.err == nil {
 			r.routed.Add(uint64(o.batch))
 		} else if !e.closing {
-			r.warnPublish.Warn(o.ln.group, "batch", o.batch, "err", o.err)
+			r.warn.publish.Warn(o.ln.group, "batch", o.batch, "err", o.err)
 		}
 		e.ackedBatch(o.ln, o.err, o.seq, now)
 		return
@@ -301,7 +301,7 @@ func (r *Router) apply(e *engine, o outcome, now time.Time) {
 		r.routed.Add(1)
 	}
 	if o.err != nil && !e.closing && !errors.Is(o.err, errRefused) {
-		r.warnPublish.Warn(o.ln.group, "ingress_seq", o.m.seq, "dead_letter", o.dlq, "err", o.err)
+		r.warn.publish.Warn(o.ln.group, "ingress_seq", o.m.seq, "dead_letter", o.dlq, "err", o.err)
 	}
 	e.acked(o.ln, o.m, o.dlq, o.reason, o.err, o.seq, now)
 }

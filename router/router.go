@@ -135,18 +135,8 @@ type Router struct {
 	ready   chan struct{}
 	started time.Time
 
-	// One process per node id (identity.go): this process's instance id,
-	// host and pid, announced in its liveness record; yielded is set, and
-	// conflict receives the error, when it gives the id up to another.
-	instance string
-	host     string
-	pid      int
-	// predecessor is the last record of the process the start-up check
-	// found gone under this id (claimNodeID), if any.
-	predecessor    kvbinding.NodeInfo
-	yielded        atomic.Bool
-	conflict       chan error
-	warnedInstance atomic.Pointer[string]
+	// proc is this process under the node id (identity.go).
+	proc process
 
 	mu      sync.Mutex
 	cond    *sync.Cond // signalled when held or in-flight work shrinks
@@ -193,14 +183,8 @@ type Router struct {
 	stopped     atomic.Bool // Run returned
 	ingressInfo ingressInfo
 
-	// Warnings that repeat per group are logged as one line per interval
-	// (internal/logagg): failed decisions, dead-lettered groups, drains
-	// that moved what a stalled consumer held.
-	warnNoDecision, warnDeadLettered, warnLapsed, warnLate, warnPublish *logagg.Warner
-	// warnOrphans: acknowledged queue messages the queue kept, removed
-	// (storecheck.go).
-	warnOrphans                              *logagg.Warner
-	warnWindow, warnAnnounce, warnCheckpoint *logagg.Warner
+	// warn: warnings that repeat, logged as one line per interval.
+	warn warners
 }
 
 // New returns a router node for cfg on connection nc (which the caller
@@ -240,23 +224,23 @@ func New(nc *nats.Conn, cfg Config) (*Router, error) {
 		side:      newSideReads(js),
 		metrics:   newNodeMetrics(cfg.Type),
 
-		instance: uuid.NewString(),
-		pid:      os.Getpid(),
-		conflict: make(chan error, 1),
+		proc: process{instance: uuid.NewString(), pid: os.Getpid(), conflict: make(chan error, 1)},
 
 		expectQueue: []string{QueueStream},
 	}
-	r.host, _ = os.Hostname()
+	r.proc.host, _ = os.Hostname()
 	r.cond = sync.NewCond(&r.mu)
-	r.warnNoDecision = logagg.New(r.log, "no routing decision; the group waits and is retried", logagg.DefaultEvery)
-	r.warnDeadLettered = logagg.New(r.log, "group dead-lettered", logagg.DefaultEvery)
-	r.warnOrphans = logagg.New(r.log, "removed an acknowledged message the queue stream kept (a server restarted as its consumer acknowledged)", logagg.DefaultEvery)
-	r.warnPublish = logagg.New(r.log, "publish failed; retrying in order (a full dead-letter stream refuses new entries until room is made)", logagg.DefaultEvery)
-	r.warnAnnounce = logagg.New(r.log, "announce failed", logagg.DefaultEvery)
-	r.warnCheckpoint = logagg.New(r.log, "checkpoint not saved", logagg.DefaultEvery)
-	r.warnWindow = logagg.New(r.log, "routing decisions timed out: fewer proposals are kept in flight", logagg.DefaultEvery)
-	r.warnLapsed = logagg.New(r.log, "moving messages the old consumer was delivered and did not ack: it made no progress for its ack wait; it may still process them (the epoch tells the copies apart)", logagg.DefaultEvery)
-	r.warnLate = logagg.New(r.log, "a message the group's previous owner published late (held by the network past the drain) is on its old queue: moved here before the group's next one", logagg.DefaultEvery)
+	r.warn = warners{
+		noDecision:   logagg.New(r.log, "no routing decision; the group waits and is retried", logagg.DefaultEvery),
+		deadLettered: logagg.New(r.log, "group dead-lettered", logagg.DefaultEvery),
+		orphans:      logagg.New(r.log, "removed an acknowledged message the queue stream kept (a server restarted as its consumer acknowledged)", logagg.DefaultEvery),
+		publish:      logagg.New(r.log, "publish failed; retrying in order (a full dead-letter stream refuses new entries until room is made)", logagg.DefaultEvery),
+		announce:     logagg.New(r.log, "announce failed", logagg.DefaultEvery),
+		checkpoint:   logagg.New(r.log, "checkpoint not saved", logagg.DefaultEvery),
+		window:       logagg.New(r.log, "routing decisions timed out: fewer proposals are kept in flight", logagg.DefaultEvery),
+		lapsed:       logagg.New(r.log, "moving messages the old consumer was delivered and did not ack: it made no progress for its ack wait; it may still process them (the epoch tells the copies apart)", logagg.DefaultEvery),
+		late:         logagg.New(r.log, "a message the group's previous owner published late (held by the network past the drain) is on its old queue: moved here before the group's next one", logagg.DefaultEvery),
+	}
 	r.loss.log, r.loss.nc, r.loss.node, r.loss.lim.every = r.log, nc, cfg.Node, gapReportEvery
 	if cfg.Metrics != nil {
 		if err := r.registerMetrics(cfg.Metrics); err != nil {
@@ -337,18 +321,18 @@ func (r *Router) perform(acts []action) {
 		case actDuty:
 			r.duties.add(a.group, a.duty, a.rev)
 		case actDeadLettered:
-			r.warnDeadLettered.Warn(a.group, "messages", a.count, "through_seq", a.rev, "reason", a.reason)
+			r.warn.deadLettered.Warn(a.group, "messages", a.count, "through_seq", a.rev, "reason", a.reason)
 			proposals.Event{Kind: proposals.EventDeadLetter, Group: a.group, By: r.cfg.Node, Reason: a.reason,
 				Count: a.count, FromSeq: a.rev}.Publish(r.nc)
 		case actFailure:
 			f := a.fail
-			r.warnNoDecision.Warn(f.group, "attempt", f.attempt, "held", f.count, "err", f.err)
+			r.warn.noDecision.Warn(f.group, "attempt", f.attempt, "held", f.count, "err", f.err)
 			proposals.Event{Kind: proposals.EventTimeout, Group: f.group, Node: r.cfg.Node, Attempt: f.attempt, Reason: f.err.Error(),
 				By: r.cfg.Node, Count: f.count}.Publish(r.nc)
 		case actDecided:
 			r.metrics.decisionLatency.Observe(a.took.Seconds())
 		case actWindow:
-			r.warnWindow.Warn("", "window", a.count)
+			r.warn.window.Warn("", "window", a.count)
 		case actHold:
 			r.holdEvent(a)
 		case actFairWake:
@@ -386,17 +370,7 @@ func wake(ch chan struct{}) {
 // and returns a *NodeIDInUseError too.
 func (r *Router) Run(ctx context.Context) error {
 	defer r.stopped.Store(true)
-	defer func() {
-		r.warnNoDecision.Close()
-		r.warnDeadLettered.Close()
-		r.warnOrphans.Close()
-		r.warnPublish.Close()
-		r.warnLapsed.Close()
-		r.warnLate.Close()
-		r.warnWindow.Close()
-		r.warnAnnounce.Close()
-		r.warnCheckpoint.Close()
-	}()
+	defer r.warn.close()
 	queueCons, release, err := r.setup(ctx)
 	if err != nil {
 		if ctx.Err() != nil {
@@ -450,7 +424,7 @@ func (r *Router) Run(ctx context.Context) error {
 		select {
 		case <-gctx.Done():
 			return nil
-		case err := <-r.conflict:
+		case err := <-r.proc.conflict:
 			return err // another process runs this node id (identity.go)
 		}
 	})
@@ -571,7 +545,7 @@ func (r *Router) drain() {
 	r.mu.Unlock()
 	r.side.close()
 	ckpt := r.checkpoint()
-	if r.yielded.Load() {
+	if r.proc.yielded.Load() {
 		// The checkpoint and the liveness record are the other process's.
 		r.log.Info("node stopped: its id is run by another process", "position", ckpt.Next, "routed", r.routed.Load())
 		return
@@ -751,7 +725,7 @@ func (r *Router) heartbeat(ctx context.Context, cons jetstream.Consumer) {
 		}
 		last = now
 		if err := r.announce(ctx, cons); err != nil && ctx.Err() == nil {
-			r.warnAnnounce.Warn("", "err", err)
+			r.warn.announce.Warn("", "err", err)
 		}
 	})
 }
@@ -792,7 +766,7 @@ func (r *Router) nodeTTL() time.Duration {
 }
 
 func (r *Router) announce(ctx context.Context, cons jetstream.Consumer) error {
-	if r.yielded.Load() {
+	if r.proc.yielded.Load() {
 		return nil // the record is the other process's
 	}
 	ctx, cancel := context.WithTimeout(ctx, r.cfg.Heartbeat)
@@ -809,7 +783,7 @@ func (r *Router) announce(ctx context.Context, cons jetstream.Consumer) error {
 	}
 	st := r.Stats()
 	info := kvbinding.NodeInfo{
-		Node: r.cfg.Node, Instance: r.instance, Host: r.host, PID: r.pid,
+		Node: r.cfg.Node, Instance: r.proc.instance, Host: r.proc.host, PID: r.proc.pid,
 		Type: string(r.cfg.Type), Handler: r.cfg.Name,
 		HasConsumer: r.hasConsumer.Load(), Started: r.started, Heartbeat: time.Now().UTC(), Every: r.cfg.Heartbeat,
 		Position: st.Position, Held: st.Held, Routed: st.Routed,
@@ -914,14 +888,14 @@ func (r *Router) checkpointLoop(ctx context.Context) {
 		case <-t.C:
 		}
 		c := r.checkpoint()
-		if r.yielded.Load() || c.Next == 0 || (c.Next == last.Next && len(c.Pending) == 0 && len(last.Pending) == 0 && len(c.Caught) == 0 && len(last.Caught) == 0) {
+		if r.proc.yielded.Load() || c.Next == 0 || (c.Next == last.Next && len(c.Pending) == 0 && len(last.Pending) == 0 && len(c.Caught) == 0 && len(last.Caught) == 0) {
 			continue
 		}
 		sctx, cancel := context.WithTimeout(ctx, r.cfg.CheckpointInterval)
 		if err := r.reg.SaveCheckpoint(sctx, r.cfg.Node, c); err == nil {
 			last = c
 		} else if ctx.Err() == nil {
-			r.warnCheckpoint.Warn("", "err", err)
+			r.warn.checkpoint.Warn("", "err", err)
 		}
 		cancel()
 	}
@@ -995,4 +969,29 @@ func (r *Router) reaper(ctx context.Context) {
 			r.do(func(e *engine, now time.Time) { e.reapNamed(names, now) })
 		}
 	})
+}
+
+// warners are a node's warnings that repeat per group or per attempt,
+// each logged as one line per interval (internal/logagg).
+type warners struct {
+	// noDecision: failed decisions; deadLettered: dead-lettered groups;
+	// publish: failed publishes; window: decisions that timed out.
+	noDecision, deadLettered, publish, window *logagg.Warner
+	// orphans: acknowledged queue messages the queue kept, removed
+	// (storecheck.go).
+	orphans *logagg.Warner
+	// announce, checkpoint: liveness records and checkpoints not saved.
+	announce, checkpoint *logagg.Warner
+	// lapsed: drains that moved what a stalled consumer held; late:
+	// copies the previous owner published late, moved here.
+	lapsed, late *logagg.Warner
+}
+
+// close flushes and stops every warner (those a test left nil too).
+func (w *warners) close() {
+	for _, x := range []*logagg.Warner{w.noDecision, w.deadLettered, w.publish, w.window, w.orphans, w.announce, w.checkpoint, w.lapsed, w.late} {
+		if x != nil {
+			x.Close()
+		}
+	}
 }

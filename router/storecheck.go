@@ -160,7 +160,7 @@ func (r *Router) sweepQueueOrphans(ctx context.Context, s jetstream.Stream) {
 		}
 		r.queueTail.orphans.Add(1)
 		r.log.Debug("removed an acknowledged queue message the stream kept", "seq", m.Sequence, "subject", m.Subject, "ack_floor", floor)
-		r.warnOrphans.Warn(r.cfg.Node, "seq", m.Sequence, "subject", m.Subject, "ack_floor", floor,
+		r.warn.orphans.Warn(r.cfg.Node, "seq", m.Sequence, "subject", m.Subject, "ack_floor", floor,
 			"msg_id", nats.Header(m.Header).Get(jetstream.MsgIDHeader))
 		seq = m.Sequence + 1
 	}

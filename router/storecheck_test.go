@@ -44,8 +44,8 @@ func TestQueueLost(t *testing.T) {
 func keptQueue(t *testing.T) (*Router, jetstream.JetStream, jetstream.Consumer, context.Context) {
 	t.Helper()
 	r, js := testRouter(t, "n0")
-	r.warnOrphans = logagg.New(r.log, "orphan", time.Minute)
-	t.Cleanup(r.warnOrphans.Close)
+	r.warn.orphans = logagg.New(r.log, "orphan", time.Minute)
+	t.Cleanup(r.warn.orphans.Close)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	t.Cleanup(cancel)
 	if err := js.DeleteStream(ctx, QueueStream); err != nil {
