@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strconv"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -243,32 +244,68 @@ func tail(s string, n int) string {
 // repository's history, which the test therefore needs (a full clone).
 func buildRelease(t *testing.T, commit string) string {
 	t.Helper()
-	root, err := filepath.Abs("..")
+	if commit == "" {
+		// This tree's binary: built once for the whole package.
+		current.once.Do(func() {
+			current.dir, current.err = os.MkdirTemp("", "grouprouter-integration-")
+			if current.err == nil {
+				current.path, current.err = build("", "grouprouter-current", current.dir)
+			}
+		})
+		if current.err != nil {
+			t.Fatal(current.err)
+		}
+		return current.path
+	}
+	bin, err := build(commit, "grouprouter-"+commit[:7], t.TempDir())
 	if err != nil {
 		t.Fatal(err)
 	}
+	return bin
+}
+
+// current is this tree's binary, built by the first test that asks for
+// it; TestMain removes it.
+var current struct {
+	once      sync.Once
+	dir, path string
+	err       error
+}
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if current.dir != "" {
+		_ = os.RemoveAll(current.dir)
+	}
+	os.Exit(code)
+}
+
+// build builds cmd/grouprouter at commit (this tree when "") as dir/name.
+func build(commit, name, dir string) (string, error) {
+	root, err := filepath.Abs("..")
+	if err != nil {
+		return "", err
+	}
 	src := root
-	name := "grouprouter-current"
 	if commit != "" {
-		name = "grouprouter-" + commit[:7]
-		src = filepath.Join(t.TempDir(), "src")
+		src = filepath.Join(dir, "src")
 		var out, errOut bytes.Buffer
 		git := exec.Command("git", "-C", root, "archive", "--format=tar", commit)
 		git.Stdout, git.Stderr = &out, &errOut
 		if err := git.Run(); err != nil {
-			t.Fatalf("git archive %s (the test needs the repository's history: a full clone): %v: %s", commit, err, errOut.String())
+			return "", fmt.Errorf("git archive %s (the test needs the repository's history: a full clone): %v: %s", commit, err, errOut.String())
 		}
 		if err := untar(&out, src); err != nil {
-			t.Fatal(err)
+			return "", err
 		}
 	}
-	bin := filepath.Join(t.TempDir(), name)
-	build := exec.Command("go", "build", "-o", bin, "./cmd/grouprouter")
-	build.Dir = src
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("build %s: %v\n%s", name, err, out)
+	bin := filepath.Join(dir, name)
+	cmd := exec.Command("go", "build", "-o", bin, "./cmd/grouprouter")
+	cmd.Dir = src
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("build %s: %v\n%s", name, err, out)
 	}
-	return bin
+	return bin, nil
 }
 
 // untar writes the regular files and directories of the tar stream r

@@ -157,7 +157,7 @@ func TestStopWhileFull(t *testing.T) {
 	r, stop := runNode(t, nc, fullNodeConfig(nil))
 	publishGroup(t, js)
 	natstest.Eventually(t, 20*time.Second, func() error {
-		if r.fullSince.Load() == 0 {
+		if r.rs.fullSince.Load() == 0 {
 			return fmt.Errorf("reader not waiting for room (held %d)", r.Stats().Held)
 		}
 		return nil

@@ -150,9 +150,7 @@ func (r *Router) batchDone(o outcome, msgID string) jspub.Callback {
 		if err == nil {
 			r.queueTail.stored(ack.Sequence, msgID)
 		}
-		r.ackMu.Lock()
-		r.acks = append(r.acks, o)
-		r.ackMu.Unlock()
+		r.outcomes.add(o)
 	}
 }
 

@@ -7,6 +7,8 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -41,11 +43,11 @@ type held struct {
 // read consumes the ingress stream in order from the checkpoint.
 func (r *Router) read(ctx context.Context) error {
 	rd := newIngressReader(r.js, IngressStream, r.cfg.JSDomain, r.log)
-	rd.onCreated = func() { r.readerUp.Store(true) }
-	rd.onReset = func(cause int) { r.readerResets[cause].Add(1) }
-	rd.onGap, rd.gapsFrom = r.loss.note, r.eng.resume.ckpt.Next
-	defer r.loss.close()
-	defer r.readerUp.Store(false)
+	rd.onCreated = func() { r.rs.up.Store(true) }
+	rd.onReset = func(cause int) { r.rs.resets[cause].Add(1) }
+	rd.onGap, rd.gapsFrom = r.rs.loss.note, r.eng.resume.ckpt.Next
+	defer r.rs.loss.close()
+	defer r.rs.up.Store(false)
 	var recs []ingested
 	return rd.run(ctx, r.eng.resume.start(), func(batch []ingressMsg) {
 		recs = r.ingest(batch, recs[:0])
@@ -96,14 +98,14 @@ func (r *Router) ingest(batch []ingressMsg, recs []ingested) []ingested {
 			}
 			r.reading = true
 			waitFrom := time.Now()
-			r.fullSince.Store(waitFrom.UnixNano())
+			r.rs.fullSince.Store(waitFrom.UnixNano())
 			for !r.eng.closing && r.eng.full() {
 				r.cond.Wait()
 			}
 			r.reading = false
 			now = time.Now()
-			r.fullNanos.Add(int64(now.Sub(waitFrom)))
-			r.fullSince.Store(0)
+			r.rs.fullNanos.Add(int64(now.Sub(waitFrom)))
+			r.rs.fullSince.Store(0)
 		}
 		if r.eng.closing {
 			break
@@ -236,9 +238,7 @@ func (r *Router) publish(a action) {
 			r.laneDuplicate(o, out, a.epoch)
 			return
 		}
-		r.ackMu.Lock()
-		r.acks = append(r.acks, o)
-		r.ackMu.Unlock()
+		r.outcomes.add(o)
 	}
 	if err := r.pub.Publish(out, done); err != nil {
 		r.publishFailed(a, refusal(err))
@@ -262,11 +262,7 @@ type outcome struct {
 // ackBatch hands the engine the outcomes collected since the last batch,
 // under one lock (the publisher calls it after a run of callbacks).
 func (r *Router) ackBatch() {
-	r.ackMu.Lock()
-	batch := r.acks
-	r.acks = r.spareAcks[:0]
-	r.spareAcks = nil
-	r.ackMu.Unlock()
+	batch := r.outcomes.take()
 	if len(batch) == 0 {
 		return
 	}
@@ -275,12 +271,40 @@ func (r *Router) ackBatch() {
 			r.apply(e, o, now)
 		}
 	})
+	r.outcomes.recycle(batch)
+}
+
+// outcomeQueue collects the publishes' outcomes from the publisher's
+// callbacks until ackBatch hands them to the engine, reusing one spare
+// slice between batches.
+type outcomeQueue struct {
+	mu    sync.Mutex
+	q     []outcome
+	spare []outcome
+}
+
+func (oq *outcomeQueue) add(o outcome) {
+	oq.mu.Lock()
+	oq.q = append(oq.q, o)
+	oq.mu.Unlock()
+}
+
+// take returns what was collected; recycle gives its slice back.
+func (oq *outcomeQueue) take() []outcome {
+	oq.mu.Lock()
+	defer oq.mu.Unlock()
+	batch := oq.q
+	oq.q, oq.spare = oq.spare[:0], nil
+	return batch
+}
+
+func (oq *outcomeQueue) recycle(batch []outcome) {
 	clear(batch)
-	r.ackMu.Lock()
-	if r.spareAcks == nil {
-		r.spareAcks = batch[:0]
+	oq.mu.Lock()
+	if oq.spare == nil {
+		oq.spare = batch[:0]
 	}
-	r.ackMu.Unlock()
+	oq.mu.Unlock()
 }
 
 // apply hands the engine one publish outcome.
@@ -431,9 +455,7 @@ func (r *Router) laneDuplicate(o outcome, sent *nats.Msg, epoch []string) {
 		// No other node held the group before this binding: every copy
 		// of its messages is this node's own (a node routing again from
 		// its checkpoint after a restart meets many, and checks none).
-		r.ackMu.Lock()
-		r.acks = append(r.acks, o)
-		r.ackMu.Unlock()
+		r.outcomes.add(o)
 		return
 	}
 	started := r.side.run(r.side.late, func(ctx context.Context) {
@@ -483,4 +505,17 @@ func (r *Router) ingressMsg(ctx context.Context, seq uint64) (*nats.Msg, error) 
 		return nil, err
 	}
 	return &nats.Msg{Subject: raw.Subject, Header: raw.Header, Data: raw.Data}, nil
+}
+
+// readerStats is what the ingress reader reports, for the metrics and
+// readiness (metrics.go, status.go).
+type readerStats struct {
+	up atomic.Bool // the ingress reader's iterator is open
+	// fullNanos is how long the reader has waited for room (held bounds
+	// reached: back-pressure); resets counts its consumer re-creations by
+	// cause (resetCauses).
+	fullNanos atomic.Int64
+	fullSince atomic.Int64 // unix nanos the current wait began; 0: not waiting
+	resets    [len(resetCauses)]atomic.Uint64
+	loss      ingressLoss // ingress messages gone before the reader saw them (loss.go)
 }

@@ -199,7 +199,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	}
 	ch <- prometheus.MustNewConstMetric(c.full, prometheus.CounterValue, r.fullTime().Seconds())
 	for i, reason := range resetCauses {
-		counter(c.resets, r.readerResets[i].Load(), reason)
+		counter(c.resets, r.rs.resets[i].Load(), reason)
 	}
 	counter(c.gaps, st.IngressGaps)
 	counter(c.missing, st.IngressMissing)
@@ -290,8 +290,8 @@ func (r *Router) ingressLastCached(ctx context.Context) (uint64, bool) {
 // fullTime is how long the ingress reader has waited for room, the wait
 // under way included.
 func (r *Router) fullTime() time.Duration {
-	d := time.Duration(r.fullNanos.Load())
-	if since := r.fullSince.Load(); since != 0 {
+	d := time.Duration(r.rs.fullNanos.Load())
+	if since := r.rs.fullSince.Load(); since != 0 {
 		d += max(time.Since(time.Unix(0, since)), 0)
 	}
 	return d

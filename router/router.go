@@ -149,8 +149,7 @@ type Router struct {
 	fairWake  chan struct{} // a group waits for room in its share
 	duties    *dutyQueue
 
-	suspectMu sync.Mutex
-	suspects  map[string]time.Time // nodes not counted on since then
+	suspects suspectSet // nodes not counted on until they announce again
 
 	hasConsumer atomic.Bool
 	// aliveUntil is until when the last stored announcement keeps this
@@ -158,26 +157,18 @@ type Router struct {
 	// announcement, then the heartbeat goroutine).
 	aliveUntil time.Time
 	routed     atomic.Uint64
-	// Publish outcomes waiting to be handed to the engine (ackBatch).
-	ackMu     sync.Mutex
-	acks      []outcome
-	spareAcks []outcome
+	// outcomes: publish outcomes waiting to be handed to the engine
+	// (ackBatch).
+	outcomes outcomeQueue
 
 	// expectQueue is the Nats-Expected-Stream value of every queue
 	// publish, shared by them (nats.go only reads a header).
 	expectQueue []string
 
 	// For metrics and readiness (metrics.go, status.go).
-	metrics  *nodeMetrics
-	readerUp atomic.Bool // the ingress reader's iterator is open
-	// fullNanos is how long the reader has waited for room (held bounds
-	// reached: back-pressure); readerResets counts its consumer
-	// re-creations by cause (resetCauses).
-	fullNanos    atomic.Int64
-	fullSince    atomic.Int64 // unix nanos the current wait began; 0: not waiting
-	readerResets [len(resetCauses)]atomic.Uint64
-	loss         ingressLoss // ingress messages gone before the reader saw them (loss.go)
-	queueTail    queueTail   // the last queue write, for the lost-writes check (storecheck.go)
+	metrics   *nodeMetrics
+	rs        readerStats // what the ingress reader reports (ingest.go)
+	queueTail queueTail   // the last queue write, for the lost-writes check (storecheck.go)
 	// side runs the reads of stored messages a lane waits for (sidereads.go).
 	side        *sideReads
 	stopped     atomic.Bool // Run returned
@@ -241,7 +232,7 @@ func New(nc *nats.Conn, cfg Config) (*Router, error) {
 		lapsed:       logagg.New(r.log, "moving messages the old consumer was delivered and did not ack: it made no progress for its ack wait; it may still process them (the epoch tells the copies apart)", logagg.DefaultEvery),
 		late:         logagg.New(r.log, "a message the group's previous owner published late (held by the network past the drain) is on its old queue: moved here before the group's next one", logagg.DefaultEvery),
 	}
-	r.loss.log, r.loss.nc, r.loss.node, r.loss.lim.every = r.log, nc, cfg.Node, gapReportEvery
+	r.rs.loss.log, r.rs.loss.nc, r.rs.loss.node, r.rs.loss.lim.every = r.log, nc, cfg.Node, gapReportEvery
 	if cfg.Metrics != nil {
 		if err := r.registerMetrics(cfg.Metrics); err != nil {
 			return nil, fmt.Errorf("grouping: registering metrics: %w", err)
@@ -288,7 +279,7 @@ func (r *Router) Stats() Stats {
 		Held: e.heldMsgs, HeldBytes: e.heldBytes, Position: e.position(),
 		Spilled: e.spilledMsgs, SpilledBytes: e.spilledBytes, SpilledTotal: e.stats.spilled,
 		HeldBackGroups: e.fair.heldGroups + waitGroups, HeldBackMessages: e.fair.held + waitMsgs, GroupShare: e.groupShareNow(), HeldBackTotal: e.stats.heldBack,
-		IngressGaps: r.loss.gaps.Load(), IngressMissing: r.loss.missing.Load(),
+		IngressGaps: r.rs.loss.gaps.Load(), IngressMissing: r.rs.loss.missing.Load(),
 		QueueRewinds: r.queueTail.rewinds.Load(), QueueLostSeqs: r.queueTail.lost.Load(), QueueOrphans: r.queueTail.orphans.Load(), BindingsRewinds: r.cache.Rewinds(),
 	}
 }
@@ -625,17 +616,11 @@ func (r *Router) onLiveChange() {
 	live := r.reg.Live()
 	r.checkOwnRecord(live)
 	state := make(map[string]proposals.NodeState, len(live))
-	r.suspectMu.Lock()
 	for id, info := range live {
-		if since, ok := r.suspects[id]; ok {
-			if !r.reg.Seen(id).After(since) {
-				continue // not heard of since it was suspected
-			}
-			delete(r.suspects, id)
+		if r.suspects.counted(id, r.reg.Seen(id)) {
+			state[id] = proposals.NodeState{HasConsumer: info.HasConsumer}
 		}
-		state[id] = proposals.NodeState{HasConsumer: info.HasConsumer}
 	}
-	r.suspectMu.Unlock()
 	r.do(func(e *engine, now time.Time) { e.setLive(state, now) })
 }
 
@@ -667,14 +652,42 @@ func (r *Router) subscribeTakeovers() (unsubscribe func(), err error) {
 // suspect stops counting on node (its process presumably crashed) until it
 // announces itself again.
 func (r *Router) suspect(node string, now time.Time) {
-	r.suspectMu.Lock()
-	if r.suspects == nil {
-		r.suspects = map[string]time.Time{}
-	}
-	r.suspects[node] = now
-	r.suspectMu.Unlock()
+	r.suspects.add(node, now)
 	r.log.Info("a LOCAL handler took over from a crashed one; its node is not counted on until it announces again", "suspect", node)
 	r.onLiveChange()
+}
+
+// suspectSet is the nodes a node stops counting on (their process
+// presumably crashed: a LOCAL handler took over from one) until they
+// announce themselves again, each with when it was suspected.
+type suspectSet struct {
+	mu    sync.Mutex
+	since map[string]time.Time
+}
+
+func (s *suspectSet) add(node string, now time.Time) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.since == nil {
+		s.since = map[string]time.Time{}
+	}
+	s.since[node] = now
+}
+
+// counted reports whether node counts as live: it is not suspected, or it
+// was heard of (seen) since it was, which ends the suspicion.
+func (s *suspectSet) counted(node string, seen time.Time) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	since, ok := s.since[node]
+	if !ok {
+		return true
+	}
+	if !seen.After(since) {
+		return false // not heard of since it was suspected
+	}
+	delete(s.since, node)
+	return true
 }
 
 // timers runs what the engine has due: publish retries, ask retries,

@@ -36,7 +36,7 @@ func (r *Router) CheckReady() error {
 	if s := r.nc.Status(); s != nats.CONNECTED {
 		return fmt.Errorf("%w: NATS connection is %s", ErrNotReady, s)
 	}
-	if !r.readerUp.Load() {
+	if !r.rs.up.Load() {
 		return fmt.Errorf("%w: the ingress reader is not reading", ErrNotReady)
 	}
 	return nil
