@@ -30,7 +30,7 @@ func (r *Router) asker(ctx context.Context) {
 		select {
 		case <-ctx.Done():
 			return
-		case <-r.askWake:
+		case <-r.wake.ask:
 		}
 		for {
 			var batch []*ask

@@ -163,7 +163,7 @@ func (r *Router) fairLoop(ctx context.Context, cons jetstream.Consumer) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
-		case <-r.fairWake:
+		case <-r.wake.fair:
 			if !t.Stop() {
 				select {
 				case <-t.C:

@@ -143,20 +143,24 @@ type Router struct {
 	eng     *engine
 	reading bool // the reader waits on cond
 
-	changes   chan string // refs of the groups whose record changed, from the cache
-	askWake   chan struct{}
-	timerWake chan struct{}
-	fairWake  chan struct{} // a group waits for room in its share
-	duties    *dutyQueue
+	changes chan string // refs of the groups whose record changed, from the cache
+	// wake: the asker, the timers and the fair shell's signals (one
+	// buffered slot each).
+	wake   struct{ ask, timer, fair chan struct{} }
+	duties *dutyQueue
 
 	suspects suspectSet // nodes not counted on until they announce again
 
-	hasConsumer atomic.Bool
-	// aliveUntil is until when the last stored announcement keeps this
-	// node's liveness record sure to exist (announce's alone: the first
-	// announcement, then the heartbeat goroutine).
-	aliveUntil time.Time
-	routed     atomic.Uint64
+	// live: what this node last announced in its liveness record
+	// (heartbeat, announce).
+	live struct {
+		hasConsumer atomic.Bool
+		// until is until when the last stored announcement keeps the
+		// record sure to exist (announce's alone: the first announcement,
+		// then the heartbeat goroutine).
+		until time.Time
+	}
+	routed atomic.Uint64
 	// outcomes: publish outcomes waiting to be handed to the engine
 	// (ackBatch).
 	outcomes outcomeQueue
@@ -202,18 +206,15 @@ func New(nc *nats.Conn, cfg Config) (*Router, error) {
 		return nil, err
 	}
 	r := &Router{
-		nc:        nc,
-		js:        js,
-		cfg:       cfg,
-		log:       cfg.Logger.With("node", cfg.Node),
-		ready:     make(chan struct{}),
-		changes:   make(chan string, 4096),
-		askWake:   make(chan struct{}, 1),
-		timerWake: make(chan struct{}, 1),
-		fairWake:  make(chan struct{}, 1),
-		duties:    newDutyQueue(),
-		side:      newSideReads(js),
-		metrics:   newNodeMetrics(cfg.Type),
+		nc:      nc,
+		js:      js,
+		cfg:     cfg,
+		log:     cfg.Logger.With("node", cfg.Node),
+		ready:   make(chan struct{}),
+		changes: make(chan string, 4096),
+		duties:  newDutyQueue(),
+		side:    newSideReads(js),
+		metrics: newNodeMetrics(cfg.Type),
 
 		proc: process{instance: uuid.NewString(), pid: os.Getpid(), conflict: make(chan error, 1)},
 
@@ -221,6 +222,7 @@ func New(nc *nats.Conn, cfg Config) (*Router, error) {
 	}
 	r.proc.host, _ = os.Hostname()
 	r.cond = sync.NewCond(&r.mu)
+	r.wake.ask, r.wake.timer, r.wake.fair = make(chan struct{}, 1), make(chan struct{}, 1), make(chan struct{}, 1)
 	r.warn = warners{
 		noDecision:   logagg.New(r.log, "no routing decision; the group waits and is retried", logagg.DefaultEvery),
 		deadLettered: logagg.New(r.log, "group dead-lettered", logagg.DefaultEvery),
@@ -306,9 +308,9 @@ func (r *Router) perform(acts []action) {
 		case actBatch:
 			r.publishBatch(a)
 		case actAsk:
-			wake(r.askWake)
+			wake(r.wake.ask)
 		case actRetry:
-			wake(r.timerWake)
+			wake(r.wake.timer)
 		case actDuty:
 			r.duties.add(a.group, a.duty, a.rev)
 		case actDeadLettered:
@@ -327,7 +329,7 @@ func (r *Router) perform(acts []action) {
 		case actHold:
 			r.holdEvent(a)
 		case actFairWake:
-			wake(r.fairWake)
+			wake(r.wake.fair)
 		}
 	}
 }
@@ -707,7 +709,7 @@ func (r *Router) timers(ctx context.Context) {
 		select {
 		case <-ctx.Done():
 			return
-		case <-r.timerWake:
+		case <-r.wake.timer:
 			continue
 		case <-t.C:
 		}
@@ -730,7 +732,7 @@ func (r *Router) heartbeat(ctx context.Context, cons jetstream.Consumer) {
 	every(ctx, tick, func() {
 		now := time.Now()
 		due := last.IsZero() || now.Sub(last)+tick/2 >= r.cfg.Heartbeat
-		if !due && !r.hasConsumer.Load() {
+		if !due && !r.live.hasConsumer.Load() {
 			due = r.consumerAppeared(ctx, cons)
 		}
 		if !due {
@@ -788,7 +790,7 @@ func (r *Router) announce(ctx context.Context, cons jetstream.Consumer) error {
 	if info, err := cons.Info(ctx); err == nil {
 		pending, unacked = info.NumPending, uint64(info.NumAckPending)
 		has := consumerPresent(info, time.Now())
-		if r.hasConsumer.Swap(has) != has {
+		if r.live.hasConsumer.Swap(has) != has {
 			r.mu.Lock()
 			r.eng.consumerPresent(has)
 			r.mu.Unlock()
@@ -798,7 +800,7 @@ func (r *Router) announce(ctx context.Context, cons jetstream.Consumer) error {
 	info := kvbinding.NodeInfo{
 		Node: r.cfg.Node, Instance: r.proc.instance, Host: r.proc.host, PID: r.proc.pid,
 		Type: string(r.cfg.Type), Handler: r.cfg.Name,
-		HasConsumer: r.hasConsumer.Load(), Started: r.started, Heartbeat: time.Now().UTC(), Every: r.cfg.Heartbeat,
+		HasConsumer: r.live.hasConsumer.Load(), Started: r.started, Heartbeat: time.Now().UTC(), Every: r.cfg.Heartbeat,
 		Position: st.Position, Held: st.Held, Routed: st.Routed,
 		DecisionErrors: st.DecisionErrors, DeadLettered: st.DeadLettered,
 		QueuePending: pending, QueueUnacked: unacked,
@@ -812,7 +814,7 @@ func (r *Router) announce(ctx context.Context, cons jetstream.Consumer) error {
 	sent := time.Now()
 	// Lapsed: the last stored announcement is too old for the record to be
 	// sure to exist; the engine publishes nothing (fenced).
-	lapsed := !r.aliveUntil.IsZero() && !sent.Before(r.aliveUntil)
+	lapsed := !r.live.until.IsZero() && !sent.Before(r.live.until)
 	if err := r.reg.Announce(ctx, info, r.nodeTTL()); err != nil {
 		return err
 	}
@@ -829,13 +831,13 @@ func (r *Router) announce(ctx context.Context, cons jetstream.Consumer) error {
 		// this announcement (docs/protocol.md, "Who may decide, and until
 		// when").
 		r.log.Info("liveness renewed after it may have lapsed: catching up with the binding records before publishing again",
-			"lapsed_for", sent.Sub(r.aliveUntil).Round(time.Millisecond))
+			"lapsed_for", sent.Sub(r.live.until).Round(time.Millisecond))
 		if err := r.catchUpRecords(ctx); err != nil {
 			return fmt.Errorf("catching up with the binding records after a lapse (still not publishing): %w", err)
 		}
 		r.log.Info("caught up with the binding records; publishing again", "records_through", r.cache.Delivered())
 	}
-	r.aliveUntil = until
+	r.live.until = until
 	r.do(func(e *engine, now time.Time) { e.alive(until, now) })
 	return nil
 }
