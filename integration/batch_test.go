@@ -144,6 +144,15 @@ func TestBatchesAcrossFaults(t *testing.T) {
 			if r := streamInfo(t, js, router.QueueStream).Config; r.AllowBatchPublish != wantFast || (r.Replicas < 2) != wantFast {
 				t.Errorf("queue stream R%d, allow_batched %v: want fast-ingest batches on R1 only", r.Replicas, r.AllowBatchPublish)
 			}
+			if t.Failed() {
+				// What the handler and the nodes said (a group split over
+				// nodes was moved: its reason is in the LOCAL node's log).
+				for _, n := range nodes {
+					if n.log != nil {
+						t.Logf("node %s's recent log (INFO and up, last 8 KiB):\n%s", n.id, n.log.tail(8<<10))
+					}
+				}
+			}
 		})
 	}
 }
