@@ -148,7 +148,7 @@ func (r *Router) batchDone(o outcome, msgID string) jspub.Callback {
 		o.err = refusal(err)
 		o.seq = ack.Sequence
 		if err == nil {
-			r.queueTail.stored(ack.Sequence, msgID)
+			r.qcheck.stored(ack.Sequence, msgID)
 		}
 		r.outcomes.add(o)
 	}

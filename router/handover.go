@@ -1162,7 +1162,7 @@ func (r *Router) publishSync(ctx context.Context, m *nats.Msg, still func() bool
 		cancel()
 		if err == nil {
 			if ack.Stream == QueueStream {
-				r.queueTail.stored(ack.Sequence, m.Header.Get(jetstream.MsgIDHeader))
+				r.qcheck.stored(ack.Sequence, m.Header.Get(jetstream.MsgIDHeader))
 			}
 			return ack, nil // a duplicate's ack names the first copy
 		}

@@ -69,7 +69,7 @@ func testRouter(t *testing.T, node string) (*Router, jetstream.JetStream) {
 	if err := ensureStreams(context.Background(), js, cfg, 1); err != nil {
 		t.Fatal(err)
 	}
-	r := &Router{js: js, cfg: cfg, log: slog.New(slog.DiscardHandler), duties: newDutyQueue(), side: newSideReads(js),
+	r := &Router{js: js, cfg: cfg, log: slog.New(slog.DiscardHandler), duties: newDutyQueue(), side: newSideReads(js), qcheck: newQueueCheck(js, nil, node, slog.New(slog.DiscardHandler)),
 		cache: kvbinding.NewCache(kvbinding.CacheConfig{})}
 	r.warn.lapsed = logagg.New(r.log, "lapsed", logagg.DefaultEvery)
 	r.warn.late = logagg.New(r.log, "late", logagg.DefaultEvery)

@@ -232,7 +232,7 @@ func (r *Router) publish(a action) {
 		o.err = refusal(err)
 		o.seq = ack.Sequence
 		if err == nil && !o.dlq {
-			r.queueTail.stored(ack.Sequence, id)
+			r.qcheck.stored(ack.Sequence, id)
 		}
 		if err == nil && ack.Duplicate && lateCheck && ack.Stream == QueueStream {
 			r.laneDuplicate(o, out, a.epoch)

@@ -170,9 +170,9 @@ type Router struct {
 	expectQueue []string
 
 	// For metrics and readiness (metrics.go, status.go).
-	metrics   *nodeMetrics
-	rs        readerStats // what the ingress reader reports (ingest.go)
-	queueTail queueTail   // the last queue write, for the lost-writes check (storecheck.go)
+	metrics *nodeMetrics
+	rs      readerStats // what the ingress reader reports (ingest.go)
+	qcheck  *queueCheck // the store check of the queue (storecheck.go)
 	// side runs the reads of stored messages a lane waits for (sidereads.go).
 	side        *sideReads
 	stopped     atomic.Bool // Run returned
@@ -223,10 +223,10 @@ func New(nc *nats.Conn, cfg Config) (*Router, error) {
 	r.proc.host, _ = os.Hostname()
 	r.cond = sync.NewCond(&r.mu)
 	r.wake.ask, r.wake.timer, r.wake.fair = make(chan struct{}, 1), make(chan struct{}, 1), make(chan struct{}, 1)
+	r.qcheck = newQueueCheck(js, nc, cfg.Node, r.log)
 	r.warn = warners{
 		noDecision:   logagg.New(r.log, "no routing decision; the group waits and is retried", logagg.DefaultEvery),
 		deadLettered: logagg.New(r.log, "group dead-lettered", logagg.DefaultEvery),
-		orphans:      logagg.New(r.log, "removed an acknowledged message the queue stream kept (a server restarted as its consumer acknowledged)", logagg.DefaultEvery),
 		publish:      logagg.New(r.log, "publish failed; retrying in order (a full dead-letter stream refuses new entries until room is made)", logagg.DefaultEvery),
 		announce:     logagg.New(r.log, "announce failed", logagg.DefaultEvery),
 		checkpoint:   logagg.New(r.log, "checkpoint not saved", logagg.DefaultEvery),
@@ -282,7 +282,7 @@ func (r *Router) Stats() Stats {
 		Spilled: e.spilledMsgs, SpilledBytes: e.spilledBytes, SpilledTotal: e.stats.spilled,
 		HeldBackGroups: e.fair.heldGroups + waitGroups, HeldBackMessages: e.fair.held + waitMsgs, GroupShare: e.groupShareNow(), HeldBackTotal: e.stats.heldBack,
 		IngressGaps: r.rs.loss.gaps.Load(), IngressMissing: r.rs.loss.missing.Load(),
-		QueueRewinds: r.queueTail.rewinds.Load(), QueueLostSeqs: r.queueTail.lost.Load(), QueueOrphans: r.queueTail.orphans.Load(), BindingsRewinds: r.cache.Rewinds(),
+		QueueRewinds: r.qcheck.tail.rewinds.Load(), QueueLostSeqs: r.qcheck.tail.lost.Load(), QueueOrphans: r.qcheck.tail.orphans.Load(), BindingsRewinds: r.cache.Rewinds(),
 	}
 }
 
@@ -364,6 +364,7 @@ func wake(ch chan struct{}) {
 func (r *Router) Run(ctx context.Context) error {
 	defer r.stopped.Store(true)
 	defer r.warn.close()
+	defer r.qcheck.close()
 	queueCons, release, err := r.setup(ctx)
 	if err != nil {
 		if ctx.Err() != nil {
@@ -409,7 +410,7 @@ func (r *Router) Run(ctx context.Context) error {
 	r.resumeDuties()
 	g.Go(func() error { r.heartbeat(gctx, queueCons); return nil })
 	g.Go(func() error { r.checkpointLoop(gctx); return nil })
-	g.Go(func() error { r.storeCheck(gctx); return nil })
+	g.Go(func() error { r.qcheck.run(gctx); return nil })
 	g.Go(func() error { r.asker(gctx); return nil })
 	g.Go(func() error { r.timers(gctx); return nil })
 	g.Go(func() error { return r.read(gctx) })
@@ -992,9 +993,6 @@ type warners struct {
 	// noDecision: failed decisions; deadLettered: dead-lettered groups;
 	// publish: failed publishes; window: decisions that timed out.
 	noDecision, deadLettered, publish, window *logagg.Warner
-	// orphans: acknowledged queue messages the queue kept, removed
-	// (storecheck.go).
-	orphans *logagg.Warner
 	// announce, checkpoint: liveness records and checkpoints not saved.
 	announce, checkpoint *logagg.Warner
 	// lapsed: drains that moved what a stalled consumer held; late:
@@ -1004,7 +1002,7 @@ type warners struct {
 
 // close flushes and stops every warner (those a test left nil too).
 func (w *warners) close() {
-	for _, x := range []*logagg.Warner{w.noDecision, w.deadLettered, w.publish, w.window, w.orphans, w.announce, w.checkpoint, w.lapsed, w.late} {
+	for _, x := range []*logagg.Warner{w.noDecision, w.deadLettered, w.publish, w.window, w.announce, w.checkpoint, w.lapsed, w.late} {
 		if x != nil {
 			x.Close()
 		}

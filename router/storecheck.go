@@ -3,6 +3,7 @@ package router
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -11,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/grouprouter/grouprouter/internal/logagg"
 	"github.com/grouprouter/grouprouter/proposals"
 )
 
@@ -42,7 +44,7 @@ type queueTail struct {
 	reported uint64 // the seq a loss was reported for (once per position)
 
 	rewinds, lost atomic.Uint64
-	orphans       atomic.Uint64 // acknowledged queue messages removed (sweepQueueOrphans)
+	orphans       atomic.Uint64 // acknowledged queue messages removed (sweepOrphans)
 }
 
 // stored records that the message with id was stored at seq.
@@ -76,28 +78,53 @@ func queueLost(seq uint64, id string, last uint64, found bool, atID string, lead
 	return 0, 0, false
 }
 
-// storeCheck checks the queue every storeCheckEvery (checkQueue).
-func (r *Router) storeCheck(ctx context.Context) {
-	every(ctx, storeCheckEvery, func() { r.checkQueue(ctx) })
+// queueCheck is a node's store check of its queue: it keeps what the
+// node's publishes were last acknowledged at (stored), and every
+// storeCheckEvery looks for lost writes (checkTail) and removes this
+// node's acknowledged messages the queue kept (sweepOrphans).
+type queueCheck struct {
+	js   jetstream.JetStream
+	nc   *nats.Conn // for the queue-loss event
+	node string
+	log  *slog.Logger
+	// orphans: the removals, one line per interval.
+	orphans *logagg.Warner
+	tail    queueTail
 }
 
-// checkQueue reads the queue stream once, looks for lost writes
-// (checkQueueTail), then removes this node's acknowledged messages the
-// queue kept (sweepQueueOrphans).
-func (r *Router) checkQueue(ctx context.Context) {
+func newQueueCheck(js jetstream.JetStream, nc *nats.Conn, node string, log *slog.Logger) *queueCheck {
+	return &queueCheck{js: js, nc: nc, node: node, log: log,
+		orphans: logagg.New(log, "removed an acknowledged message the queue stream kept (a server restarted as its consumer acknowledged)", logagg.DefaultEvery)}
+}
+
+// stored records that this node's message with id was stored at seq.
+func (q *queueCheck) stored(seq uint64, id string) { q.tail.stored(seq, id) }
+
+// run checks the queue every storeCheckEvery until ctx ends.
+func (q *queueCheck) run(ctx context.Context) {
+	every(ctx, storeCheckEvery, func() { q.check(ctx) })
+}
+
+// close flushes the removals' warning.
+func (q *queueCheck) close() { q.orphans.Close() }
+
+// check reads the queue stream once, looks for lost writes (checkTail),
+// then removes this node's acknowledged messages the queue kept
+// (sweepOrphans).
+func (q *queueCheck) check(ctx context.Context) {
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
 	// The tail first: a publish acknowledged after the stream's info is
 	// read lies past the end that info shows, and read the other way round
 	// it looked like a loss (a demo without any fault reported one).
-	tail := r.queueTail.snapshot()
-	s, err := r.js.Stream(ctx, QueueStream)
+	tail := q.tail.snapshot()
+	s, err := q.js.Stream(ctx, QueueStream)
 	if err != nil {
-		r.log.Debug("queue stream not read for its checks; trying again later", "err", err)
+		q.log.Debug("queue stream not read for its checks; trying again later", "err", err)
 		return
 	}
-	r.checkQueueTail(ctx, s, tail)
-	r.sweepQueueOrphans(ctx, s)
+	q.checkTail(ctx, s, tail)
+	q.sweepOrphans(ctx, s)
 }
 
 // tailSnapshot is queueTail's state at one moment.
@@ -116,7 +143,7 @@ func (t *queueTail) snapshot() tailSnapshot {
 // maxOrphanSweep bounds the messages one sweep removes.
 const maxOrphanSweep = 100
 
-// sweepQueueOrphans removes the messages of this node's queue that lie at
+// sweepOrphans removes the messages of this node's queue that lie at
 // or below its consumer's ack floor: acknowledged, yet kept by the work
 // queue. A server restarted while the consumer acknowledged can come back
 // holding such a message (seen on a single server, about one restart in
@@ -126,50 +153,50 @@ const maxOrphanSweep = 100
 // a backlog for good.
 // Every removal is logged and counted (Stats.QueueOrphans).
 //
-// A node that found the queue rewound (checkQueueTail: the servers lost
+// A node that found the queue rewound (checkTail: the servers lost
 // acknowledged writes) sweeps no more: the next writes reuse the lost
 // sequences, so a message at or below a consumer's ack floor may then be
 // one it never saw. It is left in place for an operator (its Nats-Msg-Id
 // names its ingress message).
-func (r *Router) sweepQueueOrphans(ctx context.Context, s jetstream.Stream) {
-	if r.queueTail.rewinds.Load() > 0 {
-		r.log.Debug("no orphan sweep: the queue stream lost writes, a message below the ack floor may never have been delivered")
+func (q *queueCheck) sweepOrphans(ctx context.Context, s jetstream.Stream) {
+	if q.tail.rewinds.Load() > 0 {
+		q.log.Debug("no orphan sweep: the queue stream lost writes, a message below the ack floor may never have been delivered")
 		return
 	}
 	first := s.CachedInfo().State.FirstSeq
-	c, err := s.Consumer(ctx, QueueConsumer(r.cfg.Node))
+	c, err := s.Consumer(ctx, QueueConsumer(q.node))
 	if err != nil {
-		r.log.Debug("queue consumer not read for the orphan sweep; trying again later", "err", err)
+		q.log.Debug("queue consumer not read for the orphan sweep; trying again later", "err", err)
 		return
 	}
 	floor := c.CachedInfo().AckFloor.Stream
 	for seq, n := max(first, 1), 0; seq <= floor && n < maxOrphanSweep; n++ {
-		m, err := s.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(QueueFilter(r.cfg.Node)))
+		m, err := s.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(QueueFilter(q.node)))
 		switch {
 		case errors.Is(err, jetstream.ErrMsgNotFound):
 			return
 		case err != nil:
-			r.log.Debug("queue not read for the orphan sweep; trying again later", "from_seq", seq, "err", err)
+			q.log.Debug("queue not read for the orphan sweep; trying again later", "from_seq", seq, "err", err)
 			return
 		case m.Sequence > floor:
 			return
 		}
 		if err := s.DeleteMsg(ctx, m.Sequence); err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
-			r.log.Debug("acknowledged queue message not removed; trying again later", "seq", m.Sequence, "err", err)
+			q.log.Debug("acknowledged queue message not removed; trying again later", "seq", m.Sequence, "err", err)
 			return
 		}
-		r.queueTail.orphans.Add(1)
-		r.log.Debug("removed an acknowledged queue message the stream kept", "seq", m.Sequence, "subject", m.Subject, "ack_floor", floor)
-		r.warn.orphans.Warn(r.cfg.Node, "seq", m.Sequence, "subject", m.Subject, "ack_floor", floor,
+		q.tail.orphans.Add(1)
+		q.log.Debug("removed an acknowledged queue message the stream kept", "seq", m.Sequence, "subject", m.Subject, "ack_floor", floor)
+		q.orphans.Warn(q.node, "seq", m.Sequence, "subject", m.Subject, "ack_floor", floor,
 			"msg_id", nats.Header(m.Header).Get(jetstream.MsgIDHeader))
 		seq = m.Sequence + 1
 	}
 }
 
-// checkQueueTail looks in s, the queue stream as read after tail was
+// checkTail looks in s, the queue stream as read after tail was
 // taken, for the last message this node had stored there then (queueLost).
-func (r *Router) checkQueueTail(ctx context.Context, s jetstream.Stream, tail tailSnapshot) {
-	t := &r.queueTail
+func (q *queueCheck) checkTail(ctx context.Context, s jetstream.Stream, tail tailSnapshot) {
+	t := &q.tail
 	seq, id, reported := tail.seq, tail.id, tail.reported
 	if seq == 0 || seq == reported {
 		return
@@ -182,7 +209,7 @@ func (r *Router) checkQueueTail(ctx context.Context, s jetstream.Stream, tail ta
 		switch {
 		case errors.Is(err, jetstream.ErrMsgNotFound):
 		case err != nil:
-			r.log.Debug("queue message not read for the lost-writes check; trying again later", "seq", seq, "err", err)
+			q.log.Debug("queue message not read for the lost-writes check; trying again later", "seq", seq, "err", err)
 			return
 		default:
 			found, atID = true, nats.Header(m.Header).Get(jetstream.MsgIDHeader)
@@ -197,13 +224,13 @@ func (r *Router) checkQueueTail(ctx context.Context, s jetstream.Stream, tail ta
 	t.mu.Unlock()
 	t.rewinds.Add(1)
 	t.lost.Add(hi - lo + 1)
-	r.log.Error("the queue stream lost messages this node stored there: its servers lost acknowledged writes; "+
+	q.log.Error("the queue stream lost messages this node stored there: its servers lost acknowledged writes; "+
 		"those of this node's messages in the lost sequences that were not consumed yet will not be delivered",
 		"from_seq", lo, "to_seq", hi, "stream_last", last, "stored_at", seq, "msg_id", id)
-	proposals.Event{Kind: proposals.EventQueueLoss, Node: r.cfg.Node, By: r.cfg.Node, FromSeq: lo,
+	proposals.Event{Kind: proposals.EventQueueLoss, Node: q.node, By: q.node, FromSeq: lo,
 		Count: int(min(hi-lo+1, 1<<31-1)),
 		Reason: "queue sequences " + strconv.FormatUint(lo, 10) + "-" + strconv.FormatUint(hi, 10) +
-			" lost by the servers (this node stored " + id + " at " + strconv.FormatUint(seq, 10) + ")"}.Publish(r.nc)
+			" lost by the servers (this node stored " + id + " at " + strconv.FormatUint(seq, 10) + ")"}.Publish(q.nc)
 }
 
 // bindingsRewound announces that the binding cache found the bindings

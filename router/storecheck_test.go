@@ -10,7 +10,6 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/grouprouter/grouprouter/internal/logagg"
 )
 
 func TestQueueLost(t *testing.T) {
@@ -44,8 +43,6 @@ func TestQueueLost(t *testing.T) {
 func keptQueue(t *testing.T) (*Router, jetstream.JetStream, jetstream.Consumer, context.Context) {
 	t.Helper()
 	r, js := testRouter(t, "n0")
-	r.warn.orphans = logagg.New(r.log, "orphan", time.Minute)
-	t.Cleanup(r.warn.orphans.Close)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	t.Cleanup(cancel)
 	if err := js.DeleteStream(ctx, QueueStream); err != nil {
@@ -75,8 +72,8 @@ func TestSweepQueueOrphans(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	r.checkQueue(ctx) // nothing acknowledged yet
-	if n := r.queueTail.orphans.Load(); n != 0 {
+	r.qcheck.check(ctx) // nothing acknowledged yet
+	if n := r.qcheck.tail.orphans.Load(); n != 0 {
 		t.Fatalf("removed %d messages before any was acknowledged", n)
 	}
 	// n0's consumer acknowledges its first two messages (seqs 1 and 3),
@@ -98,7 +95,7 @@ func TestSweepQueueOrphans(t *testing.T) {
 	if !slices.Equal(got, []uint64{1, 3, 4}) {
 		t.Fatalf("n0's consumer got sequences %v, want 1, 3, 4", got)
 	}
-	r.checkQueue(ctx)
+	r.qcheck.check(ctx)
 	s, err := js.Stream(ctx, QueueStream)
 	if err != nil {
 		t.Fatal(err)
@@ -111,9 +108,9 @@ func TestSweepQueueOrphans(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if !slices.Equal(left, []uint64{2, 4, 5}) || r.queueTail.orphans.Load() != 2 {
+	if !slices.Equal(left, []uint64{2, 4, 5}) || r.qcheck.tail.orphans.Load() != 2 {
 		t.Errorf("after the sweep the queue holds %v and %d were counted removed; want 2, 4, 5 and 2 (n0's acknowledged 1 and 3 removed)",
-			left, r.queueTail.orphans.Load())
+			left, r.qcheck.tail.orphans.Load())
 	}
 }
 
@@ -131,14 +128,14 @@ func TestSweepQueueOrphansStopsAfterARewind(t *testing.T) {
 	if err := m.DoubleAck(ctx); err != nil {
 		t.Fatal(err)
 	}
-	r.queueTail.rewinds.Add(1)
-	r.checkQueue(ctx)
+	r.qcheck.tail.rewinds.Add(1)
+	r.qcheck.check(ctx)
 	s, err := js.Stream(ctx, QueueStream)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.GetMsg(ctx, 1); err != nil || r.queueTail.orphans.Load() != 0 {
-		t.Errorf("after a rewind the sweep removed the message below the ack floor (get: %v, removed %d)", err, r.queueTail.orphans.Load())
+	if _, err := s.GetMsg(ctx, 1); err != nil || r.qcheck.tail.orphans.Load() != 0 {
+		t.Errorf("after a rewind the sweep removed the message below the ack floor (get: %v, removed %d)", err, r.qcheck.tail.orphans.Load())
 	}
 }
 
@@ -164,17 +161,17 @@ func TestQueueCheckRacingPublishesIsNoLoss(t *testing.T) {
 				done <- err
 				return
 			}
-			r.queueTail.stored(ack.Sequence, id)
+			r.qcheck.tail.stored(ack.Sequence, id)
 		}
 	}()
 	for range 300 {
-		r.checkQueue(ctx)
+		r.qcheck.check(ctx)
 	}
 	close(stop)
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
-	if n := r.queueTail.rewinds.Load(); n != 0 {
-		t.Errorf("the check reported %d losses (%d sequences) while nothing was lost", n, r.queueTail.lost.Load())
+	if n := r.qcheck.tail.rewinds.Load(); n != 0 {
+		t.Errorf("the check reported %d losses (%d sequences) while nothing was lost", n, r.qcheck.tail.lost.Load())
 	}
 }
