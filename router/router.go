@@ -151,15 +151,8 @@ type Router struct {
 
 	suspects suspectSet // nodes not counted on until they announce again
 
-	// live: what this node last announced in its liveness record
-	// (heartbeat, announce).
-	live struct {
-		hasConsumer atomic.Bool
-		// until is until when the last stored announcement keeps the
-		// record sure to exist (announce's alone: the first announcement,
-		// then the heartbeat goroutine).
-		until time.Time
-	}
+	// live announces the node in its liveness record (liveness.go).
+	live   *liveness
 	routed atomic.Uint64
 	// outcomes: publish outcomes waiting to be handed to the engine
 	// (ackBatch).
@@ -224,11 +217,21 @@ func New(nc *nats.Conn, cfg Config) (*Router, error) {
 	r.cond = sync.NewCond(&r.mu)
 	r.wake.ask, r.wake.timer, r.wake.fair = make(chan struct{}, 1), make(chan struct{}, 1), make(chan struct{}, 1)
 	r.qcheck = newQueueCheck(js, nc, cfg.Node, r.log)
+	r.live = &liveness{every: cfg.Heartbeat, log: r.log, yielded: &r.proc.yielded,
+		warn:   logagg.New(r.log, "announce failed", logagg.DefaultEvery),
+		report: r.announcement,
+		consumerChanged: func(has bool) {
+			r.mu.Lock()
+			r.eng.consumerPresent(has)
+			r.mu.Unlock()
+		},
+		catchUp: r.catchUpRecords, records: func() uint64 { return r.cache.Delivered() },
+		alive: func(until time.Time) { r.do(func(e *engine, now time.Time) { e.alive(until, now) }) },
+	}
 	r.warn = warners{
 		noDecision:   logagg.New(r.log, "no routing decision; the group waits and is retried", logagg.DefaultEvery),
 		deadLettered: logagg.New(r.log, "group dead-lettered", logagg.DefaultEvery),
 		publish:      logagg.New(r.log, "publish failed; retrying in order (a full dead-letter stream refuses new entries until room is made)", logagg.DefaultEvery),
-		announce:     logagg.New(r.log, "announce failed", logagg.DefaultEvery),
 		checkpoint:   logagg.New(r.log, "checkpoint not saved", logagg.DefaultEvery),
 		window:       logagg.New(r.log, "routing decisions timed out: fewer proposals are kept in flight", logagg.DefaultEvery),
 		lapsed:       logagg.New(r.log, "moving messages the old consumer was delivered and did not ack: it made no progress for its ack wait; it may still process them (the epoch tells the copies apart)", logagg.DefaultEvery),
@@ -365,6 +368,7 @@ func (r *Router) Run(ctx context.Context) error {
 	defer r.stopped.Store(true)
 	defer r.warn.close()
 	defer r.qcheck.close()
+	defer r.live.warn.Close()
 	queueCons, release, err := r.setup(ctx)
 	if err != nil {
 		if ctx.Err() != nil {
@@ -408,7 +412,7 @@ func (r *Router) Run(ctx context.Context) error {
 	g.Go(func() error { r.fairLoop(gctx, queueCons); return nil })
 	g.Go(func() error { r.handOverLoop(gctx); return nil })
 	r.resumeDuties()
-	g.Go(func() error { r.heartbeat(gctx, queueCons); return nil })
+	g.Go(func() error { r.live.run(gctx, queueCons); return nil })
 	g.Go(func() error { r.checkpointLoop(gctx); return nil })
 	g.Go(func() error { r.qcheck.run(gctx); return nil })
 	g.Go(func() error { r.asker(gctx); return nil })
@@ -718,47 +722,6 @@ func (r *Router) timers(ctx context.Context) {
 	}
 }
 
-// presencePoll is how often a node without a queue consumer looks for one
-// (consumer info), so that a consumer's first pull is announced within
-// about this much instead of at the next heartbeat.
-const presencePoll = 100 * time.Millisecond
-
-// heartbeat announces the node every cfg.Heartbeat, with whether its queue
-// consumer has an active puller; while it has none, it looks every
-// presencePoll and announces at once when one appears (the handler then
-// counts the node eligible for new groups and rebalancing).
-func (r *Router) heartbeat(ctx context.Context, cons jetstream.Consumer) {
-	tick := min(presencePoll, r.cfg.Heartbeat)
-	var last time.Time
-	every(ctx, tick, func() {
-		now := time.Now()
-		due := last.IsZero() || now.Sub(last)+tick/2 >= r.cfg.Heartbeat
-		if !due && !r.live.hasConsumer.Load() {
-			due = r.consumerAppeared(ctx, cons)
-		}
-		if !due {
-			return
-		}
-		last = now
-		if err := r.announce(ctx, cons); err != nil && ctx.Err() == nil {
-			r.warn.announce.Warn("", "err", err)
-		}
-	})
-}
-
-// consumerAppeared reports whether the node's queue, which had no consumer
-// at the last announcement, has one now.
-func (r *Router) consumerAppeared(ctx context.Context, cons jetstream.Consumer) bool {
-	ctx, cancel := context.WithTimeout(ctx, presencePoll)
-	defer cancel()
-	info, err := cons.Info(ctx)
-	if err != nil || !consumerPresent(info, time.Now()) {
-		return false
-	}
-	r.log.Debug("queue consumer appeared; announcing now")
-	return true
-}
-
 // every calls fn every d until ctx ends.
 func every(ctx context.Context, d time.Duration, fn func()) {
 	t := time.NewTicker(d)
@@ -773,74 +736,23 @@ func every(ctx context.Context, d time.Duration, fn func()) {
 	}
 }
 
-func (r *Router) nodeTTL() time.Duration {
-	ttl := 3 * r.cfg.Heartbeat
-	if ttl < time.Second {
-		ttl = time.Second
-	}
-	return ttl
-}
-
-func (r *Router) announce(ctx context.Context, cons jetstream.Consumer) error {
-	if r.proc.yielded.Load() {
-		return nil // the record is the other process's
-	}
-	ctx, cancel := context.WithTimeout(ctx, r.cfg.Heartbeat)
-	defer cancel()
-	var pending, unacked uint64
-	if info, err := cons.Info(ctx); err == nil {
-		pending, unacked = info.NumPending, uint64(info.NumAckPending)
-		has := consumerPresent(info, time.Now())
-		if r.live.hasConsumer.Swap(has) != has {
-			r.mu.Lock()
-			r.eng.consumerPresent(has)
-			r.mu.Unlock()
-		}
-	}
+// announcement is what this node announces of itself at now (liveness adds its
+// consumer and the record's times).
+func (r *Router) announcement(now time.Time) kvbinding.NodeInfo {
 	st := r.Stats()
 	info := kvbinding.NodeInfo{
 		Node: r.cfg.Node, Instance: r.proc.instance, Host: r.proc.host, PID: r.proc.pid,
-		Type: string(r.cfg.Type), Handler: r.cfg.Name,
-		HasConsumer: r.live.hasConsumer.Load(), Started: r.started, Heartbeat: time.Now().UTC(), Every: r.cfg.Heartbeat,
+		Type: string(r.cfg.Type), Handler: r.cfg.Name, Started: r.started,
 		Position: st.Position, Held: st.Held, Routed: st.Routed,
 		DecisionErrors: st.DecisionErrors, DeadLettered: st.DeadLettered,
-		QueuePending: pending, QueueUnacked: unacked,
 	}
-	info.Waiting, info.WaitingGroups = r.heldUndecided(info.Heartbeat)
+	info.Waiting, info.WaitingGroups = r.heldUndecided(now)
 	r.mu.Lock()
 	info.Busy, info.BusyMore = r.eng.busyGroups()
 	info.Retrying = r.eng.retryingGroups()
 	info.HeldBack, info.HeldBackGroups = r.eng.heldBack()
 	r.mu.Unlock()
-	sent := time.Now()
-	// Lapsed: the last stored announcement is too old for the record to be
-	// sure to exist; the engine publishes nothing (fenced).
-	lapsed := !r.live.until.IsZero() && !sent.Before(r.live.until)
-	if err := r.reg.Announce(ctx, info, r.nodeTTL()); err != nil {
-		return err
-	}
-	// The record lives nodeTTL from when it was stored, after sent. A
-	// margin of one heartbeat keeps this node's publishes stopped before
-	// the record can have expired anywhere (the handler moves a node's
-	// groups only NodeGrace after that).
-	until := sent.Add(r.nodeTTL() - r.cfg.Heartbeat)
-	if lapsed {
-		// While the record may have been gone (a partition, a pause), the
-		// handler may have moved this node's groups, and this node's
-		// cache may not have those records yet: its view is its side's.
-		// It publishes again only once it has every record stored before
-		// this announcement (docs/protocol.md, "Who may decide, and until
-		// when").
-		r.log.Info("liveness renewed after it may have lapsed: catching up with the binding records before publishing again",
-			"lapsed_for", sent.Sub(r.live.until).Round(time.Millisecond))
-		if err := r.catchUpRecords(ctx); err != nil {
-			return fmt.Errorf("catching up with the binding records after a lapse (still not publishing): %w", err)
-		}
-		r.log.Info("caught up with the binding records; publishing again", "records_through", r.cache.Delivered())
-	}
-	r.live.until = until
-	r.do(func(e *engine, now time.Time) { e.alive(until, now) })
-	return nil
+	return info
 }
 
 // catchUpRecords waits until the cache holds every binding record stored
@@ -993,8 +905,8 @@ type warners struct {
 	// noDecision: failed decisions; deadLettered: dead-lettered groups;
 	// publish: failed publishes; window: decisions that timed out.
 	noDecision, deadLettered, publish, window *logagg.Warner
-	// announce, checkpoint: liveness records and checkpoints not saved.
-	announce, checkpoint *logagg.Warner
+	// checkpoint: checkpoints not saved.
+	checkpoint *logagg.Warner
 	// lapsed: drains that moved what a stalled consumer held; late:
 	// copies the previous owner published late, moved here.
 	lapsed, late *logagg.Warner
@@ -1002,7 +914,7 @@ type warners struct {
 
 // close flushes and stops every warner (those a test left nil too).
 func (w *warners) close() {
-	for _, x := range []*logagg.Warner{w.noDecision, w.deadLettered, w.publish, w.window, w.announce, w.checkpoint, w.lapsed, w.late} {
+	for _, x := range []*logagg.Warner{w.noDecision, w.deadLettered, w.publish, w.window, w.checkpoint, w.lapsed, w.late} {
 		if x != nil {
 			x.Close()
 		}

@@ -117,6 +117,7 @@ func (r *Router) setup(ctx context.Context) (queueCons jetstream.Consumer, relea
 	}); err != nil {
 		return nil, nil, err
 	}
+	r.live.reg = r.reg
 	// Before anything this node id owns (its queue consumer, checkpoint,
 	// liveness record, the handler lease) is touched: is another process
 	// running under the id? (identity.go)
@@ -213,7 +214,7 @@ func (r *Router) setup(ctx context.Context) (queueCons jetstream.Consumer, relea
 		return nil, nil, err
 	}
 	if err := r.setupStep(ctx, "first announcement", func(ctx context.Context) error {
-		return r.announce(ctx, queueCons)
+		return r.live.announce(ctx, queueCons)
 	}); err != nil {
 		return nil, nil, err
 	}

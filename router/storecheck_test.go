@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
-
 )
 
 func TestQueueLost(t *testing.T) {
