@@ -63,7 +63,7 @@ func (r *Router) sendAsks(ctx context.Context, batch []*ask) {
 	for i, a := range batch {
 		ps[i] = a.p
 	}
-	ds, err := r.client.Propose(ctx, ps)
+	ds, err := r.dec.client.Propose(ctx, ps)
 	if err != nil && ctx.Err() != nil {
 		r.mu.Lock()
 		r.eng.abandon(batch)

@@ -98,7 +98,7 @@ func (r *Router) queueBatch(ctx context.Context) (int, bool) {
 // headers are removed once it is sent (the commit's are a copy's): should
 // the batch fail, it is sent again alone.
 func (r *Router) publishBatch(a action) {
-	if r.fastBatches {
+	if r.out.fast {
 		r.publishFastBatch(a)
 		return
 	}
@@ -133,7 +133,7 @@ func (r *Router) publishBatch(a action) {
 	h[headerBatchSeq] = []string{strconv.Itoa(last + 1)}
 	h[headerBatchCommit] = []string{"1"}
 	commit := &nats.Msg{Subject: out.Subject, Header: h, Data: out.Data}
-	err := r.pub.Publish(commit, r.batchDone(o, h[jetstream.MsgIDHeader][0]))
+	err := r.out.pub.Publish(commit, r.batchDone(o, h[jetstream.MsgIDHeader][0]))
 	if err != nil {
 		r.batchNotSent(o, err)
 	}
@@ -150,7 +150,7 @@ func (r *Router) batchDone(o outcome, msgID string) jspub.Callback {
 		if err == nil {
 			r.qcheck.stored(ack.Sequence, msgID)
 		}
-		r.outcomes.add(o)
+		r.out.outcomes.add(o)
 	}
 }
 
@@ -173,7 +173,7 @@ func (r *Router) publishFastBatch(a action) {
 	for i, m := range a.batch {
 		msgs[i] = r.queueMsg(m, a)
 	}
-	if err := r.pub.PublishBatch(msgs, r.batchDone(o, msgs[len(msgs)-1].Header[jetstream.MsgIDHeader][0])); err != nil {
+	if err := r.out.pub.PublishBatch(msgs, r.batchDone(o, msgs[len(msgs)-1].Header[jetstream.MsgIDHeader][0])); err != nil {
 		r.batchNotSent(o, err)
 	}
 }
@@ -185,7 +185,7 @@ func (r *Router) queueMsg(m *msgRec, a action) *nats.Msg {
 	if a.held {
 		out.Subject = HeldSubject(a.node, a.ln.group, m.subject)
 	}
-	out.Header[jetstream.ExpectedStreamHeader] = r.expectQueue
+	out.Header[jetstream.ExpectedStreamHeader] = r.out.expect
 	out.Header[HeaderEpoch] = a.epoch
 	return out
 }

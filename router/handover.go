@@ -270,7 +270,7 @@ func (r *Router) report(ctx context.Context, ps []proposals.Proposal) map[string
 	for off := 0; off < len(ps); off += maxBatch {
 		chunk := ps[off:min(off+maxBatch, len(ps))]
 		for attempt := 1; ; attempt++ {
-			ds, err := r.client.Propose(ctx, chunk)
+			ds, err := r.dec.client.Propose(ctx, chunk)
 			if err == nil {
 				for i, d := range ds {
 					if d.Outcome == proposals.Accepted {

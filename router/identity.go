@@ -45,6 +45,8 @@ type process struct {
 	instance string
 	host     string
 	pid      int
+	// started is when it started routing (setup), announced too.
+	started time.Time
 	// predecessor is the last record of the process the start-up check
 	// found gone under this id (claimNodeID), if any.
 	predecessor kvbinding.NodeInfo
@@ -201,10 +203,10 @@ func (r *Router) claimNodeID(ctx context.Context) error {
 // node stops (Run returns a *NodeIDInUseError).
 func (r *Router) checkOwnRecord(live map[string]kvbinding.NodeInfo) {
 	other, ok := live[r.cfg.Node]
-	if !ok || other.Instance == r.proc.instance || r.started.IsZero() || stalePredecessor(r.proc.predecessor, other) {
+	if !ok || other.Instance == r.proc.instance || r.proc.started.IsZero() || stalePredecessor(r.proc.predecessor, other) {
 		return
 	}
-	if !laterStarter(r.started, r.proc.instance, other) {
+	if !laterStarter(r.proc.started, r.proc.instance, other) {
 		if p := r.proc.warned.Load(); p == nil || *p != other.Instance {
 			r.proc.warned.Store(&other.Instance)
 			r.log.Warn("another process announces this node id; it started later and stops",

@@ -222,7 +222,7 @@ func (r *Router) publish(a action) {
 		if a.held {
 			out.Subject = HeldSubject(a.node, a.ln.group, a.m.subject)
 		}
-		out.Header[jetstream.ExpectedStreamHeader] = r.expectQueue
+		out.Header[jetstream.ExpectedStreamHeader] = r.out.expect
 		out.Header[HeaderEpoch] = a.epoch
 	}
 	o := outcome{ln: a.ln, m: a.m, dlq: a.dlq, reason: a.reason, stripped: a.stripped}
@@ -238,9 +238,9 @@ func (r *Router) publish(a action) {
 			r.laneDuplicate(o, out, a.epoch)
 			return
 		}
-		r.outcomes.add(o)
+		r.out.outcomes.add(o)
 	}
-	if err := r.pub.Publish(out, done); err != nil {
+	if err := r.out.pub.Publish(out, done); err != nil {
 		r.publishFailed(a, refusal(err))
 	}
 }
@@ -262,7 +262,7 @@ type outcome struct {
 // ackBatch hands the engine the outcomes collected since the last batch,
 // under one lock (the publisher calls it after a run of callbacks).
 func (r *Router) ackBatch() {
-	batch := r.outcomes.take()
+	batch := r.out.outcomes.take()
 	if len(batch) == 0 {
 		return
 	}
@@ -271,7 +271,24 @@ func (r *Router) ackBatch() {
 			r.apply(e, o, now)
 		}
 	})
-	r.outcomes.recycle(batch)
+	r.out.outcomes.recycle(batch)
+}
+
+// queueOut is what publishes onto the queue: the pipelined publisher, the
+// kind of a group's batches, the header every publish shares, the
+// outcomes waiting for the engine and the count of messages routed.
+type queueOut struct {
+	pub *jspub.Publisher // opened by setup
+	// fast: a group's batches are fast-ingest ones, not atomic
+	// (queueBatch).
+	fast bool
+	// expect is the Nats-Expected-Stream value of every queue publish,
+	// shared by them (nats.go only reads a header).
+	expect []string
+	// outcomes: publish outcomes waiting to be handed to the engine
+	// (ackBatch).
+	outcomes outcomeQueue
+	routed   atomic.Uint64
 }
 
 // outcomeQueue collects the publishes' outcomes from the publisher's
@@ -311,7 +328,7 @@ func (oq *outcomeQueue) recycle(batch []outcome) {
 func (r *Router) apply(e *engine, o outcome, now time.Time) {
 	if o.batch > 0 {
 		if o.err == nil {
-			r.routed.Add(uint64(o.batch))
+			r.out.routed.Add(uint64(o.batch))
 		} else if !e.closing {
 			r.warn.publish.Warn(o.ln.group, "batch", o.batch, "err", o.err)
 		}
@@ -322,7 +339,7 @@ func (r *Router) apply(e *engine, o outcome, now time.Time) {
 		e.stripped(o.m)
 	}
 	if o.err == nil && !o.dlq {
-		r.routed.Add(1)
+		r.out.routed.Add(1)
 	}
 	if o.err != nil && !e.closing && !errors.Is(o.err, errRefused) {
 		r.warn.publish.Warn(o.ln.group, "ingress_seq", o.m.seq, "dead_letter", o.dlq, "err", o.err)
@@ -455,7 +472,7 @@ func (r *Router) laneDuplicate(o outcome, sent *nats.Msg, epoch []string) {
 		// No other node held the group before this binding: every copy
 		// of its messages is this node's own (a node routing again from
 		// its checkpoint after a restart meets many, and checks none).
-		r.outcomes.add(o)
+		r.out.outcomes.add(o)
 		return
 	}
 	started := r.side.run(r.side.late, func(ctx context.Context) {

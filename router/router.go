@@ -16,7 +16,6 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"golang.org/x/sync/errgroup"
 
-	"github.com/grouprouter/grouprouter/internal/jspub"
 	"github.com/grouprouter/grouprouter/internal/logagg"
 	"github.com/grouprouter/grouprouter/kvbinding"
 	"github.com/grouprouter/grouprouter/proposals"
@@ -122,18 +121,19 @@ type Router struct {
 	// replicas is what the streams got: the parked ones get it too.
 	replicas int
 
-	store   *kvbinding.Store
-	cache   *kvbinding.Cache
-	reg     *kvbinding.Registry
-	handler *proposals.Handler
-	client  *proposals.Client
-	pub     *jspub.Publisher
-	// fastBatches: a group's batches are fast-ingest ones, not atomic
-	// (queueBatch).
-	fastBatches bool
+	store *kvbinding.Store
+	cache *kvbinding.Cache
+	reg   *kvbinding.Registry
+	// dec: this node's LOCAL handler (nil on a REMOTE node) and its
+	// client of the active one.
+	dec struct {
+		handler *proposals.Handler
+		client  *proposals.Client
+	}
+	// out: what publishes onto the queue (ingest.go, batch.go).
+	out queueOut
 
-	ready   chan struct{}
-	started time.Time
+	ready chan struct{}
 
 	// proc is this process under the node id (identity.go).
 	proc process
@@ -152,15 +152,7 @@ type Router struct {
 	suspects suspectSet // nodes not counted on until they announce again
 
 	// live announces the node in its liveness record (liveness.go).
-	live   *liveness
-	routed atomic.Uint64
-	// outcomes: publish outcomes waiting to be handed to the engine
-	// (ackBatch).
-	outcomes outcomeQueue
-
-	// expectQueue is the Nats-Expected-Stream value of every queue
-	// publish, shared by them (nats.go only reads a header).
-	expectQueue []string
+	live *liveness
 
 	// For metrics and readiness (metrics.go, status.go).
 	metrics *nodeMetrics
@@ -211,7 +203,7 @@ func New(nc *nats.Conn, cfg Config) (*Router, error) {
 
 		proc: process{instance: uuid.NewString(), pid: os.Getpid(), conflict: make(chan error, 1)},
 
-		expectQueue: []string{QueueStream},
+		out: queueOut{expect: []string{QueueStream}},
 	}
 	r.proc.host, _ = os.Hostname()
 	r.cond = sync.NewCond(&r.mu)
@@ -255,11 +247,13 @@ func (r *Router) Node() string { return r.cfg.Node }
 
 // HandlerActive reports whether this node's LOCAL handler is the one
 // answering proposals.
-func (r *Router) HandlerActive() bool { return r.isReady() && r.handler != nil && r.handler.Active() }
+func (r *Router) HandlerActive() bool {
+	return r.isReady() && r.dec.handler != nil && r.dec.handler.Active()
+}
 
 // Handler returns the node's LOCAL handler (nil on a REMOTE node or before
 // Run).
-func (r *Router) Handler() *proposals.Handler { return r.handler }
+func (r *Router) Handler() *proposals.Handler { return r.dec.handler }
 
 // Cache returns the node's binding cache (nil before Run).
 func (r *Router) Cache() *kvbinding.Cache { return r.cache }
@@ -274,7 +268,7 @@ func (r *Router) Stats() Stats {
 	e := r.eng
 	waitGroups, waitMsgs := e.fairWaiting()
 	return Stats{
-		Routed: r.routed.Load(), Skipped: e.stats.skipped, DeadLettered: e.stats.deadLettered,
+		Routed: r.out.routed.Load(), Skipped: e.stats.skipped, DeadLettered: e.stats.deadLettered,
 		DecisionErrors: e.stats.decisionErrors, PublishErrors: e.stats.publishErrors, Proposals: e.stats.asked,
 		DecisionTimeouts: e.stats.timeouts, NoHandler: e.stats.noHandler, BelowFloor: e.stats.belowFloor, Refused: e.stats.refused,
 		LimitRefused: e.stats.limitRefused,
@@ -394,8 +388,8 @@ func (r *Router) Run(ctx context.Context) error {
 		r.mu.Unlock()
 	})
 	defer stopWaiting()
-	if r.handler != nil {
-		g.Go(func() error { return ignoreCanceled(r.handler.Run(gctx)) })
+	if r.dec.handler != nil {
+		g.Go(func() error { return ignoreCanceled(r.dec.handler.Run(gctx)) })
 	}
 	if r.cfg.GroupTimeout > 0 {
 		g.Go(func() error { r.reaper(gctx); return nil })
@@ -545,7 +539,7 @@ func (r *Router) drain() {
 	ckpt := r.checkpoint()
 	if r.proc.yielded.Load() {
 		// The checkpoint and the liveness record are the other process's.
-		r.log.Info("node stopped: its id is run by another process", "position", ckpt.Next, "routed", r.routed.Load())
+		r.log.Info("node stopped: its id is run by another process", "position", ckpt.Next, "routed", r.out.routed.Load())
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
@@ -558,7 +552,7 @@ func (r *Router) drain() {
 	if err := r.reg.Withdraw(ctx, r.cfg.Node); err != nil {
 		r.log.Warn("liveness record not withdrawn", "err", err)
 	}
-	r.log.Info("node stopped", "position", ckpt.Next, "routed", r.routed.Load())
+	r.log.Info("node stopped", "position", ckpt.Next, "routed", r.out.routed.Load())
 }
 
 // changeLoop feeds the engine the refs (kvbinding.Ref) of the groups
@@ -742,7 +736,7 @@ func (r *Router) announcement(now time.Time) kvbinding.NodeInfo {
 	st := r.Stats()
 	info := kvbinding.NodeInfo{
 		Node: r.cfg.Node, Instance: r.proc.instance, Host: r.proc.host, PID: r.proc.pid,
-		Type: string(r.cfg.Type), Handler: r.cfg.Name, Started: r.started,
+		Type: string(r.cfg.Type), Handler: r.cfg.Name, Started: r.proc.started,
 		Position: st.Position, Held: st.Held, Routed: st.Routed,
 		DecisionErrors: st.DecisionErrors, DeadLettered: st.DeadLettered,
 	}

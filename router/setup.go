@@ -124,9 +124,9 @@ func (r *Router) setup(ctx context.Context) (queueCons jetstream.Consumer, relea
 	if err := r.claimNodeID(ctx); err != nil {
 		return nil, nil, err
 	}
-	r.started = time.Now().UTC()
+	r.proc.started = time.Now().UTC()
 	batch, fast := r.queueBatch(ctx)
-	r.fastBatches = fast
+	r.out.fast = fast
 	holds := r.queueHolds(ctx) // fair.go
 	maxBatches := maxAtomicInFlight
 	if fast {
@@ -144,11 +144,11 @@ func (r *Router) setup(ctx context.Context) (queueCons jetstream.Consumer, relea
 		spillFrom: spillFrom(r.cfg), maxSpilledBytes: r.cfg.MaxSpilledBytes,
 		groupShare: r.cfg.GroupShare, holds: holds,
 	}, r.cache, rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64())))
-	if r.pub, err = jspub.New(r.nc, 5*time.Second, jspub.WithBatchEnd(r.ackBatch)); err != nil {
+	if r.out.pub, err = jspub.New(r.nc, 5*time.Second, jspub.WithBatchEnd(r.ackBatch)); err != nil {
 		return nil, nil, &SetupError{Step: "queue publisher", Err: err}
 	}
-	undo = append(undo, r.pub.Close)
-	r.client = proposals.NewClient(r.nc, r.cfg.Node, r.cfg.Timeout)
+	undo = append(undo, r.out.pub.Close)
+	r.dec.client = proposals.NewClient(r.nc, r.cfg.Node, r.cfg.Timeout)
 
 	// Background state: the binding cache, its change feed and the node
 	// registry. They outlive routing (the drain at the end still reads
@@ -190,7 +190,7 @@ func (r *Router) setup(ctx context.Context) (queueCons jetstream.Consumer, relea
 	r.eng.begin(resume, floor)
 	r.mu.Unlock()
 	if r.cfg.Type == Local {
-		r.handler = proposals.NewHandler(r.nc, r.store, r.cache, r.reg, proposals.HandlerConfig{
+		r.dec.handler = proposals.NewHandler(r.nc, r.store, r.cache, r.reg, proposals.HandlerConfig{
 			Name: r.cfg.Name, Node: r.cfg.Node, LeaseTTL: r.cfg.LeaseTTL, Logger: r.cfg.Logger,
 			NodeGrace: r.cfg.NodeGrace, RebindAfter: r.cfg.RebindAfter, FenceDeadline: r.cfg.FenceDeadline,
 			RecordTTL: r.cfg.RecordTTL, Queues: queues{r}, InboxPrefix: r.cfg.InboxPrefix, Metrics: r.metrics.handler,
