@@ -298,53 +298,32 @@ type engine struct {
 	lanes map[string]*lane // by group
 	// byRef holds the lanes of long ids by ref (record changes come by
 	// ref); the others' ref is their group.
-	byRef     map[string]*lane
-	heldMsgs  int
-	heldBytes int64
-	// spilledMsgs/spilledBytes: messages held without their body
-	// (msgRec.spilled), apart from heldMsgs and heldBytes.
-	spilledMsgs  int
-	spilledBytes int64
-	inflight     int
-	batches      int // batches in flight
-	track        tracker
-	resume       resumePoint
-	closing      bool
+	byRef    map[string]*lane
+	mem      heldUse // what the held messages take
+	inflight int
+	batches  int // batches in flight
+	track    tracker
+	resume   resumePoint
+	closing  bool
 	// floor is the routing floor as this node knows it (proposals
 	// NextFloor): a message below it that no binding covers was routed
 	// already, under a binding that has ended since; it is dropped.
 	floor uint64
 
-	askQ     []*lane  // lanes whose ask is due now
-	retryQ   askHeap  // asks due later
-	waitQ    waitHeap // asks waiting for the revision their reply named
-	assigned map[string]int
+	asks     askQueues // the asks to the handler and their pace
 	pubRetry []retry
 	rnd      *rand.Rand
-	// pace bounds the proposals in flight to the handler (pace.go).
-	pace window
 
 	live        []string // live node ids, sorted (without counts)
 	liveState   map[string]proposals.NodeState
 	hasConsumer bool
 	rr          int
 
-	// lastActive: when each group bound here last had a message routed
-	// (only with a group timeout), by ref.
-	lastActive map[string]int64
-	// recent: the groups that had a message routed since the last
-	// announcement (busyGroups), at most MaxBusyListed; recentMore: more
-	// did.
-	recent     map[string]struct{}
-	recentMore bool
+	act activity // what the node routed lately
 	// duties: the record revisions of takeovers handed to the shell, so
 	// that each is handed once, by ref.
 	duties map[string]uint64
-	// aliveUntil: until when this node's liveness record surely exists
-	// (zero: not known, not fenced); held: lanes that stopped while it was
-	// fenced.
-	aliveUntil time.Time
-	held       map[*lane]struct{}
+	lapse  fenceState // the liveness fence
 	// fair: each group's share of the queue window (fairshare.go);
 	// fairWait: the lanes waiting in memory for room in it; fairTick
 	// counts the fair shell's rounds.
@@ -355,6 +334,46 @@ type engine struct {
 	stats engineStats
 }
 
+// heldUse is what the messages a node holds take in memory.
+type heldUse struct {
+	heldMsgs  int
+	heldBytes int64
+	// spilledMsgs/spilledBytes: messages held without their body
+	// (msgRec.spilled), apart from heldMsgs and heldBytes.
+	spilledMsgs  int
+	spilledBytes int64
+}
+
+// askQueues are the lanes' asks to the handler: due now, due later,
+// waiting for the revision their reply named; assigned counts, by node,
+// the groups the ungrouped rule assigned; pace bounds the proposals in
+// flight (pace.go).
+type askQueues struct {
+	askQ     []*lane
+	retryQ   askHeap
+	waitQ    waitHeap
+	assigned map[string]int
+	pace     window
+}
+
+// activity is what the node routed lately: lastActive, when each group
+// bound here last had a message routed (only with a group timeout), by
+// ref; recent, the groups that had a message routed since the last
+// announcement (busyGroups), at most MaxBusyListed; recentMore: more did.
+type activity struct {
+	lastActive map[string]int64
+	recent     map[string]struct{}
+	recentMore bool
+}
+
+// fenceState is the liveness fence: aliveUntil, until when this node's
+// liveness record surely exists (zero: not known, not fenced); held, the
+// lanes that stopped while it was fenced.
+type fenceState struct {
+	aliveUntil time.Time
+	held       map[*lane]struct{}
+}
+
 func newEngine(cfg engineConfig, recs records, rnd *rand.Rand) *engine {
 	e := &engine{
 		cfg:       cfg,
@@ -362,17 +381,16 @@ func newEngine(cfg engineConfig, recs records, rnd *rand.Rand) *engine {
 		rnd:       rnd,
 		lanes:     make(map[string]*lane),
 		byRef:     make(map[string]*lane),
-		assigned:  make(map[string]int),
 		liveState: map[string]proposals.NodeState{},
 		duties:    make(map[string]uint64),
-		held:      make(map[*lane]struct{}),
-		recent:    make(map[string]struct{}),
-		pace:      newWindow(windowMin, windowMax, maxBatch),
+		lapse:     fenceState{held: make(map[*lane]struct{})},
+		act:       activity{recent: make(map[string]struct{})},
+		asks:      askQueues{assigned: make(map[string]int), pace: newWindow(windowMin, windowMax, maxBatch)},
 		fair:      newFairShare(cfg.groupShare),
 		fairWait:  make(map[*lane]struct{}),
 	}
 	if cfg.groupTimeout > 0 {
-		e.lastActive = make(map[string]int64)
+		e.act.lastActive = make(map[string]int64)
 	}
 	return e
 }
@@ -415,8 +433,8 @@ func (e *engine) emit(a action) { e.out = append(e.out, a) }
 // full reports whether the node must stop reading the ingress until work
 // is done: too many messages held or publishes in flight.
 func (e *engine) full() bool {
-	return e.heldMsgs >= e.cfg.maxHeldMessages || e.heldBytes >= e.cfg.maxHeldBytes || e.inflight >= e.cfg.maxInFlight ||
-		(e.cfg.spillFrom > 0 && e.spilledBytes >= e.cfg.maxSpilledBytes)
+	return e.mem.heldMsgs >= e.cfg.maxHeldMessages || e.mem.heldBytes >= e.cfg.maxHeldBytes || e.inflight >= e.cfg.maxInFlight ||
+		(e.cfg.spillFrom > 0 && e.mem.spilledBytes >= e.cfg.maxSpilledBytes)
 }
 
 // The held messages are past spillFrom bytes, or half of maxHeldMessages.
@@ -440,16 +458,16 @@ func (e *engine) maybeSpill(ln *lane, m *msgRec) {
 		return
 	}
 	cost := spillCost(m, ln.group)
-	byCount := e.heldMsgs >= e.cfg.maxHeldMessages/2
-	if !byCount && (e.heldBytes < e.cfg.spillFrom || 2*cost > m.size) {
+	byCount := e.mem.heldMsgs >= e.cfg.maxHeldMessages/2
+	if !byCount && (e.mem.heldBytes < e.cfg.spillFrom || 2*cost > m.size) {
 		return
 	}
-	e.heldMsgs--
-	e.heldBytes -= int64(m.size)
+	e.mem.heldMsgs--
+	e.mem.heldBytes -= int64(m.size)
 	m.spilled, m.payload = true, nil
 	m.size = cost
-	e.spilledMsgs++
-	e.spilledBytes += int64(m.size)
+	e.mem.spilledMsgs++
+	e.mem.spilledBytes += int64(m.size)
 	e.stats.spilled++
 }
 
@@ -485,8 +503,8 @@ func (e *engine) ingest(group string, m *msgRec, now time.Time) {
 		ln = e.newLane(group, ref)
 	}
 	ln.msgs = append(ln.msgs, m)
-	e.heldMsgs++
-	e.heldBytes += int64(m.size)
+	e.mem.heldMsgs++
+	e.mem.heldBytes += int64(m.size)
 	e.pump(ln, now)
 	e.maybeSpill(ln, m)
 }
@@ -545,7 +563,7 @@ func (e *engine) pump(ln *lane, now time.Time) {
 			// This node's liveness record may have lapsed: the handler may
 			// give its groups to others. It publishes nothing until an
 			// announcement is stored again (unfence pumps the lane).
-			e.held[ln] = struct{}{}
+			e.lapse.held[ln] = struct{}{}
 			return
 		}
 		if ln.group == "" {
@@ -638,28 +656,28 @@ func (e *engine) decided(ln *lane, now time.Time) {
 // last stored announcement is too old for its liveness record to be sure
 // to exist (aliveUntil; zero: not fenced).
 func (e *engine) fenced(now time.Time) bool {
-	return !e.aliveUntil.IsZero() && !now.Before(e.aliveUntil)
+	return !e.lapse.aliveUntil.IsZero() && !now.Before(e.lapse.aliveUntil)
 }
 
 // alive takes the time until which this node's liveness record is known
 // to exist (an announcement was stored), and routes what it held while it
 // was fenced.
 func (e *engine) alive(until, now time.Time) {
-	e.aliveUntil = until
+	e.lapse.aliveUntil = until
 	if e.fenced(now) {
 		return
 	}
 	if len(e.pubRetry) > 0 {
 		e.due(now) // the retries held back while fenced
 	}
-	if len(e.held) == 0 {
+	if len(e.lapse.held) == 0 {
 		return
 	}
-	held := make([]*lane, 0, len(e.held))
-	for ln := range e.held {
+	held := make([]*lane, 0, len(e.lapse.held))
+	for ln := range e.lapse.held {
 		held = append(held, ln)
 	}
-	e.held = make(map[*lane]struct{})
+	e.lapse.held = make(map[*lane]struct{})
 	// In group order: the publishes come out the same way every time (the
 	// simulation replays a seed exactly).
 	sort.Slice(held, func(i, j int) bool { return held[i].group < held[j].group })
@@ -689,11 +707,11 @@ func (ln *lane) popHead() {
 // release accounts a message as done.
 func (e *engine) release(m *msgRec) {
 	if m.spilled {
-		e.spilledMsgs--
-		e.spilledBytes -= int64(m.size)
+		e.mem.spilledMsgs--
+		e.mem.spilledBytes -= int64(m.size)
 	} else {
-		e.heldMsgs--
-		e.heldBytes -= int64(m.size)
+		e.mem.heldMsgs--
+		e.mem.heldBytes -= int64(m.size)
 	}
 	e.track.resolve(m.seq)
 }
@@ -964,7 +982,7 @@ func (e *engine) stepAsk(ln *lane, p proposals.Proposal, rev uint64) {
 	ln.changing = true
 	a := &ask{p: p, lane: ln, index: -1, after: rev}
 	ln.ask = a
-	e.askQ = append(e.askQ, ln)
+	e.asks.askQ = append(e.asks.askQ, ln)
 	e.emit(action{kind: actAsk})
 }
 
@@ -978,12 +996,12 @@ func (e *engine) needBinding(ln *lane, now time.Time) {
 	a := &ask{lane: ln, index: -1}
 	ln.ask = a
 	if e.isProposer(ln.group) {
-		e.askQ = append(e.askQ, ln)
+		e.asks.askQ = append(e.asks.askQ, ln)
 		e.emit(action{kind: actAsk})
 		return
 	}
 	a.due = now.Add(e.cfg.timeout)
-	heap.Push(&e.retryQ, a)
+	heap.Push(&e.asks.retryQ, a)
 	e.emit(action{kind: actRetry, at: a.due})
 }
 
@@ -995,7 +1013,7 @@ func (e *engine) dropAsk(ln *lane) {
 		return
 	}
 	if a.index >= 0 {
-		heap.Remove(&e.retryQ, a.index)
+		heap.Remove(&e.asks.retryQ, a.index)
 	}
 	ln.ask = nil
 }
@@ -1009,19 +1027,19 @@ func (e *engine) isProposer(group string) bool {
 // proposals in flight has room for and as fit in
 // proposals.RequestBudget bytes, and marks them in flight.
 func (e *engine) askBatch(max int, now time.Time) []*ask {
-	for e.retryQ.Len() > 0 && !e.retryQ[0].due.After(now) {
-		a := heap.Pop(&e.retryQ).(*ask)
-		e.askQ = append(e.askQ, a.lane)
+	for e.asks.retryQ.Len() > 0 && !e.asks.retryQ[0].due.After(now) {
+		a := heap.Pop(&e.asks.retryQ).(*ask)
+		e.asks.askQ = append(e.asks.askQ, a.lane)
 	}
-	max = min(max, e.pace.room())
+	max = min(max, e.asks.pace.room())
 	var batch []*ask
 	size := 0
 	pop := func() {
-		e.askQ[0] = nil
-		e.askQ = e.askQ[1:]
+		e.asks.askQ[0] = nil
+		e.asks.askQ = e.asks.askQ[1:]
 	}
-	for len(e.askQ) > 0 && len(batch) < max {
-		ln := e.askQ[0]
+	for len(e.asks.askQ) > 0 && len(batch) < max {
+		ln := e.asks.askQ[0]
 		a := ln.ask
 		if a == nil || a.inFlight || e.lanes[ln.group] != ln {
 			pop()
@@ -1045,13 +1063,13 @@ func (e *engine) askBatch(max int, now time.Time) []*ask {
 		size += n
 		if p.Op == "" {
 			a.p = p
-			e.assigned[p.Node]++
+			e.asks.assigned[p.Node]++
 			a.sent = now
 		}
 		a.inFlight = true
 		batch = append(batch, a)
 	}
-	e.pace.sent(len(batch))
+	e.asks.pace.sent(len(batch))
 	e.stats.asked += uint64(len(batch))
 	return batch
 }
@@ -1060,31 +1078,31 @@ func (e *engine) askBatch(max int, now time.Time) []*ask {
 // handler became active, so the asks that failed for want of one need not
 // wait out their backoff.
 func (e *engine) retryNow(now time.Time) {
-	if e.retryQ.Len() == 0 {
+	if e.asks.retryQ.Len() == 0 {
 		return
 	}
-	for _, a := range e.retryQ {
+	for _, a := range e.asks.retryQ {
 		if a.attempt > 0 {
 			a.due = now
 		}
 	}
-	heap.Init(&e.retryQ)
+	heap.Init(&e.asks.retryQ)
 	e.emit(action{kind: actAsk})
 }
 
 // nextDue returns when the next ask or publish retry is due (zero: none).
 func (e *engine) nextDue() time.Time {
 	var next time.Time
-	if e.retryQ.Len() > 0 {
-		next = e.retryQ[0].due
+	if e.asks.retryQ.Len() > 0 {
+		next = e.asks.retryQ[0].due
 	}
 	for _, r := range e.pubRetry {
 		if next.IsZero() || r.due.Before(next) {
 			next = r.due
 		}
 	}
-	if e.waitQ.Len() > 0 && (next.IsZero() || e.waitQ[0].until.Before(next)) {
-		next = e.waitQ[0].until
+	if e.asks.waitQ.Len() > 0 && (next.IsZero() || e.asks.waitQ[0].until.Before(next)) {
+		next = e.asks.waitQ[0].until
 	}
 	return next
 }
@@ -1140,14 +1158,14 @@ func (e *engine) due(now time.Time) {
 		clear(e.pubRetry[len(rest):])
 		e.pubRetry = rest
 	}
-	for e.waitQ.Len() > 0 && !e.waitQ[0].until.After(now) {
-		w := heap.Pop(&e.waitQ).(waitEntry)
+	for e.asks.waitQ.Len() > 0 && !e.asks.waitQ[0].until.After(now) {
+		w := heap.Pop(&e.asks.waitQ).(waitEntry)
 		if a := w.a; a.waitRev != 0 && a.waitUntil.Equal(w.until) && a.lane.ask == a {
 			a.waitRev = 0
 			e.failed(a, fmt.Errorf("the record revision the handler named did not arrive within %v", e.cfg.timeout), now)
 		}
 	}
-	if e.retryQ.Len() > 0 && !e.retryQ[0].due.After(now) {
+	if e.asks.retryQ.Len() > 0 && !e.asks.retryQ[0].due.After(now) {
 		e.emit(action{kind: actAsk})
 	}
 }
@@ -1169,7 +1187,7 @@ func (e *engine) chooseNode(group string) string {
 		}
 	}
 	e.rr++
-	return proposals.LeastLoaded(eligible, func(n string) int { return e.groupCount(n) + e.assigned[n] }, e.rr)
+	return proposals.LeastLoaded(eligible, func(n string) int { return e.groupCount(n) + e.asks.assigned[n] }, e.rr)
 }
 
 // groupCount is the engine's view of how many groups node has (the
@@ -1183,11 +1201,11 @@ func (e *engine) groupCount(node string) int {
 
 // abandon returns asks that could not be sent (the node is stopping).
 func (e *engine) abandon(batch []*ask) {
-	e.pace.unsent(len(batch))
+	e.asks.pace.unsent(len(batch))
 	for _, a := range batch {
 		a.inFlight = false
 		if a.p.Op == "" || a.p.Op == proposals.OpBind {
-			e.assigned[a.p.Node]--
+			e.asks.assigned[a.p.Node]--
 		}
 	}
 }
@@ -1196,18 +1214,18 @@ func (e *engine) abandon(batch []*ask) {
 // or a decision per ask.
 func (e *engine) replied(batch []*ask, ds []proposals.Decision, err error, now time.Time) {
 	timedOut := errors.Is(err, proposals.ErrDecisionTimeout)
-	cuts := e.pace.cuts
-	e.pace.answered(len(batch), timedOut, err != nil && !timedOut, e.cfg.timeout, now)
-	if e.pace.cuts != cuts {
+	cuts := e.asks.pace.cuts
+	e.asks.pace.answered(len(batch), timedOut, err != nil && !timedOut, e.cfg.timeout, now)
+	if e.asks.pace.cuts != cuts {
 		e.stats.windowCuts++
-		e.emit(action{kind: actWindow, count: int(e.pace.limit)})
+		e.emit(action{kind: actWindow, count: int(e.asks.pace.limit)})
 	}
-	if len(e.askQ) > 0 || (e.retryQ.Len() > 0 && !e.retryQ[0].due.After(now)) {
+	if len(e.asks.askQ) > 0 || (e.asks.retryQ.Len() > 0 && !e.asks.retryQ[0].due.After(now)) {
 		e.emit(action{kind: actAsk}) // the window has room again
 	}
 	for i, a := range batch {
 		if a.p.Op == "" || a.p.Op == proposals.OpBind {
-			e.assigned[a.p.Node]--
+			e.asks.assigned[a.p.Node]--
 		}
 		a.inFlight = false
 		if err != nil {
@@ -1254,7 +1272,7 @@ func (e *engine) replied(batch []*ask, ds []proposals.Decision, err error, now t
 			continue
 		}
 		a.waitRev, a.waitUntil = d.Revision, now.Add(e.cfg.timeout)
-		heap.Push(&e.waitQ, waitEntry{until: a.waitUntil, a: a})
+		heap.Push(&e.asks.waitQ, waitEntry{until: a.waitUntil, a: a})
 		e.emit(action{kind: actRetry, at: a.waitUntil})
 	}
 }
@@ -1326,7 +1344,7 @@ func (e *engine) failed(a *ask, err error, now time.Time) {
 		}
 	}
 	a.due = now.Add(e.backoff(a.attempt))
-	heap.Push(&e.retryQ, a)
+	heap.Push(&e.asks.retryQ, a)
 	e.emit(action{kind: actRetry, at: a.due})
 }
 
@@ -1411,7 +1429,7 @@ func (e *engine) deadLettered(ln *lane, now time.Time) {
 		rev = route.Revision
 	}
 	a.after = rev
-	e.askQ = append(e.askQ, ln)
+	e.asks.askQ = append(e.asks.askQ, ln)
 	e.emit(action{kind: actAsk})
 }
 
@@ -1426,14 +1444,14 @@ type failure struct {
 // touch records that a message of ln's group was routed now (idle
 // expiry).
 func (e *engine) touch(ln *lane, now time.Time) {
-	if e.lastActive != nil {
-		e.lastActive[ln.ref] = now.UnixNano()
+	if e.act.lastActive != nil {
+		e.act.lastActive[ln.ref] = now.UnixNano()
 	}
-	if _, ok := e.recent[ln.group]; !ok && !e.recentMore {
-		if len(e.recent) < kvbinding.MaxBusyListed {
-			e.recent[ln.group] = struct{}{}
+	if _, ok := e.act.recent[ln.group]; !ok && !e.act.recentMore {
+		if len(e.act.recent) < kvbinding.MaxBusyListed {
+			e.act.recent[ln.group] = struct{}{}
 		} else {
-			e.recentMore = true
+			e.act.recentMore = true
 		}
 	}
 }
@@ -1446,18 +1464,18 @@ func (e *engine) busyGroups() (busy []string, more bool) {
 	// offers them in: a heap of that many, not a sort of every lane (a
 	// burst holds hundreds of thousands).
 	top := newTopK(kvbinding.MaxBusyListed, func(a, b string) bool { return a < b })
-	for g := range e.recent {
+	for g := range e.act.recent {
 		top.offer(g)
 	}
 	for g, ln := range e.lanes {
-		if _, listed := e.recent[g]; listed || g == "" || (len(ln.msgs) == 0 && ln.inflight == 0) {
+		if _, listed := e.act.recent[g]; listed || g == "" || (len(ln.msgs) == 0 && ln.inflight == 0) {
 			continue
 		}
 		top.offer(g)
 	}
-	more = e.recentMore || top.seen > kvbinding.MaxBusyListed
-	clear(e.recent)
-	e.recentMore = false
+	more = e.act.recentMore || top.seen > kvbinding.MaxBusyListed
+	clear(e.act.recent)
+	e.act.recentMore = false
 	return top.sorted(), more
 }
 
@@ -1485,8 +1503,8 @@ func (e *engine) reap(mine []string, now time.Time) (unnamed []string) {
 		if ref == "" {
 			continue
 		}
-		if _, seen := e.lastActive[ref]; !seen {
-			e.lastActive[ref] = now.UnixNano() // bound before this node started: idle from now
+		if _, seen := e.act.lastActive[ref]; !seen {
+			e.act.lastActive[ref] = now.UnixNano() // bound before this node started: idle from now
 			continue
 		}
 		if !e.idle(ref, now) || e.fair.holding(ref) {
@@ -1507,7 +1525,7 @@ func (e *engine) reap(mine []string, now time.Time) (unnamed []string) {
 // idle.
 func (e *engine) reapNamed(names map[string]string, now time.Time) {
 	for ref, group := range names {
-		if _, seen := e.lastActive[ref]; seen && e.idle(ref, now) {
+		if _, seen := e.act.lastActive[ref]; seen && e.idle(ref, now) {
 			e.expire(group, ref, now)
 		}
 	}
@@ -1516,7 +1534,7 @@ func (e *engine) reapNamed(names map[string]string, now time.Time) {
 // idle reports whether the group of ref, seen active, has been idle for
 // the group timeout and is settled on this node.
 func (e *engine) idle(ref string, now time.Time) bool {
-	if now.UnixNano()-e.lastActive[ref] < e.cfg.groupTimeout.Nanoseconds() || e.laneOf(ref) != nil {
+	if now.UnixNano()-e.act.lastActive[ref] < e.cfg.groupTimeout.Nanoseconds() || e.laneOf(ref) != nil {
 		return false
 	}
 	route, ok := e.recs.Lookup(ref)
@@ -1525,7 +1543,7 @@ func (e *engine) idle(ref string, now time.Time) bool {
 
 // expire asks to release an idle group.
 func (e *engine) expire(group, ref string, now time.Time) {
-	delete(e.lastActive, ref)
+	delete(e.act.lastActive, ref)
 	ln := e.newLane(group, ref)
 	e.askRelease(ln, e.position()-1, proposals.EventExpire, fmt.Sprintf("no message for %v (group-timeout)", e.cfg.groupTimeout), now)
 }
@@ -1541,13 +1559,13 @@ func (e *engine) setLive(state map[string]proposals.NodeState, now time.Time) {
 	sort.Strings(ids)
 	e.live, e.liveState = ids, state
 	moved := false
-	for _, a := range e.retryQ {
+	for _, a := range e.asks.retryQ {
 		if a.attempt == 0 && a.p.Op == "" && a.due.After(now) && e.isProposer(a.lane.group) {
 			a.due, moved = now, true
 		}
 	}
 	if moved {
-		heap.Init(&e.retryQ)
+		heap.Init(&e.asks.retryQ)
 		e.emit(action{kind: actAsk})
 	}
 }

@@ -225,11 +225,11 @@ func TestEngineHogsMemory(t *testing.T) {
 	lanes := make([]*lane, 10)
 	fill := func(sizes ...int) {
 		clear(e.fairWait)
-		e.heldMsgs = 0
+		e.mem.heldMsgs = 0
 		for i, n := range sizes {
 			lanes[i] = &lane{group: "g" + strconv.Itoa(i), msgs: make([]*msgRec, n)}
 			e.fairWait[lanes[i]] = struct{}{}
-			e.heldMsgs += n
+			e.mem.heldMsgs += n
 		}
 	}
 	fill(5, 5, 5, 5, 5, 5, 5, 5, 5, 5)

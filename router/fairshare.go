@@ -454,7 +454,7 @@ func (e *engine) fairWaits(ln *lane, m *msgRec, now time.Time) bool {
 	}
 	ln.fairTick = e.fairTick
 	if now.Sub(ln.fairHead) < fairMemoryWait && len(ln.msgs) < e.cfg.maxHeldMessages/4 &&
-		(e.heldBytes < e.cfg.maxHeldBytes/2 || !e.hogsMemory(ln)) {
+		(e.mem.heldBytes < e.cfg.maxHeldBytes/2 || !e.hogsMemory(ln)) {
 		return true
 	}
 	// Too long or too big: its messages go to the held subject (aim), and
@@ -482,7 +482,7 @@ func (e *engine) fairWaits(ln *lane, m *msgRec, now time.Time) bool {
 // have a publish in flight), so "few waiting lanes go" brought back the
 // collapse (45,565 of 100,000 not arrived).
 func (e *engine) hogsMemory(ln *lane) bool {
-	return len(ln.msgs)*max(len(e.fairWait), 1) > 2*e.heldMsgs
+	return len(ln.msgs)*max(len(e.fairWait), 1) > 2*e.mem.heldMsgs
 }
 
 // endWait ends ln's wait in memory, announcing its end if its start was.

@@ -88,7 +88,7 @@ func TestEngineWithoutTheFirstMessageWaitsAtTheGroupLimit(t *testing.T) {
 			t.Fatalf("dead-lettered without the first message: %+v", act)
 		}
 	}
-	if ln := e.lanes["g"]; ln == nil || ln.deadLettering || ln.ask == nil || e.retryQ.Len() != 1 {
+	if ln := e.lanes["g"]; ln == nil || ln.deadLettering || ln.ask == nil || e.asks.retryQ.Len() != 1 {
 		t.Fatalf("lane %+v: want it waiting with a retry scheduled", ln)
 	}
 }

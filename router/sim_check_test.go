@@ -636,8 +636,8 @@ func (c *simChecker) unsettled() string {
 			return n.id + " is stopping"
 		case !n.up():
 			continue
-		case n.eng.heldMsgs > 0 || n.eng.inflight > 0:
-			return fmt.Sprintf("%s holds %d messages, %d publishes in flight", n.id, n.eng.heldMsgs, n.eng.inflight)
+		case n.eng.mem.heldMsgs > 0 || n.eng.inflight > 0:
+			return fmt.Sprintf("%s holds %d messages, %d publishes in flight", n.id, n.eng.mem.heldMsgs, n.eng.inflight)
 		case len(n.eng.lanes) > 0:
 			return fmt.Sprintf("%s has %d lanes (%v)", n.id, len(n.eng.lanes), sortedKeys(n.eng.lanes))
 		case n.readPos <= uint64(len(w.ingress)):
