@@ -207,6 +207,7 @@ func TestSetupStopsOnPermanentErrors(t *testing.T) {
 // them; a node on a cluster of two, which cannot place three, waits for it
 // to form, then settles for one, and routes.
 func TestAutoReplicas(t *testing.T) {
+	t.Parallel() // see doc.go
 	for _, tt := range []struct {
 		name    string
 		servers int

@@ -79,6 +79,7 @@ func browse(t *testing.T, browser, url string, extra ...string) string {
 // status request before it) the events are listed and every chart has a
 // line; the screenshot is kept.
 func TestStatusPageInBrowser(t *testing.T) {
+	t.Parallel() // see doc.go
 	browser := findBrowser(t)
 	srv := natstest.RunServer(t)
 	// The nodes as users run them, each serving its operator endpoints

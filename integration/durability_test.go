@@ -187,6 +187,7 @@ func forgetStream(t testing.TB, s *natstest.Server, stream string) {
 // and the lost sequences, logs at error and announces a "queue-loss"
 // event; what it routes afterwards is delivered.
 func TestQueueLostWritesUnderARunningNode(t *testing.T) {
+	t.Parallel() // see doc.go
 	s := natstest.RunServer(t)
 	cfg := testConfig("n0", router.Local)
 	logs := captureLogs(&cfg, slog.LevelError)

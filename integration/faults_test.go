@@ -1231,6 +1231,7 @@ func TestLeaderStepdownsUnderLoad(t *testing.T) {
 // being decided. The decision stall is measured from
 // the kill to the first consumption of a group first published after it.
 func TestActiveHandlerKilledUnderLoad(t *testing.T) {
+	t.Parallel() // see doc.go
 	c, nodes, col, admin, js := loadedCluster(t, "LLR")
 	st := openStore(t, admin)
 	ps := []*loadProducer{

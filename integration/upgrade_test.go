@@ -37,6 +37,7 @@ const upgradeBase = "0f01eb2370378d4e074ca00212ade7bcb741def2"
 // Every message is delivered exactly once, in
 // order per group. The binaries are built and run as users run them.
 func TestRollingUpgrade(t *testing.T) {
+	t.Parallel() // see doc.go
 	oldBin := buildRelease(t, upgradeBase)
 	newBin := buildRelease(t, "")
 	c := natstest.RunCluster(t, 3)
