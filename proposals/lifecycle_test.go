@@ -1,10 +1,8 @@
 package proposals
 
 import (
-	"bufio"
 	"flag"
 	"fmt"
-	"os"
 	"path/filepath"
 	"reflect"
 	"sort"
@@ -13,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/grouprouter/grouprouter/internal/scripttest"
 	"github.com/grouprouter/grouprouter/kvbinding"
 )
 
@@ -43,46 +42,6 @@ func TestLifecycleScripts(t *testing.T) {
 	}
 }
 
-type scriptBlock struct {
-	cmds []string
-	want []string
-}
-
-func readScript(t *testing.T, file string) []scriptBlock {
-	f, err := os.Open(file)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	var (
-		blocks []scriptBlock
-		cur    scriptBlock
-		inWant bool
-	)
-	sc := bufio.NewScanner(f)
-	flush := func() {
-		if len(cur.cmds) > 0 || len(cur.want) > 0 {
-			blocks = append(blocks, cur)
-		}
-		cur, inWant = scriptBlock{}, false
-	}
-	for sc.Scan() {
-		line := sc.Text()
-		switch {
-		case strings.TrimSpace(line) == "":
-			flush()
-		case line == "----":
-			inWant = true
-		case inWant:
-			cur.want = append(cur.want, line)
-		default:
-			cur.cmds = append(cur.cmds, line)
-		}
-	}
-	flush()
-	return blocks
-}
-
 // scriptState is what a script has set up so far.
 type scriptState struct {
 	group string
@@ -93,45 +52,14 @@ type scriptState struct {
 }
 
 func runScript(t *testing.T, file string) {
-	blocks := readScript(t, file)
 	st := &scriptState{group: "g", live: map[string]NodeState{}, now: time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)}
-	var out strings.Builder
-	failed := false
-	for _, b := range blocks {
-		var got []string
-		for _, cmd := range b.cmds {
-			if strings.HasPrefix(cmd, "#") {
-				continue
-			}
-			line, err := st.run(cmd)
-			if err != nil {
-				t.Fatalf("%s: %q: %v", file, cmd, err)
-			}
-			if line != "" {
-				got = append(got, line)
-			}
+	scripttest.Run(t, file, *rewrite, func(cmd string) ([]string, error) {
+		line, err := st.run(cmd)
+		if line == "" {
+			return nil, err
 		}
-		for _, cmd := range b.cmds {
-			out.WriteString(cmd + "\n")
-		}
-		if len(got) > 0 || len(b.want) > 0 {
-			out.WriteString("----\n")
-			for _, l := range got {
-				out.WriteString(l + "\n")
-			}
-		}
-		out.WriteString("\n")
-		if !*rewrite && !reflect.DeepEqual(got, b.want) && !(len(got) == 0 && len(b.want) == 0) {
-			failed = true
-			t.Errorf("%s:\n%s\ngot:\n  %s\nwant:\n  %s", file, strings.Join(b.cmds, "\n"), strings.Join(got, "\n  "), strings.Join(b.want, "\n  "))
-		}
-	}
-	if *rewrite {
-		if err := os.WriteFile(file, []byte(strings.TrimRight(out.String(), "\n")+"\n"), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	_ = failed
+		return []string{line}, err
+	})
 }
 
 func (st *scriptState) run(cmd string) (string, error) {

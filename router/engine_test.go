@@ -13,6 +13,8 @@ import (
 
 // Focused tests of lane-engine behaviour the deterministic simulation
 // (TestSimulation) found wrong; each names the seed that first showed it.
+// Those that need only the engine's inputs and actions are scripts under
+// testdata/engine (TestEngineScripts); these look inside it.
 
 // mapRecords is the engine's view of the records, from a map.
 type mapRecords map[string]kvbinding.Binding
@@ -38,91 +40,6 @@ func kinds(acts []action) map[actKind]int {
 		out[a.kind]++
 	}
 	return out
-}
-
-// A bind rejected by a handler whose view lagged the node's (the node has
-// already seen the group released) must not leave the answered ask on the
-// lane: the lane asks again. Seed 171.
-func TestEngineAsksAgainAfterARejectedBindItOutran(t *testing.T) {
-	now := testNow
-	recs := mapRecords{"g": {State: kvbinding.StateBound, Node: "n1", FromSeq: 1, Revision: 5}}
-	e := newTestEngine("n1", recs)
-	// The group is released (rev 6) while message 22 waits for a binding.
-	recs["g"] = kvbinding.Binding{State: kvbinding.StateReleased, PrevNode: "n1", ThroughSeq: 21, Revision: 6}
-	e.ingest("g", &msgRec{seq: 22}, now)
-	e.take()
-	batch := e.askBatch(10, now)
-	if len(batch) != 1 || batch[0].p.Seq != 22 {
-		t.Fatalf("asks: %+v, want one bind for seq 22", batch)
-	}
-	// The handler still saw rev 5 (bound): rejected, naming rev 5, which the
-	// node has outrun.
-	e.replied(batch, []proposals.Decision{{Group: "g", Outcome: proposals.Rejected, Revision: 5}}, nil, now)
-	e.take()
-	if got := e.askBatch(10, now.Add(2*time.Second)); len(got) != 1 || got[0].p.Seq != 22 {
-		t.Fatalf("after the rejection the lane asks %+v, want a new bind for seq 22", got)
-	}
-}
-
-// The same, when the reply names a revision the node sees only later.
-func TestEngineAsksAgainWhenTheNamedRevisionEndsTheBinding(t *testing.T) {
-	now := testNow
-	recs := mapRecords{}
-	e := newTestEngine("n1", recs)
-	e.ingest("g", &msgRec{seq: 3}, now)
-	e.take()
-	batch := e.askBatch(10, now)
-	if len(batch) != 1 {
-		t.Fatalf("asks: %+v", batch)
-	}
-	e.replied(batch, []proposals.Decision{{Group: "g", Outcome: proposals.Rejected, Revision: 4}}, nil, now)
-	// Revision 4 arrives, and is already a released record that ends
-	// before message 3.
-	recs["g"] = kvbinding.Binding{State: kvbinding.StateReleased, PrevNode: "n2", ThroughSeq: 2, Revision: 4}
-	e.changed("g", now)
-	e.take()
-	if got := e.askBatch(10, now.Add(2*time.Second)); len(got) != 1 || got[0].p.Seq != 3 {
-		t.Fatalf("after revision 4 the lane asks %+v, want a new bind for seq 3", got)
-	}
-}
-
-// A record naming this node for a takeover step is handed to the shell
-// even when the lane it finds holds only the previous owner's messages
-// (which pump skips, emptying the lane). Seed 4050.
-func TestEngineHandsTheDutyWhenTheLaneEmpties(t *testing.T) {
-	now := testNow
-	recs := mapRecords{"g": {State: kvbinding.StateMoving, Node: "n1", PrevNode: "n2", FromSeq: 1, Revision: 3}}
-	e := newTestEngine("n1", recs)
-	e.ingest("g", &msgRec{seq: 33}, now) // held: a move to this node is in progress
-	e.take()
-	recs["g"] = kvbinding.Binding{State: kvbinding.StateBound, Node: "n1", PrevNode: "n2", FromSeq: 34,
-		Step: kvbinding.StepDrain, Drain: []string{"n2"}, Revision: 4}
-	e.changed("g", now)
-	acts := e.take()
-	if kinds(acts)[actDuty] != 1 {
-		t.Fatalf("actions %+v, want the drain duty handed", acts)
-	}
-	if e.lanes["g"] != nil {
-		t.Errorf("the lane of the previous owner's message is still there")
-	}
-}
-
-// After a restart, a catch-up covers the messages below the checkpoint's
-// Next: ingest skips those the checkpoint marks done, and some may be the
-// group's, skipped while another node owned it. Seed 16649.
-func TestEngineTakeoverFromCoversTheResumeCheckpoint(t *testing.T) {
-	now := testNow
-	e := newTestEngine("n1", mapRecords{})
-	e.resume = resumePoint{ckpt: kvbinding.Checkpoint{Next: 38, Pending: [][2]uint64{{32, 33}}}}
-	for seq := uint64(32); seq <= 36; seq++ {
-		e.ingest("other", &msgRec{seq: seq}, now)
-	}
-	if p := e.position(); p != 37 {
-		t.Fatalf("position %d, want 37", p)
-	}
-	if got := e.takeoverFrom("g"); got != 38 {
-		t.Errorf("takeoverFrom = %d, want 38 (the checkpoint's Next)", got)
-	}
 }
 
 // A long id's lane is found by its ref, which is how the cache tells of
