@@ -75,7 +75,15 @@ func TestBatchesAcrossFaults(t *testing.T) {
 			// The owner's first checkpoint is saved before the fault, so
 			// that the crash hits a node resuming from its checkpoint (a
 			// node without one holds the routing floor:
-			// TestFloorHeldByALiveNodeWithoutCheckpoint).
+			// TestFloorHeldByALiveNodeWithoutCheckpoint), and it starts
+			// past the groups' first messages: a restarted node is gone
+			// until its old liveness record expires, and the handler moves
+			// at once a gone node's groups bound at or after its
+			// checkpoint's start (issue 29, item 5). With the first
+			// message still pending in the last checkpoint saved (seen
+			// under load: "node n1 gone; its group was bound after its
+			// last checkpoint" fence=1), hot-0 moved, by design, and the
+			// test took it for a split.
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()
 			reg, err := kvbinding.OpenRegistry(ctx, js, kvbinding.RegistryConfig{}, nil)
@@ -83,8 +91,8 @@ func TestBatchesAcrossFaults(t *testing.T) {
 				t.Fatal(err)
 			}
 			natstest.Eventually(t, 10*time.Second, func() error {
-				if c, ok, err := reg.LoadCheckpoint(ctx, owner.id); err != nil || !ok || c.Next <= 3 {
-					return fmt.Errorf("no checkpoint of %s past the first messages yet (%v, %v, %v)", owner.id, c, ok, err)
+				if c, ok, err := reg.LoadCheckpoint(ctx, owner.id); err != nil || !ok || c.Start() <= 3 {
+					return fmt.Errorf("no checkpoint of %s starting past the first messages yet (%v, %v, %v)", owner.id, c, ok, err)
 				}
 				return nil
 			})
