@@ -28,9 +28,13 @@ var rewrite = flag.Bool("rewrite", false, "rewrite the expected output of testda
 //	record G STATE k=v... G's record: node, prev, from, through, step, drain (a,b), rev, epoch
 //	ingest G SEQ...       messages of G at those ingress sequences, read
 //	changed G             G's record changed (as the cache tells)
-//	asks [after=D]        the asks due D (a duration) from the start, one a line
+//	asks                  the asks due, one a line
+//
+// Any command takes after=D: it happens D (a duration) after the start.
 //	reply G OUTCOME rev=N the handler's answer for G to the last asks
 //	ack G SEQ [qseq=N]    the queue stored G's message SEQ (published before)
+//	alive until=D         the liveness record surely exists until D after the start
+//	tick                  the timers fire (what is due runs)
 //	resume next=N pending=A-B  the checkpoint the node resumes from
 //	position              the first ingress sequence not yet resolved
 //	takeover-from G       where a takeover of G starts routing from
@@ -166,6 +170,16 @@ func (s *engineScript) run(cmd string) ([]string, error) {
 		}
 		delete(s.pubs, key)
 		s.e.acked(a.ln, a.m, a.dlq, a.reason, nil, num("qseq"), now)
+		return s.actions(), nil
+	case "alive":
+		d, err := time.ParseDuration(kv["until"])
+		if err != nil {
+			return nil, fmt.Errorf("alive until=DURATION: %v", err)
+		}
+		s.e.alive(testNow.Add(d), now)
+		return s.actions(), nil
+	case "tick":
+		s.e.due(now)
 		return s.actions(), nil
 	case "resume":
 		c := kvbinding.Checkpoint{Next: num("next")}
