@@ -29,8 +29,6 @@ var rewrite = flag.Bool("rewrite", false, "rewrite the expected output of testda
 //	ingest G SEQ...       messages of G at those ingress sequences, read
 //	changed G             G's record changed (as the cache tells)
 //	asks                  the asks due, one a line
-//
-// Any command takes after=D: it happens D (a duration) after the start.
 //	reply G OUTCOME rev=N the handler's answer for G to the last asks
 //	ack G SEQ [qseq=N]    the queue stored G's message SEQ (published before)
 //	alive until=D         the liveness record surely exists until D after the start
@@ -40,6 +38,7 @@ var rewrite = flag.Bool("rewrite", false, "rewrite the expected output of testda
 //	takeover-from G       where a takeover of G starts routing from
 //	lanes                 the groups with a lane
 //
+// Any command takes after=D: it happens D (a duration) after the start.
 // Run with -rewrite to regenerate the outputs.
 func TestEngineScripts(t *testing.T) {
 	files, err := filepath.Glob("testdata/engine/*.txt")

@@ -139,20 +139,7 @@ func (r *Router) handOverLoop(ctx context.Context) {
 		quick.Stop()
 		settle.Stop()
 		limit.Stop()
-		jobs := r.duties.takeAll()
-		drains, catchUps := map[string]dutyJob{}, map[string]dutyJob{}
-		for g, j := range jobs {
-			route, ok := r.cache.Lookup(g)
-			if !ok || route.Revision != j.rev || proposals.DutyOf(route, r.cfg.Node) != j.duty {
-				r.forgetDuty(g, j.rev) // the record moved on; its change hands the next step
-				continue
-			}
-			if j.duty == proposals.DutyDrain {
-				drains[g] = j
-			} else {
-				catchUps[g] = j
-			}
-		}
+		drains, catchUps := splitDuties(r.duties.takeAll(), r.cache.Lookup, r.cfg.Node, r.forgetDuty)
 		for _, batch := range []map[string]dutyJob{drains, catchUps} {
 			if len(batch) == 0 {
 				continue
@@ -169,6 +156,34 @@ func (r *Router) handOverLoop(ctx context.Context) {
 			}()
 		}
 	}
+}
+
+// splitDuties sorts a round's steps into drains and catch-ups, in group
+// order. A step whose record moved on (another revision, or a record that
+// no longer asks node for it) is dropped with forget: the record's change
+// hands the next step.
+func splitDuties(jobs map[string]dutyJob, lookup func(string) (kvbinding.Binding, bool), node string,
+	forget func(group string, rev uint64)) (drains, catchUps map[string]dutyJob) {
+	drains, catchUps = map[string]dutyJob{}, map[string]dutyJob{}
+	groups := make([]string, 0, len(jobs))
+	for g := range jobs {
+		groups = append(groups, g)
+	}
+	sort.Strings(groups)
+	for _, g := range groups {
+		j := jobs[g]
+		route, ok := lookup(g)
+		if !ok || route.Revision != j.rev || proposals.DutyOf(route, node) != j.duty {
+			forget(g, j.rev)
+			continue
+		}
+		if j.duty == proposals.DutyDrain {
+			drains[g] = j
+		} else {
+			catchUps[g] = j
+		}
+	}
+	return drains, catchUps
 }
 
 // forgetDuty lets the engine hand a step again.

@@ -37,20 +37,7 @@ func (n *simNode) addDuty(group string, duty proposals.Duty, rev uint64) {
 func (n *simNode) handOverBatch() {
 	jobs := n.duties
 	n.duties = map[string]dutyJob{}
-	drains, catchUps := map[string]dutyJob{}, map[string]dutyJob{}
-	for _, g := range sortedKeys(jobs) {
-		j := jobs[g]
-		route, ok := n.cache.Lookup(g)
-		if !ok || route.Revision != j.rev || proposals.DutyOf(route, n.id) != j.duty {
-			n.eng.dutyDone(g, j.rev)
-			continue
-		}
-		if j.duty == proposals.DutyDrain {
-			drains[g] = j
-		} else {
-			catchUps[g] = j
-		}
-	}
+	drains, catchUps := splitDuties(jobs, n.cache.Lookup, n.id, n.eng.dutyDone)
 	if len(drains) > 0 {
 		n.runSteps(drains)
 	}
