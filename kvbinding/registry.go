@@ -251,6 +251,13 @@ func roundUpTTL(ttl time.Duration) time.Duration {
 	return max((ttl+time.Second-1)/time.Second, 1) * time.Second
 }
 
+// NodeTTL is how long the liveness record of a node that announces
+// itself every heartbeat lives: three heartbeats, at least a second. A
+// handler counts on a node no longer than that after it last heard of it.
+func NodeTTL(heartbeat time.Duration) time.Duration {
+	return max(3*heartbeat, time.Second)
+}
+
 // Announce publishes info as the node's liveness record, expiring after ttl
 // unless announced again.
 func (r *Registry) Announce(ctx context.Context, info NodeInfo, ttl time.Duration) error {

@@ -685,7 +685,7 @@ func (h *Handler) liveState() map[string]NodeState {
 		if id == suspect && !seen.After(since) {
 			continue
 		}
-		if info.Every > 0 && !seen.IsZero() && now.Sub(seen) > max(3*info.Every, time.Second) {
+		if info.Every > 0 && !seen.IsZero() && now.Sub(seen) > kvbinding.NodeTTL(info.Every) {
 			continue
 		}
 		out[id] = NodeState{HasConsumer: info.HasConsumer, Groups: counts[id]}

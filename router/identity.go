@@ -114,7 +114,7 @@ func staleAfter(info kvbinding.NodeInfo) time.Duration {
 	if every > maxClaimWait {
 		return maxClaimWait
 	}
-	ttl := max(3*every, time.Second)
+	ttl := kvbinding.NodeTTL(every)
 	ttl = (ttl + time.Second - 1).Truncate(time.Second)
 	return min(ttl+time.Second, maxClaimWait)
 }

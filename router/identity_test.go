@@ -66,8 +66,8 @@ func TestStaleAfter(t *testing.T) {
 	// The start-up wait must outlast what announce writes, or a live
 	// node's record could be taken for a crashed one's.
 	for _, every := range []time.Duration{50 * time.Millisecond, time.Second, 2500 * time.Millisecond, 9 * time.Second} {
-		if got := staleAfter(kvbinding.NodeInfo{Every: every}); got <= nodeTTL(every) {
-			t.Errorf("heartbeat %v: staleAfter %v is not beyond the record's TTL %v", every, got, nodeTTL(every))
+		if got := staleAfter(kvbinding.NodeInfo{Every: every}); got <= kvbinding.NodeTTL(every) {
+			t.Errorf("heartbeat %v: staleAfter %v is not beyond the record's TTL %v", every, got, kvbinding.NodeTTL(every))
 		}
 	}
 }

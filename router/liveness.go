@@ -51,11 +51,6 @@ type liveness struct {
 // about this much instead of at the next heartbeat.
 const presencePoll = 100 * time.Millisecond
 
-// nodeTTL is how long a liveness record announced every heartbeat lives.
-func nodeTTL(heartbeat time.Duration) time.Duration {
-	return max(3*heartbeat, time.Second)
-}
-
 // run announces the node every heartbeat, with whether its queue consumer
 // has an active puller; while it has none, it looks every presencePoll and
 // announces at once when one appears (the handler then counts the node
@@ -117,14 +112,14 @@ func (l *liveness) announce(ctx context.Context, cons jetstream.Consumer) error 
 	// Lapsed: the last stored announcement is too old for the record to be
 	// sure to exist; the engine publishes nothing (fenced).
 	lapsed := !l.until.IsZero() && !sent.Before(l.until)
-	if err := l.reg.Announce(ctx, info, nodeTTL(l.every)); err != nil {
+	if err := l.reg.Announce(ctx, info, kvbinding.NodeTTL(l.every)); err != nil {
 		return err
 	}
-	// The record lives nodeTTL from when it was stored, after sent. A
+	// The record lives NodeTTL from when it was stored, after sent. A
 	// margin of one heartbeat keeps this node's publishes stopped before
 	// the record can have expired anywhere (the handler moves a node's
 	// groups only NodeGrace after that).
-	until := sent.Add(nodeTTL(l.every) - l.every)
+	until := sent.Add(kvbinding.NodeTTL(l.every) - l.every)
 	if lapsed {
 		// While the record may have been gone (a partition, a pause), the
 		// handler may have moved this node's groups, and this node's

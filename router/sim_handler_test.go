@@ -169,7 +169,7 @@ func (h *simHandler) liveState() map[string]proposals.NodeState {
 		if id == h.suspect && seen <= h.suspectSince {
 			continue
 		}
-		if w.clock-seen > 2*simHeartbeat {
+		if w.clock-seen > kvbinding.NodeTTL(simHeartbeat) {
 			continue
 		}
 		out[id] = proposals.NodeState{HasConsumer: has, Groups: counts[id]}

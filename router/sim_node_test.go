@@ -765,7 +765,7 @@ func (n *simNode) heartbeat() {
 		}
 		w.reg.announce(n.id, has)
 		// Router.announce: the node routes until its record may lapse.
-		until := sent.Add(3*simHeartbeat - simHeartbeat)
+		until := sent.Add(kvbinding.NodeTTL(simHeartbeat) - simHeartbeat)
 		w.after(w.lat(), func() { n.do(func(e *engine, now time.Time) { e.alive(until, now) }) })
 	})
 }

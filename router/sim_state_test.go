@@ -294,14 +294,14 @@ func newSimRegistry(w *simWorld) *simRegistry {
 	return &simRegistry{w: w, live: map[string]simLiveRec{}, log: simLog[simRegEntry]{w: w}, ckpt: map[string]kvbinding.Checkpoint{}}
 }
 
-// announce stores node's liveness record (TTL: three heartbeats, whole
-// seconds, as Router.nodeTTL and Registry.Announce).
+// announce stores node's liveness record (TTL: kvbinding.NodeTTL, whole
+// seconds, as Registry.Announce).
 func (r *simRegistry) announce(node string, has bool) {
 	r.gen++
 	gen := r.gen
 	r.live[node] = simLiveRec{has: has, gen: gen}
 	r.log.append(simRegEntry{node: node, put: true, has: has})
-	ttl := 3 * simHeartbeat
+	ttl := kvbinding.NodeTTL(simHeartbeat)
 	r.w.after(ttl+r.w.between(0, time.Second), func() {
 		if rec, ok := r.live[node]; ok && rec.gen == gen {
 			delete(r.live, node)
