@@ -110,6 +110,23 @@ func (n *simNode) standbyTick() {
 	n.term = t
 	w.gapCloses()
 	n.logf("handler active")
+	// The takeover event (Router.subscribeTakeovers): every node that hears
+	// it retries its failed asks at once, and stops counting on the previous
+	// holder's node, when the lease was not released, until it announces
+	// again (the real suspectSet).
+	for _, m := range w.nodes {
+		suspect := t.suspect
+		w.after(w.lat(), func() {
+			if !m.up() || m.eng == nil {
+				return
+			}
+			if suspect != "" && suspect != m.id {
+				m.suspects.add(suspect, w.now())
+				m.onLiveChange()
+			}
+			m.do(func(e *engine, now time.Time) { e.retryNow(now) })
+		})
+	}
 	var tick func()
 	tick = func() {
 		if t.dead || !n.up() {

@@ -43,8 +43,11 @@ type simNode struct {
 	eng   *engine
 	cache *simCache
 	view  *simRegView
-	kvSub *simSub[simKVEntry]
-	term  *simHandler // the handler term this node runs, if any
+	// suspects: nodes a takeover event named, not counted on until
+	// they announce again (Router.suspects).
+	suspects suspectSet
+	kvSub    *simSub[simKVEntry]
+	term     *simHandler // the handler term this node runs, if any
 
 	readPos     uint64
 	readBusy    bool
@@ -172,6 +175,7 @@ func (n *simNode) start() {
 	w := n.w
 	p := w.p
 	n.started = true
+	n.suspects = suspectSet{} // a new process suspects nobody
 	n.cache = newSimCache(w.kv)
 	n.kvSub = w.kv.log.subscribe(n.onRecord)
 	n.view = newSimRegView(w, n.onLiveChange)
@@ -317,14 +321,16 @@ func simRoute(r kvbinding.Binding) string {
 	return s
 }
 
-// onLiveChange is Router.onLiveChange.
+// onLiveChange is Router.onLiveChange, with the real suspectSet.
 func (n *simNode) onLiveChange() {
 	if !n.alive() || n.eng == nil {
 		return
 	}
 	state := make(map[string]proposals.NodeState, len(n.view.live))
 	for id, has := range n.view.live {
-		state[id] = proposals.NodeState{HasConsumer: has}
+		if n.suspects.counted(id, simEpoch().Add(n.view.seen[id])) {
+			state[id] = proposals.NodeState{HasConsumer: has}
+		}
 	}
 	n.do(func(e *engine, now time.Time) { e.setLive(state, now) })
 }
