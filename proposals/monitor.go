@@ -308,12 +308,7 @@ func (h *Handler) evacuateNew(ctx context.Context, node string) {
 		return
 	}
 	start := c.Start()
-	var refs []string
-	for _, ref := range h.cache.RefsOf(node) {
-		if r, ok := h.cache.Lookup(ref); ok && r.Settled() && r.Node == node && r.FromSeq >= start {
-			refs = append(refs, ref)
-		}
-	}
+	refs := BoundSince(h.cache.RefsOf(node), h.cache.Lookup, node, start)
 	if len(refs) == 0 {
 		h.mon.done(node, false, false)
 		return
@@ -333,6 +328,19 @@ func (h *Handler) evacuateNew(ctx context.Context, node string) {
 	sort.Strings(groups)
 	h.log.Debug("node gone: taking off at once its groups bound after its checkpoint", "node", node, "groups", len(groups), "checkpoint_start", start)
 	h.evacuate(ctx, node, groups, "node "+node+" gone; its group was bound after its last checkpoint", causeNodeGone)
+}
+
+// BoundSince returns those of refs whose record binds the group to node,
+// settled, from start on: the groups a node gone with its checkpoint at
+// start got after that checkpoint (evacuateNew takes them at once).
+func BoundSince(refs []string, lookup func(string) (kvbinding.Binding, bool), node string, start uint64) []string {
+	var out []string
+	for _, ref := range refs {
+		if r, ok := lookup(ref); ok && r.Settled() && r.Node == node && r.FromSeq >= start {
+			out = append(out, ref)
+		}
+	}
+	return out
 }
 
 // applyMany decides and writes the handler's own inputs for many groups

@@ -532,19 +532,14 @@ func (h *simHandler) evacuate(node string, groups []string, reason string) {
 }
 
 // evacuateNew is Handler.evacuateNew: take off a node just gone its
-// groups bound at or after its checkpoint's start.
+// groups bound at or after its checkpoint's start (the real BoundSince).
 func (h *simHandler) evacuateNew(node string) {
 	c, ok := h.w.reg.ckpt[node]
 	if !ok {
 		h.mon.Done(node, false, false)
 		return
 	}
-	var groups []string
-	for _, g := range h.host.cache.groupsOf(node) {
-		if r, ok := h.host.cache.Lookup(g); ok && r.Settled() && r.Node == node && r.FromSeq >= c.Start() {
-			groups = append(groups, g)
-		}
-	}
+	groups := proposals.BoundSince(h.host.cache.groupsOf(node), h.host.cache.Lookup, node, c.Start())
 	if len(groups) == 0 {
 		h.mon.Done(node, false, false)
 		return
