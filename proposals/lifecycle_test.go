@@ -1,9 +1,7 @@
 package proposals
 
 import (
-	"flag"
 	"fmt"
-	"path/filepath"
 	"reflect"
 	"sort"
 	"strconv"
@@ -14,8 +12,6 @@ import (
 	"github.com/grouprouter/grouprouter/internal/scripttest"
 	"github.com/grouprouter/grouprouter/kvbinding"
 )
-
-var rewrite = flag.Bool("rewrite", false, "rewrite the expected output of testdata scripts")
 
 // TestLifecycleScripts drives Transition with the scripts under
 // testdata/lifecycle, in the style of etcd raft's data-driven tests. A
@@ -33,13 +29,16 @@ var rewrite = flag.Bool("rewrite", false, "rewrite the expected output of testda
 // becomes the current one (at the next revision), so a script can follow a
 // group through its whole life. Run with -rewrite to regenerate outputs.
 func TestLifecycleScripts(t *testing.T) {
-	files, err := filepath.Glob("testdata/lifecycle/*.txt")
-	if err != nil || len(files) == 0 {
-		t.Fatalf("no scripts: %v", err)
-	}
-	for _, file := range files {
-		t.Run(filepath.Base(file), func(t *testing.T) { runScript(t, file) })
-	}
+	scripttest.RunDir(t, "testdata/lifecycle", func() func(string) ([]string, error) {
+		st := &scriptState{group: "g", live: map[string]NodeState{}, now: time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)}
+		return func(cmd string) ([]string, error) {
+			line, err := st.run(cmd)
+			if line == "" {
+				return nil, err
+			}
+			return []string{line}, err
+		}
+	})
 }
 
 // scriptState is what a script has set up so far.
@@ -51,29 +50,8 @@ type scriptState struct {
 	now   time.Time
 }
 
-func runScript(t *testing.T, file string) {
-	st := &scriptState{group: "g", live: map[string]NodeState{}, now: time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)}
-	scripttest.Run(t, file, *rewrite, func(cmd string) ([]string, error) {
-		line, err := st.run(cmd)
-		if line == "" {
-			return nil, err
-		}
-		return []string{line}, err
-	})
-}
-
 func (st *scriptState) run(cmd string) (string, error) {
-	fields := strings.Fields(cmd)
-	name, args := fields[0], fields[1:]
-	kv := map[string]string{}
-	var bare []string
-	for _, a := range args {
-		if k, v, ok := strings.Cut(a, "="); ok {
-			kv[k] = v
-		} else {
-			bare = append(bare, a)
-		}
-	}
+	name, bare, kv := scripttest.Fields(cmd)
 	num := func(k string) uint64 {
 		n, _ := strconv.ParseUint(kv[k], 10, 64)
 		return n
@@ -81,7 +59,7 @@ func (st *scriptState) run(cmd string) (string, error) {
 	switch name {
 	case "live":
 		st.live = map[string]NodeState{}
-		for _, a := range args {
+		for _, a := range bare {
 			id, groups, _ := strings.Cut(a, ":")
 			ns := NodeState{}
 			if strings.HasSuffix(id, "+") {
@@ -92,13 +70,13 @@ func (st *scriptState) run(cmd string) (string, error) {
 		}
 		return "", nil
 	case "group":
-		st.group = args[0]
+		st.group = bare[0]
 		if st.group == "ungrouped" {
 			st.group = ""
 		}
 		return "", nil
 	case "ingress":
-		st.last, _ = strconv.ParseUint(args[0], 10, 64)
+		st.last, _ = strconv.ParseUint(bare[0], 10, 64)
 		return "", nil
 	case "record":
 		if len(bare) > 0 && bare[0] == "none" {

@@ -1,9 +1,7 @@
 package router
 
 import (
-	"flag"
 	"fmt"
-	"path/filepath"
 	"sort"
 	"strconv"
 	"strings"
@@ -14,8 +12,6 @@ import (
 	"github.com/grouprouter/grouprouter/kvbinding"
 	"github.com/grouprouter/grouprouter/proposals"
 )
-
-var rewrite = flag.Bool("rewrite", false, "rewrite the expected output of testdata scripts")
 
 // TestEngineScripts drives the lane engine with the scripts under
 // testdata/engine (package scripttest: commands, "----", what they gave).
@@ -41,16 +37,7 @@ var rewrite = flag.Bool("rewrite", false, "rewrite the expected output of testda
 // Any command takes after=D: it happens D (a duration) after the start.
 // Run with -rewrite to regenerate the outputs.
 func TestEngineScripts(t *testing.T) {
-	files, err := filepath.Glob("testdata/engine/*.txt")
-	if err != nil || len(files) == 0 {
-		t.Fatalf("no scripts: %v", err)
-	}
-	for _, file := range files {
-		t.Run(filepath.Base(file), func(t *testing.T) {
-			s := &engineScript{}
-			scripttest.Run(t, file, *rewrite, s.run)
-		})
-	}
+	scripttest.RunDir(t, "testdata/engine", func() func(string) ([]string, error) { return (&engineScript{}).run })
 }
 
 // engineScript is what a script has set up so far.
@@ -64,16 +51,7 @@ type engineScript struct {
 }
 
 func (s *engineScript) run(cmd string) ([]string, error) {
-	fields := strings.Fields(cmd)
-	name, args := fields[0], fields[1:]
-	kv, bare := map[string]string{}, []string(nil)
-	for _, a := range args {
-		if k, v, ok := strings.Cut(a, "="); ok {
-			kv[k] = v
-		} else {
-			bare = append(bare, a)
-		}
-	}
+	name, bare, kv := scripttest.Fields(cmd)
 	num := func(k string) uint64 {
 		n, _ := strconv.ParseUint(kv[k], 10, 64)
 		return n
@@ -92,7 +70,7 @@ func (s *engineScript) run(cmd string) ([]string, error) {
 		return nil, nil
 	case "live":
 		live := map[string]proposals.NodeState{}
-		for _, a := range args {
+		for _, a := range bare {
 			id, has := strings.CutSuffix(a, "+")
 			live[id] = proposals.NodeState{HasConsumer: has}
 		}

@@ -8,11 +8,47 @@ package scripttest
 
 import (
 	"bufio"
+	"flag"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
 )
+
+// rewrite is the -rewrite flag of every test binary that runs scripts.
+var rewrite = flag.Bool("rewrite", false, "rewrite the expected output of testdata scripts")
+
+// RunDir runs every script dir/*.txt as a subtest of its own, each with
+// the command runner newRunner returns for it (a fresh state per script).
+func RunDir(t *testing.T, dir string, newRunner func() func(cmd string) ([]string, error)) {
+	t.Helper()
+	files, err := filepath.Glob(filepath.Join(dir, "*.txt"))
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no scripts under %s: %v", dir, err)
+	}
+	for _, file := range files {
+		t.Run(filepath.Base(file), func(t *testing.T) { Run(t, file, *rewrite, newRunner()) })
+	}
+}
+
+// Fields splits a command line into its name, its bare arguments and its
+// key=value arguments.
+func Fields(cmd string) (name string, bare []string, kv map[string]string) {
+	fields := strings.Fields(cmd)
+	if len(fields) == 0 {
+		return "", nil, nil
+	}
+	kv = map[string]string{}
+	for _, a := range fields[1:] {
+		if k, v, ok := strings.Cut(a, "="); ok {
+			kv[k] = v
+		} else {
+			bare = append(bare, a)
+		}
+	}
+	return fields[0], bare, kv
+}
 
 // Block is one block of a script: its command lines and its expected
 // output lines.
