@@ -37,6 +37,14 @@ func authorityMargin(ttl time.Duration) time.Duration {
 	return max(ttl/4, 100*time.Millisecond)
 }
 
+// AuthorityEnd is when a handler whose lease acquisition or renewal sent
+// at sent succeeded stops deciding, by its own clock: LeaseTTL minus the
+// margin after the send. The handler and the simulation's model of it
+// (package router) both run this rule.
+func AuthorityEnd(sent time.Time, ttl time.Duration) time.Time {
+	return sent.Add(ttl - authorityMargin(ttl))
+}
+
 // errNoAuthority fails a write the handler no longer has the authority to
 // make: its lease was not renewed in time by its own clock.
 var errNoAuthority = errors.New("proposals: this handler's lease was not renewed within its TTL by its own clock; it decides nothing until it holds the lease again")
@@ -59,7 +67,7 @@ func (a *authority) since(t time.Time) int64 { return max(int64(t.Sub(a.base)), 
 // grant records a lease acquisition or renewal sent at sent that
 // succeeded: authority lasts until sent+ttl-margin.
 func (a *authority) grant(sent time.Time, ttl time.Duration) time.Time {
-	until := sent.Add(ttl - authorityMargin(ttl))
+	until := AuthorityEnd(sent, ttl)
 	a.until.Store(a.since(until))
 	return until
 }
@@ -67,7 +75,7 @@ func (a *authority) grant(sent time.Time, ttl time.Duration) time.Time {
 // grantable reports whether a lease acquired with a request sent at sent
 // still leaves authority to use: its end is ahead of now.
 func (a *authority) grantable(sent time.Time, ttl time.Duration) bool {
-	return time.Now().Before(sent.Add(ttl - authorityMargin(ttl)))
+	return time.Now().Before(AuthorityEnd(sent, ttl))
 }
 
 // revoke ends the authority now (standing down, not yet holding).

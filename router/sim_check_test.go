@@ -95,6 +95,11 @@ type simChecker struct {
 	// evacuated: per group and node, the revision of the first record
 	// the handler wrote taking the group from the node by an evacuation.
 	evacuated map[string]map[string]uint64
+	// fencedAt: per group and node, the evacuation that took the group
+	// from a running incarnation of the node whose liveness had lapsed by
+	// its own clock: that incarnation may publish the group again only
+	// on a view at least as new (liveness.announce catches up first).
+	fencedAt map[string]map[string]simFenced
 
 	// known: issues found and left for a decision (see simKnown), the
 	// first occurrence of each.
@@ -167,6 +172,12 @@ const (
 	simKnownDLQRace = "dead-letter raced a bind"
 )
 
+type simFenced struct {
+	inc *simNode
+	at  time.Duration
+	rev uint64
+}
+
 type simRelease struct {
 	b  kvbinding.Binding
 	at time.Duration
@@ -177,10 +188,13 @@ type simStats struct {
 	seeds, messages, consumed, deadLettered, copies, caughtUp uint64
 	excusedWindow, excusedDrain, excusedDLQ, excusedMover     uint64
 	redeliveries                                              uint64
-	records, events                                           uint64
-	batches, batchMsgs, batchFailures                         uint64
-	fastBatches                                               uint64 // of batches
-	virtual                                                   time.Duration
+	// partitions: links black-holed; held: deliveries they held until the
+	// heal; lapses: handlers that stopped deciding by their own clock.
+	partitions, held, lapses          uint64
+	records, events                   uint64
+	batches, batchMsgs, batchFailures uint64
+	fastBatches                       uint64 // of batches
+	virtual                           time.Duration
 }
 
 func (s *simStats) add(o simStats) {
@@ -195,6 +209,9 @@ func (s *simStats) add(o simStats) {
 	s.excusedDLQ += o.excusedDLQ
 	s.excusedMover += o.excusedMover
 	s.redeliveries += o.redeliveries
+	s.partitions += o.partitions
+	s.held += o.held
+	s.lapses += o.lapses
 	s.batches += o.batches
 	s.batchMsgs += o.batchMsgs
 	s.batchFailures += o.batchFailures
@@ -207,7 +224,7 @@ func (s *simStats) add(o simStats) {
 func newSimChecker(w *simWorld) *simChecker {
 	return &simChecker{w: w, routing: map[string]map[string][]*simFlight{},
 		lastFirst: map[string]*simEntry{}, consumed: map[uint64][]*simEntry{}, entries: map[uint64][]*simEntry{},
-		dlq: map[uint64][]string{}, dlqCrash: map[uint64]bool{}, moverCrash: map[uint64]bool{}, pastCheckpoint: map[uint64]bool{}, moverFenced: map[uint64]bool{}, resumedEarly: map[string]time.Duration{}, deadThrough: map[string]uint64{}, releases: map[string][]simRelease{}, deadOverReleased: map[string][]kvbinding.Binding{}, deadCovered: map[string]map[uint64]time.Duration{}, evacuated: map[string]map[string]uint64{}, known: map[string]string{}}
+		dlq: map[uint64][]string{}, dlqCrash: map[uint64]bool{}, moverCrash: map[uint64]bool{}, pastCheckpoint: map[uint64]bool{}, moverFenced: map[uint64]bool{}, resumedEarly: map[string]time.Duration{}, deadThrough: map[string]uint64{}, releases: map[string][]simRelease{}, deadOverReleased: map[string][]kvbinding.Binding{}, deadCovered: map[string]map[uint64]time.Duration{}, evacuated: map[string]map[string]uint64{}, fencedAt: map[string]map[string]simFenced{}, known: map[string]string{}}
 }
 
 func (c *simChecker) violation(kind, format string, args ...any) {
@@ -229,6 +246,11 @@ func (c *simChecker) publishing(node string, f *simFlight) {
 		// new, or duplicates the message in a window invariant 3 names;
 		// or a dead-lettered message routed again, which invariant 3
 		// judges.
+		return
+	}
+	if fa, ok := c.fencedAt[p.group][node]; ok && fa.inc == c.w.node(node) && f.sent > fa.at && p.view < fa.rev {
+		c.violation("publish after a lapse", "%s publishes %s's seq %d on revision %d, after the handler took the group from it at revision %d (%.4fs) while its liveness had lapsed: it publishes again before it caught up with the records",
+			node, p.group, p.seq, p.view, fa.rev, fa.at.Seconds())
 		return
 	}
 	m := c.routing[p.group]
@@ -382,6 +404,14 @@ func (c *simChecker) evacuation(group, from string, rev uint64) {
 		for seq := range n.moving {
 			if c.w.ingress[seq-1].group == group {
 				c.moverFenced[seq] = true
+			}
+		}
+		if !n.liveUntil.IsZero() && !c.w.now().Before(n.liveUntil) {
+			if c.fencedAt[group] == nil {
+				c.fencedAt[group] = map[string]simFenced{}
+			}
+			if _, ok := c.fencedAt[group][from]; !ok {
+				c.fencedAt[group][from] = simFenced{inc: n, at: c.w.clock, rev: rev}
 			}
 		}
 	}

@@ -21,6 +21,11 @@ type simHandler struct {
 	dead   bool
 	died   bool // with its process: the lease was not released
 	diedAt time.Duration
+	// authUntil: until when this term may decide, by its own clock
+	// (proposals.AuthorityEnd of its last successful renewal's send);
+	// lapsed: it stopped deciding at that time, the lease not released.
+	authUntil time.Duration
+	lapsed    bool
 
 	suspect      string
 	suspectSince time.Duration
@@ -83,16 +88,25 @@ func (n *simNode) standbyTick() {
 		return
 	}
 	n.term = nil
+	if w.cutOff(n.id) {
+		return // its acquire cannot reach the servers
+	}
 	l := &w.lease
 	if t := l.term; t != nil {
 		expired := w.clock-l.renewed > simLeaseTTL
 		if !t.dead && !expired {
 			return
 		}
-		if t.dead && w.clock-t.diedAt < simProbeGone && !expired {
+		// Probes find a handler's process gone only when its ping
+		// subject has no responders; behind a black-holed link they time
+		// out, and the standby waits for the lease to expire.
+		if t.dead && !expired && (w.clock-t.diedAt < simProbeGone || w.cutOff(t.host.id)) {
 			return
 		}
 		if !t.dead {
+			if t.holds() {
+				w.chk.violation("authority", "%s's lease expired at the servers while it may still decide by its own clock (until %.3fs)", t.host.id, t.authUntil.Seconds())
+			}
 			t.standDown("its lease expired")
 		}
 	}
@@ -108,6 +122,7 @@ func (n *simNode) standbyTick() {
 	}
 	l.term, l.renewed, l.last = t, w.clock, n.id
 	n.term = t
+	t.grant(w.clock)
 	w.gapCloses()
 	n.logf("handler active")
 	// The takeover event (Router.subscribeTakeovers): every node that hears
@@ -116,7 +131,7 @@ func (n *simNode) standbyTick() {
 	// again (the real suspectSet).
 	for _, m := range w.nodes {
 		suspect := t.suspect
-		w.after(w.lat(), func() {
+		w.hop(m.id, w.lat(), func() {
 			if !m.up() || m.eng == nil {
 				return
 			}
@@ -154,24 +169,72 @@ func (h *simHandler) standDown(why string) {
 		return
 	}
 	h.dead, h.diedAt = true, h.w.clock
-	if h.w.lease.term == h {
+	// The release is a delete over the host's link: a cut one loses it.
+	if h.w.lease.term == h && !h.w.cutOff(h.host.id) {
 		h.w.lease.term = nil
 	}
 	h.w.gapOpens()
 	h.w.logf(h.host.id, "handler stands down: %s", why)
 }
 
-// tick is the active handler's lease loop: renew, then watchNodes.
-func (h *simHandler) tick() {
+// holds reports whether the term may decide now, by its own clock.
+func (h *simHandler) holds() bool { return !h.dead && h.w.clock < h.authUntil }
+
+// grant records a renewal (or the acquisition) sent at sent that
+// succeeded, and arms the end of the authority it gives (Handler.Run's
+// authEnd timer).
+func (h *simHandler) grant(sent time.Duration) {
 	w := h.w
-	if !w.chance(w.p.pKVFail) {
-		w.lease.renewed = w.clock
-	} else if w.clock-w.lease.renewed > simLeaseTTL {
-		// Renewals failed past the TTL: a standby may take the lease; this
-		// handler stands down (an overlap of two is not simulated).
-		h.standDown("renewals failed past the lease TTL")
+	until := proposals.AuthorityEnd(simEpoch().Add(sent), simLeaseTTL).Sub(simEpoch())
+	if until <= h.authUntil {
 		return
 	}
+	h.authUntil = until
+	w.after(until-w.clock, func() {
+		if !h.dead && !h.holds() {
+			h.lapse("no renewal succeeded in time")
+		}
+	})
+}
+
+// lapse is Handler.Run's lapsed: the term stops deciding by its own
+// clock. It cannot release the lease (it may be cut off from the
+// servers): the lease expires there, or a standby that finds the process
+// without an active handler breaks it.
+func (h *simHandler) lapse(why string) {
+	if h.dead {
+		return
+	}
+	h.dead, h.lapsed, h.diedAt = true, true, h.w.clock
+	h.w.chk.stats.lapses++
+	if h.host.term == h {
+		h.host.term = nil
+	}
+	h.w.gapOpens()
+	h.w.logf(h.host.id, "handler: lease not renewed within its TTL by its own clock: stops deciding (%s)", why)
+}
+
+// tick is the active handler's lease loop: renew (a compare-and-set
+// over the host's link), then watchNodes.
+func (h *simHandler) tick() {
+	w := h.w
+	if !h.holds() {
+		h.lapse("no renewal succeeded in time")
+		return
+	}
+	sent := w.clock
+	fail := w.chance(w.p.pKVFail)
+	w.hop(h.host.id, w.lat(), func() {
+		if fail || w.lease.term != h {
+			return
+		}
+		w.lease.renewed = w.clock
+		w.hop(h.host.id, w.lat(), func() {
+			if !h.dead {
+				h.grant(sent)
+			}
+		})
+	})
 	h.watchNodes()
 }
 
@@ -198,7 +261,7 @@ func (h *simHandler) liveState() map[string]proposals.NodeState {
 // record, write, then reply once every write is done.
 func (h *simHandler) serve(proposer string, ps []proposals.Proposal, reply func([]proposals.Decision)) {
 	w := h.w
-	if h.dead {
+	if !h.holds() {
 		return
 	}
 	env := proposals.Env{Now: w.now(), Handler: h.id, Live: h.liveState(), MaxGroups: w.p.maxGroups, Bound: h.host.cache.Bound()}
@@ -251,6 +314,10 @@ func (h *simHandler) carryOut(cur *kvbinding.Binding, res proposals.Result, p pr
 		done(h.unwritten(cur, res, p))
 		return
 	}
+	if !h.holds() {
+		done(proposals.Decision{Group: p.Group, Outcome: proposals.Failed, Error: "no authority"})
+		return
+	}
 	for _, node := range res.Pause {
 		h.pausing[node]++
 	}
@@ -279,6 +346,10 @@ func (h *simHandler) carryOut(cur *kvbinding.Binding, res proposals.Result, p pr
 		var rev uint64
 		if cur != nil {
 			rev = cur.Revision
+		}
+		if !h.holds() {
+			settle(proposals.Decision{Group: p.Group, Outcome: proposals.Failed, Error: "no authority"})
+			return
 		}
 		h.kvWrite(*res.Write, res.Create, rev, res.Ended, stored, func(b kvbinding.Binding, err error) {
 			settle(h.settle(res, p, b, err))
@@ -331,7 +402,7 @@ func (h *simHandler) settle(res proposals.Result, p proposals.Proposal, b kvbind
 // lost (the handler then sees an error although the record changed).
 func (h *simHandler) kvWrite(b kvbinding.Binding, create bool, rev uint64, ended bool, stored func(), cb func(kvbinding.Binding, error)) {
 	w := h.w
-	w.after(w.lat(), func() {
+	w.hop(h.host.id, w.lat(), func() {
 		var (
 			res kvbinding.Binding
 			err error
@@ -345,7 +416,7 @@ func (h *simHandler) kvWrite(b kvbinding.Binding, create bool, rev uint64, ended
 			stored()
 		}
 		lost := err == nil && w.chance(w.p.pKVFail)
-		w.after(w.lat(), func() {
+		w.hop(h.host.id, w.lat(), func() {
 			if h.dead {
 				return
 			}
@@ -370,15 +441,19 @@ func (h *simHandler) pause(node string, cb func(error)) {
 		cb(nil)
 		return
 	}
+	if !h.holds() {
+		cb(errors.New("no authority"))
+		return
+	}
 	until := w.clock + simPauseWindow
 	fail := w.chance(w.p.pOpFail)
-	w.after(h.api(node), func() {
+	w.hop(h.host.id, h.api(node), func() {
 		if !fail {
 			c := w.q.consumer(node)
 			c.pausedUntil = until
 			w.logf(h.host.id, "handler paused %s's consumer until %.3fs", node, until.Seconds())
 		}
-		w.after(w.lat(), func() {
+		w.hop(h.host.id, w.lat(), func() {
 			if h.dead {
 				return
 			}
@@ -482,7 +557,7 @@ func (h *simHandler) evacuate(node string, groups []string, reason string) {
 		}
 		h.mon.Done(node, all, false)
 	}
-	w.after(w.lat(), func() {
+	w.hop(h.host.id, w.lat(), func() {
 		if h.dead {
 			return
 		}
@@ -632,7 +707,7 @@ func (h *simHandler) keepPaused() {
 		if w.chance(w.p.pOpFail) {
 			continue // the pause lapses by itself
 		}
-		w.after(h.api(node), func() {
+		w.hop(h.host.id, h.api(node), func() {
 			w.q.consumer(node).pausedUntil = 0
 			w.q.consumer(node).kick()
 			w.logf(h.host.id, "handler resumed %s's consumer", node)

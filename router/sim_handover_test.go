@@ -187,7 +187,7 @@ func (n *simNode) drainQueues(routes map[string]kvbinding.Binding, done func(map
 			return
 		}
 		for _, node := range nodes {
-			w.after(w.lat(), func() {
+			w.hop(n.id, w.lat(), func() {
 				if !finished && n.up() {
 					c := w.q.consumer(node)
 					c.pausedUntil = max(c.pausedUntil, w.clock+simPauseWindow)
@@ -204,7 +204,7 @@ func (n *simNode) drainQueues(routes map[string]kvbinding.Binding, done func(map
 // stream's first to its last sequence as the stream info gave them.
 func (d *simDrain) scan() {
 	n, w := d.n, d.n.w
-	w.after(w.lat(), func() {
+	w.hop(n.id, w.lat(), func() {
 		if !n.up() {
 			return
 		}
@@ -233,7 +233,7 @@ func (d *simDrain) scan() {
 					scanNode(i + 1)
 					return
 				}
-				w.after(w.lat(), func() {
+				w.hop(n.id, w.lat(), func() {
 					if !n.up() {
 						return
 					}
@@ -312,7 +312,7 @@ func (d *simDrain) await() {
 		if !n.up() || d.err != nil {
 			return
 		}
-		w.after(w.lat(), func() {
+		w.hop(n.id, w.lat(), func() {
 			if !n.up() || d.err != nil {
 				return
 			}
@@ -413,13 +413,13 @@ func (n *simNode) moveGroup(group string, found []simFound, rev uint64, canceled
 			}
 			// DeleteMsg of the original.
 			fail := w.chance(w.p.pOpFail)
-			w.after(w.lat(), func() {
+			w.hop(n.id, w.lat(), func() {
 				gone := false
 				if !fail {
 					gone = !w.q.deleteMsg(f.e.sseq)
 					delete(n.moving, f.e.seq)
 				}
-				w.after(w.lat(), func() {
+				w.hop(n.id, w.lat(), func() {
 					if !n.up() {
 						return
 					}
@@ -432,9 +432,9 @@ func (n *simNode) moveGroup(group string, found []simFound, rev uint64, canceled
 					default:
 						// Acked on the old queue meanwhile: take the copy back.
 						n.logf("drain: seq %d of %q was acked on %s meanwhile; withdrawing its copy", f.e.seq, group, f.from)
-						w.after(w.lat(), func() {
+						w.hop(n.id, w.lat(), func() {
 							w.q.deleteMsg(copySeq)
-							w.after(w.lat(), next)
+							w.hop(n.id, w.lat(), next)
 						})
 					}
 				})
@@ -473,7 +473,7 @@ func (n *simNode) catchUp(routes map[string]kvbinding.Binding, done func(map[str
 		done(caught, nil)
 		return
 	}
-	w.after(w.lat(), func() {
+	w.hop(n.id, w.lat(), func() {
 		if !n.up() {
 			return
 		}

@@ -73,6 +73,9 @@ type simNode struct {
 	ckptBusy    bool
 
 	announceFailUntil time.Duration
+	// liveUntil: until when the last stored announcement keeps the
+	// liveness record sure to exist (liveness.until).
+	liveUntil time.Time
 }
 
 // simFlight is a publish on its way to the server.
@@ -177,8 +180,8 @@ func (n *simNode) start() {
 	n.started = true
 	n.suspects = suspectSet{} // a new process suspects nobody
 	n.cache = newSimCache(w.kv)
-	n.kvSub = w.kv.log.subscribe(n.onRecord)
-	n.view = newSimRegView(w, n.onLiveChange)
+	n.kvSub = w.kv.log.subscribe(n.id, n.onRecord)
+	n.view = newSimRegView(w, n.id, n.onLiveChange)
 	n.eng = newEngine(engineConfig{
 		node: n.id, maxHeldMessages: p.maxHeld, maxHeldBytes: DefaultMaxHeldBytes, maxInFlight: p.maxInFlight,
 		maxAttempts: p.maxAttempts, timeout: p.timeout, localFirst: p.localFirst, groupTimeout: p.groupTimeout,
@@ -347,7 +350,7 @@ func (n *simNode) scheduleRead() {
 	if w.chance(w.p.pSlow) {
 		d = w.between(200*time.Millisecond, 3*time.Second) // the ordered consumer is reset
 	}
-	w.after(d, n.read)
+	w.hop(n.id, d, n.read)
 }
 
 func (n *simNode) read() {
@@ -509,18 +512,23 @@ func (n *simNode) propose(ps []proposals.Proposal, cb func([]proposals.Decision,
 		n.logf("request lost: %s", simProposals(ps))
 		return
 	}
-	w.after(w.lat(), func() {
+	w.hop(n.id, w.lat(), func() {
 		h := w.activeHandler()
 		if h == nil {
-			w.after(w.lat(), func() { finish(nil, proposals.ErrNoHandler) })
+			w.hop(n.id, w.lat(), func() { finish(nil, proposals.ErrNoHandler) })
 			return
 		}
-		h.serve(n.id, ps, func(ds []proposals.Decision) {
-			if w.chance(w.p.pDrop) {
-				w.logf(h.host.id, "reply to %s lost", n.id)
-				return
-			}
-			w.after(w.lat(), func() { finish(ds, nil) })
+		// The request crosses the handler's link, and the reply too.
+		w.hop(h.host.id, 0, func() {
+			h.serve(n.id, ps, func(ds []proposals.Decision) {
+				if w.chance(w.p.pDrop) {
+					w.logf(h.host.id, "reply to %s lost", n.id)
+					return
+				}
+				w.hop(h.host.id, 0, func() {
+					w.hop(n.id, w.lat(), func() { finish(ds, nil) })
+				})
+			})
 		})
 	})
 }
@@ -536,15 +544,24 @@ func (n *simNode) send(p simPub, cb func(sseq uint64, err error)) {
 	}
 	f := &simFlight{p: p, sent: w.clock}
 	n.track(f)
+	// The answer is the PubAck, an error, or the client's timeout,
+	// whichever comes first; a publish the link holds lands at its heal.
+	replied := false
+	reply := func(sseq uint64, err error) {
+		if replied || !n.alive() {
+			return
+		}
+		replied = true
+		cb(sseq, err)
+	}
+	w.after(simPubTimeout, func() { reply(0, errSimTimeout) })
 	if w.chance(w.p.pPubFail) {
-		w.after(w.lat(), func() {
+		w.hop(n.id, w.lat(), func() {
 			if f.landed || f.dropped {
 				return
 			}
 			f.dropped = true
-			if n.alive() {
-				cb(0, errSimPublish)
-			}
+			reply(0, errSimPublish)
 		})
 		return
 	}
@@ -553,27 +570,15 @@ func (n *simNode) send(p simPub, cb func(sseq uint64, err error)) {
 		// The client's buffer is flushed after a reconnect.
 		land = w.between(simPubTimeout, simPubTimeout+3*time.Second)
 	}
-	ackAt := land + w.lat()
 	lost := w.chance(w.p.pAckLost)
-	var sseq uint64
-	w.after(land, func() {
+	w.hop(n.id, land, func() {
 		if f.landed || f.dropped {
 			return
 		}
 		f.landed = true
-		sseq, _ = w.q.store(n.id, p)
-	})
-	if lost || ackAt > simPubTimeout {
-		w.after(simPubTimeout, func() {
-			if n.alive() {
-				cb(0, errSimTimeout)
-			}
-		})
-		return
-	}
-	w.after(ackAt, func() {
-		if n.alive() && f.landed {
-			cb(sseq, nil)
+		sseq, _ := w.q.store(n.id, p)
+		if !lost {
+			w.hop(n.id, w.lat(), func() { reply(sseq, nil) })
 		}
 	})
 }
@@ -614,36 +619,40 @@ func (n *simNode) sendBatch(ps []simPub, cb func(err error)) {
 		w.chk.stats.fastBatches++
 	}
 	settled := func() bool { return b.flights[0].landed || b.flights[0].dropped }
+	// As send: the first of the answer and the client's timeout.
+	replied := false
+	reply := func(err error) {
+		if replied || !n.alive() {
+			return
+		}
+		replied = true
+		if err != nil {
+			w.chk.stats.batchFailures++
+		}
+		cb(err)
+	}
+	w.after(simPubTimeout, func() { reply(errSimTimeout) })
 	if b.fast && w.chance(w.p.pPubFail) {
 		// The servers take a prefix, then report the rest as a gap or
 		// refused.
 		cut := w.rng.IntN(len(ps))
-		land := w.lat()
-		w.after(land, func() {
+		w.hop(n.id, w.lat(), func() {
 			if !settled() {
 				b.landFast(n, cut)
 			}
-		})
-		w.after(land+w.lat(), func() {
-			if n.alive() {
-				w.chk.stats.batchFailures++
-				cb(errSimPublish)
-			}
+			w.hop(n.id, w.lat(), func() { reply(errSimPublish) })
 		})
 		return
 	}
 	if w.chance(w.p.pPubFail) {
-		w.after(w.lat(), func() {
+		w.hop(n.id, w.lat(), func() {
 			if settled() {
 				return
 			}
 			for _, f := range b.flights {
 				f.dropped = true
 			}
-			if n.alive() {
-				w.chk.stats.batchFailures++
-				cb(errSimPublish)
-			}
+			reply(errSimPublish)
 		})
 		return
 	}
@@ -651,37 +660,25 @@ func (n *simNode) sendBatch(ps []simPub, cb func(err error)) {
 	if w.chance(w.p.pLate) {
 		land = w.between(simPubTimeout, simPubTimeout+3*time.Second)
 	}
-	ackAt := land + w.lat()
 	lost := w.chance(w.p.pAckLost)
-	stored := false
-	w.after(land, func() {
-		if !settled() {
-			stored = b.land(n)
+	w.hop(n.id, land, func() {
+		if settled() {
+			return
 		}
-	})
-	if lost || ackAt > simPubTimeout {
-		w.after(simPubTimeout, func() {
-			if n.alive() {
-				w.chk.stats.batchFailures++
-				cb(errSimTimeout)
+		stored := b.land(n)
+		if lost {
+			return
+		}
+		w.hop(n.id, w.lat(), func() {
+			switch {
+			case stored:
+				reply(nil)
+			case b.fast:
+				reply(errSimShortBatch)
+			default:
+				reply(errSimDupBatch)
 			}
 		})
-		return
-	}
-	w.after(ackAt, func() {
-		if !n.alive() || !settled() {
-			return
-		}
-		if !stored {
-			w.chk.stats.batchFailures++
-			if b.fast {
-				cb(errSimShortBatch)
-			} else {
-				cb(errSimDupBatch)
-			}
-			return
-		}
-		cb(nil)
 	})
 }
 
@@ -765,14 +762,48 @@ func (n *simNode) heartbeat() {
 		return
 	}
 	sent := w.now()
-	w.after(w.lat(), func() {
+	lapsed := !n.liveUntil.IsZero() && !sent.Before(n.liveUntil)
+	w.hop(n.id, w.lat(), func() {
 		if !n.up() || w.chance(w.p.pKVFail) {
 			return
 		}
 		w.reg.announce(n.id, has)
-		// Router.announce: the node routes until its record may lapse.
+		stored := len(w.kv.log.entries) // the records stored before it
+		// liveness.announce: the node routes until its record may lapse;
+		// after a lapse, only once its cache holds every record stored
+		// before the announcement (its view was its side's).
 		until := sent.Add(kvbinding.NodeTTL(simHeartbeat) - simHeartbeat)
-		w.after(w.lat(), func() { n.do(func(e *engine, now time.Time) { e.alive(until, now) }) })
+		w.hop(n.id, w.lat(), func() {
+			// The announcement and the catch-up after it share one
+			// timeout of a heartbeat: a late answer is a failed one.
+			deadline := sent.Add(simHeartbeat).Sub(simEpoch())
+			if w.clock >= deadline {
+				return
+			}
+			if !lapsed {
+				n.liveUntil = until
+				n.do(func(e *engine, now time.Time) { e.alive(until, now) })
+				return
+			}
+			n.logf("liveness renewed after it may have lapsed: catching up with the records (through %d)", stored)
+			var wait func()
+			wait = func() {
+				if !n.up() {
+					return
+				}
+				if n.kvSub.pos >= stored {
+					n.logf("caught up with the records; publishing again")
+					n.liveUntil = until
+					n.do(func(e *engine, now time.Time) { e.alive(until, now) })
+					return
+				}
+				if w.clock >= deadline {
+					return // the next announcement tries again
+				}
+				w.after(time.Millisecond, wait)
+			}
+			wait()
+		})
 	})
 }
 
@@ -787,7 +818,7 @@ func (n *simNode) checkpointTick() {
 		return
 	}
 	n.ckptBusy = true
-	w.after(w.lat(), func() {
+	w.hop(n.id, w.lat(), func() {
 		if n.dead {
 			return
 		}
@@ -795,7 +826,7 @@ func (n *simNode) checkpointTick() {
 		if ok {
 			w.reg.ckpt[n.id] = c
 		}
-		w.after(w.lat(), func() {
+		w.hop(n.id, w.lat(), func() {
 			n.ckptBusy = false
 			if ok {
 				n.lastCkpt = c
@@ -905,11 +936,11 @@ func (n *simNode) stop(then func()) {
 			return
 		}
 		c := n.eng.track.checkpoint()
-		w.after(w.lat(), func() {
+		w.hop(n.id, w.lat(), func() {
 			if c.Next > 0 && !w.chance(w.p.pKVFail) {
 				w.reg.ckpt[n.id] = c
 			}
-			w.after(w.lat(), func() {
+			w.hop(n.id, w.lat(), func() {
 				if !w.chance(w.p.pKVFail) {
 					w.reg.withdraw(n.id)
 				}

@@ -17,6 +17,7 @@ type simLog[T any] struct {
 
 type simSub[T any] struct {
 	log     *simLog[T]
+	owner   string // the node whose link the deliveries cross
 	pos     int
 	busy    bool
 	stopped bool
@@ -36,10 +37,10 @@ func (l *simLog[T]) append(e T) {
 	l.subs = live
 }
 
-// subscribe starts a watch from now on (the caller loaded the current
-// state itself, as a watch's initial values).
-func (l *simLog[T]) subscribe(deliver func(T)) *simSub[T] {
-	s := &simSub[T]{log: l, pos: len(l.entries), deliver: deliver}
+// subscribe starts owner's watch from now on (the caller loaded the
+// current state itself, as a watch's initial values).
+func (l *simLog[T]) subscribe(owner string, deliver func(T)) *simSub[T] {
+	s := &simSub[T]{log: l, owner: owner, pos: len(l.entries), deliver: deliver}
 	l.subs = append(l.subs, s)
 	return s
 }
@@ -49,7 +50,7 @@ func (s *simSub[T]) kick() {
 		return
 	}
 	s.busy = true
-	s.log.w.after(s.log.w.lat(), func() {
+	s.log.w.hop(s.owner, s.log.w.lat(), func() {
 		s.busy = false
 		if s.stopped {
 			return
@@ -327,13 +328,13 @@ type simRegView struct {
 	onChange func()
 }
 
-func newSimRegView(w *simWorld, onChange func()) *simRegView {
+func newSimRegView(w *simWorld, owner string, onChange func()) *simRegView {
 	v := &simRegView{w: w, live: map[string]bool{}, seen: map[string]time.Duration{}, onChange: onChange}
 	for node, rec := range w.reg.live {
 		v.live[node] = rec.has
 		v.seen[node] = w.clock
 	}
-	v.sub = w.reg.log.subscribe(v.apply)
+	v.sub = w.reg.log.subscribe(owner, v.apply)
 	return v
 }
 

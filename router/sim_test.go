@@ -81,6 +81,8 @@ func TestSimulation(t *testing.T) {
 		total.excusedWindow, total.excusedDrain, total.excusedMover, total.excusedDLQ, total.redeliveries)
 	t.Logf("batches: %d of %d messages in all (%d of them fast-ingest ones), %d failed (their messages went one at a time)",
 		total.batches, total.batchMsgs, total.fastBatches, total.batchFailures)
+	t.Logf("partitions: %d links black-holed, %d deliveries held until their heal; %d handler terms stopped deciding by their own clock",
+		total.partitions, total.held, total.lapses)
 	for _, kind := range sortedKeys(known) {
 		s := known[kind]
 		t.Logf("known issue %q in %d seeds (first: GROUPROUTER_SIM_SEED=%d)", kind, len(s), s[0])
@@ -126,6 +128,8 @@ var simRegressions = []struct {
 	{15487, "a catch-up after a restart covers the checkpoint's done messages"},
 	{16649, "a catch-up after a restart covers the checkpoint's done messages"},
 	{39554, "a drain merges the taker's own queue in ingress order"},
+	{248, "a node whose liveness lapsed catches up with the records before it publishes again"},
+	{2255, "a node whose liveness lapsed catches up with the records before it publishes again"},
 	{112894, "a takeover step stops when its record moves on"},
 	{116447, "a takeover step stops when its record moves on"},
 	{122426, "a takeover step stops when its record moves on"},

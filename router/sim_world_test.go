@@ -18,9 +18,10 @@ import (
 // ingress stream, bindings bucket, node registry, queue stream (duplicate
 // window included), dead-letter stream and queue consumers. One seeded
 // random source drives everything: latencies (and so the order in which
-// messages, records and replies arrive), losses, failures, crashes and the
-// operator's moves. There are no goroutines and no wall clock: a seed
-// replays exactly. The files:
+// messages, records and replies arrive), losses, failures, crashes,
+// partitions (a node's link black-holed, what it held delivered at the
+// heal: simCut) and the operator's moves. There are no goroutines and no
+// wall clock: a seed replays exactly. The files:
 //
 //	sim_world_test.go     the clock, the agenda of events, a run's profile, the faults
 //	sim_state_test.go     the bindings bucket and its watched caches, the node registry
@@ -33,12 +34,13 @@ import (
 //
 // The engine (engine.go), the record state machine (proposals.Transition),
 // the node-choice rules (proposals/choose.go, route.go), the tracker and
-// the report rule (sortReports) are the real code. The shells around them
-// are models written after router.go, ingest.go, ask.go, handover.go and
-// proposals/handler.go, apply.go, monitor.go, call for call: they must be
-// kept in step with those files. What the simulation does not model: two
-// handlers answering at once (a handler whose renewals fail past the lease
-// TTL stands down before another takes the lease); the handler's worker
+// the report rule (sortReports) and the handler's authority rule
+// (proposals.AuthorityEnd) are the real code. The shells around them are
+// models written after router.go, ingest.go, ask.go, handover.go,
+// liveness.go and proposals/handler.go, apply.go, monitor.go, call for
+// call: they must be kept in step with those files. What the simulation
+// does not model: a partition between the servers (only a node's link is
+// cut: the servers stay one side); the handler's worker
 // limit and busy replies, the asker's 8 requests in flight and the
 // hand-over shell's 4 batches at once; priority-group pinning (one consumer
 // process per queue, which may leave and come back); subjects too long to
@@ -112,8 +114,10 @@ type simProfile struct {
 
 	// Fault events during the active phase.
 	crashes, stops, standDowns, consumerFlaps, moves, unbinds, announceGaps int
-	windowLoss                                                              bool
-	calm                                                                    bool
+	// partitions: a node's link black-holed for a while (faultPartition).
+	partitions int
+	windowLoss bool
+	calm       bool
 	// spillFrom, maxSpilled: the engine's spilling (0: off).
 	spillFrom, maxSpilled int64
 	// maxGroups: the handler's group limit (0: none).
@@ -223,8 +227,8 @@ func (p simProfile) String() string {
 	if p.calm {
 		return fmt.Sprintf("calm: %d nodes (%d LOCAL)%s, %d groups, %d messages", p.nodes, p.locals, extra, p.groups, p.messages)
 	}
-	return fmt.Sprintf("%d nodes (%d LOCAL)%s, %d groups, %d messages; crashes %d, stops %d, stand-downs %d, consumer flaps %d, moves %d, unbinds %d, announce gaps %d, window loss %v; p(drop %.2f slow %.2f pubfail %.2f acklost %.2f late %.2f kv %.2f op %.2f)",
-		p.nodes, p.locals, extra, p.groups, p.messages, p.crashes, p.stops, p.standDowns, p.consumerFlaps, p.moves, p.unbinds, p.announceGaps, p.windowLoss,
+	return fmt.Sprintf("%d nodes (%d LOCAL)%s, %d groups, %d messages; crashes %d, stops %d, stand-downs %d, consumer flaps %d, moves %d, unbinds %d, announce gaps %d, partitions %d, window loss %v; p(drop %.2f slow %.2f pubfail %.2f acklost %.2f late %.2f kv %.2f op %.2f)",
+		p.nodes, p.locals, extra, p.groups, p.messages, p.crashes, p.stops, p.standDowns, p.consumerFlaps, p.moves, p.unbinds, p.announceGaps, p.partitions, p.windowLoss,
 		p.pDrop, p.pSlow, p.pPubFail, p.pAckLost, p.pLate, p.pKVFail, p.pOpFail)
 }
 
@@ -286,7 +290,9 @@ type simWorld struct {
 	nodes   []*simNode // the current incarnation of each node, by id
 	lease   simLease
 	gaps    []simGap // stretches without an active handler
-	chk     *simChecker
+	// cuts: the nodes whose link is black-holed now (faultPartition).
+	cuts map[string]*simCut
+	chk  *simChecker
 }
 
 func newSimWorld(seed uint64, tracing, strict bool) *simWorld {
@@ -316,6 +322,12 @@ func newSimWorld(seed uint64, tracing, strict bool) *simWorld {
 		// without their body most of the time.
 		w.p.spillFrom, w.p.maxSpilled = 100, int64(200*(1+seed/4%8))
 	}
+	// A third of the fault-prone seeds have 1 to 3 partitions, without a
+	// draw: the others run as before.
+	if !w.p.calm && seed%3 == 2 {
+		w.p.partitions = 1 + int(seed/3%3)
+	}
+	w.cuts = map[string]*simCut{}
 	w.kv = newSimKV(w)
 	w.reg = newSimRegistry(w)
 	w.q = newSimQueues(w)
@@ -475,6 +487,9 @@ func (w *simWorld) setup() {
 	for i := 0; i < p.announceGaps; i++ {
 		w.afterAt(at(), w.faultAnnounceGap)
 	}
+	for i := 0; i < p.partitions; i++ {
+		w.afterAt(at(), w.faultPartition)
+	}
 	if p.windowLoss {
 		w.afterAt(at(), func() {
 			if !w.quiet {
@@ -561,8 +576,17 @@ func (w *simWorld) scheduleRestart(id string, restart bool, down time.Duration) 
 	})
 }
 
-// restart starts a new incarnation of node id.
+// restart starts a new incarnation of node id (behind a cut link, once
+// it heals: it loads its state from the servers first).
 func (w *simWorld) restart(id string) {
+	if w.cutOff(id) {
+		w.hop(id, 0, func() {
+			if n := w.node(id); n != nil && !n.up() && !n.stopping {
+				w.restart(id)
+			}
+		})
+		return
+	}
 	for i, n := range w.nodes {
 		if n.id == id {
 			nn := newSimNode(w, id, n.local)
@@ -614,7 +638,7 @@ func (w *simWorld) faultMove(unbind bool) {
 	w.logf("operator", "asks to move %s to %q", g, target)
 	w.after(w.lat(), func() {
 		if h := w.activeHandler(); h != nil {
-			h.operator(g, target)
+			w.hop(h.host.id, 0, func() { h.operator(g, target) })
 		}
 	})
 }
@@ -635,11 +659,83 @@ func (w *simWorld) faultAnnounceGap() {
 	w.logf(n.id, "announcements fail for %v", d)
 }
 
+// simCut is a node's link black-holed: the connections stay open, nothing
+// flows either way, and what was sent is delivered, in order, when the
+// link heals, as through the nemesis's link proxies. The node's process
+// runs on meanwhile, by its own clock.
+type simCut struct {
+	held []func()
+}
+
+// cutOff reports whether node id's link is black-holed now.
+func (w *simWorld) cutOff(id string) bool { return w.cuts[id] != nil }
+
+// hop carries fn over node id's link (to or from the servers): it runs
+// after d, or, if the link is cut then, when the link heals, after what
+// was held before it. With d 0 and the link up it runs at once.
+func (w *simWorld) hop(id string, d time.Duration, fn func()) {
+	arrive := func() {
+		if c := w.cuts[id]; c != nil {
+			c.held = append(c.held, fn)
+			return
+		}
+		fn()
+	}
+	if d == 0 {
+		arrive()
+		return
+	}
+	w.after(d, arrive)
+}
+
+// faultPartition black-holes a running node's link for 1 s to past twice
+// the node grace: half the time the active handler's node, so that a
+// standby takes the lease while the cut-off handler runs on.
+func (w *simWorld) faultPartition() {
+	if w.quiet {
+		return
+	}
+	up := w.upNodes()
+	if len(up) == 0 {
+		return
+	}
+	n := up[w.rng.IntN(len(up))]
+	if h := w.activeHandler(); h != nil && w.rng.IntN(2) == 0 && h.host.up() {
+		n = h.host
+	}
+	if w.cutOff(n.id) {
+		return
+	}
+	d := w.between(time.Second, 2*w.p.nodeGrace+4*time.Second)
+	w.cuts[n.id] = &simCut{}
+	w.chk.stats.partitions++
+	w.logf(n.id, "link black-holed for %v", d)
+	w.after(d, func() { w.heal(n.id) })
+}
+
+// heal ends a cut: what the link held arrives, in the order it was sent,
+// before anything sent from now on.
+func (w *simWorld) heal(id string) {
+	c := w.cuts[id]
+	if c == nil {
+		return
+	}
+	delete(w.cuts, id)
+	w.chk.stats.held += uint64(len(c.held))
+	w.logf(id, "link heals: %d held deliveries arrive", len(c.held))
+	for i, fn := range c.held {
+		w.after(time.Duration(i+1)*time.Nanosecond, fn)
+	}
+}
+
 // beginQuiet ends the faults: no more losses or failures, every consumer
 // comes back, most crashed nodes restart, and a LOCAL node runs.
 func (w *simWorld) beginQuiet() {
 	w.quiet = true
 	w.logf("world", "faults end")
+	for _, id := range sortedKeys(w.cuts) {
+		w.heal(id)
+	}
 	for _, n := range w.nodes {
 		n.announceFailUntil = 0
 		c := w.q.consumer(n.id)
