@@ -93,6 +93,13 @@ type Input struct {
 	// over, the last ingress sequence its checkpoint says it routed of the
 	// group (0: unknown).
 	Routed uint64
+	// Clean is, for a fence, the fencing node's word that, once it had
+	// stopped routing the group and its publishes had their answers, its
+	// queue and held subject stored no message of the group (waiting, or
+	// delivered and not acknowledged): nothing there to drain, so its
+	// queue is neither paused nor drained, and the new node goes straight
+	// to its catch-up.
+	Clean bool
 }
 
 // Env is what Transition knows besides the record and the input.
@@ -361,13 +368,18 @@ func (m *machine) fence() Result {
 	if r, ok := m.reporter("the node it moves away from", cur != nil && cur.State == kvbinding.StateMoving && cur.PrevNode == in.By); !ok {
 		return r
 	}
-	return m.handOver(in.By, max(in.Seq, cur.FromSeq), cur.Node, nil, "")
+	drain := []string{in.By}
+	if in.Clean {
+		drain = nil
+	}
+	return m.handOver(in.By, max(in.Seq, cur.FromSeq), cur.Node, drain, "")
 }
 
 // handOver ends node from's binding at fence (its first message not
 // routed): bound to target from there, to be taken over, or released
-// (target ""). drained lists queues to drain besides from's.
-func (m *machine) handOver(from string, fence uint64, target string, drained []string, reason string) Result {
+// (target ""). drain lists the queues to drain (from's among them unless
+// it said it holds nothing of the group).
+func (m *machine) handOver(from string, fence uint64, target string, drain []string, reason string) Result {
 	if target == "" {
 		b := m.record(kvbinding.StateReleased)
 		b.PrevNode, b.ThroughSeq, b.Reason = from, fence-1, "unbound"
@@ -378,7 +390,7 @@ func (m *machine) handOver(from string, fence uint64, target string, drained []s
 	}
 	b := m.record(kvbinding.StateBound)
 	b.Node, b.FromSeq, b.PrevNode, b.Reason = target, fence, from, reason
-	m.takeover(b, withDrain(drained, from))
+	m.takeover(b, drain)
 	var ev *Event
 	if reason != "" {
 		ev = &Event{Kind: EventMove, Node: target, PrevNode: from, FromSeq: fence, Reason: reason}
@@ -514,12 +526,12 @@ func (m *machine) evacuate() Result {
 			// idle expiry or the next unbind).
 			target = in.Node
 		}
-		return m.handOver(in.From, max(in.Seq, cur.FromSeq), target, nil, in.Reason)
+		return m.handOver(in.From, max(in.Seq, cur.FromSeq), target, []string{in.From}, in.Reason)
 	case cur.State == kvbinding.StateBound && cur.Node == in.From && cur.Step == kvbinding.StepNone:
 		if in.Node == "" {
 			return Result{Outcome: Failed, Reason: "no eligible node is alive"}
 		}
-		return m.handOver(in.From, max(in.Seq, cur.FromSeq), in.Node, nil, in.Reason)
+		return m.handOver(in.From, max(in.Seq, cur.FromSeq), in.Node, []string{in.From}, in.Reason)
 	case cur.State == kvbinding.StateBound && cur.Node == in.From:
 		// The node was taking the group over: its successor starts the
 		// take-over again from the same fence. The node's own queue may

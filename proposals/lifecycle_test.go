@@ -103,7 +103,7 @@ func (st *scriptState) run(cmd string) (string, error) {
 		return "", nil
 	}
 	in := Input{Op: Op(name), By: kv["by"], Node: kv["node"], From: kv["from"], Seq: num("seq"), First: num("first"), Rev: num("rev"),
-		Kind: kv["kind"], Reason: strings.ReplaceAll(kv["reason"], "_", " "), Routed: num("routed")}
+		Kind: kv["kind"], Reason: strings.ReplaceAll(kv["reason"], "_", " "), Routed: num("routed"), Clean: kv["clean"] == "true"}
 	in.Count, _ = strconv.Atoi(kv["count"])
 	var before *kvbinding.Binding
 	if st.cur != nil {

@@ -76,6 +76,10 @@ type Proposal struct {
 	Reason string `json:"reason,omitempty"`
 	// Count is how many messages a step concerned (drained, caught_up, deadletter).
 	Count int `json:"count,omitempty"`
+	// Clean (fence) says the fencing node's queue and held subject store
+	// nothing of the group: see Input.Clean. A handler that does not know
+	// the field drains the queue as before.
+	Clean bool `json:"clean,omitempty"`
 }
 
 // op returns the proposal's op, OpBind for "".
@@ -88,7 +92,8 @@ func (p Proposal) op() Op {
 
 // Input returns the state machine input of a proposal by node proposer.
 func (p Proposal) Input(proposer string) Input {
-	return Input{Op: p.op(), By: proposer, Node: p.Node, Seq: p.Seq, First: p.First, Rev: p.Rev, Kind: p.Kind, Reason: p.Reason, Count: p.Count}
+	return Input{Op: p.op(), By: proposer, Node: p.Node, Seq: p.Seq, First: p.First, Rev: p.Rev, Kind: p.Kind, Reason: p.Reason, Count: p.Count,
+		Clean: p.Clean}
 }
 
 // Validate checks one proposal's fields (not whether the handler will
@@ -122,6 +127,9 @@ func (p Proposal) Validate() error {
 	}
 	if p.Node != "" && op != OpBind {
 		return fmt.Errorf("%s takes no node", op)
+	}
+	if p.Clean && op != OpFence {
+		return fmt.Errorf("only a fence says clean, not %s", op)
 	}
 	if len(p.Reason) > maxReasonLen || len(p.Kind) > 16 || p.Count < 0 {
 		return fmt.Errorf("reason, kind or count out of bounds")
@@ -246,6 +254,9 @@ func (p Proposal) appendJSON(buf []byte) []byte {
 		buf = append(buf, `,"count":`...)
 		buf = strconv.AppendInt(buf, int64(p.Count), 10)
 	}
+	if p.Clean {
+		buf = append(buf, `,"clean":true`...)
+	}
 	return append(buf, '}')
 }
 
@@ -275,6 +286,9 @@ func (p Proposal) EncodedLen() int {
 	str("reason", p.Reason)
 	if p.Count != 0 {
 		n += len("count") + 4 + len(strconv.Itoa(p.Count))
+	}
+	if p.Clean {
+		n += len(`,"clean":true`)
 	}
 	return n
 }
@@ -365,6 +379,8 @@ func scanRequest(data []byte) (Request, bool) {
 						p.Reason, ok = d.Str()
 					case "count":
 						p.Count, ok = d.Int()
+					case "clean":
+						p.Clean, ok = d.Bool()
 					}
 					return ok
 				})

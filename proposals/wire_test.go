@@ -117,6 +117,7 @@ func FuzzDecodeRequest(f *testing.F) {
 	f.Add([]byte(`{"v":3,"proposer":"n1","proposals":[{"group":"g","node":"n1","seq":1}]}`))
 	f.Add([]byte(`{"v":3,"proposer":"n1","proposals":[{"group":"\u00ff.*>","node":"n-_1","seq":18446744073709551615}]}`))
 	f.Add([]byte(`{"v":3,"proposer":"n1","proposals":[{"op":"fence","group":"g","seq":4,"rev":9},{"op":"release","group":"h","seq":5,"rev":2,"kind":"close","reason":"x"}]}`))
+	f.Add([]byte(`{"v":3,"proposer":"n1","proposals":[{"op":"fence","group":"g","seq":4,"rev":9,"clean":true}]}`))
 	f.Add([]byte(`{"v":3,"proposer":"","proposals":null}`))
 	f.Add([]byte(`[]`))
 	f.Fuzz(func(t *testing.T, data []byte) {
@@ -313,11 +314,11 @@ func TestEventPublishSetsID(t *testing.T) {
 // FuzzProposalEncodedLen: EncodedLen is the length appendJSON writes, for
 // any proposal (escapes, long ids, every optional field).
 func FuzzProposalEncodedLen(f *testing.F) {
-	f.Add("", "order-1", "n1", uint64(1), uint64(0), uint64(0), "", "", 0)
-	f.Add("fence", "ü\"\\\n\x00\xff\u2028", "", uint64(0), uint64(3), uint64(18446744073709551615), "expire", "a \"reason\"", -12)
-	f.Add("deadletter", strings.Repeat("x", 1024), "", uint64(99), uint64(10), uint64(0), "", "no decision", 7)
-	f.Fuzz(func(t *testing.T, op, group, node string, seq, first, rev uint64, kind, reason string, count int) {
-		p := Proposal{Op: Op(op), Group: group, Node: node, Seq: seq, First: first, Rev: rev, Kind: kind, Reason: reason, Count: count}
+	f.Add("", "order-1", "n1", uint64(1), uint64(0), uint64(0), "", "", 0, false)
+	f.Add("fence", "ü\"\\\n\x00\xff\u2028", "", uint64(0), uint64(3), uint64(18446744073709551615), "expire", "a \"reason\"", -12, true)
+	f.Add("deadletter", strings.Repeat("x", 1024), "", uint64(99), uint64(10), uint64(0), "", "no decision", 7, false)
+	f.Fuzz(func(t *testing.T, op, group, node string, seq, first, rev uint64, kind, reason string, count int, clean bool) {
+		p := Proposal{Op: Op(op), Group: group, Node: node, Seq: seq, First: first, Rev: rev, Kind: kind, Reason: reason, Count: count, Clean: clean}
 		if got, want := p.EncodedLen(), len(p.appendJSON(nil)); got != want {
 			t.Fatalf("EncodedLen(%+v) = %d, appendJSON wrote %d", p, got, want)
 		}

@@ -2,9 +2,11 @@ package router
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"time"
 
+	"github.com/grouprouter/grouprouter/kvbinding"
 	"github.com/grouprouter/grouprouter/proposals"
 )
 
@@ -63,6 +65,7 @@ func (r *Router) sendAsks(ctx context.Context, batch []*ask) {
 	for i, a := range batch {
 		ps[i] = a.p
 	}
+	r.markClean(ctx, ps)
 	ds, err := r.dec.client.Propose(ctx, ps)
 	if err != nil && ctx.Err() != nil {
 		r.mu.Lock()
@@ -75,3 +78,61 @@ func (r *Router) sendAsks(ctx context.Context, batch []*ask) {
 	}
 	r.do(func(e *engine, now time.Time) { e.replied(batch, ds, err, now) })
 }
+
+// cleanScanMax is the most messages this node's queue may store for a
+// fence to look through them for its group's (markClean); past it, the
+// group's next node drains the queue as before.
+const cleanScanMax = 256
+
+// errScanLimit: a queue stores more than a scan was allowed to read.
+var errScanLimit = errors.New("the queue stores more messages than the scan reads")
+
+// markClean says clean on the fences of ps whose group this node's queue
+// and held subject store no message of, read as a drain reads them
+// (scanQueues): then the handler hands the group over without pausing and
+// draining this queue, and the next node goes straight to its catch-up —
+// a move costs its two record writes, and the node's other groups do not
+// stall behind a paused consumer. The engine asks for a fence only once
+// the group has no publish in flight and no release of held messages
+// under way, and routes none of it meanwhile: what the scan reads stays
+// true. A publish of the group that lands later after all (held by the
+// network past its timeout) is the "fenced while alive" window a drain
+// has too (docs/protocol.md). On any error, or a queue storing more than
+// cleanScanMax messages, no fence says clean.
+func (r *Router) markClean(ctx context.Context, ps []proposals.Proposal) {
+	groups := map[string]bool{}
+	for _, p := range ps {
+		if p.Op == proposals.OpFence && p.Group != "" {
+			groups[p.Group] = true
+		}
+	}
+	if len(groups) == 0 {
+		return
+	}
+	routes := make(map[string]kvbinding.Binding, len(groups))
+	for g := range groups {
+		routes[g], _ = r.cache.Lookup(g)
+	}
+	sctx, cancel := context.WithTimeout(ctx, cleanScanWait)
+	defer cancel()
+	stream, err := r.side.stream(sctx, QueueStream)
+	var found map[string][]queued
+	if err == nil {
+		found, err = r.scanQueues(sctx, stream, map[string]map[string]bool{r.cfg.Node: groups}, routes, cleanScanMax)
+	}
+	if err != nil {
+		r.log.Debug("fences sent without looking at this node's queue: the next nodes drain it", "groups", len(groups), "err", err)
+		return
+	}
+	clean := 0
+	for i := range ps {
+		if ps[i].Op == proposals.OpFence && groups[ps[i].Group] && len(found[ps[i].Group]) == 0 {
+			ps[i].Clean = true
+			clean++
+		}
+	}
+	r.log.Debug("fences: this node's queue looked at", "fences", len(groups), "clean", clean)
+}
+
+// cleanScanWait bounds markClean's reads: a fence waits for them.
+const cleanScanWait = 2 * time.Second

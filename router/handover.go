@@ -400,7 +400,7 @@ func (r *Router) drainQueues(ctx context.Context, routes map[string]kvbinding.Bi
 		return nil, err
 	}
 	return r.moveFound(ctx, stream, byNode, routes, func(ctx context.Context) (map[string][]queued, error) {
-		return r.scanQueues(ctx, stream, byNode, routes)
+		return r.scanQueues(ctx, stream, byNode, routes, 0)
 	})
 }
 
@@ -532,7 +532,9 @@ const (
 // walked message by message (a read returns the node's next message from
 // a sequence on), in up to scanWalkers ranges of sequences at once, and
 // the held subjects of the groups that have some.
-func (r *Router) scanQueues(ctx context.Context, stream jetstream.Stream, byNode map[string]map[string]bool, routes map[string]kvbinding.Binding) (map[string][]queued, error) {
+// limit, if not 0, is the most messages a queue may store for it to be
+// read: past it, the scan fails with errScanLimit.
+func (r *Router) scanQueues(ctx context.Context, stream jetstream.Stream, byNode map[string]map[string]bool, routes map[string]kvbinding.Binding, limit int) (map[string][]queued, error) {
 	byGroup := map[string][]queued{}
 	seen := map[string]map[uint64]bool{}
 	for node, groups := range byNode {
@@ -555,6 +557,9 @@ func (r *Router) scanQueues(ctx context.Context, stream jetstream.Stream, byNode
 		waiting := 0
 		for _, n := range qinfo.State.Subjects {
 			waiting += int(n)
+		}
+		if limit > 0 && waiting > limit {
+			return nil, errScanLimit
 		}
 		var msgs []*jetstream.RawStreamMsg
 		if waiting > 0 {

@@ -260,7 +260,7 @@ func TestScanQueuesFindsTheGroupsAmongMany(t *testing.T) {
 		t.Fatal(err)
 	}
 	byNode := map[string]map[string]bool{"n9": {"g3": true, "g5": true}, "n7": {"g3": true}}
-	found, err := r.scanQueues(ctx, stream, byNode, map[string]kvbinding.Binding{})
+	found, err := r.scanQueues(ctx, stream, byNode, map[string]kvbinding.Binding{}, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -443,5 +443,45 @@ func TestLaneMovesACopyThatLandedLateOnTheOldQueue(t *testing.T) {
 	})
 	if got := queuedSeqs(t, js, "n9"); len(got) != 0 {
 		t.Errorf("n9's queue still holds %v", got)
+	}
+}
+
+// A fence says clean only for a group of which this node's queue and held
+// subject store nothing: not for one with a message waiting, nor one with
+// a message held back, and not at all once the queue stores more than a
+// fence reads; other asks are left as they are.
+func TestMarkCleanLooksAtThisNodesQueue(t *testing.T) {
+	r, js := testRouter(t, "n1")
+	ctx := context.Background()
+	publishQueued(t, js, "n1", "waits", 1)
+	publishQueued(t, js, "n2", "elsewhere", 2) // another node's queue
+	m := nats.NewMsg(HeldSubject("n1", "held", "jms.x"))
+	m.Header.Set(DefaultGroupHeader, "held")
+	m.Header.Set(HeaderIngressSeq, "3")
+	if _, err := js.PublishMsg(ctx, m); err != nil {
+		t.Fatal(err)
+	}
+	fence := func(g string) proposals.Proposal {
+		return proposals.Proposal{Op: proposals.OpFence, Group: g, Seq: 9, Rev: 2}
+	}
+	ps := []proposals.Proposal{fence("waits"), fence("elsewhere"), fence("held"), fence("none"),
+		{Group: "new", Node: "n1", Seq: 9}}
+	r.markClean(ctx, ps)
+	got := map[string]bool{}
+	for _, p := range ps {
+		got[p.Group] = p.Clean
+	}
+	want := map[string]bool{"waits": false, "elsewhere": true, "held": false, "none": true, "new": false}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("clean: %v, want %v", got, want)
+	}
+
+	for seq := uint64(10); seq < 10+cleanScanMax; seq++ {
+		publishQueued(t, js, "n1", "busy", seq)
+	}
+	ps = []proposals.Proposal{fence("none")}
+	r.markClean(ctx, ps)
+	if ps[0].Clean {
+		t.Fatalf("a fence said clean with %d messages on the queue, past the %d it reads", cleanScanMax+1, cleanScanMax)
 	}
 }

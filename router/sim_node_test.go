@@ -437,6 +437,45 @@ func (n *simNode) sendAsks(batch []*ask) {
 	for i, a := range batch {
 		ps[i] = a.p
 	}
+	n.markClean(ps, func() { n.sendProposals(batch, ps) })
+}
+
+// markClean is Router.markClean: a fence says clean when the node's queue
+// stores no message of its group (waiting or unacknowledged), read in one
+// hop; a failed read says nothing.
+func (n *simNode) markClean(ps []proposals.Proposal, then func()) {
+	w := n.w
+	fences := false
+	for _, p := range ps {
+		fences = fences || (p.Op == proposals.OpFence && p.Group != "")
+	}
+	if !fences {
+		then()
+		return
+	}
+	fail := w.chance(w.p.pOpFail)
+	w.hop(n.id, w.lat(), func() {
+		if !n.up() {
+			return
+		}
+		if !fail {
+			stored := map[string]bool{}
+			for _, e := range w.q.byNode[n.id] {
+				if !e.removed {
+					stored[e.group] = true
+				}
+			}
+			for i := range ps {
+				if ps[i].Op == proposals.OpFence && ps[i].Group != "" && !stored[ps[i].Group] {
+					ps[i].Clean = true
+				}
+			}
+		}
+		then()
+	})
+}
+
+func (n *simNode) sendProposals(batch []*ask, ps []proposals.Proposal) {
 	if n.w.tracing {
 		n.logf("asks %s", simProposals(ps))
 	}
@@ -467,6 +506,9 @@ func simProposals(ps []proposals.Proposal) string {
 		}
 		if p.Rev != 0 {
 			s += fmt.Sprintf(" rev=%d", p.Rev)
+		}
+		if p.Clean {
+			s += " clean"
 		}
 	}
 	return "[" + s + "]"
