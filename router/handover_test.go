@@ -485,3 +485,43 @@ func TestMarkCleanLooksAtThisNodesQueue(t *testing.T) {
 		t.Fatalf("a fence said clean with %d messages on the queue, past the %d it reads", cleanScanMax+1, cleanScanMax)
 	}
 }
+
+// A release whose publish fails returns at once, with the error, and
+// leaves the held message where it is: the fair shell goes on with the
+// other groups and releases this one again next round. (It used to retry
+// the publish until it succeeded, and a message id the servers kept "in
+// process" for a minute after a fault stalled every held group behind it.)
+func TestReleaseReturnsWhenItsPublishFails(t *testing.T) {
+	r, js := testRouter(t, "n1")
+	r.warn.release = logagg.New(r.log, "release", logagg.DefaultEvery)
+	t.Cleanup(r.warn.release.Close)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	record(t, r, kvbinding.Binding{Group: "g", State: kvbinding.StateBound, Node: "n1", FromSeq: 1, Revision: 3})
+	m := nats.NewMsg(HeldSubject("n1", "g", "jms.x"))
+	m.Header.Set(DefaultGroupHeader, "g")
+	m.Header.Set(HeaderIngressSeq, "7")
+	if _, err := js.PublishMsg(ctx, m); err != nil {
+		t.Fatal(err)
+	}
+	// The queue stream refuses every new message from now on.
+	stream, err := js.Stream(ctx, QueueStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := stream.CachedInfo().Config
+	cfg.MaxMsgs, cfg.Discard = 1, jetstream.DiscardNew
+	if _, err := js.UpdateStream(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	seqs, left, err := r.release(ctx, stream, releaseTask{ref: "g", group: "g", n: 4})
+	if err == nil || ctx.Err() != nil {
+		t.Fatalf("release: seqs %v, err %v (ctx %v): want the publish's error, at once", seqs, err, ctx.Err())
+	}
+	if len(seqs) != 0 || !left {
+		t.Fatalf("release: moved %v, left %v: want nothing moved, the held message left", seqs, left)
+	}
+	if _, err := stream.GetMsg(ctx, 1, jetstream.WithGetMsgSubject(HeldFilter("n1", "*.*"))); err != nil {
+		t.Fatalf("the held message: %v", err)
+	}
+}

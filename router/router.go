@@ -228,6 +228,7 @@ func New(nc *nats.Conn, cfg Config) (*Router, error) {
 		window:       logagg.New(r.log, "routing decisions timed out: fewer proposals are kept in flight", logagg.DefaultEvery),
 		lapsed:       logagg.New(r.log, "moving messages the old consumer was delivered and did not ack: it made no progress for its ack wait; it may still process them (the epoch tells the copies apart)", logagg.DefaultEvery),
 		late:         logagg.New(r.log, "a message the group's previous owner published late (held by the network past the drain) is on its old queue: moved here before the group's next one", logagg.DefaultEvery),
+		release:      logagg.New(r.log, "held messages not moved onto the queue; the group's next release tries again", logagg.DefaultEvery),
 	}
 	r.rs.loss.log, r.rs.loss.nc, r.rs.loss.node, r.rs.loss.lim.every = r.log, nc, cfg.Node, gapReportEvery
 	if cfg.Metrics != nil {
@@ -904,11 +905,13 @@ type warners struct {
 	// lapsed: drains that moved what a stalled consumer held; late:
 	// copies the previous owner published late, moved here.
 	lapsed, late *logagg.Warner
+	// release: releases of held messages that failed (fair.go).
+	release *logagg.Warner
 }
 
 // close flushes and stops every warner (those a test left nil too).
 func (w *warners) close() {
-	for _, x := range []*logagg.Warner{w.noDecision, w.deadLettered, w.publish, w.window, w.checkpoint, w.lapsed, w.late} {
+	for _, x := range []*logagg.Warner{w.noDecision, w.deadLettered, w.publish, w.window, w.checkpoint, w.lapsed, w.late, w.release} {
 		if x != nil {
 			x.Close()
 		}
