@@ -546,15 +546,24 @@ func (w *simWorld) upNodes() []*simNode {
 	return out
 }
 
-func (w *simWorld) faultCrash(graceful bool) {
+// anyUp draws a running node, or returns nil: none runs, or the faults
+// are over.
+func (w *simWorld) anyUp() *simNode {
 	if w.quiet {
-		return
+		return nil
 	}
 	up := w.upNodes()
 	if len(up) == 0 {
+		return nil
+	}
+	return up[w.rng.IntN(len(up))]
+}
+
+func (w *simWorld) faultCrash(graceful bool) {
+	n := w.anyUp()
+	if n == nil {
 		return
 	}
-	n := up[w.rng.IntN(len(up))]
 	restart := w.rng.IntN(5) > 0
 	down := w.between(300*time.Millisecond, 2*w.p.nodeGrace)
 	if graceful {
@@ -646,14 +655,10 @@ func (w *simWorld) faultMove(unbind bool) {
 // faultAnnounceGap makes a live node's announcements fail for a while:
 // its liveness record expires while it keeps routing.
 func (w *simWorld) faultAnnounceGap() {
-	if w.quiet {
+	n := w.anyUp()
+	if n == nil {
 		return
 	}
-	up := w.upNodes()
-	if len(up) == 0 {
-		return
-	}
-	n := up[w.rng.IntN(len(up))]
 	d := w.between(2*time.Second, 2*w.p.nodeGrace+3*time.Second)
 	n.announceFailUntil = w.clock + d
 	w.logf(n.id, "announcements fail for %v", d)
@@ -692,14 +697,10 @@ func (w *simWorld) hop(id string, d time.Duration, fn func()) {
 // the node grace: half the time the active handler's node, so that a
 // standby takes the lease while the cut-off handler runs on.
 func (w *simWorld) faultPartition() {
-	if w.quiet {
+	n := w.anyUp()
+	if n == nil {
 		return
 	}
-	up := w.upNodes()
-	if len(up) == 0 {
-		return
-	}
-	n := up[w.rng.IntN(len(up))]
 	if h := w.activeHandler(); h != nil && w.rng.IntN(2) == 0 && h.host.up() {
 		n = h.host
 	}
