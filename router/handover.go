@@ -213,7 +213,31 @@ func (r *Router) runSteps(ctx context.Context, jobs map[string]dutyJob) {
 	ctx, prog := r.startProgress(ctx, duty, routes) // progress.go
 	if duty == proposals.DutyDrain {
 		op = proposals.OpDrained
-		counts, err = r.drainQueues(ctx, routes)
+		// The groups the old queues hold nothing of are reported at once,
+		// not behind the batch's slowest group: their catch-up follows
+		// within milliseconds, while the queue stream's duplicate window
+		// still drops the copies of what the old node routed and its
+		// consumer took (a server restart meanwhile would let them
+		// through: docs/protocol.md, "Remaining windows"). A batch of an
+		// evacuated node's groups waits up to the ack wait (30 s) for
+		// the ones its cut-off consumer holds unacknowledged.
+		var early sync.WaitGroup
+		counts, err = r.drainQueues(ctx, routes, func(groups []string) {
+			ps := make([]proposals.Proposal, 0, len(groups))
+			revs := make(map[string]uint64, len(groups))
+			for _, g := range groups {
+				ps = append(ps, proposals.Proposal{Op: op, Group: g, Rev: jobs[g].rev})
+				revs[g] = jobs[g].rev
+				delete(jobs, g)
+			}
+			r.log.Debug("hand-over drain: the old queues hold nothing of these groups; reported at once", "groups", len(groups))
+			early.Go(func() {
+				for g := range r.report(ctx, ps) {
+					r.forgetDuty(g, revs[g])
+				}
+			})
+		})
+		early.Wait()
 	} else {
 		op = proposals.OpCaughtUp
 		counts, err = r.catchUp(ctx, routes)
@@ -377,7 +401,10 @@ func (q queued) ingressSubject() string {
 // whose consumer is alive and acknowledging (see drainplan.go): until
 // then the old consumer works on the group and no message of it reaches
 // this node's queue.
-func (r *Router) drainQueues(ctx context.Context, routes map[string]kvbinding.Binding) (map[string]int, error) {
+//
+// none, if not nil, is called once the old queues are read, with the
+// groups they hold nothing of (those are done).
+func (r *Router) drainQueues(ctx context.Context, routes map[string]kvbinding.Binding, none func(groups []string)) (map[string]int, error) {
 	byNode := map[string]map[string]bool{}
 	for g, route := range routes {
 		for _, n := range route.Drain {
@@ -401,7 +428,7 @@ func (r *Router) drainQueues(ctx context.Context, routes map[string]kvbinding.Bi
 	}
 	return r.moveFound(ctx, stream, byNode, routes, func(ctx context.Context) (map[string][]queued, error) {
 		return r.scanQueues(ctx, stream, byNode, routes, 0)
-	})
+	}, none)
 }
 
 // moveFound moves, group by group, the messages find returns (a group's
@@ -411,7 +438,7 @@ func (r *Router) drainQueues(ctx context.Context, routes map[string]kvbinding.Bi
 // whose consumer is alive and acknowledging. The old queues' consumers
 // are paused before find looks and stay paused until it returns.
 func (r *Router) moveFound(ctx context.Context, stream jetstream.Stream, byNode map[string]map[string]bool,
-	routes map[string]kvbinding.Binding, find func(context.Context) (map[string][]queued, error)) (map[string]int, error) {
+	routes map[string]kvbinding.Binding, find func(context.Context) (map[string][]queued, error), none func(groups []string)) (map[string]int, error) {
 	// The handler paused the old queues before it wrote the records and
 	// renews the pauses while records say they are drained; this node
 	// renews them too while it drains, so that they hold also while no
@@ -452,6 +479,18 @@ func (r *Router) moveFound(ctx context.Context, stream jetstream.Stream, byNode 
 	r.log.Debug("hand-over drain: old queues read", "nodes", len(byNode), "found", countFound(byGroup),
 		"paused_in", read.Sub(began).Round(time.Microsecond), "read_in", time.Since(read).Round(time.Microsecond))
 	progressOf(ctx).found(countFound(byGroup))
+	if none != nil {
+		var empty []string
+		for g := range routes {
+			if len(byGroup[g]) == 0 {
+				empty = append(empty, g)
+			}
+		}
+		if len(empty) > 0 {
+			sort.Strings(empty)
+			none(empty)
+		}
+	}
 	plans := make(map[string][]drainMsg, len(byGroup))
 	for g, found := range byGroup {
 		sort.Slice(found, func(i, j int) bool { return found[i].ingressSeq < found[j].ingressSeq })
@@ -1080,7 +1119,7 @@ func (r *Router) takeLateCopy(ctx context.Context, stream jetstream.Stream, grou
 	r.warn.late.Warn(group, "ingress_seq", is, "queue_seq", seq, "from", from, "held", held, "revision", route.Revision)
 	q := queued{msg: m, from: from, ingressSeq: is, group: group, held: held}
 	_, err = r.moveFound(ctx, stream, map[string]map[string]bool{from: {group: true}}, map[string]kvbinding.Binding{group: route},
-		func(context.Context) (map[string][]queued, error) { return map[string][]queued{group: {q}}, nil })
+		func(context.Context) (map[string][]queued, error) { return map[string][]queued{group: {q}}, nil }, nil)
 	return err
 }
 

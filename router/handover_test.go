@@ -209,7 +209,7 @@ func TestDrainMergesTheTakersOwnQueue(t *testing.T) {
 	route := record(t, r, kvbinding.Binding{Group: "g", State: kvbinding.StateBound, Node: "n1", FromSeq: 11, PrevNode: "n1",
 		Step: kvbinding.StepDrain, Drain: []string{"n1", "n9"}, Revision: 5})
 	for attempt := 1; attempt <= 2; attempt++ {
-		if _, err := r.drainQueues(ctx, map[string]kvbinding.Binding{"g": route}); err != nil {
+		if _, err := r.drainQueues(ctx, map[string]kvbinding.Binding{"g": route}, nil); err != nil {
 			t.Fatal(err)
 		}
 		if got := queuedSeqs(t, js, "n1"); fmt.Sprint(got) != "[7 8 9 10]" {
@@ -318,7 +318,7 @@ func TestDrainOfAPausedQueue(t *testing.T) {
 	publishQueued(t, js, "n9", "h", 8)
 	route := record(t, r, kvbinding.Binding{Group: "g", State: kvbinding.StateBound, Node: "n1", FromSeq: 9, PrevNode: "n9",
 		Step: kvbinding.StepDrain, Drain: []string{"n9"}, Revision: 5})
-	moved, err := r.drainQueues(ctx, map[string]kvbinding.Binding{"g": route})
+	moved, err := r.drainQueues(ctx, map[string]kvbinding.Binding{"g": route}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -343,7 +343,7 @@ func TestDrainStopsWhenTheRecordMovesOn(t *testing.T) {
 		Step: kvbinding.StepDrain, Drain: []string{"n9"}, Revision: 5})
 	record(t, r, kvbinding.Binding{Group: "g", State: kvbinding.StateBound, Node: "n2", FromSeq: 8, PrevNode: "n9",
 		Step: kvbinding.StepDrain, Drain: []string{"n9", "n1"}, Revision: 6})
-	if _, err := r.drainQueues(ctx, map[string]kvbinding.Binding{"g": route}); !errors.Is(err, errSuperseded) {
+	if _, err := r.drainQueues(ctx, map[string]kvbinding.Binding{"g": route}, nil); !errors.Is(err, errSuperseded) {
 		t.Fatalf("drain of a superseded revision: err %v, want errSuperseded", err)
 	}
 	if got := queuedSeqs(t, js, "n9"); fmt.Sprint(got) != "[7]" {
@@ -523,5 +523,63 @@ func TestReleaseReturnsWhenItsPublishFails(t *testing.T) {
 	}
 	if _, err := stream.GetMsg(ctx, 1, jetstream.WithGetMsgSubject(HeldFilter("n1", "*.*"))); err != nil {
 		t.Fatalf("the held message: %v", err)
+	}
+}
+
+// A drain hands the groups the old queues hold nothing of to none as soon
+// as it has read them, while it still waits for a group whose message the
+// old consumer holds unacknowledged: an evacuated node's groups with
+// nothing left on its queue are reported, and caught up, without waiting
+// for the batch's slowest group (within the duplicate window, before a
+// server restart could lose it).
+func TestDrainHandsOverAtOnceTheGroupsWithNothingWaiting(t *testing.T) {
+	r, js := testRouter(t, "n1")
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	cons, err := ensureQueueConsumer(ctx, js, "n9", QueuePlain, 5*time.Second, 30*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	publishQueued(t, js, "n9", "busy", 7)
+	batch, err := cons.Fetch(1, jetstream.FetchMaxWait(5*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var held jetstream.Msg
+	for m := range batch.Messages() {
+		held = m // delivered, not acknowledged
+	}
+	if held == nil {
+		t.Fatal("the old consumer was delivered nothing")
+	}
+	routes := map[string]kvbinding.Binding{}
+	for i, g := range []string{"busy", "empty-a", "empty-b"} {
+		routes[g] = record(t, r, kvbinding.Binding{Group: g, State: kvbinding.StateBound, Node: "n1", FromSeq: 9, PrevNode: "n9",
+			Step: kvbinding.StepDrain, Drain: []string{"n9"}, Revision: uint64(5 + i)})
+	}
+	none := make(chan []string, 1)
+	done := make(chan error, 1)
+	go func() {
+		_, err := r.drainQueues(ctx, routes, func(groups []string) { none <- groups })
+		done <- err
+	}()
+	select {
+	case groups := <-none:
+		if fmt.Sprint(groups) != "[empty-a empty-b]" {
+			t.Fatalf("handed at once: %v, want [empty-a empty-b]", groups)
+		}
+	case err := <-done:
+		t.Fatalf("the drain ended (%v) before it handed over the groups with nothing waiting", err)
+	}
+	select {
+	case err := <-done:
+		t.Fatalf("the drain ended (%v) while the old consumer still holds a message of busy", err)
+	default:
+	}
+	if err := held.Ack(); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
 	}
 }

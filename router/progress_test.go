@@ -62,7 +62,7 @@ func TestDrainReportsProgress(t *testing.T) {
 			Step: kvbinding.StepDrain, Drain: []string{"n9"}, Revision: 5})
 		routes := map[string]kvbinding.Binding{group: route}
 		pctx, prog := r.startProgress(ctx, proposals.DutyDrain, routes)
-		counts, err := r.drainQueues(pctx, routes)
+		counts, err := r.drainQueues(pctx, routes, nil)
 		prog.end(err)
 		if err != nil {
 			t.Fatal(err)

@@ -81,6 +81,9 @@ func (n *simNode) runSteps(jobs map[string]dutyJob) {
 		for _, g := range sortedKeys(jobs) {
 			ps = append(ps, proposals.Proposal{Op: op, Group: g, Rev: jobs[g].rev, Count: counts[g]})
 		}
+		if len(ps) == 0 {
+			return // every group was reported as soon as the old queues were read
+		}
 		n.report(ps, func(refused map[string]bool) {
 			for _, g := range sortedKeys(refused) {
 				n.eng.dutyDone(g, jobs[g].rev)
@@ -88,7 +91,25 @@ func (n *simNode) runSteps(jobs map[string]dutyJob) {
 		})
 	}
 	if duty == proposals.DutyDrain {
-		n.drainQueues(routes, finish)
+		// Router.runSteps: the groups the old queues hold nothing of are
+		// reported at once.
+		none := func(groups []string) {
+			ps := make([]proposals.Proposal, 0, len(groups))
+			for _, g := range groups {
+				ps = append(ps, proposals.Proposal{Op: op, Group: g, Rev: jobs[g].rev})
+			}
+			revs := map[string]uint64{}
+			for _, g := range groups {
+				revs[g] = jobs[g].rev
+				delete(jobs, g)
+			}
+			n.report(ps, func(refused map[string]bool) {
+				for _, g := range sortedKeys(refused) {
+					n.eng.dutyDone(g, revs[g])
+				}
+			})
+		}
+		n.drainQueues(routes, none, finish)
 	} else {
 		n.catchUp(routes, finish)
 	}
@@ -155,12 +176,13 @@ type simDrain struct {
 	moved   map[string]int
 	err     error
 	done    func(map[string]int, error)
+	none    func([]string) // moveFound's: the groups the old queues hold nothing of
 }
 
-func (n *simNode) drainQueues(routes map[string]kvbinding.Binding, done func(map[string]int, error)) {
+func (n *simNode) drainQueues(routes map[string]kvbinding.Binding, none func([]string), done func(map[string]int, error)) {
 	finished := false
 	d := &simDrain{n: n, routes: routes, byNode: map[string]map[string]bool{}, byGroup: map[string][]simFound{},
-		seen: map[string]map[uint64]bool{}, moved: map[string]int{}}
+		seen: map[string]map[uint64]bool{}, moved: map[string]int{}, none: none}
 	d.done = func(moved map[string]int, err error) {
 		finished = true
 		done(moved, err)
@@ -277,6 +299,15 @@ func (d *simDrain) scan() {
 // run at once (an errgroup: the first error cancels the others).
 func (d *simDrain) await() {
 	n, w := d.n, d.n.w
+	var empty []string
+	for _, g := range sortedKeys(d.routes) {
+		if len(d.byGroup[g]) == 0 {
+			empty = append(empty, g)
+		}
+	}
+	if len(empty) > 0 && d.none != nil {
+		d.none(empty)
+	}
 	groups := sortedKeys(d.byGroup)
 	if len(groups) == 0 {
 		d.done(d.moved, nil)
