@@ -1228,6 +1228,9 @@ func (r *Router) publishSync(ctx context.Context, m *nats.Msg, still func() bool
 		if ctx.Err() != nil {
 			return nil, err
 		}
+		if r.warn.handOver != nil {
+			r.warn.handOver.Warn(m.Header.Get(jetstream.MsgIDHeader), "subject", m.Subject, "err", err)
+		}
 		select {
 		case <-ctx.Done():
 			return nil, ctx.Err()

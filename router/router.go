@@ -229,6 +229,7 @@ func New(nc *nats.Conn, cfg Config) (*Router, error) {
 		lapsed:       logagg.New(r.log, "moving messages the old consumer was delivered and did not ack: it made no progress for its ack wait; it may still process them (the epoch tells the copies apart)", logagg.DefaultEvery),
 		late:         logagg.New(r.log, "a message the group's previous owner published late (held by the network past the drain) is on its old queue: moved here before the group's next one", logagg.DefaultEvery),
 		release:      logagg.New(r.log, "held messages not moved onto the queue; the group's next release tries again", logagg.DefaultEvery),
+		handOver:     logagg.New(r.log, "hand-over publish failed (a drain's copy, a catch-up, a late copy's move); retrying", logagg.DefaultEvery),
 	}
 	r.rs.loss.log, r.rs.loss.nc, r.rs.loss.node, r.rs.loss.lim.every = r.log, nc, cfg.Node, gapReportEvery
 	if cfg.Metrics != nil {
@@ -905,13 +906,14 @@ type warners struct {
 	// lapsed: drains that moved what a stalled consumer held; late:
 	// copies the previous owner published late, moved here.
 	lapsed, late *logagg.Warner
-	// release: releases of held messages that failed (fair.go).
-	release *logagg.Warner
+	// release: releases of held messages that failed (fair.go);
+	// handOver: the hand-over's publishes retried (publishSync).
+	release, handOver *logagg.Warner
 }
 
 // close flushes and stops every warner (those a test left nil too).
 func (w *warners) close() {
-	for _, x := range []*logagg.Warner{w.noDecision, w.deadLettered, w.publish, w.window, w.checkpoint, w.lapsed, w.late, w.release} {
+	for _, x := range []*logagg.Warner{w.noDecision, w.deadLettered, w.publish, w.window, w.checkpoint, w.lapsed, w.late, w.release, w.handOver} {
 		if x != nil {
 			x.Close()
 		}
