@@ -96,13 +96,13 @@ func (r *Router) ingest(batch []ingressMsg, recs []ingested) []ingested {
 				r.perform(acts)
 				r.mu.Lock()
 			}
-			r.reading = true
+			r.room.waiting = true
 			waitFrom := time.Now()
 			r.rs.fullSince.Store(waitFrom.UnixNano())
 			for !r.eng.closing && r.eng.full() {
-				r.cond.Wait()
+				r.room.cond.Wait()
 			}
-			r.reading = false
+			r.room.waiting = false
 			now = time.Now()
 			r.rs.fullNanos.Add(int64(now.Sub(waitFrom)))
 			r.rs.fullSince.Store(0)
@@ -535,4 +535,6 @@ type readerStats struct {
 	fullSince atomic.Int64 // unix nanos the current wait began; 0: not waiting
 	resets    [len(resetCauses)]atomic.Uint64
 	loss      ingressLoss // ingress messages gone before the reader saw them (loss.go)
+	// ingress caches the ingress stream's last sequence (metrics.go).
+	ingress ingressInfo
 }

@@ -269,7 +269,7 @@ type ingressInfo struct {
 // ingressLastCached returns the ingress stream's last sequence, read at
 // most once per ingressInfoMaxAge, and whether it is known.
 func (r *Router) ingressLastCached(ctx context.Context) (uint64, bool) {
-	c := &r.ingressInfo
+	c := &r.rs.ingress
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if (!c.at.IsZero() && time.Since(c.at) < ingressInfoMaxAge) || r.nc.Status() != nats.CONNECTED {

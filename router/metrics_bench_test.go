@@ -58,7 +58,7 @@ func scrapeRouter(b *testing.B, n int) *Router {
 	}
 	r.eng = newEngine(engineConfig{node: cfg.Node, maxHeldMessages: 10, maxHeldBytes: 1 << 20, maxInFlight: 10}, r.cache, nil)
 	r.rs.up.Store(true)
-	close(r.ready)
+	close(r.life.ready)
 	return r
 }
 

@@ -133,15 +133,25 @@ type Router struct {
 	// out: what publishes onto the queue (ingest.go, batch.go).
 	out queueOut
 
-	ready chan struct{}
+	// life: ready is closed once the node routes (setup); stopped is
+	// set when Run returned.
+	life struct {
+		ready   chan struct{}
+		stopped atomic.Bool
+	}
 
 	// proc is this process under the node id (identity.go).
 	proc process
 
-	mu      sync.Mutex
-	cond    *sync.Cond // signalled when held or in-flight work shrinks
-	eng     *engine
-	reading bool // the reader waits on cond
+	mu  sync.Mutex
+	eng *engine
+	// room: the ingress reader waits on room.cond (under mu) while the
+	// engine holds all it may (room.waiting); do signals it when held or
+	// in-flight work shrinks.
+	room struct {
+		cond    *sync.Cond
+		waiting bool
+	}
 
 	changes chan string // refs of the groups whose record changed, from the cache
 	// wake: the asker, the timers and the fair shell's signals (one
@@ -159,9 +169,7 @@ type Router struct {
 	rs      readerStats // what the ingress reader reports (ingest.go)
 	qcheck  *queueCheck // the store check of the queue (storecheck.go)
 	// side runs the reads of stored messages a lane waits for (sidereads.go).
-	side        *sideReads
-	stopped     atomic.Bool // Run returned
-	ingressInfo ingressInfo
+	side *sideReads
 
 	// warn: warnings that repeat, logged as one line per interval.
 	warn warners
@@ -195,7 +203,6 @@ func New(nc *nats.Conn, cfg Config) (*Router, error) {
 		js:      js,
 		cfg:     cfg,
 		log:     cfg.Logger.With("node", cfg.Node),
-		ready:   make(chan struct{}),
 		changes: make(chan string, 4096),
 		duties:  newDutyQueue(),
 		side:    newSideReads(js),
@@ -206,7 +213,8 @@ func New(nc *nats.Conn, cfg Config) (*Router, error) {
 		out: queueOut{expect: []string{QueueStream}},
 	}
 	r.proc.host, _ = os.Hostname()
-	r.cond = sync.NewCond(&r.mu)
+	r.life.ready = make(chan struct{})
+	r.room.cond = sync.NewCond(&r.mu)
 	r.wake.ask, r.wake.timer, r.wake.fair = make(chan struct{}, 1), make(chan struct{}, 1), make(chan struct{}, 1)
 	r.qcheck = newQueueCheck(js, nc, cfg.Node, r.log)
 	r.live = &liveness{every: cfg.Heartbeat, log: r.log, yielded: &r.proc.yielded,
@@ -242,7 +250,7 @@ func New(nc *nats.Conn, cfg Config) (*Router, error) {
 
 // Ready is closed once the node routes: its streams exist and its binding
 // cache is complete.
-func (r *Router) Ready() <-chan struct{} { return r.ready }
+func (r *Router) Ready() <-chan struct{} { return r.life.ready }
 
 // Node returns the node id.
 func (r *Router) Node() string { return r.cfg.Node }
@@ -291,8 +299,8 @@ func (r *Router) do(fn func(e *engine, now time.Time)) {
 	r.mu.Lock()
 	fn(r.eng, time.Now())
 	acts := r.eng.take()
-	if r.reading && !r.eng.full() {
-		r.cond.Broadcast()
+	if r.room.waiting && !r.eng.full() {
+		r.room.cond.Broadcast()
 	}
 	r.mu.Unlock()
 	r.perform(acts)
@@ -361,7 +369,7 @@ func wake(ch chan struct{}) {
 // no checkpoint and withdrawing nothing: they are the other process's)
 // and returns a *NodeIDInUseError too.
 func (r *Router) Run(ctx context.Context) error {
-	defer r.stopped.Store(true)
+	defer r.life.stopped.Store(true)
 	defer r.warn.close()
 	defer r.qcheck.close()
 	defer r.live.warn.Close()
@@ -386,7 +394,7 @@ func (r *Router) Run(ctx context.Context) error {
 	stopWaiting := context.AfterFunc(gctx, func() {
 		r.mu.Lock()
 		r.eng.close()
-		r.cond.Broadcast()
+		r.room.cond.Broadcast()
 		r.mu.Unlock()
 	})
 	defer stopWaiting()
@@ -530,7 +538,7 @@ func (r *Router) drain() {
 	deadline := time.Now().Add(5 * time.Second)
 	r.mu.Lock()
 	r.eng.close()
-	r.cond.Broadcast()
+	r.room.cond.Broadcast()
 	for r.eng.inflight > 0 && time.Now().Before(deadline) {
 		r.mu.Unlock()
 		time.Sleep(10 * time.Millisecond)

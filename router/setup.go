@@ -220,7 +220,7 @@ func (r *Router) setup(ctx context.Context) (queueCons jetstream.Consumer, relea
 	}
 	r.log.Info("node ready", "type", r.cfg.Type, "address", r.cfg.Address, "bindings", r.cache.Len(),
 		"resume_at", resume.start(), "replicas", replicas)
-	close(r.ready)
+	close(r.life.ready)
 	return queueCons, stop, nil
 }
 

@@ -14,7 +14,7 @@ import (
 // up (cache, registry, engine, handler) may be read.
 func (r *Router) isReady() bool {
 	select {
-	case <-r.ready:
+	case <-r.life.ready:
 		return true
 	default:
 		return false
@@ -28,7 +28,7 @@ func (r *Router) isReady() bool {
 // any goroutine, and does no I/O.
 func (r *Router) CheckReady() error {
 	switch {
-	case r.stopped.Load():
+	case r.life.stopped.Load():
 		return fmt.Errorf("%w: stopped", ErrNotReady)
 	case !r.isReady():
 		return fmt.Errorf("%w: starting: setting up streams and loading the binding cache", ErrNotReady)
