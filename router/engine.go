@@ -314,10 +314,9 @@ type engine struct {
 	pubRetry []retry
 	rnd      *rand.Rand
 
-	live        []string // live node ids, sorted (without counts)
-	liveState   map[string]proposals.NodeState
-	hasConsumer bool
-	rr          int
+	// view: the live nodes as this node knows them, and whether its own
+	// queue has a consumer: what its choices of a node are made on.
+	view nodeView
 
 	act activity // what the node routed lately
 	// duties: the record revisions of takeovers handed to the shell, so
@@ -332,6 +331,17 @@ type engine struct {
 	fairTick uint64
 
 	stats engineStats
+}
+
+// nodeView is the live set as the engine knows it (setLive): the live
+// node ids, sorted, and their states (consumer presence, group counts);
+// whether this node's own queue has a consumer; and the round robin that
+// breaks ties between equally loaded nodes.
+type nodeView struct {
+	live        []string
+	state       map[string]proposals.NodeState
+	hasConsumer bool
+	rr          int
 }
 
 // heldUse is what the messages a node holds take in memory.
@@ -376,18 +386,18 @@ type fenceState struct {
 
 func newEngine(cfg engineConfig, recs records, rnd *rand.Rand) *engine {
 	e := &engine{
-		cfg:       cfg,
-		recs:      recs,
-		rnd:       rnd,
-		lanes:     make(map[string]*lane),
-		byRef:     make(map[string]*lane),
-		liveState: map[string]proposals.NodeState{},
-		duties:    make(map[string]uint64),
-		lapse:     fenceState{held: make(map[*lane]struct{})},
-		act:       activity{recent: make(map[string]struct{})},
-		asks:      askQueues{assigned: make(map[string]int), pace: newWindow(windowMin, windowMax, maxBatch)},
-		fair:      newFairShare(cfg.groupShare),
-		fairWait:  make(map[*lane]struct{}),
+		cfg:      cfg,
+		recs:     recs,
+		rnd:      rnd,
+		lanes:    make(map[string]*lane),
+		byRef:    make(map[string]*lane),
+		view:     nodeView{state: map[string]proposals.NodeState{}},
+		duties:   make(map[string]uint64),
+		lapse:    fenceState{held: make(map[*lane]struct{})},
+		act:      activity{recent: make(map[string]struct{})},
+		asks:     askQueues{assigned: make(map[string]int), pace: newWindow(windowMin, windowMax, maxBatch)},
+		fair:     newFairShare(cfg.groupShare),
+		fairWait: make(map[*lane]struct{}),
 	}
 	if cfg.groupTimeout > 0 {
 		e.act.lastActive = make(map[string]int64)
@@ -718,8 +728,8 @@ func (e *engine) release(m *msgRec) {
 
 // ungroupedDestination picks the node for an ungrouped message.
 func (e *engine) ungroupedDestination() string {
-	e.rr++
-	return proposals.UngroupedDestination(e.liveState, e.cfg.node, e.cfg.localFirst && e.hasConsumer, e.rr)
+	e.view.rr++
+	return proposals.UngroupedDestination(e.view.state, e.cfg.node, e.cfg.localFirst && e.view.hasConsumer, e.view.rr)
 }
 
 // acked takes the outcome of a publish the engine asked for.
@@ -1020,7 +1030,7 @@ func (e *engine) dropAsk(ln *lane) {
 
 // isProposer reports whether this node proposes for group.
 func (e *engine) isProposer(group string) bool {
-	return proposals.IsProposer(group, e.cfg.node, e.live)
+	return proposals.IsProposer(group, e.cfg.node, e.view.live)
 }
 
 // askBatch collects up to max due asks, as many as the window of
@@ -1116,7 +1126,7 @@ func (e *engine) begin(resume resumePoint, floor uint64) {
 // consumerPresent records whether the node's queue has a consumer (the
 // liveness loop reads it; the node chooses itself for new groups only
 // while it does).
-func (e *engine) consumerPresent(has bool) { e.hasConsumer = has }
+func (e *engine) consumerPresent(has bool) { e.view.hasConsumer = has }
 
 // stripped records that m's dead-letter copy went without its body (the
 // shell found the ingress no longer holding it).
@@ -1175,7 +1185,7 @@ func (e *engine) due(now time.Time) {
 // with LocalFirst; else the fewest bound groups, counting proposals in
 // flight, ties round-robin.
 func (e *engine) chooseNode(group string) string {
-	eligible := proposals.Eligible(e.liveState, group == "")
+	eligible := proposals.Eligible(e.view.state, group == "")
 	if len(eligible) == 0 {
 		return e.cfg.node
 	}
@@ -1186,8 +1196,8 @@ func (e *engine) chooseNode(group string) string {
 			}
 		}
 	}
-	e.rr++
-	return proposals.LeastLoaded(eligible, func(n string) int { return e.groupCount(n) + e.asks.assigned[n] }, e.rr)
+	e.view.rr++
+	return proposals.LeastLoaded(eligible, func(n string) int { return e.groupCount(n) + e.asks.assigned[n] }, e.view.rr)
 }
 
 // groupCount is the engine's view of how many groups node has (the
@@ -1557,7 +1567,7 @@ func (e *engine) setLive(state map[string]proposals.NodeState, now time.Time) {
 		ids = append(ids, id)
 	}
 	sort.Strings(ids)
-	e.live, e.liveState = ids, state
+	e.view.live, e.view.state = ids, state
 	moved := false
 	for _, a := range e.asks.retryQ {
 		if a.attempt == 0 && a.p.Op == "" && a.due.After(now) && e.isProposer(a.lane.group) {

@@ -798,7 +798,7 @@ func (n *simNode) heartbeat() {
 	has := w.q.consumer(n.id).hasConsumer()
 	if has != n.hasConsumer {
 		n.hasConsumer = has
-		n.eng.hasConsumer = has
+		n.eng.consumerPresent(has)
 	}
 	if w.clock < n.announceFailUntil {
 		return
