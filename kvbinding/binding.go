@@ -238,6 +238,12 @@ func (p Phase) Current() bool { return p.Bound() || p == PhaseMoving }
 // Ended reports whether the binding ended: released or dead-lettered.
 func (p Phase) Ended() bool { return p == PhaseReleased || p == PhaseDeadLettered }
 
+// Stored reports whether b is a stored record (one read from the bucket,
+// valid or not), not the zero Binding that stands for "no record". Unlike
+// Phase, it is true for an invalid record, whose fields a command may
+// still show.
+func (b Binding) Stored() bool { return b.State != "" }
+
 // Phase returns where b stands: phaseRecords read backwards. A step the
 // table does not pair with b's state (a record that fails Validate) is
 // ignored: the state alone decides.

@@ -38,4 +38,7 @@ func TestPhaseRecordRoundTrip(t *testing.T) {
 	if (Binding{State: StateBound, Invalid: true}).Phase() != PhaseNone {
 		t.Error("an invalid record has a phase")
 	}
+	if !(Binding{State: StateBound, Invalid: true}).Stored() || (Binding{}).Stored() {
+		t.Error("Stored: an invalid record is stored, the zero Binding is not")
+	}
 }

@@ -258,7 +258,7 @@ type groupRow struct {
 }
 
 func (r *groupRow) state() string {
-	if r.b.State == "" {
+	if !r.b.Stored() {
 		return stateUnbound
 	}
 	return string(r.b.State)
@@ -268,7 +268,7 @@ func (r *groupRow) state() string {
 // the stored record's fields (as 'bindings --json'), then revision,
 // waiting, unacked, oldest (when something is on a queue) and held.
 func (r *groupRow) appendJSON(buf []byte) []byte {
-	if r.b.State != "" {
+	if r.b.Stored() {
 		buf = r.b.AppendJSON(buf)
 		buf = buf[:len(buf)-1] // reopen it
 		buf = jsonx.AppendField(buf, "revision", false)

@@ -236,7 +236,7 @@ func (o moveOptions) waitDone(ctx, wctx context.Context, store *kvbinding.Store,
 			if done {
 				w.settled(cur)
 			}
-			if cur.State == "" { // not found
+			if !cur.Stored() {
 				return nil, err
 			}
 			return &cur, err
@@ -275,7 +275,7 @@ func (o moveOptions) waitDone(ctx, wctx context.Context, store *kvbinding.Store,
 // that something else overtook it.
 func (o moveOptions) doneBy(cur, written kvbinding.Binding) (bool, error) {
 	var rec *kvbinding.Binding
-	if cur.State != "" {
+	if cur.Stored() {
 		rec = &cur
 	}
 	if proposals.MoveDone(rec, o.node) {

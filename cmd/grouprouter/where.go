@@ -260,7 +260,7 @@ func writeWhereText(w io.Writer, res *whereResult, now time.Time) error {
 	line := func(k, v string) { fmt.Fprintf(tw, "%s:\t%s\n", k, v) }
 	line("group", displayGroup(b.Group))
 	line("state", r.state())
-	if b.State != "" {
+	if b.Stored() {
 		line("node", r.nodeColumn())
 		line("since", fmt.Sprintf("%s (%s ago)", formatTime(b.DecidedAt), age(now, b.DecidedAt)))
 		fromSeq := "from seq " + strconv.FormatUint(b.FromSeq, 10)
