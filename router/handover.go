@@ -199,11 +199,27 @@ func (r *Router) runSteps(ctx context.Context, jobs map[string]dutyJob) {
 	routes := map[string]kvbinding.Binding{}
 	var duty proposals.Duty
 	for g, j := range jobs {
-		route, _ := r.cache.Lookup(g)
+		route, ok := r.cache.Lookup(g)
+		if !ok || route.Revision != j.rev || proposals.DutyOf(route, r.cfg.Node) != j.duty {
+			// The record moved on since splitDuties looked (a batch may
+			// wait for one of the loop's slots): the step is not this
+			// node's any more, or not at this revision, and a step run on
+			// the newer record would act for a record that names another
+			// node (nemesis seed 712389592: a catch-up of a record bound
+			// to n0, published onto n1's queue). Its change hands the next
+			// step, if any is this node's.
+			r.log.Debug("hand-over step dropped: its record moved on", "group", logagg.Short(g), "revision", j.rev, "now", route.Revision)
+			delete(jobs, g)
+			r.forgetDuty(g, j.rev)
+			continue
+		}
 		routes[g] = route
 		duty = j.duty
 		r.log.Debug("hand-over step starts", "group", logagg.Short(g), "step", route.Step, "node", route.Node, "prev_node", route.PrevNode,
 			"drain", route.Drain, "from_seq", route.FromSeq, "revision", route.Revision)
+	}
+	if len(jobs) == 0 {
+		return
 	}
 	var (
 		counts map[string]int

@@ -583,3 +583,27 @@ func TestDrainHandsOverAtOnceTheGroupsWithNothingWaiting(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// A step handed for one revision of a record is dropped when the record
+// moved on before the step ran (a batch waits for one of the hand-over
+// loop's slots; a paused process resumes with a cache that caught up):
+// run on the newer record, which names another node, it would have moved
+// that node's group onto this one's queue. (Nemesis seed 712389592: a
+// catch-up of a record bound to n0 run by n1.)
+func TestStepDroppedWhenItsRecordMovedOn(t *testing.T) {
+	r, js := testRouter(t, "n1")
+	r.nc = r.side.js.Conn()
+	r.dec.client = proposals.NewClient(r.nc, "n1", 100*time.Millisecond)
+	publishQueued(t, js, "n9", "g", 7)
+	record(t, r, kvbinding.Binding{Group: "g", State: kvbinding.StateBound, Node: "n2", FromSeq: 8, PrevNode: "n9",
+		Step: kvbinding.StepDrain, Drain: []string{"n9"}, Revision: 7})
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	r.runSteps(ctx, map[string]dutyJob{"g": {duty: proposals.DutyDrain, rev: 5}})
+	if got := queuedSeqs(t, js, "n1"); len(got) != 0 {
+		t.Fatalf("n1's queue holds %v: a step ran for a record that names n2", got)
+	}
+	if got := queuedSeqs(t, js, "n9"); fmt.Sprint(got) != "[7]" {
+		t.Fatalf("n9's queue holds %v, want [7] (left to n2)", got)
+	}
+}

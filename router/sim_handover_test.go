@@ -52,7 +52,12 @@ func (n *simNode) runSteps(jobs map[string]dutyJob) {
 	routes := map[string]kvbinding.Binding{}
 	var duty proposals.Duty
 	for _, g := range sortedKeys(jobs) {
-		route, _ := n.cache.Lookup(g)
+		route, ok := n.cache.Lookup(g)
+		if !ok || route.Revision != jobs[g].rev || proposals.DutyOf(route, n.id) != jobs[g].duty {
+			n.eng.dutyDone(g, jobs[g].rev) // Router.runSteps: the record moved on
+			delete(jobs, g)
+			continue
+		}
 		routes[g] = route
 		duty = jobs[g].duty
 		n.logf("hand-over step starts: %q %s", g, simRoute(route))
