@@ -1232,8 +1232,13 @@ func (r *Router) publishSync(ctx context.Context, m *nats.Msg, still func() bool
 		if !still() {
 			return nil, errSuperseded
 		}
-		ack, err := r.publishOnce(ctx, m)
+		pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		ack, err := r.js.PublishMsg(pctx, m)
+		cancel()
 		if err == nil {
+			if ack.Stream == QueueStream {
+				r.qcheck.stored(ack.Sequence, m.Header.Get(jetstream.MsgIDHeader))
+			}
 			return ack, nil // a duplicate's ack names the first copy
 		}
 		if ctx.Err() != nil {
@@ -1254,7 +1259,10 @@ func (r *Router) publishSync(ctx context.Context, m *nats.Msg, still func() bool
 // sure to exist, and it caught up after a lapse), or ctx's error.
 func (r *Router) waitUnfenced(ctx context.Context) error {
 	for {
-		if !r.fencedNow() {
+		r.mu.Lock()
+		fenced := r.eng.fenced(time.Now())
+		r.mu.Unlock()
+		if !fenced {
 			return nil
 		}
 		select {
