@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/grouprouter/grouprouter/internal/logagg"
 	"github.com/grouprouter/grouprouter/kvbinding"
 	"github.com/grouprouter/grouprouter/proposals"
 )
@@ -78,6 +79,15 @@ func (r *Router) restoreHeld(ctx context.Context) error {
 		found, err := r.heldCounts(ctx)
 		if err != nil {
 			return err
+		}
+		for ref := range found {
+			// A group this node is taking over: what its held subject holds
+			// of it is its staged catch-up (stage.go), which the catch-up
+			// moves, not messages held back for their share.
+			if b, ok := r.cache.Lookup(ref); ok && b.Phase().Bound() && b.Node == r.cfg.Node && b.Step != kvbinding.StepNone {
+				r.log.Info("held messages of a group this node is taking over: its staged catch-up, moved by the catch-up", "group", logagg.Short(ref), "messages", found[ref])
+				delete(found, ref)
+			}
 		}
 		if len(found) == 0 {
 			return nil

@@ -51,6 +51,9 @@ type dutyQueue struct {
 	// catch-up routed; saved in the checkpoint before the catch-up is
 	// reported, so that a successor does not route those messages again.
 	caught map[string]uint64
+	// staged: per group being taken over, what its drain step's staging
+	// learned (stage.go).
+	staged map[string]*stagedSpan
 }
 
 type dutyJob struct {
@@ -59,7 +62,8 @@ type dutyJob struct {
 }
 
 func newDutyQueue() *dutyQueue {
-	return &dutyQueue{jobs: map[string]dutyJob{}, wake: make(chan struct{}, 1), movedThrough: map[string]uint64{}, caught: map[string]uint64{}}
+	return &dutyQueue{jobs: map[string]dutyJob{}, wake: make(chan struct{}, 1), movedThrough: map[string]uint64{}, caught: map[string]uint64{},
+		staged: map[string]*stagedSpan{}}
 }
 
 func (q *dutyQueue) add(group string, duty proposals.Duty, rev uint64) {
@@ -238,6 +242,11 @@ func (r *Router) runSteps(ctx context.Context, jobs map[string]dutyJob) {
 		// evacuated node's groups waits up to the ack wait (30 s) for
 		// the ones its cut-off consumer holds unacknowledged.
 		var early sync.WaitGroup
+		if err = r.stage(ctx, routes); err != nil {
+			prog.end(err)
+			r.stepFailed(ctx, op, jobs, err)
+			return
+		}
 		counts, err = r.drainQueues(ctx, routes, func(groups []string) {
 			ps := make([]proposals.Proposal, 0, len(groups))
 			revs := make(map[string]uint64, len(groups))
@@ -260,14 +269,7 @@ func (r *Router) runSteps(ctx context.Context, jobs map[string]dutyJob) {
 	}
 	prog.end(err)
 	if err != nil {
-		if ctx.Err() == nil {
-			if errors.Is(err, errSuperseded) {
-				r.log.Info("hand-over step stopped: a record moved past its revision", "step", op, "groups", len(jobs))
-			} else {
-				r.log.Warn("hand-over step failed; retrying", "step", op, "groups", len(jobs), "err", err)
-			}
-			r.retrySteps(ctx, jobs) // the records still asking for it are taken again
-		}
+		r.stepFailed(ctx, op, jobs, err)
 		return
 	}
 	if op == proposals.OpCaughtUp {
@@ -294,10 +296,25 @@ func (r *Router) runSteps(ctx context.Context, jobs map[string]dutyJob) {
 		r.duties.mu.Lock()
 		for g := range jobs {
 			delete(r.duties.caught, g)
+			delete(r.duties.staged, g)
 		}
 		r.duties.mu.Unlock()
 	}
 	r.log.Info("hand-over step done", "step", op, "groups", len(jobs), "messages", sum(counts), "took", time.Since(start))
+}
+
+// stepFailed logs a failed step and hands it back after a pause (the
+// records still asking for it are taken again).
+func (r *Router) stepFailed(ctx context.Context, op proposals.Op, jobs map[string]dutyJob, err error) {
+	if ctx.Err() != nil {
+		return
+	}
+	if errors.Is(err, errSuperseded) {
+		r.log.Info("hand-over step stopped: a record moved past its revision", "step", op, "groups", len(jobs))
+	} else {
+		r.log.Warn("hand-over step failed; retrying", "step", op, "groups", len(jobs), "err", err)
+	}
+	r.retrySteps(ctx, jobs)
 }
 
 // retrySteps hands failed steps back after a pause.
@@ -1006,8 +1023,23 @@ func isGone(err error) bool {
 // while another node owned the group. A message the group's drain found
 // on another queue, or any before it, was routed already and is skipped.
 func (r *Router) catchUp(ctx context.Context, routes map[string]kvbinding.Binding) (map[string]int, error) {
+	// A group staged by a drain step this process does not remember (it
+	// restarted since) is staged again first: its staged copies are found
+	// by their ids (stage.go).
+	restage := map[string]kvbinding.Binding{}
+	for g, route := range routes {
+		if r.needsStaging(g, route) {
+			restage[g] = route
+		}
+	}
+	if len(restage) > 0 {
+		if err := r.stage(ctx, restage); err != nil {
+			return nil, err
+		}
+	}
 	type span struct{ from, until uint64 }
 	spans := map[string]span{}
+	staged := map[string]*stagedSpan{}
 	var lo, hi uint64
 	r.mu.Lock()
 	for g := range routes {
@@ -1019,6 +1051,9 @@ func (r *Router) catchUp(ctx context.Context, routes map[string]kvbinding.Bindin
 		s.from, s.until = catchUpSpan(routes[g], s.until, r.duties.movedThrough[g], r.duties.caught[g])
 		spans[g] = s
 		delete(r.duties.movedThrough, g)
+		if st := r.duties.staged[g]; st != nil && st.epoch == routes[g].Epoch {
+			staged[g] = st
+		}
 	}
 	r.duties.mu.Unlock()
 	for _, s := range spans {
@@ -1030,23 +1065,48 @@ func (r *Router) catchUp(ctx context.Context, routes map[string]kvbinding.Bindin
 		}
 		hi = max(hi, s.until)
 	}
+	stream, err := r.js.Stream(ctx, QueueStream)
+	if err != nil {
+		return nil, err
+	}
+	for g, st := range staged {
+		if err := r.dropStaged(ctx, stream, g, st, spans[g].from); err != nil {
+			return nil, err
+		}
+	}
 	caught := map[string]int{}
 	if lo == 0 {
 		return caught, nil
 	}
-	byGroup := map[string][]*nats.Msg{}
-	err := r.readIngress(ctx, lo, hi, func(seq uint64, msg jetstream.Msg) {
+	// A step is a message to publish from the ingress, or (msg nil) a
+	// staged copy to move.
+	type step struct {
+		msg    *nats.Msg
+		seq    uint64
+		staged stagedCopy
+	}
+	byGroup := map[string][]step{}
+	err = r.readIngress(ctx, lo, hi, func(seq uint64, msg jetstream.Msg) {
 		g, invalid := r.classify(msg.Headers(), msg.Subject())
 		s, ok := spans[g]
 		if !ok || seq < s.from || seq >= s.until {
 			return
+		}
+		if st := staged[g]; st != nil && invalid == "" && seq < st.until {
+			if c, ok := st.copies[seq]; ok {
+				byGroup[g] = append(byGroup[g], step{seq: seq, staged: c})
+				return
+			}
+			if st.routed[seq] {
+				return // the old node routed it: the window said so
+			}
 		}
 		out := prepare(seq, msg.Headers(), msg.Data())
 		if invalid != "" {
 			// Taking the ungrouped routing binding over: dead-letter what
 			// cannot be grouped, as the lane would have.
 			out = r.toDeadLetter(out, msg.Subject(), seq, invalid, false)
-			byGroup[g] = append(byGroup[g], out)
+			byGroup[g] = append(byGroup[g], step{msg: out, seq: seq})
 			return
 		}
 		dest := r.cfg.Node
@@ -1058,25 +1118,52 @@ func (r *Router) catchUp(ctx context.Context, routes map[string]kvbinding.Bindin
 		out.Subject = QueueSubject(dest, msg.Subject())
 		out.Header.Set(jetstream.ExpectedStreamHeader, QueueStream)
 		out.Header[HeaderEpoch] = []string{strconv.FormatUint(routes[g].Epoch, 10)}
-		byGroup[g] = append(byGroup[g], out)
+		byGroup[g] = append(byGroup[g], step{msg: out, seq: seq})
 	})
 	if err != nil {
 		return nil, err
 	}
-	progressOf(ctx).found(countFound(byGroup))
-	stream, err := r.js.Stream(ctx, QueueStream)
-	if err != nil {
-		return nil, err
+	found := 0
+	for _, steps := range byGroup {
+		found += len(steps)
 	}
+	progressOf(ctx).found(found)
 	var mu sync.Mutex
 	work, wctx := errgroup.WithContext(ctx)
 	work.SetLimit(128)
-	for g, msgs := range byGroup {
+	for g, steps := range byGroup {
 		work.Go(func() error {
-			for _, m := range msgs {
+			n := 0
+			// A staged copy is deleted once its queue copy is stored, beside
+			// the next publishes (unstage).
+			unstaging, uctx := errgroup.WithContext(wctx)
+			unstaging.SetLimit(32)
+			defer func() { _ = unstaging.Wait() }()
+			for _, st := range steps {
 				if !r.current(g, routes[g].Revision) {
 					return errSuperseded
 				}
+				if st.msg == nil && st.staged.msg == nil {
+					moved, err := r.moveStaged(wctx, stream, g, routes[g], st.staged.at, st.seq)
+					if err != nil {
+						return err
+					}
+					if moved {
+						n++
+					}
+					continue
+				}
+				if st.msg == nil {
+					ack, err := r.publishSync(wctx, r.queueCopy(st.staged.msg, routes[g], st.seq), func() bool { return r.current(g, routes[g].Revision) })
+					if err != nil {
+						return err
+					}
+					unstaging.Go(func() error { return r.unstage(uctx, stream, g, st.staged.at, ack.Sequence, st.seq) })
+					n++
+					progressOf(ctx).add(1)
+					continue
+				}
+				m := st.msg
 				ack, err := r.publishSync(wctx, m, func() bool { return r.current(g, routes[g].Revision) })
 				if err != nil {
 					return err
@@ -1086,10 +1173,14 @@ func (r *Router) catchUp(ctx context.Context, routes map[string]kvbinding.Bindin
 						return err
 					}
 				}
+				n++
 				progressOf(ctx).add(1)
 			}
+			if err := unstaging.Wait(); err != nil {
+				return err
+			}
 			mu.Lock()
-			caught[g] = len(msgs)
+			caught[g] = n
 			mu.Unlock()
 			return nil
 		})

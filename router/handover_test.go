@@ -60,7 +60,12 @@ func TestIsGoneOnTheLibrarysErrors(t *testing.T) {
 // ready for the hand-over shell's steps (no Run: no goroutines).
 func testRouter(t *testing.T, node string) (*Router, jetstream.JetStream) {
 	t.Helper()
-	s := natstest.RunServer(t)
+	return testRouterOn(t, natstest.RunServer(t), node)
+}
+
+// testRouterOn is testRouter on server s.
+func testRouterOn(t *testing.T, s *natstest.Server, node string) (*Router, jetstream.JetStream) {
+	t.Helper()
 	js, err := jetstream.New(s.Connect())
 	if err != nil {
 		t.Fatal(err)
@@ -605,5 +610,204 @@ func TestStepDroppedWhenItsRecordMovedOn(t *testing.T) {
 	}
 	if got := queuedSeqs(t, js, "n9"); fmt.Sprint(got) != "[7]" {
 		t.Fatalf("n9's queue holds %v, want [7] (left to n2)", got)
+	}
+}
+
+// A drain step stages its catch-up on this node's held subject while the
+// queue stream's duplicate window still knows what the old node routed:
+// a server restart before the catch-up then no longer lets a message the
+// old node routed and its consumer consumed through a second time
+// (nats-io/nats-server#3272; nemesis seed 907382602: a cut-off consumer
+// held 57..89 of a group and had acked 90, the drain waited its ack wait
+// for them, the servers restarted, and the catch-up from 90 stored 90
+// again).
+func TestStagedCatchUpSkipsWhatTheOldNodeRoutedAcrossAServerRestart(t *testing.T) {
+	srv := natstest.RunServer(t)
+	r, js := testRouterOn(t, srv, "n1")
+	r.eng.cfg.holds = true
+	ctx := context.Background()
+	for range 6 {
+		m := &nats.Msg{Subject: "jms.x", Header: nats.Header{DefaultGroupHeader: {"g"}}}
+		if _, err := js.PublishMsg(ctx, m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The old node n9 routed 1..5 after its checkpoint (1); its consumer
+	// took 1, 2 and 5 and holds 3 and 4.
+	st, err := js.Stream(ctx, QueueStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for seq := uint64(1); seq <= 5; seq++ {
+		publishQueued(t, js, "n9", "g", seq)
+	}
+	for _, qseq := range []uint64{1, 2, 5} {
+		if err := st.DeleteMsg(ctx, qseq); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r.eng.resume = resumePoint{ckpt: kvbinding.Checkpoint{Next: 7}} // the lane takes over at 7
+	drain := record(t, r, kvbinding.Binding{Group: "g", State: kvbinding.StateBound, Node: "n1", FromSeq: 1, PrevNode: "n9",
+		Step: kvbinding.StepDrain, Drain: []string{"n9"}, Revision: 7})
+	if err := r.stage(ctx, map[string]kvbinding.Binding{"g": drain}); err != nil {
+		t.Fatal(err)
+	}
+	s := r.duties.stagedOf("g", drain.Epoch)
+	if s == nil || len(s.copies) != 1 || s.copies[6].at == 0 || len(s.routed) != 5 {
+		t.Fatalf("staged %+v, want a copy of 6 and 1..5 routed", s)
+	}
+	srv.Stop()
+	srv.Restart() // the window is rebuilt from what is stored: 3, 4 and the staged 6
+	natstest.WaitStreamLeader(t, js, QueueStream, 10*time.Second)
+	if _, err := r.drainQueues(ctx, map[string]kvbinding.Binding{"g": drain}, nil); err != nil {
+		t.Fatal(err)
+	}
+	catchUp := record(t, r, kvbinding.Binding{Group: "g", State: kvbinding.StateBound, Node: "n1", FromSeq: 1, PrevNode: "n9",
+		Step: kvbinding.StepCatchUp, Revision: 8, Epoch: 7})
+	for attempt := 1; attempt <= 2; attempt++ {
+		if _, err := r.catchUp(ctx, map[string]kvbinding.Binding{"g": catchUp}); err != nil {
+			t.Fatal(err)
+		}
+		if got := queuedSeqs(t, js, "n1"); fmt.Sprint(got) != "[3 4 6]" {
+			t.Fatalf("attempt %d: n1's queue holds %v, want [3 4 6] (5 was consumed from n9's)", attempt, got)
+		}
+	}
+	if n := heldOn(t, js, "n1"); n != 0 {
+		t.Errorf("n1's held subject still holds %d messages", n)
+	}
+	// What the test stands on: after the restart the window no longer
+	// knows 5, so a catch-up from the ingress would have stored it again.
+	ack, err := js.PublishMsg(ctx, &nats.Msg{Subject: QueueSubject("n8", "jms.x"),
+		Header: nats.Header{jetstream.MsgIDHeader: {IngressStream + ":5"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ack.Duplicate {
+		t.Fatal("the restart kept the duplicate window of a consumed message: the test shows nothing")
+	}
+}
+
+// A catch-up after a restart of its node (no memory of the drain step's
+// staging) finds the staged copies by their ids and moves them.
+func TestCatchUpAfterARestartMovesTheStagedCopies(t *testing.T) {
+	r, js := testRouter(t, "n1")
+	r.eng.cfg.holds = true
+	ctx := context.Background()
+	for range 3 {
+		m := &nats.Msg{Subject: "jms.x", Header: nats.Header{DefaultGroupHeader: {"g"}}}
+		if _, err := js.PublishMsg(ctx, m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	publishQueued(t, js, "n9", "g", 1) // routed by the old node, still waiting
+	r.eng.resume = resumePoint{ckpt: kvbinding.Checkpoint{Next: 4}}
+	drain := record(t, r, kvbinding.Binding{Group: "g", State: kvbinding.StateBound, Node: "n1", FromSeq: 1, PrevNode: "n9",
+		Step: kvbinding.StepDrain, Drain: []string{"n9"}, Revision: 7})
+	if err := r.stage(ctx, map[string]kvbinding.Binding{"g": drain}); err != nil {
+		t.Fatal(err)
+	}
+	if n := heldOn(t, js, "n1"); n != 2 {
+		t.Fatalf("n1's held subject holds %d messages, want 2 staged", n)
+	}
+	if _, err := r.drainQueues(ctx, map[string]kvbinding.Binding{"g": drain}, nil); err != nil {
+		t.Fatal(err)
+	}
+	r.duties = newDutyQueue() // the node restarted
+	catchUp := record(t, r, kvbinding.Binding{Group: "g", State: kvbinding.StateBound, Node: "n1", FromSeq: 1, PrevNode: "n9",
+		Step: kvbinding.StepCatchUp, Revision: 8, Epoch: 7})
+	if _, err := r.catchUp(ctx, map[string]kvbinding.Binding{"g": catchUp}); err != nil {
+		t.Fatal(err)
+	}
+	if got := queuedSeqs(t, js, "n1"); fmt.Sprint(got) != "[1 2 3]" {
+		t.Fatalf("n1's queue holds %v, want [1 2 3]", got)
+	}
+	if n := heldOn(t, js, "n1"); n != 0 {
+		t.Errorf("n1's held subject still holds %d messages", n)
+	}
+}
+
+// heldOn counts the messages on node's held subject.
+func heldOn(t *testing.T, js jetstream.JetStream, node string) int {
+	t.Helper()
+	st, err := js.Stream(context.Background(), QueueStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := st.Info(context.Background(), jetstream.WithSubjectFilter(HeldSubjectPrefix+node+".>"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, c := range info.State.Subjects {
+		n += int(c)
+	}
+	return n
+}
+
+// A staged copy another node took meanwhile (a successor that evacuated
+// this node drained its held subject) is not delivered from here too: its
+// queue copy is withdrawn.
+func TestCatchUpWithdrawsTheCopyOfAStagedMessageTakenMeanwhile(t *testing.T) {
+	r, js := testRouter(t, "n1")
+	r.eng.cfg.holds = true
+	ctx := context.Background()
+	for range 2 {
+		m := &nats.Msg{Subject: "jms.x", Header: nats.Header{DefaultGroupHeader: {"g"}}}
+		if _, err := js.PublishMsg(ctx, m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r.eng.resume = resumePoint{ckpt: kvbinding.Checkpoint{Next: 3}}
+	drain := record(t, r, kvbinding.Binding{Group: "g", State: kvbinding.StateBound, Node: "n1", FromSeq: 1, PrevNode: "n9",
+		Step: kvbinding.StepDrain, Drain: []string{"n9"}, Revision: 7})
+	if err := r.stage(ctx, map[string]kvbinding.Binding{"g": drain}); err != nil {
+		t.Fatal(err)
+	}
+	s := r.duties.stagedOf("g", drain.Epoch)
+	if s == nil || len(s.copies) != 2 {
+		t.Fatalf("staged %+v, want copies of 1 and 2", s)
+	}
+	st, err := js.Stream(ctx, QueueStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.DeleteMsg(ctx, s.copies[2].at); err != nil { // taken by another node
+		t.Fatal(err)
+	}
+	catchUp := record(t, r, kvbinding.Binding{Group: "g", State: kvbinding.StateBound, Node: "n1", FromSeq: 1, PrevNode: "n9",
+		Step: kvbinding.StepCatchUp, Revision: 8, Epoch: 7})
+	if _, err := r.catchUp(ctx, map[string]kvbinding.Binding{"g": catchUp}); err != nil {
+		t.Fatal(err)
+	}
+	if got := queuedSeqs(t, js, "n1"); fmt.Sprint(got) != "[1]" {
+		t.Fatalf("n1's queue holds %v, want [1]", got)
+	}
+	if n := heldOn(t, js, "n1"); n != 0 {
+		t.Errorf("n1's held subject still holds %d messages", n)
+	}
+}
+
+// A node restarted during a take-over does not count the take-over's
+// staged copies as messages held back for their share (the catch-up moves
+// them); another group's held messages it counts.
+func TestRestoreHeldSkipsAStagedCatchUp(t *testing.T) {
+	r, js := testRouter(t, "n1")
+	r.eng.cfg.holds = true
+	r.nc = js.Conn()
+	ctx := context.Background()
+	for _, g := range []string{"taken", "held"} {
+		m := &nats.Msg{Subject: HeldSubject("n1", g, "jms.x"), Header: nats.Header{DefaultGroupHeader: {g}, HeaderIngressSeq: {"1"}}}
+		if _, err := js.PublishMsg(ctx, m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	record(t, r, kvbinding.Binding{Group: "taken", State: kvbinding.StateBound, Node: "n1", FromSeq: 1, PrevNode: "n9",
+		Step: kvbinding.StepCatchUp, Revision: 8, Epoch: 7})
+	record(t, r, kvbinding.Binding{Group: "held", State: kvbinding.StateBound, Node: "n1", FromSeq: 1, Revision: 9})
+	if err := r.restoreHeld(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if r.eng.fair.held != 1 || r.eng.fair.heldGroups != 1 {
+		t.Errorf("restored %d held messages of %d groups, want 1 of 1 (the other group's)", r.eng.fair.held, r.eng.fair.heldGroups)
 	}
 }

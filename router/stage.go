@@ -1,0 +1,317 @@
+package router
+
+import (
+	"context"
+	"strconv"
+	"sync"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/grouprouter/grouprouter/internal/logagg"
+	"github.com/grouprouter/grouprouter/kvbinding"
+)
+
+// Staging a catch-up (docs/protocol.md, "Remaining windows").
+//
+// A take-over that drains starts from the old node's fence or, when the
+// old node is gone, from its checkpoint: the old node may have routed
+// some of the catch-up's messages after that checkpoint, and its
+// consumer may have consumed them. The catch-up's publishes carry the
+// ingress ids, so the queue stream's duplicate window drops those, unless
+// a server restart rebuilt the window in between from what is still
+// stored (nats-io/nats-server#3272): then they are stored and delivered
+// a second time. The drain before the catch-up can take up to the ack
+// wait (a cut-off consumer holding messages), long enough for a rolling
+// restart of the servers.
+//
+// So the drain step first stages its groups' catch-ups: it publishes the
+// catch-up's messages, with their ingress ids, onto this node's held
+// subject, which no consumer reads. The window answers at once which of
+// them the old node routed (a duplicate: skipped by the catch-up) and
+// keeps the others (staged copies); the catch-up then moves the staged
+// copies onto the queue in order, after what the drain moved, instead of
+// publishing them from the ingress. A copy the old node's held-back
+// publish lands after the staging is dropped as a duplicate too. What
+// stays open is a restart between the old node's publish and the staging
+// (the old node's grace, 15 s by default).
+//
+// A staged copy is an ordinary held message of the group: a successor
+// that evacuates this node drains it with the rest of its held subject,
+// and this node's own fair shell does not count it (restoreHeld skips
+// groups taken over by this node).
+
+// stagedSpan is what a drain step's staging learned of one group.
+type stagedSpan struct {
+	epoch uint64 // the take-over's (the record's OwnerEpoch)
+	until uint64 // staged up to here (exclusive)
+	// copies: ingress sequence -> its staged copy on this node's held
+	// subject.
+	copies map[uint64]stagedCopy
+	// routed: ingress sequences the duplicate window showed stored by
+	// another publisher (the old node): not routed again.
+	routed map[uint64]bool
+}
+
+// stagedCopy is a staged copy: its queue-stream sequence, and the message
+// as staged while this process keeps it (nil: read back to be moved).
+type stagedCopy struct {
+	at  uint64
+	msg *nats.Msg
+}
+
+// stageKeepBytes bounds the staged messages one staging keeps in memory
+// for its catch-up (past it, the catch-up reads them back).
+const stageKeepBytes = 64 << 20
+
+// stagedOf returns the staging of group for epoch, or nil.
+func (q *dutyQueue) stagedOf(group string, epoch uint64) *stagedSpan {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if s := q.staged[group]; s != nil && s.epoch == epoch {
+		return s
+	}
+	return nil
+}
+
+// stage stages the catch-ups of the groups of routes (see above): groups
+// with an ungrouped or too long subject, the ungrouped routing binding,
+// and every group when the queue stream takes no held subject are not
+// staged (their catch-up publishes from the ingress).
+func (r *Router) stage(ctx context.Context, routes map[string]kvbinding.Binding) error {
+	if !r.eng.cfg.holds {
+		return nil
+	}
+	r.forgetStaged()
+	type span struct{ from, until uint64 }
+	spans := map[string]span{}
+	var lo, hi uint64
+	for g, route := range routes {
+		if g == "" {
+			continue
+		}
+		r.mu.Lock()
+		laneFrom := r.eng.takeoverFrom(g)
+		r.mu.Unlock()
+		r.duties.mu.Lock()
+		from, until := catchUpSpan(route, laneFrom, 0, r.duties.caught[g])
+		if s := r.duties.staged[g]; s != nil && s.epoch == route.Epoch {
+			from = max(from, s.until) // staged before this retry
+		}
+		r.duties.mu.Unlock()
+		if from >= until {
+			continue
+		}
+		spans[g] = span{from, until}
+		if lo == 0 || from < lo {
+			lo = from
+		}
+		hi = max(hi, until)
+	}
+	if lo == 0 {
+		return nil
+	}
+	byGroup := map[string][]*nats.Msg{}
+	err := r.readIngress(ctx, lo, hi, func(seq uint64, msg jetstream.Msg) {
+		g, invalid := r.classify(msg.Headers(), msg.Subject())
+		s, ok := spans[g]
+		if !ok || invalid != "" || seq < s.from || seq >= s.until || !heldFits(msg.Subject()) {
+			return
+		}
+		out := prepare(seq, msg.Headers(), msg.Data())
+		out.Subject = HeldSubject(r.cfg.Node, g, msg.Subject())
+		out.Header.Set(jetstream.ExpectedStreamHeader, QueueStream)
+		out.Header[HeaderEpoch] = []string{strconv.FormatUint(routes[g].Epoch, 10)}
+		byGroup[g] = append(byGroup[g], out)
+	})
+	if err != nil {
+		return err
+	}
+	stream, err := r.js.Stream(ctx, QueueStream)
+	if err != nil {
+		return err
+	}
+	// Staged copies are read in ingress order by the catch-up, whatever
+	// order they are stored in: their publishes all run at once.
+	var mu sync.Mutex
+	learned := map[string]*stagedSpan{}
+	kept := 0
+	for g := range byGroup {
+		learned[g] = &stagedSpan{epoch: routes[g].Epoch, until: spans[g].until, copies: map[uint64]stagedCopy{}, routed: map[uint64]bool{}}
+	}
+	work, wctx := errgroup.WithContext(ctx)
+	work.SetLimit(256)
+	for g, msgs := range byGroup {
+		s := learned[g]
+		for _, m := range msgs {
+			is, _ := strconv.ParseUint(m.Header.Get(HeaderIngressSeq), 10, 64)
+			work.Go(func() error {
+				ack, err := r.publishSync(wctx, m, func() bool { return r.current(g, routes[g].Revision) })
+				if err != nil {
+					return err
+				}
+				mine := !ack.Duplicate
+				if ack.Duplicate {
+					if mine, err = r.ownHeld(wctx, stream, ack.Sequence, is); err != nil {
+						return err
+					}
+				}
+				mu.Lock()
+				defer mu.Unlock()
+				if !mine {
+					s.routed[is] = true
+					return nil
+				}
+				c := stagedCopy{at: ack.Sequence}
+				if size := len(m.Data) + headerSize(m.Header); kept+size <= stageKeepBytes {
+					c.msg, kept = m, kept+size
+				}
+				s.copies[is] = c
+				return nil
+			})
+		}
+	}
+	err = work.Wait()
+	// What was learned is kept even when a group failed: a retry stages
+	// only past it.
+	r.duties.mu.Lock()
+	copies, routed := 0, 0
+	for g, s := range learned {
+		if old := r.duties.staged[g]; old != nil && old.epoch == s.epoch {
+			for is, c := range s.copies {
+				old.copies[is] = c
+			}
+			for is := range s.routed {
+				old.routed[is] = true
+			}
+			old.until = max(old.until, s.until)
+			s = old
+		}
+		r.duties.staged[g] = s
+		copies += len(s.copies)
+		routed += len(s.routed)
+	}
+	r.duties.mu.Unlock()
+	if len(learned) > 0 {
+		r.log.Debug("hand-over: catch-ups staged on the held subject", "groups", len(learned), "staged", copies, "routed_by_old_node", routed)
+	}
+	return err
+}
+
+// forgetStaged forgets the staging of groups whose record no longer asks
+// this node to take them over in the staging's epoch (a successor took
+// them; their staged copies are its to drain).
+func (r *Router) forgetStaged() {
+	r.duties.mu.Lock()
+	epochs := make(map[string]uint64, len(r.duties.staged))
+	for g, s := range r.duties.staged {
+		epochs[g] = s.epoch
+	}
+	r.duties.mu.Unlock()
+	var gone []string
+	for g, epoch := range epochs {
+		b, ok := r.cache.Lookup(g)
+		if !ok || !b.Phase().Bound() || b.Node != r.cfg.Node || b.Step == kvbinding.StepNone || b.Epoch != epoch {
+			gone = append(gone, g)
+		}
+	}
+	if len(gone) == 0 {
+		return
+	}
+	r.duties.mu.Lock()
+	for _, g := range gone {
+		if s := r.duties.staged[g]; s != nil && s.epoch == epochs[g] {
+			delete(r.duties.staged, g)
+		}
+	}
+	r.duties.mu.Unlock()
+}
+
+// ownHeld reports whether the queue stream's message at seq, named by the
+// ack of a duplicate of the staged copy of ingress message is, is this
+// node's staged copy of it: false when it is another node's (the old
+// node routed it) or gone (consumed, or moved by an earlier catch-up).
+func (r *Router) ownHeld(ctx context.Context, stream jetstream.Stream, seq, is uint64) (bool, error) {
+	m, err := stream.GetMsg(ctx, seq)
+	if isGone(err) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	node, held, ok := queueOwner(m.Subject)
+	return ok && held && node == r.cfg.Node && m.Header.Get(HeaderIngressSeq) == strconv.FormatUint(is, 10), nil
+}
+
+// needsStaging reports whether a catch-up step's group was staged by a
+// drain step that this process has no memory of (it restarted since): a
+// record that came through a drain has its epoch at the drain record's
+// revision, below its own.
+func (r *Router) needsStaging(g string, route kvbinding.Binding) bool {
+	return r.eng.cfg.holds && g != "" && route.Epoch != route.Revision && r.duties.stagedOf(g, route.Epoch) == nil
+}
+
+// moveStaged moves group's staged copy at queue sequence seq onto this
+// node's queue (moveGroup: the copy stored before the staged one is
+// deleted, withdrawn if it was gone meanwhile). It returns whether one
+// was moved: false when the staged copy is gone (moved before this
+// retry, or by a successor that took the group).
+func (r *Router) moveStaged(ctx context.Context, stream jetstream.Stream, group string, route kvbinding.Binding, seq, is uint64) (bool, error) {
+	m, err := stream.GetMsg(ctx, seq)
+	if isGone(err) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	q := queued{msg: m, from: r.cfg.Node, ingressSeq: is, group: group, held: true}
+	n, err := r.moveGroup(ctx, stream, []queued{q}, route.Revision, route.Epoch)
+	return n > 0, err
+}
+
+// dropStaged deletes group's staged copies below from: the drain found a
+// later message of the group on an old queue, so the old node routed
+// them (the window had lost their ids).
+func (r *Router) dropStaged(ctx context.Context, stream jetstream.Stream, group string, s *stagedSpan, from uint64) error {
+	for is, c := range s.copies {
+		if is >= from {
+			continue
+		}
+		if err := stream.DeleteMsg(ctx, c.at); err != nil && !isGone(err) {
+			return err
+		}
+		r.log.Debug("hand-over: a staged copy below the catch-up's start deleted (the drain found later messages)",
+			"group", logagg.Short(group), "ingress_seq", is, "queue_seq", c.at)
+	}
+	return nil
+}
+
+// queueCopy returns the copy of staged message m (on this node's held
+// subject) to publish onto this node's queue for the catch-up of route.
+func (r *Router) queueCopy(m *nats.Msg, route kvbinding.Binding, is uint64) *nats.Msg {
+	q := queued{msg: &jetstream.RawStreamMsg{Subject: m.Subject}, from: r.cfg.Node, held: true}
+	out := &nats.Msg{Subject: QueueSubject(r.cfg.Node, q.ingressSubject()), Header: make(nats.Header, len(m.Header)+1), Data: m.Data}
+	for k, v := range m.Header {
+		out.Header[k] = v
+	}
+	out.Header.Set(jetstream.MsgIDHeader, moveID(route.Revision, is))
+	out.Header.Set(HeaderMovedFrom, r.cfg.Node)
+	return out
+}
+
+// unstage deletes a staged copy once its queue copy (at queued) is
+// stored; a staged copy gone meanwhile was taken by a successor's drain
+// (this node's take-over is over), and the queue copy is withdrawn.
+func (r *Router) unstage(ctx context.Context, stream jetstream.Stream, group string, at, queued, is uint64) error {
+	err := stream.DeleteMsg(ctx, at)
+	if err == nil || !isGone(err) {
+		return err
+	}
+	if err := stream.DeleteMsg(ctx, queued); err != nil && !isGone(err) {
+		return err
+	}
+	r.log.Info("a staged copy was taken by another node meanwhile; its queue copy was withdrawn",
+		"group", logagg.Short(group), "ingress_seq", is)
+	return nil
+}
