@@ -66,7 +66,10 @@ type Cache struct {
 	m      map[string]entry    // by Ref
 	drains map[string][]string // Drain lists of records in StepDrain
 	routed map[string]uint64   // Routed of records in a step
-	bad    map[string]uint64   // revisions of bad values over valid records
+	// reasons: Reason of records in a step that have one (an evacuation's:
+	// proposals.Evacuated).
+	reasons map[string]string
+	bad     map[string]uint64 // revisions of bad values over valid records
 	// unsettled holds the groups whose record is moving or in a
 	// hand-over step (what the handler's monitor looks after): each ref's
 	// group id.
@@ -117,6 +120,7 @@ func NewCache(cfg CacheConfig) *Cache {
 		m:         make(map[string]entry),
 		drains:    make(map[string][]string),
 		routed:    make(map[string]uint64),
+		reasons:   make(map[string]string),
 		bad:       make(map[string]uint64),
 		unsettled: make(map[string]string),
 		legacy:    make(map[string]string),
@@ -191,6 +195,7 @@ func (c *Cache) routeLocked(ref string, e entry) Binding {
 	}
 	if e.phase.stepping() {
 		r.Routed = c.routed[ref]
+		r.Reason = c.reasons[ref]
 	}
 	return r
 }
@@ -354,6 +359,9 @@ func (c *Cache) applyLocked(ref string, b Binding, fromWatch bool) bool {
 		}
 		if e.phase.stepping() {
 			c.unsettled[ref] = name
+			if b.Reason != "" {
+				c.reasons[ref] = b.Reason
+			}
 		}
 		if b.Routed != 0 {
 			c.routed[ref] = b.Routed
@@ -439,6 +447,7 @@ func (c *Cache) uncount(ref string, e entry) {
 	if e.phase == PhaseMoving || e.phase.stepping() {
 		delete(c.unsettled, ref)
 		delete(c.routed, ref)
+		delete(c.reasons, ref)
 	}
 }
 
@@ -606,7 +615,7 @@ func (c *Cache) adopt(r *Cache) {
 			changed = append(changed, g)
 		}
 	}
-	c.m, c.drains, c.routed, c.bad, c.unsettled = r.m, r.drains, r.routed, r.bad, r.unsettled
+	c.m, c.drains, c.routed, c.reasons, c.bad, c.unsettled = r.m, r.drains, r.routed, r.reasons, r.bad, r.unsettled
 	c.names, c.index, c.counts, c.leaving = r.names, r.index, r.counts, r.leaving
 	c.legacy = r.legacy
 	c.watchRev = r.watchRev

@@ -320,3 +320,25 @@ func TestCacheEpochs(t *testing.T) {
 		t.Fatalf("settled after a move: epoch %d revision %d, want 9 and 11", r.Epoch, r.Revision)
 	}
 }
+
+// A record in a hand-over step keeps its Reason in the cache (an
+// evacuation's: proposals.Evacuated), and loses it with the step.
+func TestCacheKeepsTheReasonOfARecordInAStep(t *testing.T) {
+	c := NewCache(CacheConfig{})
+	for _, tt := range []struct {
+		b    Binding
+		want string
+	}{
+		{Binding{Group: "g", State: StateBound, Node: "n2", FromSeq: 5, PrevNode: "n1", Step: StepDrain, Drain: []string{"n1"}, Reason: "node n1 gone for 15s", Revision: 3}, "node n1 gone for 15s"},
+		{Binding{Group: "g", State: StateBound, Node: "n2", FromSeq: 5, PrevNode: "n1", Step: StepCatchUp, Epoch: 3, Revision: 4}, ""},
+		{Binding{Group: "g", State: StateBound, Node: "n2", FromSeq: 5, PrevNode: "n1", Step: StepCatchUp, Reason: "again", Revision: 5}, "again"},
+		{Binding{Group: "g", State: StateBound, Node: "n2", FromSeq: 5, Reason: "settled", Revision: 6}, ""},
+	} {
+		if !c.Apply(tt.b) {
+			t.Fatalf("%+v not applied", tt.b)
+		}
+		if got, _ := c.Lookup("g"); got.Reason != tt.want {
+			t.Errorf("revision %d: Reason %q, want %q", tt.b.Revision, got.Reason, tt.want)
+		}
+	}
+}

@@ -87,6 +87,16 @@ func DutyOf(r kvbinding.Binding, me string) Duty {
 	return DutyNone
 }
 
+// Evacuated reports whether take-over record r was written by an
+// evacuation: the handler took the group from a node that never fenced
+// it, from that node's checkpoint, so the node may have routed some of
+// the group's messages past r.FromSeq. A record a fence wrote starts at
+// the first message its node did not route. (An evacuation says why in
+// its Reason; a fence's record has none.)
+func Evacuated(r kvbinding.Binding) bool {
+	return r.State == kvbinding.StateBound && r.Step != kvbinding.StepNone && r.Reason != ""
+}
+
 // MoveDone reports whether a move of a group to target (an unbind when
 // target is "") has finished, given the group's record at or after the
 // revision that started it (nil: the record is gone). A move is done when

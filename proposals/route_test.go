@@ -3,6 +3,7 @@ package proposals
 import (
 	"fmt"
 	"testing"
+	"time"
 
 	"github.com/grouprouter/grouprouter/kvbinding"
 )
@@ -127,4 +128,43 @@ func TestProposerSpreads(t *testing.T) {
 	if p := Proposer("g", []string{"only"}); p != "only" {
 		t.Fatalf("Proposer over one node = %q", p)
 	}
+}
+
+// Evacuated tells the take-over records an evacuation wrote from those a
+// fence wrote, on the records Transition writes.
+func TestEvacuatedOnTheRecordsTransitionWrites(t *testing.T) {
+	env := Env{Now: time.Unix(1000, 0), Handler: "h", Live: map[string]NodeState{"n1": {HasConsumer: true}, "n2": {HasConsumer: true}}}
+	bound := &kvbinding.Binding{Group: "g", State: kvbinding.StateBound, Node: "n1", FromSeq: 5, Revision: 3}
+	moving := &kvbinding.Binding{Group: "g", State: kvbinding.StateMoving, Node: "n2", PrevNode: "n1", FromSeq: 5, Reason: "rebalance", Revision: 4}
+	for _, tt := range []struct {
+		name string
+		cur  *kvbinding.Binding
+		in   Input
+		want bool
+	}{
+		{"fence", moving, Input{Op: OpFence, By: "n1", Seq: 9, Rev: 4}, false},
+		{"clean fence", moving, Input{Op: OpFence, By: "n1", Seq: 9, Rev: 4, Clean: true}, false},
+		{"evacuate a settled group", bound, Input{Op: OpEvacuate, By: "h", From: "n1", Node: "n2", Seq: 7, Reason: "node n1 gone for 15s"}, true},
+		{"evacuate a move never fenced", moving, Input{Op: OpEvacuate, By: "h", From: "n1", Node: "n2", Seq: 7, Reason: "node n1 did not fence within 30s"}, true},
+	} {
+		res := Transition("g", tt.cur, tt.in, env)
+		if res.Outcome != Accepted || res.Write == nil {
+			t.Fatalf("%s: %v (%s)", tt.name, res.Outcome, res.Reason)
+		}
+		if got := Evacuated(*res.Write); got != tt.want {
+			t.Errorf("%s: Evacuated(%+v) = %v, want %v", tt.name, *res.Write, got, tt.want)
+		}
+		if tt.want && res.Write.Step == kvbinding.StepDrain {
+			drained := Transition("g", withRev(res.Write, 10), Input{Op: OpDrained, By: "n2", Rev: 10}, env)
+			if drained.Write == nil || Evacuated(*drained.Write) {
+				t.Errorf("%s: the catch-up record after the drain %+v reads as an evacuation's", tt.name, drained.Write)
+			}
+		}
+	}
+}
+
+func withRev(b *kvbinding.Binding, rev uint64) *kvbinding.Binding {
+	c := *b
+	c.Revision = rev
+	return &c
 }

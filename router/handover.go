@@ -237,31 +237,59 @@ func (r *Router) runSteps(ctx context.Context, jobs map[string]dutyJob) {
 		// not behind the batch's slowest group: their catch-up follows
 		// within milliseconds, while the queue stream's duplicate window
 		// still drops the copies of what the old node routed and its
-		// consumer took (a server restart meanwhile would let them
-		// through: docs/protocol.md, "Remaining windows"). A batch of an
-		// evacuated node's groups waits up to the ack wait (30 s) for
-		// the ones its cut-off consumer holds unacknowledged.
-		var early sync.WaitGroup
-		if err = r.stage(ctx, routes); err != nil {
-			prog.end(err)
-			r.stepFailed(ctx, op, jobs, err)
-			return
-		}
-		counts, err = r.drainQueues(ctx, routes, func(groups []string) {
-			ps := make([]proposals.Proposal, 0, len(groups))
-			revs := make(map[string]uint64, len(groups))
-			for _, g := range groups {
+		// consumer took. A batch of an evacuated node's groups waits up to
+		// the ack wait (30 s) for the ones its cut-off consumer holds
+		// unacknowledged: long enough for a rolling restart of the servers
+		// to lose that window (docs/protocol.md, "Remaining windows"), so
+		// the catch-ups of those that were evacuated are staged meanwhile
+		// (stage.go), once the scan is over (it must not see part of
+		// them, when this node's own held subject is among those drained).
+		var (
+			early    sync.WaitGroup
+			stageErr error
+			scanned  bool
+		)
+		staged := make(chan struct{})
+		counts, err = r.drainQueues(ctx, routes, func(none, some []string) {
+			scanned = true
+			evacuated := map[string]kvbinding.Binding{}
+			for _, g := range some {
+				if proposals.Evacuated(routes[g]) {
+					evacuated[g] = routes[g]
+				} else {
+					r.duties.notStaged(g, routes[g].Epoch)
+				}
+			}
+			for _, g := range none {
+				r.duties.notStaged(g, routes[g].Epoch)
+			}
+			go func() {
+				defer close(staged)
+				stageErr = r.stage(ctx, evacuated)
+			}()
+			if len(none) == 0 {
+				return
+			}
+			ps := make([]proposals.Proposal, 0, len(none))
+			revs := make(map[string]uint64, len(none))
+			for _, g := range none {
 				ps = append(ps, proposals.Proposal{Op: op, Group: g, Rev: jobs[g].rev})
 				revs[g] = jobs[g].rev
 				delete(jobs, g)
 			}
-			r.log.Debug("hand-over drain: the old queues hold nothing of these groups; reported at once", "groups", len(groups))
+			r.log.Debug("hand-over drain: the old queues hold nothing of these groups; reported at once", "groups", len(none))
 			early.Go(func() {
 				for g := range r.report(ctx, ps) {
 					r.forgetDuty(g, revs[g])
 				}
 			})
 		})
+		if scanned {
+			<-staged
+			if err == nil {
+				err = stageErr
+			}
+		}
 		early.Wait()
 	} else {
 		op = proposals.OpCaughtUp
@@ -435,9 +463,10 @@ func (q queued) ingressSubject() string {
 // then the old consumer works on the group and no message of it reaches
 // this node's queue.
 //
-// none, if not nil, is called once the old queues are read, with the
-// groups they hold nothing of (those are done).
-func (r *Router) drainQueues(ctx context.Context, routes map[string]kvbinding.Binding, none func(groups []string)) (map[string]int, error) {
+// scanned, if not nil, is called once the old queues are read, with the
+// groups they hold nothing of (those are done) and those they hold some
+// of.
+func (r *Router) drainQueues(ctx context.Context, routes map[string]kvbinding.Binding, scanned func(none, some []string)) (map[string]int, error) {
 	byNode := map[string]map[string]bool{}
 	for g, route := range routes {
 		for _, n := range route.Drain {
@@ -461,7 +490,7 @@ func (r *Router) drainQueues(ctx context.Context, routes map[string]kvbinding.Bi
 	}
 	return r.moveFound(ctx, stream, byNode, routes, func(ctx context.Context) (map[string][]queued, error) {
 		return r.scanQueues(ctx, stream, byNode, routes, 0)
-	}, none)
+	}, scanned)
 }
 
 // moveFound moves, group by group, the messages find returns (a group's
@@ -471,7 +500,7 @@ func (r *Router) drainQueues(ctx context.Context, routes map[string]kvbinding.Bi
 // whose consumer is alive and acknowledging. The old queues' consumers
 // are paused before find looks and stay paused until it returns.
 func (r *Router) moveFound(ctx context.Context, stream jetstream.Stream, byNode map[string]map[string]bool,
-	routes map[string]kvbinding.Binding, find func(context.Context) (map[string][]queued, error), none func(groups []string)) (map[string]int, error) {
+	routes map[string]kvbinding.Binding, find func(context.Context) (map[string][]queued, error), scanned func(none, some []string)) (map[string]int, error) {
 	// The handler paused the old queues before it wrote the records and
 	// renews the pauses while records say they are drained; this node
 	// renews them too while it drains, so that they hold also while no
@@ -512,17 +541,18 @@ func (r *Router) moveFound(ctx context.Context, stream jetstream.Stream, byNode 
 	r.log.Debug("hand-over drain: old queues read", "nodes", len(byNode), "found", countFound(byGroup),
 		"paused_in", read.Sub(began).Round(time.Microsecond), "read_in", time.Since(read).Round(time.Microsecond))
 	progressOf(ctx).found(countFound(byGroup))
-	if none != nil {
-		var empty []string
+	if scanned != nil {
+		var none, some []string
 		for g := range routes {
 			if len(byGroup[g]) == 0 {
-				empty = append(empty, g)
+				none = append(none, g)
+			} else {
+				some = append(some, g)
 			}
 		}
-		if len(empty) > 0 {
-			sort.Strings(empty)
-			none(empty)
-		}
+		sort.Strings(none)
+		sort.Strings(some)
+		scanned(none, some)
 	}
 	plans := make(map[string][]drainMsg, len(byGroup))
 	for g, found := range byGroup {
@@ -1056,14 +1086,39 @@ func (r *Router) catchUp(ctx context.Context, routes map[string]kvbinding.Bindin
 		}
 	}
 	r.duties.mu.Unlock()
-	for _, s := range spans {
+	// A step is a message to publish from the ingress, or (msg nil) a
+	// staged copy to move.
+	type step struct {
+		msg    *nats.Msg
+		seq    uint64
+		staged stagedCopy
+	}
+	byGroup := map[string][]step{}
+	for g, s := range spans {
 		if s.from >= s.until {
+			continue
+		}
+		if st := staged[g]; st != nil && st.whole && st.from <= s.from {
+			// Its staging knows the whole span (what the lane did not hold
+			// when it was staged; the lane holds what came since): no
+			// second ingress read.
+			for _, seq := range stagedSeqs(st, s.from, s.until) {
+				if c, ok := st.copies[seq]; ok {
+					byGroup[g] = append(byGroup[g], step{seq: seq, staged: c})
+				} else {
+					byGroup[g] = append(byGroup[g], step{seq: seq, msg: st.rest[seq]})
+				}
+			}
 			continue
 		}
 		if lo == 0 || s.from < lo {
 			lo = s.from
 		}
 		hi = max(hi, s.until)
+	}
+	if len(byGroup) > 0 || lo != 0 {
+		r.log.Debug("hand-over catch-up: spans known from their staging, spans read from the ingress", "staged", len(byGroup), "read", lo != 0,
+			"from_seq", lo, "until_seq", hi)
 	}
 	stream, err := r.js.Stream(ctx, QueueStream)
 	if err != nil {
@@ -1075,22 +1130,17 @@ func (r *Router) catchUp(ctx context.Context, routes map[string]kvbinding.Bindin
 		}
 	}
 	caught := map[string]int{}
-	if lo == 0 {
+	if lo == 0 && len(byGroup) == 0 {
 		return caught, nil
 	}
-	// A step is a message to publish from the ingress, or (msg nil) a
-	// staged copy to move.
-	type step struct {
-		msg    *nats.Msg
-		seq    uint64
-		staged stagedCopy
-	}
-	byGroup := map[string][]step{}
-	err = r.readIngress(ctx, lo, hi, func(seq uint64, msg jetstream.Msg) {
+	err = r.readIngressSpan(ctx, lo, hi, func(seq uint64, msg jetstream.Msg) {
 		g, invalid := r.classify(msg.Headers(), msg.Subject())
 		s, ok := spans[g]
 		if !ok || seq < s.from || seq >= s.until {
 			return
+		}
+		if st := staged[g]; st != nil && st.whole && st.from <= s.from {
+			return // taken from its staging above
 		}
 		if st := staged[g]; st != nil && invalid == "" && seq < st.until {
 			if c, ok := st.copies[seq]; ok {

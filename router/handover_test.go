@@ -565,7 +565,11 @@ func TestDrainHandsOverAtOnceTheGroupsWithNothingWaiting(t *testing.T) {
 	none := make(chan []string, 1)
 	done := make(chan error, 1)
 	go func() {
-		_, err := r.drainQueues(ctx, routes, func(groups []string) { none <- groups })
+		_, err := r.drainQueues(ctx, routes, func(groups, _ []string) {
+			if len(groups) > 0 {
+				none <- groups
+			}
+		})
 		done <- err
 	}()
 	select {
@@ -688,8 +692,19 @@ func TestStagedCatchUpSkipsWhatTheOldNodeRoutedAcrossAServerRestart(t *testing.T
 }
 
 // A catch-up after a restart of its node (no memory of the drain step's
-// staging) finds the staged copies by their ids and moves them.
+// staging) finds the staged copies by their ids and moves them, read back
+// from the stream when they are past what a staging keeps in memory.
 func TestCatchUpAfterARestartMovesTheStagedCopies(t *testing.T) {
+	for _, keep := range []int{stageKeepBytes, 0} {
+		t.Run(fmt.Sprintf("keep=%d", keep), func(t *testing.T) {
+			defer func(was int) { stageKeepBytes = was }(stageKeepBytes)
+			stageKeepBytes = keep
+			testCatchUpAfterARestart(t)
+		})
+	}
+}
+
+func testCatchUpAfterARestart(t *testing.T) {
 	r, js := testRouter(t, "n1")
 	r.eng.cfg.holds = true
 	ctx := context.Background()

@@ -2,6 +2,7 @@ package router
 
 import (
 	"context"
+	"slices"
 	"strconv"
 	"sync"
 
@@ -26,7 +27,8 @@ import (
 // wait (a cut-off consumer holding messages), long enough for a rolling
 // restart of the servers.
 //
-// So the drain step first stages its groups' catch-ups: it publishes the
+// So the drain step of an evacuated group (proposals.Evacuated) first
+// stages its catch-up: it publishes the
 // catch-up's messages, with their ingress ids, onto this node's held
 // subject, which no consumer reads. The window answers at once which of
 // them the old node routed (a duplicate: skipped by the catch-up) and
@@ -44,8 +46,15 @@ import (
 
 // stagedSpan is what a drain step's staging learned of one group.
 type stagedSpan struct {
-	epoch uint64 // the take-over's (the record's OwnerEpoch)
-	until uint64 // staged up to here (exclusive)
+	epoch       uint64 // the take-over's (the record's OwnerEpoch)
+	from, until uint64 // the ingress span staged
+	// whole: every message of the span is known here (a staged copy kept
+	// in memory, routed, or in rest): the catch-up does not read the
+	// ingress again.
+	whole bool
+	// rest: the span's messages not staged (their held subject would be
+	// too long), ready to publish onto this node's queue.
+	rest map[uint64]*nats.Msg
 	// copies: ingress sequence -> its staged copy on this node's held
 	// subject.
 	copies map[uint64]stagedCopy
@@ -62,8 +71,9 @@ type stagedCopy struct {
 }
 
 // stageKeepBytes bounds the staged messages one staging keeps in memory
-// for its catch-up (past it, the catch-up reads them back).
-const stageKeepBytes = 64 << 20
+// for its catch-up (past it, the catch-up reads them back). A variable
+// for the tests.
+var stageKeepBytes = 64 << 20
 
 // stagedOf returns the staging of group for epoch, or nil.
 func (q *dutyQueue) stagedOf(group string, epoch uint64) *stagedSpan {
@@ -73,6 +83,18 @@ func (q *dutyQueue) stagedOf(group string, epoch uint64) *stagedSpan {
 		return s
 	}
 	return nil
+}
+
+// notStaged records that the drain step of group's take-over in epoch
+// staged nothing (its old queues held nothing of it, or it was not
+// evacuated): its catch-up reads the ingress and does not look for staged
+// copies (needsStaging).
+func (q *dutyQueue) notStaged(group string, epoch uint64) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if s := q.staged[group]; s == nil || s.epoch != epoch {
+		q.staged[group] = &stagedSpan{epoch: epoch}
+	}
 }
 
 // stage stages the catch-ups of the groups of routes (see above): groups
@@ -113,16 +135,25 @@ func (r *Router) stage(ctx context.Context, routes map[string]kvbinding.Binding)
 		return nil
 	}
 	byGroup := map[string][]*nats.Msg{}
+	rest := map[string]map[uint64]*nats.Msg{}
 	err := r.readIngress(ctx, lo, hi, func(seq uint64, msg jetstream.Msg) {
 		g, invalid := r.classify(msg.Headers(), msg.Subject())
 		s, ok := spans[g]
-		if !ok || invalid != "" || seq < s.from || seq >= s.until || !heldFits(msg.Subject()) {
+		if !ok || invalid != "" || seq < s.from || seq >= s.until {
 			return
 		}
 		out := prepare(seq, msg.Headers(), msg.Data())
-		out.Subject = HeldSubject(r.cfg.Node, g, msg.Subject())
 		out.Header.Set(jetstream.ExpectedStreamHeader, QueueStream)
 		out.Header[HeaderEpoch] = []string{strconv.FormatUint(routes[g].Epoch, 10)}
+		if !heldFits(msg.Subject()) {
+			out.Subject = QueueSubject(r.cfg.Node, msg.Subject())
+			if rest[g] == nil {
+				rest[g] = map[uint64]*nats.Msg{}
+			}
+			rest[g][seq] = out
+			return
+		}
+		out.Subject = HeldSubject(r.cfg.Node, g, msg.Subject())
 		byGroup[g] = append(byGroup[g], out)
 	})
 	if err != nil {
@@ -137,8 +168,12 @@ func (r *Router) stage(ctx context.Context, routes map[string]kvbinding.Binding)
 	var mu sync.Mutex
 	learned := map[string]*stagedSpan{}
 	kept := 0
-	for g := range byGroup {
-		learned[g] = &stagedSpan{epoch: routes[g].Epoch, until: spans[g].until, copies: map[uint64]stagedCopy{}, routed: map[uint64]bool{}}
+	for g, sp := range spans {
+		learned[g] = &stagedSpan{epoch: routes[g].Epoch, from: sp.from, until: sp.until, whole: true,
+			copies: map[uint64]stagedCopy{}, routed: map[uint64]bool{}, rest: rest[g]}
+		if learned[g].rest == nil {
+			learned[g].rest = map[uint64]*nats.Msg{}
+		}
 	}
 	work, wctx := errgroup.WithContext(ctx)
 	work.SetLimit(256)
@@ -166,6 +201,8 @@ func (r *Router) stage(ctx context.Context, routes map[string]kvbinding.Binding)
 				c := stagedCopy{at: ack.Sequence}
 				if size := len(m.Data) + headerSize(m.Header); kept+size <= stageKeepBytes {
 					c.msg, kept = m, kept+size
+				} else {
+					s.whole = false
 				}
 				s.copies[is] = c
 				return nil
@@ -173,12 +210,21 @@ func (r *Router) stage(ctx context.Context, routes map[string]kvbinding.Binding)
 		}
 	}
 	err = work.Wait()
-	// What was learned is kept even when a group failed: a retry stages
-	// only past it.
+	// What was learned of the groups whose publishes all returned is kept
+	// when others failed: a retry stages those only past it.
 	r.duties.mu.Lock()
 	copies, routed := 0, 0
 	for g, s := range learned {
+		if err != nil && len(s.copies)+len(s.routed) < len(byGroup[g]) {
+			// Some of its publishes did not return: staged again whole by
+			// the retry (what this one stored comes back as its own).
+			continue
+		}
 		if old := r.duties.staged[g]; old != nil && old.epoch == s.epoch {
+			old.whole = old.whole && s.whole && s.from == old.until
+			for is, m := range s.rest {
+				old.rest[is] = m
+			}
 			for is, c := range s.copies {
 				old.copies[is] = c
 			}
@@ -228,6 +274,33 @@ func (r *Router) forgetStaged() {
 	r.duties.mu.Unlock()
 }
 
+// stagedSeqs returns, in order, the ingress sequences in [from, until)
+// that s keeps a staged copy or an unstaged message of (not those the
+// window showed routed).
+func stagedSeqs(s *stagedSpan, from, until uint64) []uint64 {
+	seqs := make([]uint64, 0, len(s.copies)+len(s.rest))
+	for is := range s.copies {
+		if is >= from && is < until {
+			seqs = append(seqs, is)
+		}
+	}
+	for is := range s.rest {
+		if is >= from && is < until {
+			seqs = append(seqs, is)
+		}
+	}
+	slices.Sort(seqs)
+	return seqs
+}
+
+// readIngressSpan is readIngress for [lo, hi), nothing when lo is 0.
+func (r *Router) readIngressSpan(ctx context.Context, lo, hi uint64, fn func(seq uint64, msg jetstream.Msg)) error {
+	if lo == 0 {
+		return nil
+	}
+	return r.readIngress(ctx, lo, hi, fn)
+}
+
 // ownHeld reports whether the queue stream's message at seq, named by the
 // ack of a duplicate of the staged copy of ingress message is, is this
 // node's staged copy of it: false when it is another node's (the old
@@ -244,10 +317,12 @@ func (r *Router) ownHeld(ctx context.Context, stream jetstream.Stream, seq, is u
 	return ok && held && node == r.cfg.Node && m.Header.Get(HeaderIngressSeq) == strconv.FormatUint(is, 10), nil
 }
 
-// needsStaging reports whether a catch-up step's group was staged by a
-// drain step that this process has no memory of (it restarted since): a
-// record that came through a drain has its epoch at the drain record's
-// revision, below its own.
+// needsStaging reports whether a catch-up step's group may have been
+// staged by a drain step that this process has no memory of (it restarted
+// since): a record that came through a drain has its epoch at the drain
+// record's revision, below its own (its Reason is gone, so a fence's
+// drain is staged again too: nothing of it is on the held subject, and
+// the staging publishes what the catch-up would have).
 func (r *Router) needsStaging(g string, route kvbinding.Binding) bool {
 	return r.eng.cfg.holds && g != "" && route.Epoch != route.Revision && r.duties.stagedOf(g, route.Epoch) == nil
 }
