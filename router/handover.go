@@ -26,7 +26,8 @@ import (
 //   - StepDrain: move the group's messages still waiting on the queues in
 //     the record's Drain list to this node's queue, in ingress order (the
 //     handler paused those queues' consumers before it wrote the record),
-//     then report OpDrained;
+//     then report OpDrained; an evacuated group's catch-up is staged
+//     meanwhile (stage.go);
 //   - StepCatchUp: route from the ingress the group's messages from the
 //     record's FromSeq that this node skipped while another node owned the
 //     group, then report OpCaughtUp; the record is then settled and the

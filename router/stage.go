@@ -27,17 +27,20 @@ import (
 // wait (a cut-off consumer holding messages), long enough for a rolling
 // restart of the servers.
 //
-// So the drain step of an evacuated group (proposals.Evacuated) first
-// stages its catch-up: it publishes the
-// catch-up's messages, with their ingress ids, onto this node's held
-// subject, which no consumer reads. The window answers at once which of
-// them the old node routed (a duplicate: skipped by the catch-up) and
-// keeps the others (staged copies); the catch-up then moves the staged
-// copies onto the queue in order, after what the drain moved, instead of
-// publishing them from the ingress. A copy the old node's held-back
-// publish lands after the staging is dropped as a duplicate too. What
-// stays open is a restart between the old node's publish and the staging
-// (the old node's grace, 15 s by default).
+// So the drain step of an evacuated group (proposals.Evacuated) that the
+// old queues hold some of stages its catch-up as soon as the scan is over,
+// beside the wait for the old consumer: it publishes the catch-up's
+// messages, with their ingress ids, onto this node's held subject, which
+// no consumer reads. The window answers at once which of them the old
+// node routed (a duplicate: skipped by the catch-up) and keeps the others
+// (staged copies); the catch-up then moves the staged copies onto the
+// queue in order, after what the drain moved, instead of publishing them
+// from the ingress. A copy the old node's held-back publish lands after
+// the staging is dropped as a duplicate too. A group the old queues hold
+// nothing of is reported drained at once and caught up from the ingress
+// within milliseconds; a fenced group's record starts where its node
+// stopped routing. What stays open is a restart between the old node's
+// publishes and the scan (the grace, 15 s by default).
 //
 // A staged copy is an ordinary held message of the group: a successor
 // that evacuates this node drains it with the rest of its held subject,
