@@ -557,7 +557,12 @@ func (r *Router) moveFound(ctx context.Context, stream jetstream.Stream, byNode 
 	}
 	plans := make(map[string][]drainMsg, len(byGroup))
 	for g, found := range byGroup {
-		sort.Slice(found, func(i, j int) bool { return found[i].ingressSeq < found[j].ingressSeq })
+		// In ingress order; copies of one message (moveGroup) in the order
+		// they were stored.
+		sort.Slice(found, func(i, j int) bool {
+			a, b := found[i], found[j]
+			return a.ingressSeq < b.ingressSeq || a.ingressSeq == b.ingressSeq && a.msg.Sequence < b.msg.Sequence
+		})
 		msgs := make([]drainMsg, len(found))
 		for i, q := range found {
 			msgs[i] = drainMsg{node: q.from, seq: q.msg.Sequence, ingressSeq: q.ingressSeq, ref: i, held: q.held}
@@ -639,7 +644,6 @@ const (
 // read: past it, the scan fails with errScanLimit.
 func (r *Router) scanQueues(ctx context.Context, stream jetstream.Stream, byNode map[string]map[string]bool, routes map[string]kvbinding.Binding, limit int) (map[string][]queued, error) {
 	byGroup := map[string][]queued{}
-	seen := map[string]map[uint64]bool{}
 	for node, groups := range byNode {
 		prefix := QueueSubjectPrefix + node + "."
 		var (
@@ -686,13 +690,6 @@ func (r *Router) scanQueues(ctx context.Context, stream jetstream.Stream, byNode
 				// in place already, behind the earlier ones.
 				continue
 			}
-			if seen[g] == nil {
-				seen[g] = map[uint64]bool{}
-			}
-			if seen[g][is] {
-				continue
-			}
-			seen[g][is] = true
 			byGroup[g] = append(byGroup[g], queued{msg: m, from: node, ingressSeq: is, group: g})
 		}
 		// What the old node held back of these groups (fairshare.go):
@@ -721,13 +718,6 @@ func (r *Router) scanQueues(ctx context.Context, stream jetstream.Stream, byNode
 				if err != nil {
 					continue
 				}
-				if seen[g] == nil {
-					seen[g] = map[uint64]bool{}
-				}
-				if seen[g][is] {
-					continue
-				}
-				seen[g][is] = true
 				byGroup[g] = append(byGroup[g], queued{msg: m, from: node, ingressSeq: is, group: g, held: true})
 			}
 		}
@@ -934,7 +924,12 @@ func (r *Router) readConsumer(ctx context.Context, node string) (consumerView, e
 const firstLeaderWithin = 5 * time.Second
 
 // moveGroup copies one group's found messages to this node's queue in
-// order and deletes the originals.
+// order and deletes the originals. A message found stored twice (a mover
+// that stopped between its copy and the original's deletion, on two of the
+// drained queues; found one after the other) is stored here once: both
+// copies carry the same id, the second's publish is a duplicate, and its
+// original is deleted too (a second entry left on its queue would be
+// delivered after the group moved on).
 func (r *Router) moveGroup(ctx context.Context, stream jetstream.Stream, found []queued, rev, epoch uint64) (int, error) {
 	epochHdr := []string{strconv.FormatUint(epoch, 10)}
 	moved := 0

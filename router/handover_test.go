@@ -826,3 +826,35 @@ func TestRestoreHeldSkipsAStagedCatchUp(t *testing.T) {
 		t.Errorf("restored %d held messages of %d groups, want 1 of 1 (the other group's)", r.eng.fair.held, r.eng.fair.heldGroups)
 	}
 }
+
+// A message stored on two of the drained queues (a mover stopped between
+// its copy and the original's deletion) is moved once, and its other entry
+// deleted: left on its queue it would be delivered after the group moved
+// on (the simulation's seed 7003: 39 delivered from the stopped mover's
+// queue before 31 and 34 from the new owner's).
+func TestDrainMovesAMessageStoredTwiceOnce(t *testing.T) {
+	r, js := testRouter(t, "n1")
+	ctx := context.Background()
+	publishQueued(t, js, "n9", "g", 5) // the original
+	publishQueued(t, js, "n9", "g", 6)
+	m := nats.NewMsg(QueueSubject("n8", "jms.x")) // the stopped mover's copy of 5
+	m.Header.Set(DefaultGroupHeader, "g")
+	m.Header.Set(HeaderIngressSeq, "5")
+	m.Header.Set(HeaderMovedFrom, "n9")
+	if _, err := js.PublishMsg(ctx, m); err != nil {
+		t.Fatal(err)
+	}
+	route := record(t, r, kvbinding.Binding{Group: "g", State: kvbinding.StateBound, Node: "n1", FromSeq: 7, PrevNode: "n8",
+		Step: kvbinding.StepDrain, Drain: []string{"n9", "n8"}, Revision: 9})
+	if _, err := r.drainQueues(ctx, map[string]kvbinding.Binding{"g": route}, nil); err != nil {
+		t.Fatal(err)
+	}
+	if got := queuedSeqs(t, js, "n1"); fmt.Sprint(got) != "[5 6]" {
+		t.Errorf("n1's queue holds %v, want [5 6]", got)
+	}
+	for _, n := range []string{"n8", "n9"} {
+		if got := queuedSeqs(t, js, n); len(got) != 0 {
+			t.Errorf("%s's queue still holds %v", n, got)
+		}
+	}
+}

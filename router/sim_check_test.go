@@ -186,8 +186,10 @@ type simRelease struct {
 // simStats counts what the runs went through.
 type simStats struct {
 	seeds, messages, consumed, deadLettered, copies, caughtUp uint64
-	excusedWindow, excusedDrain, excusedDLQ, excusedMover     uint64
-	redeliveries                                              uint64
+	// staged: catch-up messages staged on a held subject (stage.go).
+	staged                                                uint64
+	excusedWindow, excusedDrain, excusedDLQ, excusedMover uint64
+	redeliveries                                          uint64
 	// partitions: links black-holed; held: deliveries they held until the
 	// heal; lapses: handlers that stopped deciding by their own clock.
 	partitions, held, lapses          uint64
@@ -205,6 +207,7 @@ func (s *simStats) add(o simStats) {
 	s.copies += o.copies
 	s.caughtUp += o.caughtUp
 	s.excusedWindow += o.excusedWindow
+	s.staged += o.staged
 	s.excusedDrain += o.excusedDrain
 	s.excusedDLQ += o.excusedDLQ
 	s.excusedMover += o.excusedMover

@@ -97,14 +97,48 @@ func (n *simNode) runSteps(jobs map[string]dutyJob) {
 	}
 	if duty == proposals.DutyDrain {
 		// Router.runSteps: the groups the old queues hold nothing of are
-		// reported at once.
-		none := func(groups []string) {
-			ps := make([]proposals.Proposal, 0, len(groups))
-			for _, g := range groups {
+		// reported at once; the catch-ups of the evacuated ones they hold
+		// some of are staged once the scan is over, and the step ends when
+		// both the drain and the staging did.
+		var (
+			drained, staged, scanned bool
+			counts                   map[string]int
+			drainErr, stageErr       error
+		)
+		end := func() {
+			if drained && (staged || !scanned) {
+				if drainErr == nil {
+					drainErr = stageErr
+				}
+				finish(counts, drainErr)
+			}
+		}
+		onScan := func(none, some []string) {
+			scanned = true
+			evacuated := map[string]kvbinding.Binding{}
+			for _, g := range some {
+				if proposals.Evacuated(routes[g]) {
+					evacuated[g] = routes[g]
+				} else {
+					n.notStaged(g, routes[g].Epoch)
+				}
+			}
+			for _, g := range none {
+				n.notStaged(g, routes[g].Epoch)
+			}
+			n.stage(evacuated, func(err error) {
+				staged, stageErr = true, err
+				end()
+			})
+			if len(none) == 0 {
+				return
+			}
+			ps := make([]proposals.Proposal, 0, len(none))
+			for _, g := range none {
 				ps = append(ps, proposals.Proposal{Op: op, Group: g, Rev: jobs[g].rev})
 			}
 			revs := map[string]uint64{}
-			for _, g := range groups {
+			for _, g := range none {
 				revs[g] = jobs[g].rev
 				delete(jobs, g)
 			}
@@ -114,7 +148,10 @@ func (n *simNode) runSteps(jobs map[string]dutyJob) {
 				}
 			})
 		}
-		n.drainQueues(routes, none, finish)
+		n.drainQueues(routes, onScan, func(c map[string]int, err error) {
+			drained, counts, drainErr = true, c, err
+			end()
+		})
 	} else {
 		n.catchUp(routes, finish)
 	}
@@ -169,6 +206,8 @@ type simFound struct {
 	// lapsed: delivered to the old consumer and moved because it made no
 	// progress for its ack wait (fateLapsed).
 	lapsed bool
+	// held: found on the node's held subject (a staged catch-up).
+	held bool
 }
 
 // simDrain is one drainQueues call.
@@ -177,17 +216,16 @@ type simDrain struct {
 	routes  map[string]kvbinding.Binding
 	byNode  map[string]map[string]bool
 	byGroup map[string][]simFound
-	seen    map[string]map[uint64]bool
 	moved   map[string]int
 	err     error
 	done    func(map[string]int, error)
-	none    func([]string) // moveFound's: the groups the old queues hold nothing of
+	scanned func(none, some []string) // moveFound's: the groups the old queues hold nothing of, and some of
 }
 
-func (n *simNode) drainQueues(routes map[string]kvbinding.Binding, none func([]string), done func(map[string]int, error)) {
+func (n *simNode) drainQueues(routes map[string]kvbinding.Binding, scanned func(none, some []string), done func(map[string]int, error)) {
 	finished := false
 	d := &simDrain{n: n, routes: routes, byNode: map[string]map[string]bool{}, byGroup: map[string][]simFound{},
-		seen: map[string]map[uint64]bool{}, moved: map[string]int{}, none: none}
+		moved: map[string]int{}, scanned: scanned}
 	d.done = func(moved map[string]int, err error) {
 		finished = true
 		done(moved, err)
@@ -243,13 +281,22 @@ func (d *simDrain) scan() {
 		// drainQueues ranges over a map: the queues are scanned in any order.
 		nodes := sortedKeys(d.byNode)
 		w.rng.Shuffle(len(nodes), func(i, j int) { nodes[i], nodes[j] = nodes[j], nodes[i] })
+		// Each node's queue, then its held subject (scanQueues).
+		type queue struct {
+			name, node string
+			held       bool
+		}
+		var queues []queue
+		for _, node := range nodes {
+			queues = append(queues, queue{node, node, false}, queue{simHeld(node), node, true})
+		}
 		var scanNode func(i int)
 		scanNode = func(i int) {
-			if i == len(nodes) {
+			if i == len(queues) {
 				d.await()
 				return
 			}
-			node, groups := nodes[i], d.byNode[nodes[i]]
+			qname, node, held, groups := queues[i].name, queues[i].node, queues[i].held, d.byNode[queues[i].node]
 			seq := first
 			var get func()
 			get = func() {
@@ -268,7 +315,7 @@ func (d *simDrain) scan() {
 						d.done(nil, fmt.Errorf("get: %w", errSimOp))
 						return
 					}
-					e := w.q.next(node, seq)
+					e := w.q.next(qname, seq)
 					if e == nil {
 						scanNode(i + 1)
 						return
@@ -278,17 +325,11 @@ func (d *simDrain) scan() {
 						get()
 						return
 					}
-					if node == n.id && e.id == moveID(d.routes[e.group].Revision, e.seq) {
+					if !held && node == n.id && e.id == moveID(d.routes[e.group].Revision, e.seq) {
 						get() // a copy this step made before: in place already
 						return
 					}
-					if d.seen[e.group] == nil {
-						d.seen[e.group] = map[uint64]bool{}
-					}
-					if !d.seen[e.group][e.seq] {
-						d.seen[e.group][e.seq] = true
-						d.byGroup[e.group] = append(d.byGroup[e.group], simFound{e: e, from: node})
-					}
+					d.byGroup[e.group] = append(d.byGroup[e.group], simFound{e: e, from: node, held: held})
 					get()
 				})
 			}
@@ -310,8 +351,14 @@ func (d *simDrain) await() {
 			empty = append(empty, g)
 		}
 	}
-	if len(empty) > 0 && d.none != nil {
-		d.none(empty)
+	if d.scanned != nil {
+		var some []string
+		for _, g := range sortedKeys(d.routes) {
+			if len(d.byGroup[g]) > 0 {
+				some = append(some, g)
+			}
+		}
+		d.scanned(empty, some)
 	}
 	groups := sortedKeys(d.byGroup)
 	if len(groups) == 0 {
@@ -321,10 +368,15 @@ func (d *simDrain) await() {
 	plans := map[string][]drainMsg{}
 	for _, g := range groups {
 		found := d.byGroup[g]
-		slices.SortFunc(found, func(a, b simFound) int { return int(a.e.seq) - int(b.e.seq) })
+		slices.SortFunc(found, func(a, b simFound) int {
+			if a.e.seq != b.e.seq {
+				return int(a.e.seq) - int(b.e.seq)
+			}
+			return int(a.e.sseq) - int(b.e.sseq)
+		})
 		msgs := make([]drainMsg, len(found))
 		for i, f := range found {
-			msgs[i] = drainMsg{node: f.from, seq: f.e.sseq, ingressSeq: f.e.seq, ref: i}
+			msgs[i] = drainMsg{node: f.from, seq: f.e.sseq, ingressSeq: f.e.seq, ref: i, held: f.held}
 		}
 		plans[g] = msgs
 	}
@@ -483,15 +535,47 @@ func (n *simNode) moveGroup(group string, found []simFound, rev uint64, canceled
 // catchUp routes, from the ingress, the groups' messages from their fence
 // up to where the lanes take over, skipping what the drain moved.
 func (n *simNode) catchUp(routes map[string]kvbinding.Binding, done func(map[string]int, error)) {
+	// needsStaging: a group staged by a drain step this process does not
+	// remember is staged again first.
+	restage := map[string]kvbinding.Binding{}
+	for _, g := range sortedKeys(routes) {
+		if route := routes[g]; g != "" && route.Epoch != route.Revision && n.stagedOf(g, route.Epoch) == nil {
+			restage[g] = route
+		}
+	}
+	if len(restage) > 0 {
+		n.logf("catch-up: staging again %v (this process has no memory of the drain step's)", sortedKeys(restage))
+		n.stage(restage, func(err error) {
+			if err != nil {
+				done(nil, err)
+				return
+			}
+			n.catchUpFrom(routes, done)
+		})
+		return
+	}
+	n.catchUpFrom(routes, done)
+}
+
+// catchUpFrom is the rest of catchUp: the staged copies are moved, the
+// others routed from the ingress.
+func (n *simNode) catchUpFrom(routes map[string]kvbinding.Binding, done func(map[string]int, error)) {
 	w := n.w
 	type span struct{ from, until uint64 }
 	spans := map[string]span{}
+	moves := map[string][]*simEntry{}
 	for _, g := range sortedKeys(routes) {
 		var s span
 		// The sim's node keeps no catch-up progress of its own (caught).
 		s.from, s.until = catchUpSpan(routes[g], n.eng.takeoverFrom(g), n.movedThrough[g], 0)
-		spans[g] = s
 		delete(n.movedThrough, g)
+		if st := n.stagedOf(g, routes[g].Epoch); st != nil && st.copies != nil {
+			// Its staging knows the whole span (dropStaged for what lies
+			// below its start).
+			moves[g] = n.stagedMoves(st, s.from, s.until)
+			continue
+		}
+		spans[g] = s
 	}
 	var lo, hi uint64
 	for _, g := range sortedKeys(spans) {
@@ -505,7 +589,7 @@ func (n *simNode) catchUp(routes map[string]kvbinding.Binding, done func(map[str
 		hi = max(hi, s.until)
 	}
 	caught := map[string]int{}
-	if lo == 0 {
+	if lo == 0 && len(moves) == 0 {
 		done(caught, nil)
 		return
 	}
@@ -518,7 +602,7 @@ func (n *simNode) catchUp(routes map[string]kvbinding.Binding, done func(map[str
 			return
 		}
 		byGroup := map[string][]simPub{}
-		for seq := lo; seq < hi && seq <= uint64(len(w.ingress)); seq++ {
+		for seq := lo; lo != 0 && seq < hi && seq <= uint64(len(w.ingress)); seq++ {
 			m := w.ingress[seq-1]
 			s, ok := spans[m.group]
 			if !ok || seq < s.from || seq >= s.until {
@@ -534,6 +618,11 @@ func (n *simNode) catchUp(routes map[string]kvbinding.Binding, done func(map[str
 				dest = n.eng.ungroupedDestination()
 			}
 			byGroup[m.group] = append(byGroup[m.group], simPub{node: dest, seq: seq, group: m.group, id: simIngressID(seq), kind: simCaught})
+		}
+		for _, g := range sortedKeys(moves) {
+			for _, e := range moves[g] {
+				byGroup[g] = append(byGroup[g], simPub{node: n.id, seq: e.seq, group: g, id: moveID(routes[g].Revision, e.seq), kind: simCopy, origin: e})
+			}
 		}
 		groups := sortedKeys(byGroup)
 		if len(groups) == 0 {
@@ -570,14 +659,41 @@ func (n *simNode) catchUp(routes map[string]kvbinding.Binding, done func(map[str
 					next()
 					return
 				}
-				n.publishSync(p, canceled, func(_ uint64, err error) {
+				if p.origin != nil {
+					n.moving[p.seq] = true // moveGroup's window
+				}
+				n.publishSync(p, canceled, func(copySeq uint64, err error) {
 					if err != nil && failed == nil {
 						failed = err
 					}
 					if err != nil {
 						i = len(msgs)
 					}
-					next()
+					if err != nil || p.origin == nil {
+						next()
+						return
+					}
+					// unstage: the staged entry goes once its copy is
+					// stored; one gone meanwhile was taken by a successor,
+					// and the copy is withdrawn.
+					w.hop(n.id, w.lat(), func() {
+						gone := !w.q.deleteMsg(p.origin.sseq)
+						delete(n.moving, p.seq)
+						w.hop(n.id, w.lat(), func() {
+							if !n.up() {
+								return
+							}
+							if !gone {
+								next()
+								return
+							}
+							n.logf("catch-up: staged seq %d of %q was taken meanwhile; withdrawing its copy", p.seq, g)
+							w.hop(n.id, w.lat(), func() {
+								w.q.deleteMsg(copySeq)
+								w.hop(n.id, w.lat(), next)
+							})
+						})
+					})
 				})
 			}
 			next()

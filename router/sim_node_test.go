@@ -66,6 +66,7 @@ type simNode struct {
 	dutyWake     bool
 	movedThrough map[string]uint64
 	moving       map[uint64]bool // messages whose copy is published and original not yet deleted
+	staged       map[string]*simStaging
 
 	flights     []*simFlight
 	hasConsumer bool
@@ -163,7 +164,7 @@ func (b *simBatch) land(n *simNode) bool {
 
 func newSimNode(w *simWorld, id string, local bool) *simNode {
 	return &simNode{w: w, id: id, local: local, duties: map[string]dutyJob{}, movedThrough: map[string]uint64{},
-		moving: map[uint64]bool{}}
+		moving: map[uint64]bool{}, staged: map[string]*simStaging{}}
 }
 
 // up: running (not stopping, not dead). alive: the process exists.
@@ -767,6 +768,11 @@ func (n *simNode) publishSync(p simPub, canceled func() bool, cb func(sseq uint6
 	var try func()
 	try = func() {
 		if !n.up() {
+			return
+		}
+		if n.eng.fenced(n.w.now()) {
+			// Router.waitUnfenced: not while this node may not publish.
+			n.w.after(20*time.Millisecond, try)
 			return
 		}
 		if canceled() {

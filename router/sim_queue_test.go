@@ -15,7 +15,11 @@ const (
 	simRouted simEntryKind = iota + 1 // a lane's publish
 	simCaught                         // a catch-up publish
 	simCopy                           // a drain's copy of another queue's entry
+	simStaged                         // a staged catch-up message, on a node's held subject (stage.go)
 )
+
+// simHeld is the queue name of node's held subject: no consumer reads it.
+func simHeld(node string) string { return "held:" + node }
 
 func (k simEntryKind) String() string {
 	switch k {
@@ -25,6 +29,8 @@ func (k simEntryKind) String() string {
 		return "caught-up"
 	case simCopy:
 		return "copy"
+	case simStaged:
+		return "staged"
 	}
 	return "?"
 }
