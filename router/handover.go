@@ -1034,14 +1034,20 @@ func isGone(err error) bool {
 	}
 	var apiErr *jetstream.APIError
 	// 10037: message not found; 10057: message deletion unsuccessful
-	// (no message found).
-	if errors.As(err, &apiErr) && (apiErr.ErrorCode == jetstream.JSErrCodeMessageNotFound || apiErr.ErrorCode == 10057) {
+	// (no message found); 10043: sequence not found (a replicated
+	// stream's answer to deleting a message gone already, seen in the
+	// nemesis: "description=sequence 5190 not found").
+	if errors.As(err, &apiErr) && (apiErr.ErrorCode == jetstream.JSErrCodeMessageNotFound || apiErr.ErrorCode == 10057 || apiErr.ErrorCode == 10043) {
 		return true
 	}
 	// Stream.DeleteMsg flattens the server's error into text ("message
 	// deletion unsuccessful: nats: API error: code=500 err_code=10057
 	// description=no message found"): the API error is not wrapped.
-	return errors.Is(err, jetstream.ErrMsgDeleteUnsuccessful) && strings.Contains(err.Error(), "no message found")
+	if !errors.Is(err, jetstream.ErrMsgDeleteUnsuccessful) {
+		return false
+	}
+	text := err.Error()
+	return strings.Contains(text, "no message found") || strings.Contains(text, "err_code=10043")
 }
 
 // catchUp routes, from the ingress, the groups' messages from their fence
@@ -1194,17 +1200,19 @@ func (r *Router) catchUp(ctx context.Context, routes map[string]kvbinding.Bindin
 					if err != nil {
 						return err
 					}
+					r.duties.mu.Lock()
+					delete(staged[g].copies, st.seq)
+					r.duties.mu.Unlock()
 					if moved {
 						n++
 					}
 					continue
 				}
 				if st.msg == nil {
-					ack, err := r.publishSync(wctx, r.queueCopy(st.staged.msg, routes[g], st.seq), func() bool { return r.current(g, routes[g].Revision) })
-					if err != nil {
+					if _, err := r.publishSync(wctx, r.queueCopy(st.staged.msg, routes[g], st.seq), func() bool { return r.current(g, routes[g].Revision) }); err != nil {
 						return err
 					}
-					unstaging.Go(func() error { return r.unstage(uctx, stream, g, st.staged.at, ack.Sequence, st.seq) })
+					unstaging.Go(func() error { return r.unstage(uctx, stream, staged[g], st.staged.at, st.seq) })
 					n++
 					progressOf(ctx).add(1)
 					continue

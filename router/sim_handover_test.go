@@ -662,7 +662,7 @@ func (n *simNode) catchUpFrom(routes map[string]kvbinding.Binding, done func(map
 				if p.origin != nil {
 					n.moving[p.seq] = true // moveGroup's window
 				}
-				n.publishSync(p, canceled, func(copySeq uint64, err error) {
+				n.publishSync(p, canceled, func(_ uint64, err error) {
 					if err != nil && failed == nil {
 						failed = err
 					}
@@ -674,24 +674,19 @@ func (n *simNode) catchUpFrom(routes map[string]kvbinding.Binding, done func(map
 						return
 					}
 					// unstage: the staged entry goes once its copy is
-					// stored; one gone meanwhile was taken by a successor,
-					// and the copy is withdrawn.
+					// stored (one gone already stays gone; the copy stays),
+					// and is forgotten.
 					w.hop(n.id, w.lat(), func() {
-						gone := !w.q.deleteMsg(p.origin.sseq)
+						w.q.deleteMsg(p.origin.sseq)
 						delete(n.moving, p.seq)
 						w.hop(n.id, w.lat(), func() {
 							if !n.up() {
 								return
 							}
-							if !gone {
-								next()
-								return
+							if st := n.stagedOf(g, routes[g].Epoch); st != nil {
+								delete(st.copies, p.seq)
 							}
-							n.logf("catch-up: staged seq %d of %q was taken meanwhile; withdrawing its copy", p.seq, g)
-							w.hop(n.id, w.lat(), func() {
-								w.q.deleteMsg(copySeq)
-								w.hop(n.id, w.lat(), next)
-							})
+							next()
 						})
 					})
 				})

@@ -378,18 +378,18 @@ func (r *Router) queueCopy(m *nats.Msg, route kvbinding.Binding, is uint64) *nat
 	return out
 }
 
-// unstage deletes a staged copy once its queue copy (at queued) is
-// stored; a staged copy gone meanwhile was taken by a successor's drain
-// (this node's take-over is over), and the queue copy is withdrawn.
-func (r *Router) unstage(ctx context.Context, stream jetstream.Stream, group string, at, queued, is uint64) error {
-	err := stream.DeleteMsg(ctx, at)
-	if err == nil || !isGone(err) {
+// unstage deletes the staged copy of ingress message is (at queue sequence
+// at) once its queue copy is stored, and forgets it. A staged copy gone
+// already was deleted by an earlier attempt of this catch-up (its answer
+// lost, or the step retried), or taken by a successor that drained this
+// node's held subject, which then found the queue copy too and moved the
+// message once (moveGroup): either way the queue copy stays.
+func (r *Router) unstage(ctx context.Context, stream jetstream.Stream, s *stagedSpan, at, is uint64) error {
+	if err := stream.DeleteMsg(ctx, at); err != nil && !isGone(err) {
 		return err
 	}
-	if err := stream.DeleteMsg(ctx, queued); err != nil && !isGone(err) {
-		return err
-	}
-	r.log.Info("a staged copy was taken by another node meanwhile; its queue copy was withdrawn",
-		"group", logagg.Short(group), "ingress_seq", is)
+	r.duties.mu.Lock()
+	delete(s.copies, is)
+	r.duties.mu.Unlock()
 	return nil
 }
