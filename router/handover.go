@@ -253,15 +253,8 @@ func (r *Router) runSteps(ctx context.Context, jobs map[string]dutyJob) {
 		staged := make(chan struct{})
 		counts, err = r.drainQueues(ctx, routes, func(none, some []string) {
 			scanned = true
-			evacuated := map[string]kvbinding.Binding{}
-			for _, g := range some {
-				if proposals.Evacuated(routes[g]) {
-					evacuated[g] = routes[g]
-				} else {
-					r.duties.notStaged(g, routes[g].Epoch)
-				}
-			}
-			for _, g := range none {
+			evacuated, not := toStage(routes, none, some)
+			for _, g := range not {
 				r.duties.notStaged(g, routes[g].Epoch)
 			}
 			go func() {

@@ -628,6 +628,70 @@ func TestStepDroppedWhenItsRecordMovedOn(t *testing.T) {
 	}
 }
 
+// evacuation is n1 taking group g over from n9, which the handler
+// evacuated from its checkpoint at ingress sequence 1: the test's
+// hand-over steps on r.
+type evacuation struct {
+	t     *testing.T
+	r     *Router
+	js    jetstream.JetStream
+	drain kvbinding.Binding // the drain step's record (revision 7)
+}
+
+// newEvacuation publishes n ingress messages of g, has n1's lane take over
+// after them, and records the drain step.
+func newEvacuation(t *testing.T, r *Router, js jetstream.JetStream, n int) *evacuation {
+	t.Helper()
+	r.eng.cfg.holds = true
+	for range n {
+		m := &nats.Msg{Subject: "jms.x", Header: nats.Header{DefaultGroupHeader: {"g"}}}
+		if _, err := js.PublishMsg(context.Background(), m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r.eng.resume = resumePoint{ckpt: kvbinding.Checkpoint{Next: uint64(n) + 1}}
+	drain := record(t, r, kvbinding.Binding{Group: "g", State: kvbinding.StateBound, Node: "n1", FromSeq: 1, PrevNode: "n9",
+		Step: kvbinding.StepDrain, Drain: []string{"n9"}, Revision: 7})
+	return &evacuation{t: t, r: r, js: js, drain: drain}
+}
+
+// stage runs the drain step's staging and returns what it learned.
+func (e *evacuation) stage() *stagedSpan {
+	e.t.Helper()
+	if err := e.r.stage(context.Background(), map[string]kvbinding.Binding{"g": e.drain}); err != nil {
+		e.t.Fatal(err)
+	}
+	return e.r.duties.stagedOf("g", e.drain.Epoch)
+}
+
+// drainQueues runs the drain step's drain.
+func (e *evacuation) drainQueues() {
+	e.t.Helper()
+	if _, err := e.r.drainQueues(context.Background(), map[string]kvbinding.Binding{"g": e.drain}, nil); err != nil {
+		e.t.Fatal(err)
+	}
+}
+
+// catchUp runs the catch-up step attempts times and checks, after each,
+// that n1's queue holds the ingress sequences want and its held subject
+// nothing.
+func (e *evacuation) catchUp(attempts int, want string) {
+	e.t.Helper()
+	route := record(e.t, e.r, kvbinding.Binding{Group: "g", State: kvbinding.StateBound, Node: "n1", FromSeq: 1, PrevNode: "n9",
+		Step: kvbinding.StepCatchUp, Revision: 8, Epoch: 7})
+	for attempt := 1; attempt <= attempts; attempt++ {
+		if _, err := e.r.catchUp(context.Background(), map[string]kvbinding.Binding{"g": route}); err != nil {
+			e.t.Fatal(err)
+		}
+		if got := queuedSeqs(e.t, e.js, "n1"); fmt.Sprint(got) != want {
+			e.t.Fatalf("attempt %d: n1's queue holds %v, want %s", attempt, got, want)
+		}
+		if n := heldOn(e.t, e.js, "n1"); n != 0 {
+			e.t.Errorf("attempt %d: n1's held subject still holds %d messages", attempt, n)
+		}
+	}
+}
+
 // A drain step stages its catch-up on this node's held subject while the
 // queue stream's duplicate window still knows what the old node routed:
 // a server restart before the catch-up then no longer lets a message the
@@ -639,14 +703,8 @@ func TestStepDroppedWhenItsRecordMovedOn(t *testing.T) {
 func TestStagedCatchUpSkipsWhatTheOldNodeRoutedAcrossAServerRestart(t *testing.T) {
 	srv := natstest.RunServer(t)
 	r, js := testRouterOn(t, srv, "n1")
-	r.eng.cfg.holds = true
 	ctx := context.Background()
-	for range 6 {
-		m := &nats.Msg{Subject: "jms.x", Header: nats.Header{DefaultGroupHeader: {"g"}}}
-		if _, err := js.PublishMsg(ctx, m); err != nil {
-			t.Fatal(err)
-		}
-	}
+	e := newEvacuation(t, r, js, 6)
 	// The old node n9 routed 1..5 after its checkpoint (1); its consumer
 	// took 1, 2 and 5 and holds 3 and 4.
 	st, err := js.Stream(ctx, QueueStream)
@@ -661,35 +719,14 @@ func TestStagedCatchUpSkipsWhatTheOldNodeRoutedAcrossAServerRestart(t *testing.T
 			t.Fatal(err)
 		}
 	}
-	r.eng.resume = resumePoint{ckpt: kvbinding.Checkpoint{Next: 7}} // the lane takes over at 7
-	drain := record(t, r, kvbinding.Binding{Group: "g", State: kvbinding.StateBound, Node: "n1", FromSeq: 1, PrevNode: "n9",
-		Step: kvbinding.StepDrain, Drain: []string{"n9"}, Revision: 7})
-	if err := r.stage(ctx, map[string]kvbinding.Binding{"g": drain}); err != nil {
-		t.Fatal(err)
-	}
-	s := r.duties.stagedOf("g", drain.Epoch)
-	if s == nil || len(s.copies) != 1 || s.copies[6].at == 0 || len(s.routed) != 5 {
+	if s := e.stage(); s == nil || len(s.copies) != 1 || s.copies[6].at == 0 || len(s.routed) != 5 {
 		t.Fatalf("staged %+v, want a copy of 6 and 1..5 routed", s)
 	}
 	srv.Stop()
 	srv.Restart() // the window is rebuilt from what is stored: 3, 4 and the staged 6
 	natstest.WaitStreamLeader(t, js, QueueStream, 10*time.Second)
-	if _, err := r.drainQueues(ctx, map[string]kvbinding.Binding{"g": drain}, nil); err != nil {
-		t.Fatal(err)
-	}
-	catchUp := record(t, r, kvbinding.Binding{Group: "g", State: kvbinding.StateBound, Node: "n1", FromSeq: 1, PrevNode: "n9",
-		Step: kvbinding.StepCatchUp, Revision: 8, Epoch: 7})
-	for attempt := 1; attempt <= 2; attempt++ {
-		if _, err := r.catchUp(ctx, map[string]kvbinding.Binding{"g": catchUp}); err != nil {
-			t.Fatal(err)
-		}
-		if got := queuedSeqs(t, js, "n1"); fmt.Sprint(got) != "[3 4 6]" {
-			t.Fatalf("attempt %d: n1's queue holds %v, want [3 4 6] (5 was consumed from n9's)", attempt, got)
-		}
-	}
-	if n := heldOn(t, js, "n1"); n != 0 {
-		t.Errorf("n1's held subject still holds %d messages", n)
-	}
+	e.drainQueues()
+	e.catchUp(2, "[3 4 6]") // not 5: consumed from n9's queue
 	// What the test stands on: after the restart the window no longer
 	// knows 5, so a catch-up from the ingress would have stored it again.
 	ack, err := js.PublishMsg(ctx, &nats.Msg{Subject: QueueSubject("n8", "jms.x"),
@@ -710,45 +747,17 @@ func TestCatchUpAfterARestartMovesTheStagedCopies(t *testing.T) {
 		t.Run(fmt.Sprintf("keep=%d", keep), func(t *testing.T) {
 			defer func(was int) { stageKeepBytes = was }(stageKeepBytes)
 			stageKeepBytes = keep
-			testCatchUpAfterARestart(t)
+			r, js := testRouter(t, "n1")
+			e := newEvacuation(t, r, js, 3)
+			publishQueued(t, js, "n9", "g", 1) // routed by the old node, still waiting
+			e.stage()
+			if n := heldOn(t, js, "n1"); n != 2 {
+				t.Fatalf("n1's held subject holds %d messages, want 2 staged", n)
+			}
+			e.drainQueues()
+			r.duties = newDutyQueue() // the node restarted
+			e.catchUp(1, "[1 2 3]")
 		})
-	}
-}
-
-func testCatchUpAfterARestart(t *testing.T) {
-	r, js := testRouter(t, "n1")
-	r.eng.cfg.holds = true
-	ctx := context.Background()
-	for range 3 {
-		m := &nats.Msg{Subject: "jms.x", Header: nats.Header{DefaultGroupHeader: {"g"}}}
-		if _, err := js.PublishMsg(ctx, m); err != nil {
-			t.Fatal(err)
-		}
-	}
-	publishQueued(t, js, "n9", "g", 1) // routed by the old node, still waiting
-	r.eng.resume = resumePoint{ckpt: kvbinding.Checkpoint{Next: 4}}
-	drain := record(t, r, kvbinding.Binding{Group: "g", State: kvbinding.StateBound, Node: "n1", FromSeq: 1, PrevNode: "n9",
-		Step: kvbinding.StepDrain, Drain: []string{"n9"}, Revision: 7})
-	if err := r.stage(ctx, map[string]kvbinding.Binding{"g": drain}); err != nil {
-		t.Fatal(err)
-	}
-	if n := heldOn(t, js, "n1"); n != 2 {
-		t.Fatalf("n1's held subject holds %d messages, want 2 staged", n)
-	}
-	if _, err := r.drainQueues(ctx, map[string]kvbinding.Binding{"g": drain}, nil); err != nil {
-		t.Fatal(err)
-	}
-	r.duties = newDutyQueue() // the node restarted
-	catchUp := record(t, r, kvbinding.Binding{Group: "g", State: kvbinding.StateBound, Node: "n1", FromSeq: 1, PrevNode: "n9",
-		Step: kvbinding.StepCatchUp, Revision: 8, Epoch: 7})
-	if _, err := r.catchUp(ctx, map[string]kvbinding.Binding{"g": catchUp}); err != nil {
-		t.Fatal(err)
-	}
-	if got := queuedSeqs(t, js, "n1"); fmt.Sprint(got) != "[1 2 3]" {
-		t.Fatalf("n1's queue holds %v, want [1 2 3]", got)
-	}
-	if n := heldOn(t, js, "n1"); n != 0 {
-		t.Errorf("n1's held subject still holds %d messages", n)
 	}
 }
 
@@ -776,44 +785,19 @@ func heldOn(t *testing.T, js jetstream.JetStream, node string) int {
 // place; a retried catch-up moves nothing twice and withdraws nothing.
 func TestCatchUpKeepsTheCopyOfAStagedMessageGoneMeanwhile(t *testing.T) {
 	r, js := testRouter(t, "n1")
-	r.eng.cfg.holds = true
-	ctx := context.Background()
-	for range 2 {
-		m := &nats.Msg{Subject: "jms.x", Header: nats.Header{DefaultGroupHeader: {"g"}}}
-		if _, err := js.PublishMsg(ctx, m); err != nil {
-			t.Fatal(err)
-		}
-	}
-	r.eng.resume = resumePoint{ckpt: kvbinding.Checkpoint{Next: 3}}
-	drain := record(t, r, kvbinding.Binding{Group: "g", State: kvbinding.StateBound, Node: "n1", FromSeq: 1, PrevNode: "n9",
-		Step: kvbinding.StepDrain, Drain: []string{"n9"}, Revision: 7})
-	if err := r.stage(ctx, map[string]kvbinding.Binding{"g": drain}); err != nil {
-		t.Fatal(err)
-	}
-	s := r.duties.stagedOf("g", drain.Epoch)
+	e := newEvacuation(t, r, js, 2)
+	s := e.stage()
 	if s == nil || len(s.copies) != 2 {
 		t.Fatalf("staged %+v, want copies of 1 and 2", s)
 	}
-	st, err := js.Stream(ctx, QueueStream)
+	st, err := js.Stream(context.Background(), QueueStream)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := st.DeleteMsg(ctx, s.copies[2].at); err != nil {
+	if err := st.DeleteMsg(context.Background(), s.copies[2].at); err != nil {
 		t.Fatal(err)
 	}
-	catchUp := record(t, r, kvbinding.Binding{Group: "g", State: kvbinding.StateBound, Node: "n1", FromSeq: 1, PrevNode: "n9",
-		Step: kvbinding.StepCatchUp, Revision: 8, Epoch: 7})
-	for attempt := 1; attempt <= 2; attempt++ {
-		if _, err := r.catchUp(ctx, map[string]kvbinding.Binding{"g": catchUp}); err != nil {
-			t.Fatal(err)
-		}
-		if got := queuedSeqs(t, js, "n1"); fmt.Sprint(got) != "[1 2]" {
-			t.Fatalf("attempt %d: n1's queue holds %v, want [1 2]", attempt, got)
-		}
-		if n := heldOn(t, js, "n1"); n != 0 {
-			t.Errorf("attempt %d: n1's held subject still holds %d messages", attempt, n)
-		}
-	}
+	e.catchUp(2, "[1 2]")
 }
 
 // A node restarted during a take-over does not count the take-over's

@@ -115,15 +115,8 @@ func (n *simNode) runSteps(jobs map[string]dutyJob) {
 		}
 		onScan := func(none, some []string) {
 			scanned = true
-			evacuated := map[string]kvbinding.Binding{}
-			for _, g := range some {
-				if proposals.Evacuated(routes[g]) {
-					evacuated[g] = routes[g]
-				} else {
-					n.notStaged(g, routes[g].Epoch)
-				}
-			}
-			for _, g := range none {
+			evacuated, not := toStage(routes, none, some)
+			for _, g := range not {
 				n.notStaged(g, routes[g].Epoch)
 			}
 			n.stage(evacuated, func(err error) {

@@ -12,6 +12,7 @@ import (
 
 	"github.com/grouprouter/grouprouter/internal/logagg"
 	"github.com/grouprouter/grouprouter/kvbinding"
+	"github.com/grouprouter/grouprouter/proposals"
 )
 
 // Staging a catch-up (docs/protocol.md, "Remaining windows").
@@ -86,6 +87,21 @@ func (q *dutyQueue) stagedOf(group string, epoch uint64) *stagedSpan {
 		return s
 	}
 	return nil
+}
+
+// toStage sorts the groups of routes a drain's scan found nothing (none)
+// or some of on the old queues: an evacuated group of some is staged; the
+// others are not (notStaged).
+func toStage(routes map[string]kvbinding.Binding, none, some []string) (stage map[string]kvbinding.Binding, not []string) {
+	stage = map[string]kvbinding.Binding{}
+	for _, g := range some {
+		if proposals.Evacuated(routes[g]) {
+			stage[g] = routes[g]
+		} else {
+			not = append(not, g)
+		}
+	}
+	return stage, append(not, none...)
 }
 
 // notStaged records that the drain step of group's take-over in epoch
