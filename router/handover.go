@@ -949,12 +949,6 @@ func (r *Router) moveGroup(ctx context.Context, stream jetstream.Stream, found [
 			return moved, err
 		}
 		copySeq := ack.Sequence
-		// A mover whose liveness may have lapsed deletes nothing: its
-		// successor, draining the same queues, takes an original it finds
-		// gone for one consumed and withdraws its own copy.
-		if r.fencedNow() {
-			return moved, errFencedNow
-		}
 		if err := stream.DeleteMsg(ctx, q.msg.Sequence); err != nil {
 			if !isGone(err) {
 				return moved, err

@@ -856,29 +856,3 @@ func TestDrainMovesAMessageStoredTwiceOnce(t *testing.T) {
 		}
 	}
 }
-
-// A node whose liveness may have lapsed deletes no staged copy: a
-// successor draining its held subject would take one it finds gone for
-// one consumed (and withdraw its own copy of it).
-func TestAFencedTakerDeletesNoStagedCopy(t *testing.T) {
-	r, js := testRouter(t, "n1")
-	e := newEvacuation(t, r, js, 2)
-	s := e.stage()
-	if s == nil || len(s.copies) != 2 {
-		t.Fatalf("staged %+v, want copies of 1 and 2", s)
-	}
-	st, err := js.Stream(context.Background(), QueueStream)
-	if err != nil {
-		t.Fatal(err)
-	}
-	r.eng.lapse.aliveUntil = time.Now().Add(-time.Second)
-	if err := r.unstage(context.Background(), st, s, s.copies[1].at, 1); !errors.Is(err, errFencedNow) {
-		t.Errorf("unstage while fenced: %v, want errFencedNow", err)
-	}
-	if err := r.dropStaged(context.Background(), st, "g", s, 3); !errors.Is(err, errFencedNow) {
-		t.Errorf("dropStaged while fenced: %v, want errFencedNow", err)
-	}
-	if n := heldOn(t, js, "n1"); n != 2 {
-		t.Errorf("n1's held subject holds %d messages, want the 2 staged", n)
-	}
-}

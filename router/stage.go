@@ -372,9 +372,6 @@ func (r *Router) dropStaged(ctx context.Context, stream jetstream.Stream, group 
 		if is >= from {
 			continue
 		}
-		if r.fencedNow() {
-			return errFencedNow // a successor may be draining them
-		}
 		if err := stream.DeleteMsg(ctx, c.at); err != nil && !isGone(err) {
 			return err
 		}
@@ -404,14 +401,6 @@ func (r *Router) queueCopy(m *nats.Msg, route kvbinding.Binding, is uint64) *nat
 // node's held subject, which then found the queue copy too and moved the
 // message once (moveGroup): either way the queue copy stays.
 func (r *Router) unstage(ctx context.Context, stream jetstream.Stream, s *stagedSpan, at, is uint64) error {
-	if r.fencedNow() {
-		// This node's liveness may have lapsed: a successor may be
-		// draining its held subject, and takes a staged copy it finds
-		// gone for one consumed. The staged copy stays; the step is
-		// retried once this node may act again (its record moved on, or
-		// not).
-		return errFencedNow
-	}
 	if err := stream.DeleteMsg(ctx, at); err != nil && !isGone(err) {
 		return err
 	}
