@@ -580,7 +580,7 @@ func (r *Router) moveFound(ctx context.Context, stream jetstream.Stream, byNode 
 			r.warn.lapsed.Warn(g, "messages", plan.lapsed, "revision", route.Revision)
 		}
 		work.Go(func() error {
-			n, err := r.moveGroup(wctx, stream, todo, route.Revision, route.Epoch)
+			n, err := r.moveGroup(wctx, stream, todo, route)
 			mu.Lock()
 			moved[g] = n
 			mu.Unlock()
@@ -678,9 +678,10 @@ func (r *Router) scanQueues(ctx context.Context, stream jetstream.Stream, byNode
 			if err != nil {
 				continue
 			}
-			if node == r.cfg.Node && m.Header.Get(jetstream.MsgIDHeader) == moveID(routes[g].Revision, is) {
-				// A copy this step made before (it is being retried):
-				// in place already, behind the earlier ones.
+			if node == r.cfg.Node && m.Header.Get(HeaderEpoch) == strconv.FormatUint(routes[g].Epoch, 10) {
+				// Stored by this node for the group's current epoch: a
+				// copy an earlier attempt of this step made, in place
+				// already, behind the earlier ones.
 				continue
 			}
 			byGroup[g] = append(byGroup[g], queued{msg: m, from: node, ingressSeq: is, group: g})
@@ -710,6 +711,9 @@ func (r *Router) scanQueues(ctx context.Context, stream jetstream.Stream, byNode
 				is, err := strconv.ParseUint(m.Header.Get(HeaderIngressSeq), 10, 64)
 				if err != nil {
 					continue
+				}
+				if node == r.cfg.Node && m.Header.Get(HeaderEpoch) == strconv.FormatUint(routes[g].Epoch, 10) {
+					continue // staged by this step (stage.go): the catch-up's
 				}
 				byGroup[g] = append(byGroup[g], queued{msg: m, from: node, ingressSeq: is, group: g, held: true})
 			}
@@ -917,45 +921,93 @@ func (r *Router) readConsumer(ctx context.Context, node string) (consumerView, e
 const firstLeaderWithin = 5 * time.Second
 
 // moveGroup copies one group's found messages to this node's queue in
-// order and deletes the originals. A message found stored twice (a mover
-// that stopped between its copy and the original's deletion, on two of the
-// drained queues; found one after the other) is stored here once: both
-// copies carry the same id, the second's publish is a duplicate, and its
-// original is deleted too (a second entry left on its queue would be
-// delivered after the group moved on).
-func (r *Router) moveGroup(ctx context.Context, stream jetstream.Stream, found []queued, rev, epoch uint64) (int, error) {
-	epochHdr := []string{strconv.FormatUint(epoch, 10)}
+// order and deletes the originals.
+//
+// Every copy carries the id movedID(the original's queue sequence), the
+// same whoever makes it: a mover that stopped between its copy and the
+// original's deletion (crashed, paused, cut off) leaves both behind, and
+// a successor's copy of that original is then a duplicate of the first
+// (the queue stream answers with the first copy's sequence):
+//   - that copy is one of found, later (it was stored after its
+//     original): the original is deleted, the copy moved in its turn;
+//   - it is this node's own (an earlier attempt of this step): the
+//     original is deleted;
+//   - it is on another node's queue and gone (its consumer processed it):
+//     the original is deleted, nothing moved;
+//   - it is on another node's queue and stored, landed after the scan:
+//     it is moved here (takeLateCopy), then the original deleted.
+//
+// A message found stored twice (two entries of one ingress message) is
+// stored here once: the second entry is deleted, not copied again.
+//
+// A mover deletes an original or withdraws a copy only while it holds
+// the group (its record current, its liveness sure: not fenced): a stale
+// mover that resumes leaves what it copied to the successor, which finds
+// both and moves the message once.
+func (r *Router) moveGroup(ctx context.Context, stream jetstream.Stream, found []queued, route kvbinding.Binding) (int, error) {
+	epochHdr := []string{strconv.FormatUint(route.Epoch, 10)}
+	later := make(map[uint64]bool, len(found))
+	for _, q := range found {
+		later[q.msg.Sequence] = true
+	}
+	copies := map[uint64]uint64{} // ingress sequence -> the copy this call stored
 	moved := 0
 	for _, q := range found {
-		if !r.current(q.group, rev) {
+		if !r.current(q.group, route.Revision) {
 			return moved, errSuperseded
 		}
-		out := &nats.Msg{
-			Subject: QueueSubject(r.cfg.Node, q.ingressSubject()),
-			Header:  make(nats.Header, len(q.msg.Header)+2), Data: q.msg.Data,
+		copySeq, twice := copies[q.ingressSeq]
+		if !twice {
+			out := &nats.Msg{
+				Subject: QueueSubject(r.cfg.Node, q.ingressSubject()),
+				Header:  make(nats.Header, len(q.msg.Header)+2), Data: q.msg.Data,
+			}
+			for k, v := range q.msg.Header {
+				out.Header[k] = v
+			}
+			// Stored by an atomic batch, it carries that batch's headers:
+			// alone it is no batch's part.
+			dropBatchHeaders(out.Header)
+			out.Header.Set(jetstream.MsgIDHeader, movedID(q.msg.Sequence))
+			out.Header.Set(HeaderMovedFrom, q.from)
+			out.Header.Set(jetstream.ExpectedStreamHeader, QueueStream)
+			out.Header[HeaderEpoch] = epochHdr
+			ack, err := r.publishSync(ctx, out, func() bool { return r.current(q.group, route.Revision) })
+			if err != nil {
+				return moved, err
+			}
+			copySeq = ack.Sequence
+			if ack.Duplicate && later[copySeq] {
+				// Another mover's copy, found too: moved in its turn.
+				if err := r.deleteOriginal(ctx, stream, q, route); err != nil && !isGone(err) {
+					return moved, err
+				}
+				continue
+			}
+			if ack.Duplicate {
+				mine, err := r.otherCopy(ctx, stream, q, route, out, copySeq)
+				if err != nil {
+					return moved, err
+				}
+				if !mine {
+					if err := r.deleteOriginal(ctx, stream, q, route); err != nil && !isGone(err) {
+						return moved, err
+					}
+					continue
+				}
+			}
+			copies[q.ingressSeq] = copySeq
 		}
-		for k, v := range q.msg.Header {
-			out.Header[k] = v
-		}
-		// Stored by an atomic batch, it carries that batch's headers: alone
-		// it is no batch's part.
-		dropBatchHeaders(out.Header)
-		out.Header.Set(jetstream.MsgIDHeader, moveID(rev, q.ingressSeq))
-		out.Header.Set(HeaderMovedFrom, q.from)
-		out.Header.Set(jetstream.ExpectedStreamHeader, QueueStream)
-		out.Header[HeaderEpoch] = epochHdr
-		ack, err := r.publishSync(ctx, out, func() bool { return r.current(q.group, rev) })
-		if err != nil {
-			return moved, err
-		}
-		copySeq := ack.Sequence
-		if err := stream.DeleteMsg(ctx, q.msg.Sequence); err != nil {
+		if err := r.deleteOriginal(ctx, stream, q, route); err != nil {
 			if !isGone(err) {
 				return moved, err
 			}
 			// The old consumer acked the original after all (a lapsed
 			// message: it came back after its ack wait): the copy would
 			// deliver the message twice. Take the copy back.
+			if err := r.mayDelete(q.group, route); err != nil {
+				return moved, err
+			}
 			if err := stream.DeleteMsg(ctx, copySeq); err != nil && !isGone(err) {
 				return moved, err
 			}
@@ -963,10 +1015,58 @@ func (r *Router) moveGroup(ctx context.Context, stream jetstream.Stream, found [
 				"group", q.group, "ingress_seq", q.ingressSeq, "from", q.from)
 			continue
 		}
-		moved++
-		progressOf(ctx).add(1)
+		if !twice {
+			moved++
+			progressOf(ctx).add(1)
+		}
 	}
 	return moved, nil
+}
+
+// otherCopy handles a copy of q's original that a move found stored
+// already at seq, not among the messages it moves: mine reports whether
+// it is this node's own (an earlier attempt's, in place). A copy on
+// another node's queue or held subject that is still stored was made by
+// a mover that stopped before deleting the original, and landed after
+// this drain looked there: it is moved here (takeLateCopy) before the
+// original is deleted. One that is gone was processed by its consumer.
+func (r *Router) otherCopy(ctx context.Context, stream jetstream.Stream, q queued, route kvbinding.Binding, sent *nats.Msg, seq uint64) (mine bool, err error) {
+	m, err := stream.GetMsg(ctx, seq)
+	if isGone(err) {
+		r.log.Info("a message to move was copied by an earlier mover, whose copy was processed; the original is deleted",
+			"group", logagg.Short(q.group), "ingress_seq", q.ingressSeq, "from", q.from, "copy_seq", seq)
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	if node, _, ok := queueOwner(m.Subject); ok && node == r.cfg.Node {
+		return true, nil
+	}
+	return false, r.takeLateCopy(ctx, stream, q.group, route, sent, seq)
+}
+
+// deleteOriginal deletes the original of a moved message, if this node
+// still holds its group (mayDelete).
+func (r *Router) deleteOriginal(ctx context.Context, stream jetstream.Stream, q queued, route kvbinding.Binding) error {
+	if err := r.mayDelete(q.group, route); err != nil {
+		return err
+	}
+	return stream.DeleteMsg(ctx, q.msg.Sequence)
+}
+
+// mayDelete reports why this node may not delete a message of group it
+// moves under route now: errFencedNow when its liveness may have lapsed
+// (a successor may be draining the same queues), errSuperseded when the
+// record moved on.
+func (r *Router) mayDelete(group string, route kvbinding.Binding) error {
+	if r.fencedNow() {
+		return errFencedNow
+	}
+	if !r.current(group, route.Revision) {
+		return errSuperseded
+	}
+	return nil
 }
 
 // errSuperseded stops a takeover step whose record moved past the revision
@@ -981,10 +1081,11 @@ func (r *Router) current(group string, rev uint64) bool {
 	return ok && route.Revision == rev
 }
 
-// moveID is the message id of a drain's copy of the ingress message at seq,
-// made for the record revision rev.
-func moveID(rev, seq uint64) string {
-	return "move:" + strconv.FormatUint(rev, 10) + ":" + strconv.FormatUint(seq, 10)
+// movedID is the message id of a copy of the queue stream's message at
+// seq (its original), made by a drain, a catch-up of a staged copy or a
+// lane's move of a late copy: whoever makes it (moveGroup).
+func movedID(seq uint64) string {
+	return "moved:" + strconv.FormatUint(seq, 10)
 }
 
 // drainPause is how long one pause a draining node takes lasts; it renews
@@ -1202,7 +1303,7 @@ func (r *Router) catchUp(ctx context.Context, routes map[string]kvbinding.Bindin
 					continue
 				}
 				if st.msg == nil {
-					if _, err := r.publishSync(wctx, r.queueCopy(st.staged.msg, routes[g], st.seq), func() bool { return r.current(g, routes[g].Revision) }); err != nil {
+					if _, err := r.publishSync(wctx, r.queueCopy(st.staged.msg, st.staged.at), func() bool { return r.current(g, routes[g].Revision) }); err != nil {
 						return err
 					}
 					unstaging.Go(func() error { return r.unstage(uctx, stream, staged[g], st.staged.at, st.seq) })

@@ -856,3 +856,148 @@ func TestDrainMovesAMessageStoredTwiceOnce(t *testing.T) {
 		}
 	}
 }
+
+// publishCopy stores on node's queue a copy of group's ingress message is
+// as a mover makes it of the original at queue sequence orig, and returns
+// its queue sequence.
+func publishCopy(t *testing.T, js jetstream.JetStream, node, group string, is, orig uint64) uint64 {
+	t.Helper()
+	m := nats.NewMsg(QueueSubject(node, "jms.x"))
+	m.Header.Set(DefaultGroupHeader, group)
+	m.Header.Set(HeaderIngressSeq, strconv.FormatUint(is, 10))
+	m.Header.Set(HeaderMovedFrom, "n9")
+	m.Header.Set(jetstream.MsgIDHeader, movedID(orig))
+	ack, err := js.PublishMsg(context.Background(), m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ack.Sequence
+}
+
+// A mover that stopped between its copy and the deletion of the original
+// (CI's nemesis seed 103: n2 paused there), whose copy its consumer then
+// processed: the successor's copy of the original is a duplicate of that
+// copy, and the successor deletes the original instead of delivering the
+// message a second time.
+func TestDrainDeletesAnOriginalWhoseEarlierCopyWasProcessed(t *testing.T) {
+	r, js := testRouter(t, "n1")
+	ctx := context.Background()
+	publishQueued(t, js, "n9", "g", 5) // queue sequence 1
+	c := publishCopy(t, js, "n8", "g", 5, 1)
+	st, err := js.Stream(ctx, QueueStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.DeleteMsg(ctx, c); err != nil { // n8's consumer acked it
+		t.Fatal(err)
+	}
+	publishQueued(t, js, "n9", "g", 6)
+	route := record(t, r, kvbinding.Binding{Group: "g", State: kvbinding.StateBound, Node: "n1", FromSeq: 7, PrevNode: "n8",
+		Step: kvbinding.StepDrain, Drain: []string{"n9", "n8"}, Revision: 9})
+	moved, err := r.drainQueues(ctx, map[string]kvbinding.Binding{"g": route}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := queuedSeqs(t, js, "n1"); fmt.Sprint(got) != "[6]" {
+		t.Errorf("n1's queue holds %v, want [6]: 5 was processed on n8", got)
+	}
+	if got := queuedSeqs(t, js, "n9"); len(got) != 0 {
+		t.Errorf("n9's queue still holds %v", got)
+	}
+	if moved["g"] != 1 {
+		t.Errorf("moved %d, want 1", moved["g"])
+	}
+}
+
+// A mover's copy found with its original on the drained queues is moved
+// once, after the original is deleted: the successor's copy of the
+// original is a duplicate of it.
+func TestDrainMovesAnEarlierMoversCopyOnce(t *testing.T) {
+	r, js := testRouter(t, "n1")
+	ctx := context.Background()
+	publishQueued(t, js, "n9", "g", 5) // queue sequence 1
+	publishCopy(t, js, "n8", "g", 5, 1)
+	publishQueued(t, js, "n9", "g", 6)
+	route := record(t, r, kvbinding.Binding{Group: "g", State: kvbinding.StateBound, Node: "n1", FromSeq: 7, PrevNode: "n8",
+		Step: kvbinding.StepDrain, Drain: []string{"n9", "n8"}, Revision: 9})
+	if _, err := r.drainQueues(ctx, map[string]kvbinding.Binding{"g": route}, nil); err != nil {
+		t.Fatal(err)
+	}
+	if got := queuedSeqs(t, js, "n1"); fmt.Sprint(got) != "[5 6]" {
+		t.Errorf("n1's queue holds %v, want [5 6]", got)
+	}
+	for _, n := range []string{"n8", "n9"} {
+		if got := queuedSeqs(t, js, n); len(got) != 0 {
+			t.Errorf("%s's queue still holds %v", n, got)
+		}
+	}
+}
+
+// An earlier mover's copy that landed after the drain looked (on a queue
+// the drain does not read) is moved here before the original is deleted,
+// and the message is stored here once.
+func TestDrainMovesALateCopyOfAnOriginalFirst(t *testing.T) {
+	r, js := testRouter(t, "n1")
+	ctx := context.Background()
+	publishQueued(t, js, "n9", "g", 5) // queue sequence 1
+	publishCopy(t, js, "n7", "g", 5, 1)
+	publishQueued(t, js, "n9", "g", 6)
+	route := record(t, r, kvbinding.Binding{Group: "g", State: kvbinding.StateBound, Node: "n1", FromSeq: 7, PrevNode: "n9",
+		Step: kvbinding.StepDrain, Drain: []string{"n9"}, Revision: 9})
+	if _, err := r.drainQueues(ctx, map[string]kvbinding.Binding{"g": route}, nil); err != nil {
+		t.Fatal(err)
+	}
+	if got := queuedSeqs(t, js, "n1"); fmt.Sprint(got) != "[5 6]" {
+		t.Errorf("n1's queue holds %v, want [5 6]", got)
+	}
+	for _, n := range []string{"n7", "n9"} {
+		if got := queuedSeqs(t, js, n); len(got) != 0 {
+			t.Errorf("%s's queue still holds %v", n, got)
+		}
+	}
+}
+
+// A mover whose liveness may have lapsed, or whose record moved on,
+// deletes no original and no staged copy: a successor draining the same
+// queues finds both the original and the copy and moves the message once
+// (the tests above), where a deletion by the stale mover could make it
+// take a copy gone for one consumed and withdraw its own.
+func TestAMoverThatMayHaveLapsedDeletesNothing(t *testing.T) {
+	r, js := testRouter(t, "n1")
+	ctx := context.Background()
+	e := newEvacuation(t, r, js, 2)
+	s := e.stage()
+	if s == nil || len(s.copies) != 2 {
+		t.Fatalf("staged %+v, want copies of 1 and 2", s)
+	}
+	st, err := js.Stream(ctx, QueueStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	publishQueued(t, js, "n9", "g", 9) // an id the staging did not use
+	orig, err := st.GetMsg(ctx, 1, jetstream.WithGetMsgSubject(QueueSubjectPrefix+"n9.>"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	route, _ := r.cache.Lookup("g")
+	q := queued{msg: orig, from: "n9", ingressSeq: 9, group: "g"}
+	if err := r.deleteOriginal(ctx, st, q, kvbinding.Binding{Group: "g", Revision: route.Revision - 1}); !errors.Is(err, errSuperseded) {
+		t.Errorf("deleteOriginal under a past revision: %v, want errSuperseded", err)
+	}
+	r.eng.lapse.aliveUntil = time.Now().Add(-time.Second)
+	if err := r.deleteOriginal(ctx, st, q, route); !errors.Is(err, errFencedNow) {
+		t.Errorf("deleteOriginal while fenced: %v, want errFencedNow", err)
+	}
+	if err := r.unstage(ctx, st, s, s.copies[1].at, 1); !errors.Is(err, errFencedNow) {
+		t.Errorf("unstage while fenced: %v, want errFencedNow", err)
+	}
+	if err := r.dropStaged(ctx, st, "g", s, 3); !errors.Is(err, errFencedNow) {
+		t.Errorf("dropStaged while fenced: %v, want errFencedNow", err)
+	}
+	if n := heldOn(t, js, "n1"); n != 2 {
+		t.Errorf("n1's held subject holds %d messages, want the 2 staged", n)
+	}
+	if got := queuedSeqs(t, js, "n9"); fmt.Sprint(got) != "[9]" {
+		t.Errorf("n9's queue holds %v, want the original [9]", got)
+	}
+}

@@ -3,6 +3,7 @@ package router
 import (
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/grouprouter/grouprouter/kvbinding"
@@ -318,8 +319,8 @@ func (d *simDrain) scan() {
 						get()
 						return
 					}
-					if !held && node == n.id && e.id == moveID(d.routes[e.group].Revision, e.seq) {
-						get() // a copy this step made before: in place already
+					if node == n.id && e.epoch == d.routes[e.group].Epoch {
+						get() // stored by this node for the group's epoch: in place already
 						return
 					}
 					d.byGroup[e.group] = append(d.byGroup[e.group], simFound{e: e, from: node, held: held})
@@ -432,8 +433,7 @@ func (d *simDrain) await() {
 					n.logf("drain: moving %d messages of %q its old consumer was delivered: it made no progress for its ack wait", plan.lapsed, g)
 				}
 				running++
-				rev := d.routes[g].Revision
-				n.moveGroup(g, todo, rev, canceled, func(moved int, err error) {
+				n.moveGroup(g, todo, d.routes[g], canceled, func(moved int, err error) {
 					running--
 					d.moved[g] = moved
 					if err == nil && len(found) > 0 {
@@ -458,13 +458,59 @@ func (d *simDrain) await() {
 // simTime is the virtual clock as a time.Time, for the planner.
 func simTime(d time.Duration) time.Time { return time.Unix(0, 0).Add(d) }
 
-// moveGroup copies one group's found messages to this node's queue in
-// order, deleting each original once its copy is stored, and withdrawing
-// the copy of one acked meanwhile.
-func (n *simNode) moveGroup(group string, found []simFound, rev uint64, canceled func() bool, done func(int, error)) {
+// moveGroup is Router.moveGroup: it copies one group's found messages to
+// this node's queue in order, each with the id its original's sequence
+// gives it (movedID), deletes each original once its copy is stored
+// while it may (not fenced, the record current), and withdraws the copy
+// of one acked meanwhile. A duplicate answer names a copy made before:
+// one found (moved in its turn), this node's own, or another node's,
+// gone (consumed) or moved here first (takeLateCopy, without its wait
+// for that queue's consumer).
+func (n *simNode) moveGroup(group string, found []simFound, route kvbinding.Binding, canceled func() bool, done func(int, error)) {
 	w := n.w
+	later := map[uint64]bool{}
+	for _, f := range found {
+		later[f.e.sseq] = true
+	}
+	copies := map[uint64]uint64{} // ingress sequence -> this call's copy
 	moved, i := 0, 0
+	// mayDelete: nil when this node may delete a message it moves now.
+	mayDelete := func() error {
+		if n.eng.fenced(w.now()) {
+			return errSimFenced
+		}
+		if r, _ := n.cache.Lookup(group); r.Revision != route.Revision {
+			return errSimSuperseded
+		}
+		return nil
+	}
 	var next func()
+	// deleteOriginal deletes f's original, then calls then with whether it
+	// was gone already.
+	deleteOriginal := func(f simFound, then func(gone bool)) {
+		if err := mayDelete(); err != nil {
+			done(moved, err)
+			return
+		}
+		fail := w.chance(w.p.pOpFail)
+		w.hop(n.id, w.lat(), func() {
+			gone := false
+			if !fail {
+				gone = !w.q.deleteMsg(f.e.sseq)
+				delete(n.moving, f.e.seq)
+			}
+			w.hop(n.id, w.lat(), func() {
+				if !n.up() {
+					return
+				}
+				if fail {
+					done(moved, fmt.Errorf("delete: %w", errSimOp))
+					return
+				}
+				then(gone)
+			})
+		})
+	}
 	next = func() {
 		if !n.up() {
 			return
@@ -477,49 +523,73 @@ func (n *simNode) moveGroup(group string, found []simFound, rev uint64, canceled
 			done(moved, nil)
 			return
 		}
-		if r, _ := n.cache.Lookup(group); r.Revision != rev {
+		if r, _ := n.cache.Lookup(group); r.Revision != route.Revision {
 			done(moved, errSimSuperseded)
 			return
 		}
 		f := found[i]
 		i++
+		finish := func(copySeq uint64, count bool) {
+			deleteOriginal(f, func(gone bool) {
+				if !gone {
+					if count {
+						moved++
+					}
+					next()
+					return
+				}
+				// Acked on the old queue meanwhile: take the copy back.
+				if err := mayDelete(); err != nil {
+					done(moved, err)
+					return
+				}
+				n.logf("drain: seq %d of %q was acked on %s meanwhile; withdrawing its copy", f.e.seq, group, f.from)
+				w.hop(n.id, w.lat(), func() {
+					w.q.deleteMsg(copySeq)
+					w.hop(n.id, w.lat(), next)
+				})
+			})
+		}
+		if copySeq, twice := copies[f.e.seq]; twice {
+			finish(copySeq, false) // stored twice: copied once
+			return
+		}
 		// Should this node crash before the original is deleted, the
 		// message may be on two queues (the checker names the window).
 		n.moving[f.e.seq] = true
-		p := simPub{node: n.id, seq: f.e.seq, group: group, id: moveID(rev, f.e.seq), kind: simCopy, origin: f.e, lapsedMove: f.lapsed}
+		p := simPub{node: n.id, seq: f.e.seq, group: group, id: movedID(f.e.sseq), kind: simCopy, origin: f.e,
+			lapsedMove: f.lapsed, epoch: route.Epoch}
 		n.publishSync(p, canceled, func(copySeq uint64, err error) {
 			if err != nil {
 				done(moved, err)
 				return
 			}
-			// DeleteMsg of the original.
-			fail := w.chance(w.p.pOpFail)
-			w.hop(n.id, w.lat(), func() {
-				gone := false
-				if !fail {
-					gone = !w.q.deleteMsg(f.e.sseq)
-					delete(n.moving, f.e.seq)
+			c := w.q.all[copySeq-1]
+			switch {
+			case later[copySeq]:
+				// Another mover's copy, found too: moved in its turn.
+				deleteOriginal(f, func(bool) { next() })
+			case c.node == n.id:
+				copies[f.e.seq] = copySeq
+				finish(copySeq, true)
+			case c.removed:
+				n.logf("drain: seq %d of %q was copied by an earlier mover, whose copy was consumed", f.e.seq, group)
+				deleteOriginal(f, func(bool) { next() })
+			default:
+				// takeLateCopy: the copy landed after the scan.
+				from, held := c.node, false
+				if owner, ok := strings.CutPrefix(c.node, "held:"); ok {
+					from, held = owner, true
 				}
-				w.hop(n.id, w.lat(), func() {
-					if !n.up() {
+				n.logf("drain: seq %d of %q has a late copy %v: moved here first", f.e.seq, group, c)
+				n.moveGroup(group, []simFound{{e: c, from: from, held: held}}, route, canceled, func(_ int, err error) {
+					if err != nil {
+						done(moved, err)
 						return
 					}
-					switch {
-					case fail:
-						done(moved, fmt.Errorf("delete: %w", errSimOp))
-					case !gone:
-						moved++
-						next()
-					default:
-						// Acked on the old queue meanwhile: take the copy back.
-						n.logf("drain: seq %d of %q was acked on %s meanwhile; withdrawing its copy", f.e.seq, group, f.from)
-						w.hop(n.id, w.lat(), func() {
-							w.q.deleteMsg(copySeq)
-							w.hop(n.id, w.lat(), next)
-						})
-					}
+					deleteOriginal(f, func(bool) { next() })
 				})
-			})
+			}
 		})
 	}
 	next()
@@ -610,11 +680,11 @@ func (n *simNode) catchUpFrom(routes map[string]kvbinding.Binding, done func(map
 			if m.group == "" {
 				dest = n.eng.ungroupedDestination()
 			}
-			byGroup[m.group] = append(byGroup[m.group], simPub{node: dest, seq: seq, group: m.group, id: simIngressID(seq), kind: simCaught})
+			byGroup[m.group] = append(byGroup[m.group], simPub{node: dest, seq: seq, group: m.group, id: simIngressID(seq), kind: simCaught, epoch: routes[m.group].Epoch})
 		}
 		for _, g := range sortedKeys(moves) {
 			for _, e := range moves[g] {
-				byGroup[g] = append(byGroup[g], simPub{node: n.id, seq: e.seq, group: g, id: moveID(routes[g].Revision, e.seq), kind: simCopy, origin: e})
+				byGroup[g] = append(byGroup[g], simPub{node: n.id, seq: e.seq, group: g, id: movedID(e.sseq), kind: simCopy, origin: e, epoch: routes[g].Epoch})
 			}
 		}
 		groups := sortedKeys(byGroup)
@@ -668,7 +738,15 @@ func (n *simNode) catchUpFrom(routes map[string]kvbinding.Binding, done func(map
 					}
 					// unstage: the staged entry goes once its copy is
 					// stored (one gone already stays gone; the copy stays),
-					// and is forgotten.
+					// and is forgotten; not while this node is fenced.
+					if n.eng.fenced(w.now()) {
+						if failed == nil {
+							failed = errSimFenced
+						}
+						i = len(msgs)
+						next()
+						return
+					}
 					w.hop(n.id, w.lat(), func() {
 						w.q.deleteMsg(p.origin.sseq)
 						delete(n.moving, p.seq)

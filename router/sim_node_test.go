@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"slices"
+	"strconv"
 	"time"
 
 	"github.com/grouprouter/grouprouter/kvbinding"
@@ -25,7 +26,19 @@ var (
 	// errSimSuperseded: a takeover step's record moved past its revision
 	// (errSuperseded).
 	errSimSuperseded = errors.New("sim: the record moved past the step's revision")
+	// errSimFenced: this node may not delete what it moves now
+	// (errFencedNow).
+	errSimFenced = errors.New("sim: fenced")
 )
+
+// simActEpoch parses an action's HeaderEpoch value (0 if none).
+func simActEpoch(h []string) uint64 {
+	if len(h) == 0 {
+		return 0
+	}
+	e, _ := strconv.ParseUint(h[0], 10, 64)
+	return e
+}
 
 // simNode is one incarnation of a router node: the real lane engine
 // (engine.go), called as the Router's shells call it, with simulated I/O.
@@ -730,7 +743,7 @@ func (n *simNode) publishBatch(a action) {
 	ln := a.ln
 	ps := make([]simPub, len(a.batch))
 	for i, m := range a.batch {
-		ps[i] = simPub{node: a.node, seq: m.seq, group: ln.group, id: simIngressID(m.seq), kind: simRouted}
+		ps[i] = simPub{node: a.node, seq: m.seq, group: ln.group, id: simIngressID(m.seq), kind: simRouted, epoch: simActEpoch(a.epoch)}
 	}
 	first, last := a.batch[0].seq, a.batch[len(a.batch)-1].seq
 	if n.w.tracing {
@@ -747,7 +760,8 @@ func (n *simNode) publishBatch(a action) {
 // publish carries out an actPublish.
 func (n *simNode) publish(a action) {
 	ln, m := a.ln, a.m
-	p := simPub{node: a.node, seq: m.seq, group: ln.group, id: simIngressID(m.seq), kind: simRouted, dlq: a.dlq, reason: a.reason}
+	p := simPub{node: a.node, seq: m.seq, group: ln.group, id: simIngressID(m.seq), kind: simRouted, dlq: a.dlq, reason: a.reason,
+		epoch: simActEpoch(a.epoch)}
 	if a.dlq {
 		p.node, p.id = "", "dlq:"+p.id
 	}

@@ -48,6 +48,7 @@ type simEntry struct {
 	stored time.Duration
 	rec    kvbinding.Binding // the group's record (in the bucket) when it was stored
 	view   uint64            // the revision of the record the publishing node saw
+	epoch  uint64            // HeaderEpoch
 
 	removed bool // acked (work queue) or deleted
 	acked   bool
@@ -108,6 +109,7 @@ type simPub struct {
 	dlq    bool
 	reason string
 	view   uint64 // the revision of the group's record the publishing node saw
+	epoch  uint64 // HeaderEpoch
 	// lapsedMove: a drain's copy of a message its old consumer had been
 	// delivered and not acked, moved because that consumer made no
 	// progress for its ack wait.
@@ -132,7 +134,7 @@ func (q *simQueues) store(by string, p simPub) (uint64, bool) {
 		return r.sseq, true
 	}
 	e := &simEntry{node: p.node, seq: p.seq, group: p.group, id: p.id, kind: p.kind, by: by, origin: p.origin, stored: w.clock,
-		rec: w.kv.recs[p.group], view: p.view, lapsedMove: p.lapsedMove}
+		rec: w.kv.recs[p.group], view: p.view, lapsedMove: p.lapsedMove, epoch: p.epoch}
 	switch {
 	case known:
 		e.excuse = "the first copy's id had left the queue stream's 2 min duplicate window"

@@ -79,7 +79,7 @@ func (n *simNode) stage(routes map[string]kvbinding.Binding, done func(error)) {
 			if !ok || m.invalid != "" || seq < s.from || seq >= s.until {
 				continue
 			}
-			byGroup[m.group] = append(byGroup[m.group], simPub{node: simHeld(n.id), seq: seq, group: m.group, id: simIngressID(seq), kind: simStaged})
+			byGroup[m.group] = append(byGroup[m.group], simPub{node: simHeld(n.id), seq: seq, group: m.group, id: simIngressID(seq), kind: simStaged, epoch: routes[m.group].Epoch})
 		}
 		learned := map[string]*simStaging{}
 		returned := map[string]int{}

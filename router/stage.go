@@ -360,7 +360,7 @@ func (r *Router) moveStaged(ctx context.Context, stream jetstream.Stream, group 
 		return false, err
 	}
 	q := queued{msg: m, from: r.cfg.Node, ingressSeq: is, group: group, held: true}
-	n, err := r.moveGroup(ctx, stream, []queued{q}, route.Revision, route.Epoch)
+	n, err := r.moveGroup(ctx, stream, []queued{q}, route)
 	return n > 0, err
 }
 
@@ -372,6 +372,9 @@ func (r *Router) dropStaged(ctx context.Context, stream jetstream.Stream, group 
 		if is >= from {
 			continue
 		}
+		if r.fencedNow() {
+			return errFencedNow // a successor may be draining them
+		}
 		if err := stream.DeleteMsg(ctx, c.at); err != nil && !isGone(err) {
 			return err
 		}
@@ -382,14 +385,16 @@ func (r *Router) dropStaged(ctx context.Context, stream jetstream.Stream, group 
 }
 
 // queueCopy returns the copy of staged message m (on this node's held
-// subject) to publish onto this node's queue for the catch-up of route.
-func (r *Router) queueCopy(m *nats.Msg, route kvbinding.Binding, is uint64) *nats.Msg {
+// subject, at queue sequence at) to publish onto this node's queue for a
+// catch-up: its id is the one any mover of the staged copy gives it
+// (moveGroup).
+func (r *Router) queueCopy(m *nats.Msg, at uint64) *nats.Msg {
 	q := queued{msg: &jetstream.RawStreamMsg{Subject: m.Subject}, from: r.cfg.Node, held: true}
 	out := &nats.Msg{Subject: QueueSubject(r.cfg.Node, q.ingressSubject()), Header: make(nats.Header, len(m.Header)+1), Data: m.Data}
 	for k, v := range m.Header {
 		out.Header[k] = v
 	}
-	out.Header.Set(jetstream.MsgIDHeader, moveID(route.Revision, is))
+	out.Header.Set(jetstream.MsgIDHeader, movedID(at))
 	out.Header.Set(HeaderMovedFrom, r.cfg.Node)
 	return out
 }
@@ -401,6 +406,13 @@ func (r *Router) queueCopy(m *nats.Msg, route kvbinding.Binding, is uint64) *nat
 // node's held subject, which then found the queue copy too and moved the
 // message once (moveGroup): either way the queue copy stays.
 func (r *Router) unstage(ctx context.Context, stream jetstream.Stream, s *stagedSpan, at, is uint64) error {
+	if r.fencedNow() {
+		// This node's liveness may have lapsed: a successor may be
+		// draining its held subject. The staged copy stays (the
+		// successor moves the message once: both copies share their
+		// id); the step is retried once this node may act again.
+		return errFencedNow
+	}
 	if err := stream.DeleteMsg(ctx, at); err != nil && !isGone(err) {
 		return err
 	}
