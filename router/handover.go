@@ -1043,6 +1043,11 @@ func (r *Router) otherCopy(ctx context.Context, stream jetstream.Stream, q queue
 	if node, _, ok := queueOwner(m.Subject); ok && node == r.cfg.Node {
 		return true, nil
 	}
+	// Not by a stale mover (its publish answered after a pause, say): the
+	// copy may be its successor's.
+	if err := r.mayDelete(q.group, route); err != nil {
+		return false, err
+	}
 	return false, r.takeLateCopy(ctx, stream, q.group, route, sent, seq)
 }
 

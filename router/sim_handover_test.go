@@ -576,7 +576,12 @@ func (n *simNode) moveGroup(group string, found []simFound, route kvbinding.Bind
 				n.logf("drain: seq %d of %q was copied by an earlier mover, whose copy was consumed", f.e.seq, group)
 				deleteOriginal(f, func(bool) { next() })
 			default:
-				// takeLateCopy: the copy landed after the scan.
+				// takeLateCopy: the copy landed after the scan; not by a
+				// stale mover.
+				if err := mayDelete(); err != nil {
+					done(moved, err)
+					return
+				}
 				from, held := c.node, false
 				if owner, ok := strings.CutPrefix(c.node, "held:"); ok {
 					from, held = owner, true
