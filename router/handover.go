@@ -678,9 +678,8 @@ func (r *Router) scanQueues(ctx context.Context, stream jetstream.Stream, byNode
 			if err != nil {
 				continue
 			}
-			if node == r.cfg.Node && m.Header.Get(HeaderEpoch) == strconv.FormatUint(routes[g].Epoch, 10) {
-				// Stored by this node for the group's current epoch: a
-				// copy an earlier attempt of this step made, in place
+			if r.ownStep(node, m, routes[g]) {
+				// A copy an earlier attempt of this step made: in place
 				// already, behind the earlier ones.
 				continue
 			}
@@ -712,7 +711,7 @@ func (r *Router) scanQueues(ctx context.Context, stream jetstream.Stream, byNode
 				if err != nil {
 					continue
 				}
-				if node == r.cfg.Node && m.Header.Get(HeaderEpoch) == strconv.FormatUint(routes[g].Epoch, 10) {
+				if r.ownStep(node, m, routes[g]) {
 					continue // staged by this step (stage.go): the catch-up's
 				}
 				byGroup[g] = append(byGroup[g], queued{msg: m, from: node, ingressSeq: is, group: g, held: true})
@@ -720,6 +719,16 @@ func (r *Router) scanQueues(ctx context.Context, stream jetstream.Stream, byNode
 		}
 	}
 	return byGroup, nil
+}
+
+// ownStep reports whether m, found on node's queue or held subject, was
+// stored by this node's drain step of its group under route (a copy, or
+// a staged catch-up): this node takes the group over in route's epoch and
+// m carries that epoch. What a node routed under its binding is not its
+// step's (markClean looks at this node's own queue too).
+func (r *Router) ownStep(node string, m *jetstream.RawStreamMsg, route kvbinding.Binding) bool {
+	return node == r.cfg.Node && route.Node == r.cfg.Node && route.Step == kvbinding.StepDrain &&
+		m.Header.Get(HeaderEpoch) == strconv.FormatUint(route.Epoch, 10)
 }
 
 // walkSubject returns the messages of stream on filter with sequences in

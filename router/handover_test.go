@@ -471,7 +471,17 @@ func TestMarkCleanLooksAtThisNodesQueue(t *testing.T) {
 	ctx := context.Background()
 	publishQueued(t, js, "n1", "waits", 1)
 	publishQueued(t, js, "n2", "elsewhere", 2) // another node's queue
-	m := nats.NewMsg(HeldSubject("n1", "held", "jms.x"))
+	// Routed by n1 under its binding, in the group's epoch (not a drain
+	// step's copy).
+	record(t, r, kvbinding.Binding{Group: "routed", State: kvbinding.StateBound, Node: "n1", FromSeq: 1, Revision: 5})
+	m := nats.NewMsg(QueueSubject("n1", "jms.x"))
+	m.Header.Set(DefaultGroupHeader, "routed")
+	m.Header.Set(HeaderIngressSeq, "4")
+	m.Header.Set(HeaderEpoch, "5")
+	if _, err := js.PublishMsg(ctx, m); err != nil {
+		t.Fatal(err)
+	}
+	m = nats.NewMsg(HeldSubject("n1", "held", "jms.x"))
 	m.Header.Set(DefaultGroupHeader, "held")
 	m.Header.Set(HeaderIngressSeq, "3")
 	if _, err := js.PublishMsg(ctx, m); err != nil {
@@ -480,14 +490,14 @@ func TestMarkCleanLooksAtThisNodesQueue(t *testing.T) {
 	fence := func(g string) proposals.Proposal {
 		return proposals.Proposal{Op: proposals.OpFence, Group: g, Seq: 9, Rev: 2}
 	}
-	ps := []proposals.Proposal{fence("waits"), fence("elsewhere"), fence("held"), fence("none"),
+	ps := []proposals.Proposal{fence("waits"), fence("elsewhere"), fence("held"), fence("none"), fence("routed"),
 		{Group: "new", Node: "n1", Seq: 9}}
 	r.markClean(ctx, ps)
 	got := map[string]bool{}
 	for _, p := range ps {
 		got[p.Group] = p.Clean
 	}
-	want := map[string]bool{"waits": false, "elsewhere": true, "held": false, "none": true, "new": false}
+	want := map[string]bool{"waits": false, "elsewhere": true, "held": false, "none": true, "routed": false, "new": false}
 	if fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Fatalf("clean: %v, want %v", got, want)
 	}

@@ -319,7 +319,7 @@ func (d *simDrain) scan() {
 						get()
 						return
 					}
-					if node == n.id && e.epoch == d.routes[e.group].Epoch {
+					if route := d.routes[e.group]; node == n.id && route.Node == n.id && route.Step == kvbinding.StepDrain && e.epoch == route.Epoch {
 						get() // stored by this node for the group's epoch: in place already
 						return
 					}
