@@ -222,8 +222,9 @@ func (p Phase) Record() (State, Step) {
 	return r.state, r.step
 }
 
-// stepping reports whether the new owner is taking the group over.
-func (p Phase) stepping() bool { return p == PhaseDraining || p == PhaseCatchingUp }
+// TakingOver reports whether the record's Node is taking the group over
+// (draining, catching up).
+func (p Phase) TakingOver() bool { return p == PhaseDraining || p == PhaseCatchingUp }
 
 // Bound reports whether the group is bound to its record's Node: bound,
 // or bound and taking the group over (draining, catching up).

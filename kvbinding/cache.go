@@ -193,7 +193,7 @@ func (c *Cache) routeLocked(ref string, e entry) Binding {
 	if e.phase == PhaseDraining {
 		r.Drain = c.drains[ref]
 	}
-	if e.phase.stepping() {
+	if e.phase.TakingOver() {
 		r.Routed = c.routed[ref]
 		r.Reason = c.reasons[ref]
 	}
@@ -357,7 +357,7 @@ func (c *Cache) applyLocked(ref string, b Binding, fromWatch bool) bool {
 		if e.phase == PhaseDraining {
 			c.drains[ref] = append([]string(nil), b.Drain...)
 		}
-		if e.phase.stepping() {
+		if e.phase.TakingOver() {
 			c.unsettled[ref] = name
 			if b.Reason != "" {
 				c.reasons[ref] = b.Reason
@@ -444,7 +444,7 @@ func (c *Cache) uncount(ref string, e entry) {
 	if e.phase == PhaseDraining {
 		delete(c.drains, ref)
 	}
-	if e.phase == PhaseMoving || e.phase.stepping() {
+	if e.phase == PhaseMoving || e.phase.TakingOver() {
 		delete(c.unsettled, ref)
 		delete(c.routed, ref)
 		delete(c.reasons, ref)

@@ -84,7 +84,7 @@ func (r *Router) restoreHeld(ctx context.Context) error {
 			// A group this node is taking over: what its held subject holds
 			// of it is its staged catch-up (stage.go), which the catch-up
 			// moves, not messages held back for their share.
-			if b, ok := r.cache.Lookup(ref); ok && b.Phase().Bound() && b.Node == r.cfg.Node && b.Step != kvbinding.StepNone {
+			if b, ok := r.cache.Lookup(ref); ok && b.Phase().TakingOver() && b.Node == r.cfg.Node {
 				r.log.Info("held messages of a group this node is taking over: its staged catch-up, moved by the catch-up", "group", logagg.Short(ref), "messages", found[ref])
 				delete(found, ref)
 			}

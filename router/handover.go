@@ -727,7 +727,7 @@ func (r *Router) scanQueues(ctx context.Context, stream jetstream.Stream, byNode
 // m carries that epoch. What a node routed under its binding is not its
 // step's (markClean looks at this node's own queue too).
 func (r *Router) ownStep(node string, m *jetstream.RawStreamMsg, route kvbinding.Binding) bool {
-	return node == r.cfg.Node && route.Node == r.cfg.Node && route.Step == kvbinding.StepDrain &&
+	return node == r.cfg.Node && route.Node == r.cfg.Node && route.Phase() == kvbinding.PhaseDraining &&
 		m.Header.Get(HeaderEpoch) == strconv.FormatUint(route.Epoch, 10)
 }
 

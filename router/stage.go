@@ -277,7 +277,7 @@ func (r *Router) forgetStaged() {
 	var gone []string
 	for g, epoch := range epochs {
 		b, ok := r.cache.Lookup(g)
-		if !ok || !b.Phase().Bound() || b.Node != r.cfg.Node || b.Step == kvbinding.StepNone || b.Epoch != epoch {
+		if !ok || !b.Phase().TakingOver() || b.Node != r.cfg.Node || b.Epoch != epoch {
 			gone = append(gone, g)
 		}
 	}
