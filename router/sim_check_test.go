@@ -38,8 +38,10 @@ import (
 //     and had not acked, because that consumer made no progress for its
 //     ack wait (planDrain's fateLapsed: JetStream would have delivered it
 //     again then too; the README says it may be processed twice);
-//     - a mover crashed after publishing a copy and before deleting the
-//     original (the split issue 9 lists as open);
+//     (a mover that crashed after publishing a copy and before deleting
+//     the original is no window of its own: the next mover's copy of
+//     that original shares the first copy's id, and is stored only when
+//     the duplicate window lost it, the first window above);
 //     and a message both on a queue and dead-lettered only when the node
 //     dead-lettering it crashed before the dead-letter record was written
 //     (startDeadLetter's comment), or a node routed it past its checkpoint
@@ -78,9 +80,6 @@ type simChecker struct {
 	// pastCheckpoint: messages a node routed past its saved checkpoint
 	// before it crashed.
 	pastCheckpoint map[uint64]bool
-	// moverCrash: messages whose drain was cut by its mover's crash after
-	// the copy was published and before the original was deleted.
-	moverCrash map[uint64]bool
 	// deadThrough: per group, the highest ThroughSeq of a dead-letter
 	// record written.
 	deadThrough map[string]uint64
@@ -188,7 +187,7 @@ type simStats struct {
 	seeds, messages, consumed, deadLettered, copies, caughtUp uint64
 	// staged: catch-up messages staged on a held subject (stage.go).
 	staged                                                uint64
-	excusedWindow, excusedDrain, excusedDLQ, excusedMover uint64
+	excusedWindow, excusedDrain, excusedDLQ uint64
 	redeliveries                                          uint64
 	// partitions: links black-holed; held: deliveries they held until the
 	// heal; lapses: handlers that stopped deciding by their own clock.
@@ -210,7 +209,6 @@ func (s *simStats) add(o simStats) {
 	s.staged += o.staged
 	s.excusedDrain += o.excusedDrain
 	s.excusedDLQ += o.excusedDLQ
-	s.excusedMover += o.excusedMover
 	s.redeliveries += o.redeliveries
 	s.partitions += o.partitions
 	s.held += o.held
@@ -227,7 +225,7 @@ func (s *simStats) add(o simStats) {
 func newSimChecker(w *simWorld) *simChecker {
 	return &simChecker{w: w, routing: map[string]map[string][]*simFlight{},
 		lastFirst: map[string]*simEntry{}, consumed: map[uint64][]*simEntry{}, entries: map[uint64][]*simEntry{},
-		dlq: map[uint64][]string{}, dlqCrash: map[uint64]bool{}, moverCrash: map[uint64]bool{}, pastCheckpoint: map[uint64]bool{}, moverFenced: map[uint64]bool{}, resumedEarly: map[string]time.Duration{}, deadThrough: map[string]uint64{}, releases: map[string][]simRelease{}, deadOverReleased: map[string][]kvbinding.Binding{}, deadCovered: map[string]map[uint64]time.Duration{}, evacuated: map[string]map[string]uint64{}, fencedAt: map[string]map[string]simFenced{}, known: map[string]string{}}
+		dlq: map[uint64][]string{}, dlqCrash: map[uint64]bool{}, pastCheckpoint: map[uint64]bool{}, moverFenced: map[uint64]bool{}, resumedEarly: map[string]time.Duration{}, deadThrough: map[string]uint64{}, releases: map[string][]simRelease{}, deadOverReleased: map[string][]kvbinding.Binding{}, deadCovered: map[string]map[uint64]time.Duration{}, evacuated: map[string]map[string]uint64{}, fencedAt: map[string]map[string]simFenced{}, known: map[string]string{}}
 }
 
 func (c *simChecker) violation(kind, format string, args ...any) {
@@ -506,8 +504,6 @@ func (c *simChecker) delivered(e *simEntry) {
 			c.stats.excusedWindow++
 		case "drain":
 			c.stats.excusedDrain++
-		case "mover":
-			c.stats.excusedMover++
 		case "fenced":
 			c.knownIssue(simKnownStaleFence, "seq %d of %q is consumed twice (%v, %v): the handler took the group from %s, alive, while it was moving the message",
 				e.seq, e.group, x, e, a.by)
@@ -539,9 +535,6 @@ func (c *simChecker) excuse(a, b *simEntry) string {
 	// duplicate window had lost the first one's id.
 	if windowed(a, b) || windowed(b, a) {
 		return "window"
-	}
-	if c.moverCrash[a.seq] {
-		return "mover"
 	}
 	if c.moverFenced[a.seq] {
 		return "fenced"

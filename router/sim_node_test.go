@@ -927,9 +927,6 @@ func (n *simNode) kill() {
 			}
 		}
 	}
-	for seq := range n.moving {
-		w.chk.moverCrash[seq] = true
-	}
 	n.dead, n.stopping = true, false
 	n.kvSub.stopped = true
 	n.view.sub.stopped = true

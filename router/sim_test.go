@@ -75,10 +75,10 @@ func TestSimulation(t *testing.T) {
 		}
 	}
 	took := time.Since(began)
-	t.Logf("%d seeds in %v (%.0f seeds/s): %d events, %v virtual; %d messages (%d consumed, %d dead-lettered), %d records written, %d drain copies, %d catch-up publishes, %d catch-up messages staged; duplicates in named windows: %d (duplicate window), %d (drain of delivered messages), %d (mover crash), %d (dead-lettered after a crash); %d redeliveries",
+	t.Logf("%d seeds in %v (%.0f seeds/s): %d events, %v virtual; %d messages (%d consumed, %d dead-lettered), %d records written, %d drain copies, %d catch-up publishes, %d catch-up messages staged; duplicates in named windows: %d (duplicate window), %d (drain of delivered messages), %d (dead-lettered after a crash); %d redeliveries",
 		total.seeds, took.Round(time.Millisecond), float64(total.seeds)/took.Seconds(), total.events, total.virtual.Round(time.Second),
 		total.messages, total.consumed, total.deadLettered, total.records, total.copies, total.caughtUp, total.staged,
-		total.excusedWindow, total.excusedDrain, total.excusedMover, total.excusedDLQ, total.redeliveries)
+		total.excusedWindow, total.excusedDrain, total.excusedDLQ, total.redeliveries)
 	t.Logf("batches: %d of %d messages in all (%d of them fast-ingest ones), %d failed (their messages went one at a time)",
 		total.batches, total.batchMsgs, total.fastBatches, total.batchFailures)
 	t.Logf("partitions: %d links black-holed, %d deliveries held until their heal; %d handler terms stopped deciding by their own clock",
