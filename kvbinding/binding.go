@@ -75,6 +75,11 @@ type Binding struct {
 	// taker of the group is known to have routed (from its checkpoint):
 	// a catch-up starts after it (StateBound in a step only; 0: none).
 	Routed uint64 `json:"routed,omitempty"`
+	// Ckpt is the KV revision of PrevNode's checkpoint an evacuation took
+	// FromSeq from (StateBound in a step only; 0: none): the taker does
+	// not route again what that checkpoint says PrevNode had finished
+	// (Checkpoint.Done), whatever holds the checkpoint's start back.
+	Ckpt uint64 `json:"ckpt,omitempty"`
 	// Drain lists the nodes whose queues may still hold the group's
 	// waiting messages (StepDrain only); the new owner moves them to its
 	// own queue, in ingress order, before routing anything else of it.
@@ -100,7 +105,7 @@ type Binding struct {
 }
 
 // The binding cache (Cache) keeps the fields that route: Group, State,
-// Node, FromSeq, ThroughSeq, PrevNode, Step, Drain, Routed, Epoch (filled
+// Node, FromSeq, ThroughSeq, PrevNode, Step, Drain, Routed, Ckpt, Epoch (filled
 // in: never 0 on a cached record), Revision and Invalid. DecidedAt,
 // DecidedBy, ProposedBy and Reason are read from the bucket (Store.Get).
 
@@ -118,6 +123,9 @@ func (b Binding) Validate() error {
 	}
 	if (b.State != StateBound || b.Step == StepNone) && b.Routed != 0 {
 		return fmt.Errorf("%w: routed outside a hand-over step", ErrInvalidBinding)
+	}
+	if (b.State != StateBound || b.Step == StepNone) && b.Ckpt != 0 {
+		return fmt.Errorf("%w: ckpt outside a hand-over step", ErrInvalidBinding)
 	}
 	if b.State != StateBound && (b.Step != StepNone || len(b.Drain) > 0) {
 		return fmt.Errorf("%w: %s record with a hand-over step", ErrInvalidBinding, b.State)
@@ -297,11 +305,16 @@ func (b Binding) Describe() string {
 }
 
 // Cached returns b as the binding cache returns it: the fields that
-// route, with Epoch filled in (see OwnerEpoch).
+// route, with Epoch filled in (see OwnerEpoch), and Reason and Ckpt of a
+// record in a hand-over step.
 func (b Binding) Cached() Binding {
-	return Binding{Group: b.Group, State: b.State, Node: b.Node, FromSeq: b.FromSeq, ThroughSeq: b.ThroughSeq,
+	c := Binding{Group: b.Group, State: b.State, Node: b.Node, FromSeq: b.FromSeq, ThroughSeq: b.ThroughSeq,
 		PrevNode: b.PrevNode, Step: b.Step, Drain: b.Drain, Routed: b.Routed, Epoch: b.OwnerEpoch(),
 		Revision: b.Revision, Invalid: b.Invalid}
+	if b.Phase().TakingOver() {
+		c.Reason, c.Ckpt = b.Reason, b.Ckpt
+	}
+	return c
 }
 
 // OwnerEpoch returns the group's epoch under b (see Binding.Epoch): Epoch,

@@ -42,3 +42,16 @@ func TestPhaseRecordRoundTrip(t *testing.T) {
 		t.Error("Stored: an invalid record is stored, the zero Binding is not")
 	}
 }
+
+// Ckpt, like Routed, belongs to a record in a hand-over step.
+func TestValidateCkptOnlyInAStep(t *testing.T) {
+	step := Binding{Group: "g", State: StateBound, Node: "n2", FromSeq: 5, PrevNode: "n1", Step: StepCatchUp, Ckpt: 9}
+	if err := step.Validate(); err != nil {
+		t.Errorf("a catch-up record with ckpt: %v", err)
+	}
+	settled := step
+	settled.Step = StepNone
+	if err := settled.Validate(); err == nil {
+		t.Error("a settled record with ckpt is valid")
+	}
+}

@@ -65,11 +65,10 @@ type Cache struct {
 	mu     sync.RWMutex
 	m      map[string]entry    // by Ref
 	drains map[string][]string // Drain lists of records in StepDrain
-	routed map[string]uint64   // Routed of records in a step
-	// reasons: Reason of records in a step that have one (an evacuation's:
-	// proposals.Evacuated).
-	reasons map[string]string
-	bad     map[string]uint64 // revisions of bad values over valid records
+	// steps: what records in a hand-over step carry beside their entry,
+	// for those that carry any of it.
+	steps map[string]stepFields
+	bad   map[string]uint64 // revisions of bad values over valid records
 	// unsettled holds the groups whose record is moving or in a
 	// hand-over step (what the handler's monitor looks after): each ref's
 	// group id.
@@ -119,8 +118,7 @@ func NewCache(cfg CacheConfig) *Cache {
 	return &Cache{
 		m:         make(map[string]entry),
 		drains:    make(map[string][]string),
-		routed:    make(map[string]uint64),
-		reasons:   make(map[string]string),
+		steps:     make(map[string]stepFields),
 		bad:       make(map[string]uint64),
 		unsettled: make(map[string]string),
 		legacy:    make(map[string]string),
@@ -194,8 +192,8 @@ func (c *Cache) routeLocked(ref string, e entry) Binding {
 		r.Drain = c.drains[ref]
 	}
 	if e.phase.TakingOver() {
-		r.Routed = c.routed[ref]
-		r.Reason = c.reasons[ref]
+		f := c.steps[ref]
+		r.Routed, r.Reason, r.Ckpt = f.routed, f.reason, f.ckpt
 	}
 	return r
 }
@@ -359,12 +357,9 @@ func (c *Cache) applyLocked(ref string, b Binding, fromWatch bool) bool {
 		}
 		if e.phase.TakingOver() {
 			c.unsettled[ref] = name
-			if b.Reason != "" {
-				c.reasons[ref] = b.Reason
+			if f := (stepFields{routed: b.Routed, reason: b.Reason, ckpt: b.Ckpt}); f != (stepFields{}) {
+				c.steps[ref] = f
 			}
-		}
-		if b.Routed != 0 {
-			c.routed[ref] = b.Routed
 		}
 		if b.Group != "" {
 			c.counts[e.node]++
@@ -446,9 +441,17 @@ func (c *Cache) uncount(ref string, e entry) {
 	}
 	if e.phase == PhaseMoving || e.phase.TakingOver() {
 		delete(c.unsettled, ref)
-		delete(c.routed, ref)
-		delete(c.reasons, ref)
+		delete(c.steps, ref)
 	}
+}
+
+// stepFields is what a record in a hand-over step carries that its entry
+// does not: Routed, Reason (an evacuation's: proposals.Evacuated) and
+// Ckpt.
+type stepFields struct {
+	routed uint64
+	reason string
+	ckpt   uint64
 }
 
 // Owners returns the nodes that hold groups: bound to them, or being moved
@@ -615,7 +618,7 @@ func (c *Cache) adopt(r *Cache) {
 			changed = append(changed, g)
 		}
 	}
-	c.m, c.drains, c.routed, c.reasons, c.bad, c.unsettled = r.m, r.drains, r.routed, r.reasons, r.bad, r.unsettled
+	c.m, c.drains, c.steps, c.bad, c.unsettled = r.m, r.drains, r.steps, r.bad, r.unsettled
 	c.names, c.index, c.counts, c.leaving = r.names, r.index, r.counts, r.leaving
 	c.legacy = r.legacy
 	c.watchRev = r.watchRev

@@ -323,7 +323,7 @@ func TestCacheEpochs(t *testing.T) {
 
 // A record in a hand-over step keeps its Reason in the cache (an
 // evacuation's: proposals.Evacuated), and loses it with the step.
-func TestCacheKeepsTheReasonOfARecordInAStep(t *testing.T) {
+func TestCacheKeepsTheReasonAndCheckpointOfARecordInAStep(t *testing.T) {
 	c := NewCache(CacheConfig{})
 	for _, tt := range []struct {
 		b    Binding
@@ -331,14 +331,21 @@ func TestCacheKeepsTheReasonOfARecordInAStep(t *testing.T) {
 	}{
 		{Binding{Group: "g", State: StateBound, Node: "n2", FromSeq: 5, PrevNode: "n1", Step: StepDrain, Drain: []string{"n1"}, Reason: "node n1 gone for 15s", Revision: 3}, "node n1 gone for 15s"},
 		{Binding{Group: "g", State: StateBound, Node: "n2", FromSeq: 5, PrevNode: "n1", Step: StepCatchUp, Epoch: 3, Revision: 4}, ""},
-		{Binding{Group: "g", State: StateBound, Node: "n2", FromSeq: 5, PrevNode: "n1", Step: StepCatchUp, Reason: "again", Revision: 5}, "again"},
+		{Binding{Group: "g", State: StateBound, Node: "n2", FromSeq: 5, PrevNode: "n1", Step: StepCatchUp, Reason: "again", Ckpt: 9, Revision: 5}, "again"},
 		{Binding{Group: "g", State: StateBound, Node: "n2", FromSeq: 5, Reason: "settled", Revision: 6}, ""},
 	} {
 		if !c.Apply(tt.b) {
 			t.Fatalf("%+v not applied", tt.b)
 		}
-		if got, _ := c.Lookup("g"); got.Reason != tt.want {
+		got, _ := c.Lookup("g")
+		if got.Reason != tt.want {
 			t.Errorf("revision %d: Reason %q, want %q", tt.b.Revision, got.Reason, tt.want)
+		}
+		if want := map[bool]uint64{true: tt.b.Ckpt}[tt.b.Phase().TakingOver()]; got.Ckpt != want {
+			t.Errorf("revision %d: Ckpt %d, want %d", tt.b.Revision, got.Ckpt, want)
+		}
+		if cached := tt.b.Cached(); got.Reason != cached.Reason || got.Ckpt != cached.Ckpt {
+			t.Errorf("revision %d: the cache's %+v, Cached %+v", tt.b.Revision, got, cached)
 		}
 	}
 }

@@ -75,6 +75,8 @@ func scanBinding(d *jsonx.Scanner, all bool) (Binding, bool) {
 			b.Reason, ok = d.Str()
 		case "routed":
 			b.Routed, ok = d.Uint()
+		case "ckpt":
+			b.Ckpt, ok = d.Uint()
 		case "epoch":
 			b.Epoch, ok = d.Uint()
 		case "drain":

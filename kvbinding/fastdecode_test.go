@@ -15,6 +15,7 @@ func TestFastBindingMatchesJSON(t *testing.T) {
 		{Group: "g", State: StateReleased, ThroughSeq: 99, PrevNode: "n1"},
 		{Group: "g", State: StateMoving, Node: "n2", PrevNode: "n1", FromSeq: 4, Epoch: 12},
 		{Group: "g", State: StateBound, Node: "n2", PrevNode: "n1", FromSeq: 4, Step: StepCatchUp, Epoch: 13},
+		{Group: "g", State: StateBound, Node: "n2", PrevNode: "n1", FromSeq: 4, Step: StepDrain, Drain: []string{"n1"}, Routed: 9, Ckpt: 31},
 		{Group: "", State: StateBound, Node: "n1", FromSeq: 3},
 		{Group: "x", State: StateDeadLettered, ThroughSeq: 5, Reason: `quoted "reason"`},
 	}
@@ -39,7 +40,7 @@ func TestFastBindingMatchesJSON(t *testing.T) {
 			continue
 		}
 		if got.Group != slow.Group || got.State != slow.State || got.Node != slow.Node || got.FromSeq != slow.FromSeq ||
-			got.ThroughSeq != slow.ThroughSeq || got.PrevNode != slow.PrevNode || got.Step != slow.Step || got.Epoch != slow.Epoch || !reflect.DeepEqual(got.Drain, slow.Drain) {
+			got.ThroughSeq != slow.ThroughSeq || got.PrevNode != slow.PrevNode || got.Step != slow.Step || got.Epoch != slow.Epoch || got.Routed != slow.Routed || got.Ckpt != slow.Ckpt || !reflect.DeepEqual(got.Drain, slow.Drain) {
 			t.Errorf("fast %+v != json %+v", got, slow)
 		}
 	}
@@ -61,7 +62,7 @@ func FuzzFastBinding(f *testing.F) {
 			t.Fatalf("fast path accepted %q, encoding/json: %v", data, err)
 		}
 		if got.Group != slow.Group || got.State != slow.State || got.Node != slow.Node || got.FromSeq != slow.FromSeq ||
-			got.ThroughSeq != slow.ThroughSeq || got.PrevNode != slow.PrevNode || got.Step != slow.Step || got.Epoch != slow.Epoch || !reflect.DeepEqual(got.Drain, slow.Drain) {
+			got.ThroughSeq != slow.ThroughSeq || got.PrevNode != slow.PrevNode || got.Step != slow.Step || got.Epoch != slow.Epoch || got.Routed != slow.Routed || got.Ckpt != slow.Ckpt || !reflect.DeepEqual(got.Drain, slow.Drain) {
 			t.Fatalf("fast %+v != json %+v for %q", got, slow, data)
 		}
 	})

@@ -52,6 +52,10 @@ func (b Binding) AppendJSON(buf []byte) []byte {
 		buf = append(buf, `,"routed":`...)
 		buf = strconv.AppendUint(buf, b.Routed, 10)
 	}
+	if b.Ckpt != 0 {
+		buf = append(buf, `,"ckpt":`...)
+		buf = strconv.AppendUint(buf, b.Ckpt, 10)
+	}
 	if b.Epoch != 0 {
 		buf = append(buf, `,"epoch":`...)
 		buf = strconv.AppendUint(buf, b.Epoch, 10)

@@ -655,28 +655,66 @@ func (r *Registry) SaveCheckpoint(ctx context.Context, node string, c Checkpoint
 // LoadCheckpoint returns the node's stored checkpoint, or a zero
 // Checkpoint and false if it has none.
 func (r *Registry) LoadCheckpoint(ctx context.Context, node string) (Checkpoint, bool, error) {
+	c, _, ok, err := r.LoadCheckpointRev(ctx, node)
+	return c, ok, err
+}
+
+// LoadCheckpointRev is LoadCheckpoint that also returns the checkpoint's
+// KV revision (for LoadCheckpointAt).
+func (r *Registry) LoadCheckpointRev(ctx context.Context, node string) (Checkpoint, uint64, bool, error) {
 	e, err := r.kv.Get(ctx, ckptPrefix+node)
+	if err != nil {
+		if errors.Is(err, jetstream.ErrKeyNotFound) || errors.Is(err, jetstream.ErrKeyDeleted) {
+			return Checkpoint{}, 0, false, nil
+		}
+		return Checkpoint{}, 0, false, fmt.Errorf("kvbinding: load checkpoint %s: %w", node, err)
+	}
+	c, err := decodeCheckpoint(node, e.Value())
+	if err != nil {
+		return Checkpoint{}, 0, false, err
+	}
+	return c, e.Revision(), true, nil
+}
+
+// LoadCheckpointAt returns the node's checkpoint stored at KV revision rev,
+// and false when the bucket no longer holds that revision (the node saved
+// another since: the bucket keeps one) or it is not the node's.
+func (r *Registry) LoadCheckpointAt(ctx context.Context, node string, rev uint64) (Checkpoint, bool, error) {
+	e, err := r.kv.GetRevision(ctx, ckptPrefix+node, rev)
 	if err != nil {
 		if errors.Is(err, jetstream.ErrKeyNotFound) || errors.Is(err, jetstream.ErrKeyDeleted) {
 			return Checkpoint{}, false, nil
 		}
-		return Checkpoint{}, false, fmt.Errorf("kvbinding: load checkpoint %s: %w", node, err)
+		return Checkpoint{}, false, fmt.Errorf("kvbinding: load checkpoint %s at %d: %w", node, rev, err)
 	}
+	if e.Key() != ckptPrefix+node || e.Operation() != jetstream.KeyValuePut {
+		return Checkpoint{}, false, nil
+	}
+	c, err := decodeCheckpoint(node, e.Value())
+	if err != nil {
+		return Checkpoint{}, false, err
+	}
+	return c, true, nil
+}
+
+// decodeCheckpoint decodes and checks the checkpoint stored under node's
+// key.
+func decodeCheckpoint(node string, data []byte) (Checkpoint, error) {
 	var c Checkpoint
-	if err := decodeRecord(e.Value(), recordCheckpoint, &c); err != nil {
-		return Checkpoint{}, false, fmt.Errorf("%w: %s: %v", ErrInvalidCheckpoint, node, err)
+	if err := decodeRecord(data, recordCheckpoint, &c); err != nil {
+		return Checkpoint{}, fmt.Errorf("%w: %s: %v", ErrInvalidCheckpoint, node, err)
 	}
 	if c.Next == 0 {
 		// Every checkpoint a node saves has read something or starts at 1.
-		return Checkpoint{}, false, fmt.Errorf("%w: %s: no next sequence", ErrInvalidCheckpoint, node)
+		return Checkpoint{}, fmt.Errorf("%w: %s: no next sequence", ErrInvalidCheckpoint, node)
 	}
 	if c.Node != "" && c.Node != node {
-		return Checkpoint{}, false, fmt.Errorf("%w: %s: the checkpoint of node %q under its key", ErrInvalidCheckpoint, node, c.Node)
+		return Checkpoint{}, fmt.Errorf("%w: %s: the checkpoint of node %q under its key", ErrInvalidCheckpoint, node, c.Node)
 	}
 	if err := c.Validate(); err != nil {
-		return Checkpoint{}, false, fmt.Errorf("%w: %s: %v", ErrInvalidCheckpoint, node, err)
+		return Checkpoint{}, fmt.Errorf("%w: %s: %v", ErrInvalidCheckpoint, node, err)
 	}
-	return c, true, nil
+	return c, nil
 }
 
 // Validate checks that the pending ranges are ordered, disjoint and below
@@ -690,6 +728,20 @@ func (c Checkpoint) Validate() error {
 		prev = p[1]
 	}
 	return nil
+}
+
+// Done reports whether the ingress message at seq was finished (routed,
+// skipped as another node's, or dead-lettered) when c was taken.
+func (c Checkpoint) Done(seq uint64) bool {
+	if seq >= c.Next {
+		return false
+	}
+	for _, p := range c.Pending {
+		if seq >= p[0] && seq <= p[1] {
+			return false
+		}
+	}
+	return true
 }
 
 // Start returns the first ingress sequence not known to be done: where a

@@ -154,3 +154,44 @@ func TestCheckpointCopiedUnderAnotherKey(t *testing.T) {
 		t.Errorf("a checkpoint naming no node: %+v %v %v", c, ok, err)
 	}
 }
+
+// A checkpoint is read back at the revision an evacuation took its start
+// from while the node has saved no other since; a later save (the bucket
+// keeps one per key) pins nothing, nor does another node's revision.
+func TestLoadCheckpointAt(t *testing.T) {
+	ctx, _, reg := openTestRegistry(t)
+	want := Checkpoint{Next: 20, Pending: [][2]uint64{{5, 8}, {12, 12}}}
+	if err := reg.SaveCheckpoint(ctx, "n1", want); err != nil {
+		t.Fatal(err)
+	}
+	if err := reg.SaveCheckpoint(ctx, "n2", Checkpoint{Next: 3}); err != nil {
+		t.Fatal(err)
+	}
+	c, rev, ok, err := reg.LoadCheckpointRev(ctx, "n1")
+	if err != nil || !ok || rev == 0 {
+		t.Fatalf("LoadCheckpointRev: %+v %d %v %v", c, rev, ok, err)
+	}
+	got, ok, err := reg.LoadCheckpointAt(ctx, "n1", rev)
+	if err != nil || !ok || got.Next != 20 || len(got.Pending) != 2 {
+		t.Fatalf("LoadCheckpointAt(n1, %d): %+v %v %v", rev, got, ok, err)
+	}
+	for _, seq := range []uint64{4, 9, 11, 13, 19} {
+		if !got.Done(seq) {
+			t.Errorf("seq %d not done", seq)
+		}
+	}
+	for _, seq := range []uint64{5, 8, 12, 20, 21} {
+		if got.Done(seq) {
+			t.Errorf("seq %d done", seq)
+		}
+	}
+	if _, ok, err := reg.LoadCheckpointAt(ctx, "n2", rev); ok || err != nil {
+		t.Errorf("n2's checkpoint at n1's revision: %v %v", ok, err)
+	}
+	if err := reg.SaveCheckpoint(ctx, "n1", Checkpoint{Next: 30}); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok, err := reg.LoadCheckpointAt(ctx, "n1", rev); ok || err != nil {
+		t.Errorf("n1's checkpoint at a revision saved over: %v %v", ok, err)
+	}
+}

@@ -93,6 +93,10 @@ type Input struct {
 	// over, the last ingress sequence its checkpoint says it routed of the
 	// group (0: unknown).
 	Routed uint64
+	// Ckpt is, for an evacuation, the KV revision of From's checkpoint
+	// Seq was taken from (0: none): the record carries it
+	// (kvbinding.Binding.Ckpt) when it takes the group from From.
+	Ckpt uint64
 	// Clean is, for a fence, the fencing node's word that, once it had
 	// stopped routing the group and its publishes had their answers, its
 	// queue and held subject stored no message of the group (waiting, or
@@ -372,14 +376,14 @@ func (m *machine) fence() Result {
 	if in.Clean {
 		drain = nil
 	}
-	return m.handOver(in.By, max(in.Seq, cur.FromSeq), cur.Node, drain, "")
+	return m.handOver(in.By, max(in.Seq, cur.FromSeq), cur.Node, drain, "", 0)
 }
 
 // handOver ends node from's binding at fence (its first message not
 // routed): bound to target from there, to be taken over, or released
 // (target ""). drain lists the queues to drain (from's among them unless
 // it said it holds nothing of the group).
-func (m *machine) handOver(from string, fence uint64, target string, drain []string, reason string) Result {
+func (m *machine) handOver(from string, fence uint64, target string, drain []string, reason string, ckpt uint64) Result {
 	if target == "" {
 		b := m.record(kvbinding.StateReleased)
 		b.PrevNode, b.ThroughSeq, b.Reason = from, fence-1, "unbound"
@@ -389,7 +393,7 @@ func (m *machine) handOver(from string, fence uint64, target string, drain []str
 		return m.write(b, &Event{Kind: EventUnbind, PrevNode: from, FromSeq: fence, Reason: b.Reason})
 	}
 	b := m.record(kvbinding.StateBound)
-	b.Node, b.FromSeq, b.PrevNode, b.Reason = target, fence, from, reason
+	b.Node, b.FromSeq, b.PrevNode, b.Reason, b.Ckpt = target, fence, from, reason, ckpt
 	m.takeover(b, drain)
 	var ev *Event
 	if reason != "" {
@@ -408,7 +412,7 @@ func (m *machine) drained() Result {
 		return r
 	}
 	b := m.record(kvbinding.StateBound)
-	b.Node, b.FromSeq, b.PrevNode, b.Step, b.Routed = cur.Node, cur.FromSeq, cur.PrevNode, kvbinding.StepCatchUp, cur.Routed
+	b.Node, b.FromSeq, b.PrevNode, b.Step, b.Routed, b.Ckpt = cur.Node, cur.FromSeq, cur.PrevNode, kvbinding.StepCatchUp, cur.Routed, cur.Ckpt
 	b.Epoch = epochOf(cur)
 	return m.write(b, nil)
 }
@@ -526,12 +530,12 @@ func (m *machine) evacuate() Result {
 			// idle expiry or the next unbind).
 			target = in.Node
 		}
-		return m.handOver(in.From, max(in.Seq, cur.FromSeq), target, []string{in.From}, in.Reason)
+		return m.handOver(in.From, max(in.Seq, cur.FromSeq), target, []string{in.From}, in.Reason, in.Ckpt)
 	case cur.State == kvbinding.StateBound && cur.Node == in.From && cur.Step == kvbinding.StepNone:
 		if in.Node == "" {
 			return Result{Outcome: Failed, Reason: "no eligible node is alive"}
 		}
-		return m.handOver(in.From, max(in.Seq, cur.FromSeq), in.Node, []string{in.From}, in.Reason)
+		return m.handOver(in.From, max(in.Seq, cur.FromSeq), in.Node, []string{in.From}, in.Reason, in.Ckpt)
 	case cur.State == kvbinding.StateBound && cur.Node == in.From:
 		// The node was taking the group over: its successor starts the
 		// take-over again from the same fence. The node's own queue may
@@ -547,7 +551,9 @@ func (m *machine) evacuate() Result {
 		b.Node, b.FromSeq, b.PrevNode, b.Reason = in.Node, cur.FromSeq, cur.PrevNode, in.Reason
 		// What the gone node's checkpoint says it caught up is not routed
 		// again (its queue, drained too, holds what was not consumed).
-		b.Routed = cur.Routed
+		// The checkpoint the take-over skips by stays PrevNode's (in.Ckpt
+		// is in.From's).
+		b.Routed, b.Ckpt = cur.Routed, cur.Ckpt
 		if in.Routed >= cur.FromSeq && in.Routed > b.Routed {
 			b.Routed = in.Routed
 		}

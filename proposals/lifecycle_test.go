@@ -89,7 +89,7 @@ func (st *scriptState) run(cmd string) (string, error) {
 		}
 		r := &kvbinding.Binding{State: kvbinding.State(state), Node: kv["node"], FromSeq: num("from"), ThroughSeq: num("through"),
 			PrevNode: kv["prev"], Step: kvbinding.Step(kv["step"]), Revision: num("rev"), Invalid: kv["invalid"] == "true",
-			Routed: num("routed"), Epoch: num("epoch")}
+			Routed: num("routed"), Ckpt: num("ckpt"), Epoch: num("epoch")}
 		if r.Epoch == 0 {
 			r.Epoch = r.Revision
 		}
@@ -103,7 +103,7 @@ func (st *scriptState) run(cmd string) (string, error) {
 		return "", nil
 	}
 	in := Input{Op: Op(name), By: kv["by"], Node: kv["node"], From: kv["from"], Seq: num("seq"), First: num("first"), Rev: num("rev"),
-		Kind: kv["kind"], Reason: strings.ReplaceAll(kv["reason"], "_", " "), Routed: num("routed"), Clean: kv["clean"] == "true"}
+		Kind: kv["kind"], Reason: strings.ReplaceAll(kv["reason"], "_", " "), Routed: num("routed"), Ckpt: num("ckpt"), Clean: kv["clean"] == "true"}
 	in.Count, _ = strconv.Atoi(kv["count"])
 	var before *kvbinding.Binding
 	if st.cur != nil {
@@ -179,6 +179,7 @@ func recordString(w *kvbinding.Binding) string {
 	add("prev", w.PrevNode)
 	add("step", string(w.Step))
 	add("routed", strconv.FormatUint(w.Routed, 10))
+	add("ckpt", strconv.FormatUint(w.Ckpt, 10))
 	add("epoch", strconv.FormatUint(w.Epoch, 10))
 	if len(w.Drain) > 0 {
 		d := append([]string(nil), w.Drain...)

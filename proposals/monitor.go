@@ -207,7 +207,7 @@ func (h *Handler) restoreBad(ctx context.Context) {
 			continue
 		}
 		b := kvbinding.Binding{Group: g, State: r.State, Node: r.Node, FromSeq: r.FromSeq, ThroughSeq: r.ThroughSeq,
-			PrevNode: r.PrevNode, Step: r.Step, Drain: r.Drain, Routed: r.Routed, Epoch: r.Epoch,
+			PrevNode: r.PrevNode, Step: r.Step, Drain: r.Drain, Routed: r.Routed, Ckpt: r.Ckpt, Epoch: r.Epoch,
 			DecidedAt: time.Now().UTC(), DecidedBy: h.id, Reason: "restored over an invalid value"}
 		w := kvbinding.Write{Binding: b, Rev: rev}
 		if b.State == kvbinding.StateReleased || b.State == kvbinding.StateDeadLettered {
@@ -249,10 +249,10 @@ func (h *Handler) evacuate(ctx context.Context, node string, groups []string, re
 	all := groups == nil
 	defer h.mon.done(node, all, false)
 	var (
-		fence  uint64
-		caught map[string]uint64
+		fence, ckpt uint64
+		caught      map[string]uint64
 	)
-	c, ok, err := h.reg.LoadCheckpoint(ctx, node)
+	c, rev, ok, err := h.reg.LoadCheckpointRev(ctx, node)
 	switch {
 	case err != nil && !errors.Is(err, kvbinding.ErrInvalidCheckpoint):
 		h.log.Warn("cannot read the checkpoint of a node to evacuate; will retry", "node", node, "err", err)
@@ -262,7 +262,7 @@ func (h *Handler) evacuate(ctx context.Context, node string, groups []string, re
 		// starts (the safe side: re-route, deduplicated).
 		h.log.Error("checkpoint of a node to evacuate is invalid; its groups are taken over from their binding's start", "node", node, "err", err)
 	case ok:
-		fence, caught = c.Start(), c.Caught
+		fence, caught, ckpt = c.Start(), c.Caught, rev
 	}
 	if all {
 		var err error
@@ -284,7 +284,7 @@ func (h *Handler) evacuate(ctx context.Context, node string, groups []string, re
 			current = cur.Node
 		}
 		inputs = append(inputs, Input{Op: OpEvacuate, By: h.id, From: node, Node: PickTarget(live, group, current), Seq: fence,
-			Routed: caught[group], Reason: reason})
+			Routed: caught[group], Ckpt: ckpt, Reason: reason})
 	}
 	moved, failed := h.applyMany(ctx, groups, inputs, live, cause)
 	h.log.Info("groups moved off node", "node", node, "moved", moved, "failed", failed)

@@ -1243,11 +1243,20 @@ func (r *Router) catchUp(ctx context.Context, routes map[string]kvbinding.Bindin
 	if lo == 0 && len(byGroup) == 0 {
 		return caught, nil
 	}
+	var pins map[string]kvbinding.Checkpoint
+	if lo != 0 {
+		if pins, err = r.pinnedCheckpoints(ctx, routes); err != nil {
+			return nil, err
+		}
+	}
 	err = r.readIngressSpan(ctx, lo, hi, func(seq uint64, msg jetstream.Msg) {
 		g, invalid := r.classify(msg.Headers(), msg.Subject())
 		s, ok := spans[g]
 		if !ok || seq < s.from || seq >= s.until {
 			return
+		}
+		if c, ok := pins[g]; ok && c.Done(seq) {
+			return // the old node finished it (Binding.Ckpt)
 		}
 		if st := staged[g]; st != nil && st.whole && st.from <= s.from {
 			return // taken from its staging above
@@ -1360,9 +1369,55 @@ func (r *Router) catchUp(ctx context.Context, routes map[string]kvbinding.Bindin
 	return caught, nil
 }
 
+// pinnedCheckpoints returns, for the groups of routes whose record pins the
+// checkpoint of the node they are taken from (Binding.Ckpt: an evacuation
+// took the record's start from it), that checkpoint. A catch-up does not
+// route again what it says the old node finished: the checkpoint's start
+// is its oldest unfinished message, which one slow group holds back for
+// every group of the node, and the queue stream's duplicate window, which
+// drops the rest, may have lost the ids of messages consumed meanwhile (a
+// server restart). A revision the bucket no longer holds (the old node came
+// back and saved another, which may count as finished messages it skipped
+// as no longer its own) pins nothing.
+func (r *Router) pinnedCheckpoints(ctx context.Context, routes map[string]kvbinding.Binding) (map[string]kvbinding.Checkpoint, error) {
+	if r.reg == nil {
+		return nil, nil
+	}
+	type at struct {
+		node string
+		rev  uint64
+	}
+	read := map[at]*kvbinding.Checkpoint{}
+	pins := map[string]kvbinding.Checkpoint{}
+	for g, route := range routes {
+		if route.Ckpt == 0 || route.PrevNode == "" {
+			continue
+		}
+		k := at{route.PrevNode, route.Ckpt}
+		c, done := read[k]
+		if !done {
+			got, ok, err := r.reg.LoadCheckpointAt(ctx, k.node, k.rev)
+			if err != nil && !errors.Is(err, kvbinding.ErrInvalidCheckpoint) {
+				return nil, err
+			}
+			if ok && err == nil {
+				c = &got
+			}
+			read[k] = c
+			r.log.Debug("hand-over: the old node's checkpoint the take-over starts from", "node", k.node, "revision", k.rev,
+				"found", c != nil)
+		}
+		if c != nil {
+			pins[g] = *c
+		}
+	}
+	return pins, nil
+}
+
 // takeLateCopy is called when the queue stream took a catch-up publish of
 // group's message sent for a duplicate of a copy stored at seq. A copy on
-// this node's queue is an earlier attempt's. One on another node's queue
+// this node's queue is an earlier attempt's; one on its held subject is a
+// staged copy this process forgot, moved onto the queue. One on another node's queue
 // (or held subject) was published by the group's previous owner and
 // landed late: held by a partitioned link and delivered once it healed,
 // after the drain looked there (docs/protocol.md, "Remaining windows").
@@ -1378,12 +1433,26 @@ func (r *Router) takeLateCopy(ctx context.Context, stream jetstream.Stream, grou
 		return err
 	}
 	from, held, ok := queueOwner(m.Subject)
-	if !ok || from == r.cfg.Node || m.Header.Get(HeaderIngressSeq) != sent.Header.Get(HeaderIngressSeq) {
+	if !ok || m.Header.Get(HeaderIngressSeq) != sent.Header.Get(HeaderIngressSeq) {
 		return nil
 	}
 	is, err := strconv.ParseUint(m.Header.Get(HeaderIngressSeq), 10, 64)
 	if err != nil {
 		return nil
+	}
+	if from == r.cfg.Node {
+		if !held {
+			return nil // an earlier attempt's copy, in place
+		}
+		// This node's staged copy, staged by a drain step this process
+		// no longer remembers (it restarted, and the drain's retry found
+		// nothing left to move, so nothing was staged again): no consumer
+		// reads the held subject, so it is moved onto the queue now, in
+		// its turn.
+		r.log.Debug("hand-over catch-up: a staged copy found by its id, moved onto the queue", "group", logagg.Short(group),
+			"ingress_seq", is, "queue_seq", seq)
+		_, err := r.moveGroup(ctx, stream, []queued{{msg: m, from: from, ingressSeq: is, group: group, held: true}}, route)
+		return err
 	}
 	r.warn.late.Warn(group, "ingress_seq", is, "queue_seq", seq, "from", from, "held", held, "revision", route.Revision)
 	q := queued{msg: m, from: from, ingressSeq: is, group: group, held: held}

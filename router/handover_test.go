@@ -1011,3 +1011,87 @@ func TestAMoverThatMayHaveLapsedDeletesNothing(t *testing.T) {
 		t.Errorf("n9's queue holds %v, want the original [9]", got)
 	}
 }
+
+// A node that restarted between its drain step's staging and its
+// catch-up, whose retried drain found nothing left on the old queues (so
+// it staged nothing again and marked the group not staged), finds its
+// staged copies by their ids when the catch-up's publishes are duplicates
+// of them, and moves them onto its queue in order: no consumer reads the
+// held subject. (The simulation's seed 2698 once its cache kept an
+// evacuation's Reason, as the real one does: seq 12 stayed on the held
+// subject.)
+func TestCatchUpMovesAStagedCopyItForgot(t *testing.T) {
+	r, js := testRouter(t, "n1")
+	e := newEvacuation(t, r, js, 3)
+	if s := e.stage(); s == nil || len(s.copies) != 3 {
+		t.Fatalf("staged %+v, want copies of 1..3", s)
+	}
+	r.duties = newDutyQueue() // the node restarted
+	e.drainQueues()
+	r.duties.notStaged("g", e.drain.Epoch) // the drain's retry found nothing
+	e.catchUp(2, "[1 2 3]")
+}
+
+// A take-over whose record pins the old node's checkpoint (an evacuation
+// took its start from it: kvbinding.Binding.Ckpt) does not route again
+// what that checkpoint says the old node finished, although the
+// checkpoint's start (2, where one slow group held it back) is behind
+// them: with the duplicate window lost meanwhile, they would be stored and
+// delivered twice (nemesis seed 354129787). A checkpoint the old node
+// saved over since pins nothing (it may count as finished what the node
+// skipped as no longer its own): the catch-up routes the whole span.
+func TestCatchUpSkipsWhatThePinnedCheckpointSaysWasFinished(t *testing.T) {
+	for _, savedOver := range []bool{false, true} {
+		t.Run(fmt.Sprintf("saved_over=%v", savedOver), func(t *testing.T) {
+			r, js := testRouter(t, "n1")
+			ctx := context.Background()
+			var err error
+			if r.reg, err = kvbinding.OpenRegistry(ctx, js, kvbinding.RegistryConfig{}, nil); err != nil {
+				t.Fatal(err)
+			}
+			r.eng.cfg.holds = true
+			for range 6 {
+				m := &nats.Msg{Subject: "jms.x", Header: nats.Header{DefaultGroupHeader: {"g"}}}
+				if _, err := js.PublishMsg(ctx, m); err != nil {
+					t.Fatal(err)
+				}
+			}
+			r.eng.resume = resumePoint{ckpt: kvbinding.Checkpoint{Next: 7}} // the lane reads from 7
+			if err := r.reg.SaveCheckpoint(ctx, "n9", kvbinding.Checkpoint{Next: 7, Pending: [][2]uint64{{2, 2}, {5, 5}}}); err != nil {
+				t.Fatal(err)
+			}
+			_, rev, _, err := r.reg.LoadCheckpointRev(ctx, "n9")
+			if err != nil {
+				t.Fatal(err)
+			}
+			want := "[2 5]"
+			if savedOver {
+				if err := r.reg.SaveCheckpoint(ctx, "n9", kvbinding.Checkpoint{Next: 7}); err != nil {
+					t.Fatal(err)
+				}
+				want = "[2 3 4 5 6]"
+			}
+			drain := record(t, r, kvbinding.Binding{Group: "g", State: kvbinding.StateBound, Node: "n1", FromSeq: 2, PrevNode: "n9",
+				Step: kvbinding.StepDrain, Drain: []string{"n9"}, Reason: "node n9 gone", Ckpt: rev, Revision: 7})
+			if err := r.stage(ctx, map[string]kvbinding.Binding{"g": drain}); err != nil {
+				t.Fatal(err)
+			}
+			s := r.duties.stagedOf("g", drain.Epoch)
+			if s == nil || fmt.Sprint(stagedSeqs(s, 2, 7)) != want {
+				t.Fatalf("staged %+v, want %s", s, want)
+			}
+			r.duties = newDutyQueue() // restarted: the catch-up stages again, then reads the ingress
+			route := record(t, r, kvbinding.Binding{Group: "g", State: kvbinding.StateBound, Node: "n1", FromSeq: 2, PrevNode: "n9",
+				Step: kvbinding.StepCatchUp, Ckpt: rev, Revision: 8, Epoch: 7})
+			if _, err := r.catchUp(ctx, map[string]kvbinding.Binding{"g": route}); err != nil {
+				t.Fatal(err)
+			}
+			if got := queuedSeqs(t, js, "n1"); fmt.Sprint(got) != want {
+				t.Errorf("n1's queue holds %v, want %s", got, want)
+			}
+			if n := heldOn(t, js, "n1"); n != 0 {
+				t.Errorf("n1's held subject still holds %d messages", n)
+			}
+		})
+	}
+}

@@ -186,9 +186,9 @@ type simRelease struct {
 type simStats struct {
 	seeds, messages, consumed, deadLettered, copies, caughtUp uint64
 	// staged: catch-up messages staged on a held subject (stage.go).
-	staged                                                uint64
+	staged                                  uint64
 	excusedWindow, excusedDrain, excusedDLQ uint64
-	redeliveries                                          uint64
+	redeliveries                            uint64
 	// partitions: links black-holed; held: deliveries they held until the
 	// heal; lapses: handlers that stopped deciding by their own clock.
 	partitions, held, lapses          uint64

@@ -565,9 +565,10 @@ func (h *simHandler) evacuate(node string, groups []string, reason string) {
 			finish() // cannot read the checkpoint; will retry
 			return
 		}
-		var fence uint64
+		var fence, ckpt uint64
+		var caught map[string]uint64
 		if c, ok := w.reg.ckpt[node]; ok {
-			fence = c.Start()
+			fence, caught, ckpt = c.Start(), c.Caught, w.reg.ckptRev[node]
 		}
 		if all {
 			groups = h.host.cache.groupsOf(node)
@@ -597,7 +598,8 @@ func (h *simHandler) evacuate(node string, groups []string, reason string) {
 			}
 			target := proposals.PickTarget(live, g, current)
 			snapshot := maps.Clone(live)
-			in := proposals.Input{Op: proposals.OpEvacuate, By: h.id, From: node, Node: target, Seq: fence, Reason: reason}
+			in := proposals.Input{Op: proposals.OpEvacuate, By: h.id, From: node, Node: target, Seq: fence, Routed: caught[g],
+				Ckpt: ckpt, Reason: reason}
 			left++
 			g := g
 			w.after(w.between(0, time.Millisecond), func() { h.apply(g, in, snapshot, one) })

@@ -670,11 +670,15 @@ func (n *simNode) catchUpFrom(routes map[string]kvbinding.Binding, done func(map
 			return
 		}
 		byGroup := map[string][]simPub{}
+		pins := w.reg.pinnedCheckpoints(routes)
 		for seq := lo; lo != 0 && seq < hi && seq <= uint64(len(w.ingress)); seq++ {
 			m := w.ingress[seq-1]
 			s, ok := spans[m.group]
 			if !ok || seq < s.from || seq >= s.until {
 				continue
+			}
+			if c, ok := pins[m.group]; ok && c.Done(seq) {
+				continue // the old node finished it
 			}
 			if m.invalid != "" {
 				// The ungrouped binding's takeover dead-letters it (classify).
@@ -730,12 +734,30 @@ func (n *simNode) catchUpFrom(routes map[string]kvbinding.Binding, done func(map
 				if p.origin != nil {
 					n.moving[p.seq] = true // moveGroup's window
 				}
-				n.publishSync(p, canceled, func(_ uint64, err error) {
+				n.publishSync(p, canceled, func(sseq uint64, err error) {
 					if err != nil && failed == nil {
 						failed = err
 					}
 					if err != nil {
 						i = len(msgs)
+					}
+					if err == nil && p.origin == nil && p.kind == simCaught {
+						// takeLateCopy: a duplicate of this node's staged
+						// copy (staged by a drain step this incarnation does
+						// not remember) is moved onto the queue now.
+						if c := w.q.all[sseq-1]; c.node == simHeld(n.id) && !c.removed && c.seq == p.seq {
+							n.logf("catch-up: seq %d of %q has a staged copy %v: moved onto the queue", p.seq, g, c)
+							n.moveGroup(g, []simFound{{e: c, from: n.id, held: true}}, routes[g], canceled, func(_ int, err error) {
+								if err != nil {
+									if failed == nil {
+										failed = err
+									}
+									i = len(msgs)
+								}
+								next()
+							})
+							return
+						}
 					}
 					if err != nil || p.origin == nil {
 						next()

@@ -886,7 +886,7 @@ func (n *simNode) checkpointTick() {
 		}
 		ok := !w.chance(w.p.pKVFail)
 		if ok {
-			w.reg.ckpt[n.id] = c
+			w.reg.saveCheckpoint(n.id, c)
 		}
 		w.hop(n.id, w.lat(), func() {
 			n.ckptBusy = false
@@ -997,7 +997,7 @@ func (n *simNode) stop(then func()) {
 		c := n.eng.track.checkpoint()
 		w.hop(n.id, w.lat(), func() {
 			if c.Next > 0 && !w.chance(w.p.pKVFail) {
-				w.reg.ckpt[n.id] = c
+				w.reg.saveCheckpoint(n.id, c)
 			}
 			w.hop(n.id, w.lat(), func() {
 				if !w.chance(w.p.pKVFail) {

@@ -73,11 +73,15 @@ func (n *simNode) stage(routes map[string]kvbinding.Binding, done func(error)) {
 			return
 		}
 		byGroup := map[string][]simPub{}
+		pins := w.reg.pinnedCheckpoints(routes)
 		for seq := lo; seq < hi && seq <= uint64(len(w.ingress)); seq++ {
 			m := w.ingress[seq-1]
 			s, ok := spans[m.group]
 			if !ok || m.invalid != "" || seq < s.from || seq >= s.until {
 				continue
+			}
+			if c, ok := pins[m.group]; ok && c.Done(seq) {
+				continue // the old node finished it
 			}
 			byGroup[m.group] = append(byGroup[m.group], simPub{node: simHeld(n.id), seq: seq, group: m.group, id: simIngressID(seq), kind: simStaged, epoch: routes[m.group].Epoch})
 		}

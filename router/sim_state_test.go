@@ -289,10 +289,41 @@ type simRegistry struct {
 	live map[string]simLiveRec
 	log  simLog[simRegEntry]
 	ckpt map[string]kvbinding.Checkpoint
+	// ckptRev: each checkpoint's revision (the bucket keeps one per key);
+	// revs counts the saves.
+	ckptRev map[string]uint64
+	revs    uint64
 }
 
 func newSimRegistry(w *simWorld) *simRegistry {
-	return &simRegistry{w: w, live: map[string]simLiveRec{}, log: simLog[simRegEntry]{w: w}, ckpt: map[string]kvbinding.Checkpoint{}}
+	return &simRegistry{w: w, live: map[string]simLiveRec{}, log: simLog[simRegEntry]{w: w}, ckpt: map[string]kvbinding.Checkpoint{},
+		ckptRev: map[string]uint64{}}
+}
+
+// saveCheckpoint is Registry.SaveCheckpoint.
+func (r *simRegistry) saveCheckpoint(node string, c kvbinding.Checkpoint) {
+	r.revs++
+	r.ckpt[node], r.ckptRev[node] = c, r.revs
+}
+
+// checkpointAt is Registry.LoadCheckpointAt: node's checkpoint while it is
+// still the one saved at rev.
+func (r *simRegistry) checkpointAt(node string, rev uint64) (kvbinding.Checkpoint, bool) {
+	if rev == 0 || r.ckptRev[node] != rev {
+		return kvbinding.Checkpoint{}, false
+	}
+	return r.ckpt[node], true
+}
+
+// pinnedCheckpoints is Router.pinnedCheckpoints.
+func (r *simRegistry) pinnedCheckpoints(routes map[string]kvbinding.Binding) map[string]kvbinding.Checkpoint {
+	pins := map[string]kvbinding.Checkpoint{}
+	for g, route := range routes {
+		if c, ok := r.checkpointAt(route.PrevNode, route.Ckpt); ok && route.PrevNode != "" {
+			pins[g] = c
+		}
+	}
+	return pins
 }
 
 // announce stores node's liveness record (TTL: kvbinding.NodeTTL, whole

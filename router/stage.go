@@ -155,11 +155,18 @@ func (r *Router) stage(ctx context.Context, routes map[string]kvbinding.Binding)
 	}
 	byGroup := map[string][]*nats.Msg{}
 	rest := map[string]map[uint64]*nats.Msg{}
-	err := r.readIngress(ctx, lo, hi, func(seq uint64, msg jetstream.Msg) {
+	pins, err := r.pinnedCheckpoints(ctx, routes)
+	if err != nil {
+		return err
+	}
+	err = r.readIngress(ctx, lo, hi, func(seq uint64, msg jetstream.Msg) {
 		g, invalid := r.classify(msg.Headers(), msg.Subject())
 		s, ok := spans[g]
 		if !ok || invalid != "" || seq < s.from || seq >= s.until {
 			return
+		}
+		if c, ok := pins[g]; ok && c.Done(seq) {
+			return // the old node finished it (Binding.Ckpt)
 		}
 		out := prepare(seq, msg.Headers(), msg.Data())
 		out.Header.Set(jetstream.ExpectedStreamHeader, QueueStream)

@@ -116,14 +116,4 @@ type resumePoint struct {
 func (r resumePoint) start() uint64 { return r.ckpt.Start() }
 
 // done reports whether seq was finished before the checkpoint was taken.
-func (r resumePoint) done(seq uint64) bool {
-	if seq >= r.ckpt.Next {
-		return false
-	}
-	for _, p := range r.ckpt.Pending {
-		if seq >= p[0] && seq <= p[1] {
-			return false
-		}
-	}
-	return true
-}
+func (r resumePoint) done(seq uint64) bool { return r.ckpt.Done(seq) }
