@@ -677,21 +677,13 @@ func (r *Registry) LoadCheckpointRev(ctx context.Context, node string) (Checkpoi
 }
 
 // LoadCheckpointAt returns the node's checkpoint stored at KV revision rev,
-// and false when the bucket no longer holds that revision (the node saved
-// another since: the bucket keeps one) or it is not the node's.
+// and false when it is no longer the stored one (the node saved another
+// since: the bucket keeps one per key). It reads the key's last value, as
+// LoadCheckpoint does (the one read a node's permissions grant on another
+// node's checkpoint key).
 func (r *Registry) LoadCheckpointAt(ctx context.Context, node string, rev uint64) (Checkpoint, bool, error) {
-	e, err := r.kv.GetRevision(ctx, ckptPrefix+node, rev)
-	if err != nil {
-		if errors.Is(err, jetstream.ErrKeyNotFound) || errors.Is(err, jetstream.ErrKeyDeleted) {
-			return Checkpoint{}, false, nil
-		}
-		return Checkpoint{}, false, fmt.Errorf("kvbinding: load checkpoint %s at %d: %w", node, rev, err)
-	}
-	if e.Key() != ckptPrefix+node || e.Operation() != jetstream.KeyValuePut {
-		return Checkpoint{}, false, nil
-	}
-	c, err := decodeCheckpoint(node, e.Value())
-	if err != nil {
+	c, at, ok, err := r.LoadCheckpointRev(ctx, node)
+	if err != nil || !ok || at != rev {
 		return Checkpoint{}, false, err
 	}
 	return c, true, nil

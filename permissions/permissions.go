@@ -464,6 +464,15 @@ func (l Layout) node(node string, handler bool) User {
 		l.kvGet(nodes, kvbinding.CheckpointKey(node), "load its checkpoint"),
 		l.kvGet(nodes, kvbinding.FloorKey, "read the routing floor (where to start without a checkpoint)"),
 	)
+	for _, n := range l.Nodes {
+		if n != node {
+			why := "take a gone node's groups over without routing again what its checkpoint says it finished"
+			if handler {
+				why = "fence a gone node's groups from its checkpoint; the routing floor; " + why
+			}
+			pub = append(pub, l.kvGet(nodes, kvbinding.CheckpointKey(n), why)...)
+		}
+	}
 	for _, s := range streams() {
 		pub = append(pub, l.api("STREAM.INFO."+s, "check the layout; stream bounds")...)
 	}
@@ -534,11 +543,6 @@ func (l Layout) handlerPublish(node string) []Grant {
 		l.api("CONSUMER.CREATE."+kvStream(nodes)+".*."+kvSubject(nodes, kvbinding.LeaseKey(l.Name)), "watch the lease: create the watcher"),
 		[]Grant{{"$JS.FC." + kvStream(nodes) + ".>", "flow control replies of the lease watcher"}},
 	)
-	for _, n := range l.Nodes {
-		if n != node {
-			pub = append(pub, l.kvGet(nodes, kvbinding.CheckpointKey(n), "fence a gone node's groups from its checkpoint; the routing floor")...)
-		}
-	}
 	// Pausing and resuming queues (one API subject) is every node's right.
 	pub = append(pub, Grant{proposals.SubjectHandlerPrefix + l.Name + ".ping", "a standby probes the active handler"})
 	for _, k := range HandlerEvents {

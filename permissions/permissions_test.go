@@ -171,13 +171,20 @@ func roleChecks() []check {
 		js("STREAM.MSG.GET."+q), js("DIRECT.GET."+q), router.QueueSubject("n1", "jms.x"), "jms.orders", proposals.SubjectAdmin)
 
 	// Every node: routing, its own liveness and checkpoint, its own
-	// proposals, the layout read-only.
+	// proposals, the layout read-only; it reads every node's checkpoint
+	// (a take-over skips what the old node's says it finished), writes
+	// only its own.
 	for _, n := range []string{"n0", "n1", "n2"} {
 		u := "node-" + n
+		other := "n0"
+		if n == "n0" {
+			other = "n2"
+		}
 		add(u, pub, true, router.QueueSubject("n0", "jms.x"), router.QueueSubject("n2", "jms.x"), router.DeadLetterSubjectPrefix+"jms.x",
 			router.DeadLetterTooLong, proposals.ProposeSubject(n),
 			kvSubj(nb, kvbinding.LiveKey(n)), kvSubj(nb, kvbinding.CheckpointKey(n)),
 			js("DIRECT.GET.KV_"+nb+"."+kvSubj(nb, kvbinding.CheckpointKey(n))),
+			js("DIRECT.GET.KV_"+nb+"."+kvSubj(nb, kvbinding.CheckpointKey(other))),
 			js("CONSUMER.CREATE."+q+"."+router.QueueConsumer(n)+"."+router.QueueFilter(n)),
 			js("CONSUMER.INFO."+q+"."+router.QueueConsumer("n0")), js("CONSUMER.INFO."+q+"."+router.QueueConsumer("n2")),
 			js("STREAM.MSG.GET."+q), js("STREAM.MSG.DELETE."+q), js("STREAM.MSG.GET.KV_"+b))
@@ -198,7 +205,8 @@ func roleChecks() []check {
 		add(u, pub, true, ordered("KV_"+b, kvSubj(b, ">"))...)
 		add(u, pub, true, ordered("KV_"+nb, kvSubj(nb, kvbinding.LiveKey(">")))...)
 		add(u, pub, false, proposals.ProposeSubject("n3"), "jms.orders", proposals.SubjectAdmin,
-			kvSubj(nb, kvbinding.LiveKey("n3")), kvSubj(nb, kvbinding.CheckpointKey("n3")),
+			kvSubj(nb, kvbinding.LiveKey("n3")), kvSubj(nb, kvbinding.CheckpointKey("n3")), kvSubj(nb, kvbinding.CheckpointKey(other)),
+			js("DIRECT.GET.KV_"+nb+"."+kvSubj(nb, kvbinding.CheckpointKey("n3"))),
 			js("CONSUMER.MSG.NEXT."+q+"."+router.QueueConsumer(n)), js("CONSUMER.MSG.NEXT."+q+"."+router.QueueConsumer("n3")),
 			js("CONSUMER.CREATE."+q+"."+router.QueueConsumer(n)), js("CONSUMER.CREATE."+q+"."+router.QueueConsumer(n)+".grouping.queue.n3.>"),
 			js("CONSUMER.CREATE."+q+"."+router.QueueConsumer("n3")+"."+router.QueueFilter("n3")),
@@ -208,16 +216,11 @@ func roleChecks() []check {
 	// LOCAL nodes: the handler; REMOTE node n2: none of it.
 	for _, n := range []string{"n0", "n1", "n2"} {
 		u, local := "node-"+n, n != "n2"
-		other := "n2" // a node whose checkpoint u reads only as a handler
-		if !local {
-			other = "n0"
-		}
 		for _, k := range HandlerEvents {
 			add(u, pub, local, proposals.SubjectEventsPrefix+k)
 		}
 		add(u, pub, local, kvSubj(b, "r.order-42"), kvSubj(nb, kvbinding.LeaseKey("grouping-handler")),
 			js("DIRECT.GET.KV_"+b+"."+kvSubj(b, "r.order-42")),
-			js("DIRECT.GET.KV_"+nb+"."+kvSubj(nb, kvbinding.CheckpointKey(other))),
 			proposals.SubjectHandlerPrefix+"grouping-handler.ping",
 			"_INBOX.node-n2.Zx.1", "_INBOX.operator.Zx", "_INBOX.Zx.1", "$JS.FC.KV_"+nb+".x.1")
 		add(u, pub, false, proposals.SubjectHandlerPrefix+"other.ping", js("CONSUMER.PAUSE."+q+"."+router.QueueConsumer("n3")))

@@ -1245,9 +1245,7 @@ func (r *Router) catchUp(ctx context.Context, routes map[string]kvbinding.Bindin
 	}
 	var pins map[string]kvbinding.Checkpoint
 	if lo != 0 {
-		if pins, err = r.pinnedCheckpoints(ctx, routes); err != nil {
-			return nil, err
-		}
+		pins = r.pinnedCheckpoints(ctx, routes)
 	}
 	err = r.readIngressSpan(ctx, lo, hi, func(seq uint64, msg jetstream.Msg) {
 		g, invalid := r.classify(msg.Headers(), msg.Subject())
@@ -1379,9 +1377,9 @@ func (r *Router) catchUp(ctx context.Context, routes map[string]kvbinding.Bindin
 // server restart). A revision the bucket no longer holds (the old node came
 // back and saved another, which may count as finished messages it skipped
 // as no longer its own) pins nothing.
-func (r *Router) pinnedCheckpoints(ctx context.Context, routes map[string]kvbinding.Binding) (map[string]kvbinding.Checkpoint, error) {
+func (r *Router) pinnedCheckpoints(ctx context.Context, routes map[string]kvbinding.Binding) map[string]kvbinding.Checkpoint {
 	if r.reg == nil {
-		return nil, nil
+		return nil
 	}
 	type at struct {
 		node string
@@ -1397,10 +1395,15 @@ func (r *Router) pinnedCheckpoints(ctx context.Context, routes map[string]kvbind
 		c, done := read[k]
 		if !done {
 			got, ok, err := r.reg.LoadCheckpointAt(ctx, k.node, k.rev)
-			if err != nil && !errors.Is(err, kvbinding.ErrInvalidCheckpoint) {
-				return nil, err
-			}
-			if ok && err == nil {
+			switch {
+			case err != nil:
+				// Unreadable (an older node's permissions, a transient
+				// failure): the take-over routes again from the start,
+				// as before checkpoints were pinned; the window drops
+				// what it still knows.
+				r.log.Info("hand-over: the old node's checkpoint cannot be read; the take-over routes from its start",
+					"node", k.node, "revision", k.rev, "err", err)
+			case ok:
 				c = &got
 			}
 			read[k] = c
@@ -1411,7 +1414,7 @@ func (r *Router) pinnedCheckpoints(ctx context.Context, routes map[string]kvbind
 			pins[g] = *c
 		}
 	}
-	return pins, nil
+	return pins
 }
 
 // takeLateCopy is called when the queue stream took a catch-up publish of

@@ -155,11 +155,8 @@ func (r *Router) stage(ctx context.Context, routes map[string]kvbinding.Binding)
 	}
 	byGroup := map[string][]*nats.Msg{}
 	rest := map[string]map[uint64]*nats.Msg{}
-	pins, err := r.pinnedCheckpoints(ctx, routes)
-	if err != nil {
-		return err
-	}
-	err = r.readIngress(ctx, lo, hi, func(seq uint64, msg jetstream.Msg) {
+	pins := r.pinnedCheckpoints(ctx, routes)
+	err := r.readIngress(ctx, lo, hi, func(seq uint64, msg jetstream.Msg) {
 		g, invalid := r.classify(msg.Headers(), msg.Subject())
 		s, ok := spans[g]
 		if !ok || invalid != "" || seq < s.from || seq >= s.until {
