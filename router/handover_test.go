@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -919,51 +920,33 @@ func TestDrainDeletesAnOriginalWhoseEarlierCopyWasProcessed(t *testing.T) {
 	}
 }
 
-// A mover's copy found with its original on the drained queues is moved
-// once, after the original is deleted: the successor's copy of the
-// original is a duplicate of it.
+// An earlier mover's copy of an original (queue sequence 1) is moved here
+// once, and both it and the original are deleted: found with the original
+// on the drained queues (n8's, moved in its turn once the successor's copy
+// of the original turned out a duplicate of it), or on a queue the drain
+// does not read, where it landed after the drain looked (n7's, moved here
+// before the original is deleted).
 func TestDrainMovesAnEarlierMoversCopyOnce(t *testing.T) {
-	r, js := testRouter(t, "n1")
-	ctx := context.Background()
-	publishQueued(t, js, "n9", "g", 5) // queue sequence 1
-	publishCopy(t, js, "n8", "g", 5, 1)
-	publishQueued(t, js, "n9", "g", 6)
-	route := record(t, r, kvbinding.Binding{Group: "g", State: kvbinding.StateBound, Node: "n1", FromSeq: 7, PrevNode: "n8",
-		Step: kvbinding.StepDrain, Drain: []string{"n9", "n8"}, Revision: 9})
-	if _, err := r.drainQueues(ctx, map[string]kvbinding.Binding{"g": route}, nil); err != nil {
-		t.Fatal(err)
-	}
-	if got := queuedSeqs(t, js, "n1"); fmt.Sprint(got) != "[5 6]" {
-		t.Errorf("n1's queue holds %v, want [5 6]", got)
-	}
-	for _, n := range []string{"n8", "n9"} {
-		if got := queuedSeqs(t, js, n); len(got) != 0 {
-			t.Errorf("%s's queue still holds %v", n, got)
-		}
-	}
-}
-
-// An earlier mover's copy that landed after the drain looked (on a queue
-// the drain does not read) is moved here before the original is deleted,
-// and the message is stored here once.
-func TestDrainMovesALateCopyOfAnOriginalFirst(t *testing.T) {
-	r, js := testRouter(t, "n1")
-	ctx := context.Background()
-	publishQueued(t, js, "n9", "g", 5) // queue sequence 1
-	publishCopy(t, js, "n7", "g", 5, 1)
-	publishQueued(t, js, "n9", "g", 6)
-	route := record(t, r, kvbinding.Binding{Group: "g", State: kvbinding.StateBound, Node: "n1", FromSeq: 7, PrevNode: "n9",
-		Step: kvbinding.StepDrain, Drain: []string{"n9"}, Revision: 9})
-	if _, err := r.drainQueues(ctx, map[string]kvbinding.Binding{"g": route}, nil); err != nil {
-		t.Fatal(err)
-	}
-	if got := queuedSeqs(t, js, "n1"); fmt.Sprint(got) != "[5 6]" {
-		t.Errorf("n1's queue holds %v, want [5 6]", got)
-	}
-	for _, n := range []string{"n7", "n9"} {
-		if got := queuedSeqs(t, js, n); len(got) != 0 {
-			t.Errorf("%s's queue still holds %v", n, got)
-		}
+	for _, tc := range []struct{ copyOn, drain string }{{"n8", "n9,n8"}, {"n7", "n9"}} {
+		t.Run(tc.copyOn, func(t *testing.T) {
+			r, js := testRouter(t, "n1")
+			publishQueued(t, js, "n9", "g", 5) // queue sequence 1
+			publishCopy(t, js, tc.copyOn, "g", 5, 1)
+			publishQueued(t, js, "n9", "g", 6)
+			route := record(t, r, kvbinding.Binding{Group: "g", State: kvbinding.StateBound, Node: "n1", FromSeq: 7, PrevNode: "n9",
+				Step: kvbinding.StepDrain, Drain: strings.Split(tc.drain, ","), Revision: 9})
+			if _, err := r.drainQueues(context.Background(), map[string]kvbinding.Binding{"g": route}, nil); err != nil {
+				t.Fatal(err)
+			}
+			if got := queuedSeqs(t, js, "n1"); fmt.Sprint(got) != "[5 6]" {
+				t.Errorf("n1's queue holds %v, want [5 6]", got)
+			}
+			for _, n := range []string{tc.copyOn, "n9"} {
+				if got := queuedSeqs(t, js, n); len(got) != 0 {
+					t.Errorf("%s's queue still holds %v", n, got)
+				}
+			}
+		})
 	}
 }
 
