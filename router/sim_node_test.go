@@ -768,9 +768,25 @@ func (n *simNode) publish(a action) {
 	if n.w.tracing {
 		n.logf("publishes seq %d of %q to %q (dlq %v)", m.seq, ln.group, p.node, a.dlq)
 	}
-	n.send(p, func(_ uint64, err error) {
+	n.send(p, func(sseq uint64, err error) {
 		if n.w.tracing {
 			n.logf("publish of seq %d: %v", m.seq, err)
+		}
+		if err == nil && !a.dlq && !a.held && ln.group != "" {
+			// Router.laneDuplicate: a duplicate of this node's staged copy
+			// (a catch-up staged past where its lane took over after a
+			// restart) is moved onto the queue before the outcome counts
+			// (takeLaneLateCopy: only while the record names this node in
+			// the publish's epoch). The sim models no other late copy.
+			route, ok := n.cache.Lookup(ln.group)
+			if c := n.w.q.all[sseq-1]; ok && route.PrevNode != "" && route.PrevNode != n.id && route.Node == n.id &&
+				route.Epoch == p.epoch && c.node == simHeld(n.id) && !c.removed && c.seq == m.seq {
+				n.logf("lane: seq %d of %q has a staged copy %v: moved onto the queue", m.seq, ln.group, c)
+				n.moveGroup(ln.group, []simFound{{e: c, from: n.id, held: true}}, route, func() bool { return false }, func(_ int, err error) {
+					n.do(func(e *engine, now time.Time) { e.acked(ln, m, a.dlq, a.reason, err, 0, now) })
+				})
+				return
+			}
 		}
 		n.do(func(e *engine, now time.Time) { e.acked(ln, m, a.dlq, a.reason, err, 0, now) })
 	})
