@@ -1078,3 +1078,35 @@ func TestCatchUpSkipsWhatThePinnedCheckpointSaysWasFinished(t *testing.T) {
 		})
 	}
 }
+
+// A lane's publish that the queue stream takes for a duplicate of this
+// node's own staged copy (a restart left the catch-up's span short of what
+// the drain had staged, and the lane routes the rest) moves that copy onto
+// the queue: no consumer reads the held subject (the simulation's seed
+// 32443, where 30 and 31 stayed there).
+func TestLaneMovesItsOwnStagedCopy(t *testing.T) {
+	r, js := testRouter(t, "n0")
+	ctx := context.Background()
+	route := record(t, r, kvbinding.Binding{Group: "g", State: kvbinding.StateBound, Node: "n0", PrevNode: "n9", FromSeq: 1, Revision: 4})
+	staged := nats.NewMsg(HeldSubject("n0", "g", "jms.x"))
+	staged.Header.Set(DefaultGroupHeader, "g")
+	staged.Header.Set(HeaderIngressSeq, "3")
+	staged.Header.Set(jetstream.MsgIDHeader, IngressStream+":3")
+	ack, err := js.PublishMsg(ctx, staged)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sent := nats.NewMsg(QueueSubject("n0", "jms.x"))
+	sent.Header.Set(DefaultGroupHeader, "g")
+	sent.Header.Set(HeaderIngressSeq, "3")
+	epoch := []string{strconv.FormatUint(route.Epoch, 10)}
+	if err := r.takeLaneLateCopy(ctx, "g", sent, ack.Sequence, epoch); err != nil {
+		t.Fatal(err)
+	}
+	if got := queuedSeqs(t, js, "n0"); fmt.Sprint(got) != "[3]" {
+		t.Errorf("n0's queue holds %v, want [3]", got)
+	}
+	if n := heldOn(t, js, "n0"); n != 0 {
+		t.Errorf("n0's held subject still holds %d messages", n)
+	}
+}
