@@ -252,18 +252,6 @@ func (h *Handler) evacuate(ctx context.Context, node string, groups []string, re
 		fence, ckpt uint64
 		caught      map[string]uint64
 	)
-	if cause == causeNodeGone {
-		// The node may have announced itself again since this handler's
-		// view of the live set was taken (a link that healed): it then
-		// routes again once it caught up with the records stored before
-		// its announcement, and an evacuation written after that would
-		// overlap it. Its record is read again first; what remains is an
-		// announcement between this read and the write.
-		if _, _, found, err := h.reg.LiveRecord(ctx, node); err == nil && found {
-			h.log.Info("a gone node is live again: its groups stay", "node", node, "reason", reason)
-			return
-		}
-	}
 	c, rev, ok, err := h.reg.LoadCheckpointRev(ctx, node)
 	switch {
 	case err != nil && !errors.Is(err, kvbinding.ErrInvalidCheckpoint):

@@ -3,7 +3,6 @@ package router
 import (
 	"errors"
 	"maps"
-	"strings"
 	"time"
 
 	"github.com/grouprouter/grouprouter/kvbinding"
@@ -564,12 +563,6 @@ func (h *simHandler) evacuate(node string, groups []string, reason string) {
 		}
 		if w.chance(w.p.pKVFail) {
 			finish() // cannot read the checkpoint; will retry
-			return
-		}
-		if _, live := w.reg.live[node]; live && strings.HasPrefix(reason, "node "+node+" gone") {
-			// Handler.evacuate reads a gone node's liveness record again.
-			w.logf(h.host.id, "handler: %s is live again; its groups stay", node)
-			finish()
 			return
 		}
 		var fence, ckpt uint64
