@@ -176,6 +176,10 @@ func TestEvacuationAcrossAServerRestartStoresNothingTwice(t *testing.T) {
 	startNode(t, s.URL(), cfg("n1", router.Remote))
 	col := &timedCollector{}
 	startAppConsumer(t, s.URL(), "n1", col)
+	// The evacuation's target is the node with a consumer: n1 once the
+	// registry says so (under load its announcement can come after the 2 s
+	// grace, and the group then went to n0, which has none).
+	waitEligible(t, s.Connect(), []string{"n0", "n1", "n9"}, []string{"n1"})
 	crash(t, n9)
 	sendBatch(t, js, g, "after", 2, map[string][]string{})
 	want := map[string][]string{g: {g + "/before-002", g + "/before-003", g + "/after-000", g + "/after-001"}}
