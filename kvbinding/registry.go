@@ -162,6 +162,9 @@ type Registry struct {
 	// returned is when each node that had been live and gone entered the
 	// live set again (this process's clock).
 	returned map[string]time.Time
+	// rev is the revision of each node's last announcement this process
+	// received, kept after the node is gone.
+	rev      map[string]uint64
 	expires  map[string]time.Time // local time after which to check that a node's record expired
 	ready    chan struct{}
 	once     sync.Once
@@ -213,7 +216,7 @@ func OpenRegistry(ctx context.Context, js jetstream.JetStream, cfg RegistryConfi
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Registry{js: js, kv: kv, bucket: cfg.Bucket, live: map[string]NodeInfo{}, seen: map[string]time.Time{}, lastSeen: map[string]time.Time{}, returned: map[string]time.Time{}, expires: map[string]time.Time{},
+	return &Registry{js: js, kv: kv, bucket: cfg.Bucket, live: map[string]NodeInfo{}, seen: map[string]time.Time{}, lastSeen: map[string]time.Time{}, returned: map[string]time.Time{}, rev: map[string]uint64{}, expires: map[string]time.Time{},
 		ready: make(chan struct{}), onChange: onChange, log: log}, nil
 }
 
@@ -318,6 +321,15 @@ func (r *Registry) Returned(node string) time.Time {
 	r.mu.RLock()
 	defer r.mu.RUnlock()
 	return r.returned[node]
+}
+
+// SeenRevision returns the revision of node's last announcement this
+// process received (also after the node is gone), or 0. A liveness record
+// stored at a later revision is an announcement it has not seen yet.
+func (r *Registry) SeenRevision(node string) uint64 {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	return r.rev[node]
 }
 
 // Ready is closed once the registry has loaded the nodes announced when
@@ -427,6 +439,7 @@ func (r *Registry) apply(key string, op entryOp, value []byte, rev uint64) {
 			r.live[node] = info
 			r.seen[node] = now
 			r.lastSeen[node] = now
+			r.rev[node] = max(r.rev[node], rev)
 			if info.TTL > 0 {
 				r.expires[node] = now.Add(info.TTL + expirySlack)
 			} else {

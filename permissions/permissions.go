@@ -543,6 +543,11 @@ func (l Layout) handlerPublish(node string) []Grant {
 		l.api("CONSUMER.CREATE."+kvStream(nodes)+".*."+kvSubject(nodes, kvbinding.LeaseKey(l.Name)), "watch the lease: create the watcher"),
 		[]Grant{{"$JS.FC." + kvStream(nodes) + ".>", "flow control replies of the lease watcher"}},
 	)
+	for _, n := range l.Nodes {
+		if n != node {
+			pub = append(pub, l.kvGet(nodes, kvbinding.LiveKey(n), "read a gone node's liveness record again before evacuating it")...)
+		}
+	}
 	// Pausing and resuming queues (one API subject) is every node's right.
 	pub = append(pub, Grant{proposals.SubjectHandlerPrefix + l.Name + ".ping", "a standby probes the active handler"})
 	for _, k := range HandlerEvents {

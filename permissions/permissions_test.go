@@ -221,6 +221,7 @@ func roleChecks() []check {
 		}
 		add(u, pub, local, kvSubj(b, "r.order-42"), kvSubj(nb, kvbinding.LeaseKey("grouping-handler")),
 			js("DIRECT.GET.KV_"+b+"."+kvSubj(b, "r.order-42")),
+			js("DIRECT.GET.KV_"+nb+"."+kvSubj(nb, kvbinding.LiveKey(map[string]string{"n0": "n2", "n1": "n2", "n2": "n0"}[n]))),
 			proposals.SubjectHandlerPrefix+"grouping-handler.ping",
 			"_INBOX.node-n2.Zx.1", "_INBOX.operator.Zx", "_INBOX.Zx.1", "$JS.FC.KV_"+nb+".x.1")
 		add(u, pub, false, proposals.SubjectHandlerPrefix+"other.ping", js("CONSUMER.PAUSE."+q+"."+router.QueueConsumer("n3")))

@@ -112,7 +112,7 @@ func (h *Handler) DecideAll(ctx context.Context, req Request) []Decision {
 		plans = append(plans, planned{i: i, cur: cur, res: res, reserved: reserved})
 		ps = append(ps, p)
 	}
-	for k, d := range h.writeAll(ctx, plans, ps) {
+	for k, d := range h.writeAll(ctx, plans, ps, nil) {
 		out[plans[k].i] = d
 	}
 	h.decisions.Add(uint64(len(req.Proposals)))
@@ -124,7 +124,9 @@ func (h *Handler) DecideAll(ctx context.Context, req Request) []Decision {
 
 // writeAll carries out planned decisions: the queues to pause first, then
 // every record write in one pipelined round. ps[k] is plans[k]'s proposal.
-func (h *Handler) writeAll(ctx context.Context, plans []planned, ps []Proposal) []Decision {
+// guard, if not nil, is asked after the pauses and just before the
+// writes: an error fails every write (nothing is written).
+func (h *Handler) writeAll(ctx context.Context, plans []planned, ps []Proposal, guard func(context.Context) error) []Decision {
 	out := make([]Decision, len(plans))
 	paused := map[string]error{}
 	// Presized: a Write holds a whole binding, and growing the slice
@@ -196,6 +198,15 @@ func (h *Handler) writeAll(ctx context.Context, plans []planned, ps []Proposal) 
 		}
 		writes = append(writes, w)
 		at = append(at, k)
+	}
+	if len(writes) > 0 && guard != nil {
+		if err := guard(ctx); err != nil {
+			for _, k := range at {
+				h.unreserve(plans[k], ps[k].Group)
+				out[k] = Decision{Group: ps[k].Group, Outcome: Failed, Error: err.Error()}
+			}
+			return out
+		}
 	}
 	if len(writes) > 0 {
 		// A new bound group's record goes into the cache as soon as it
@@ -333,7 +344,7 @@ func (h *Handler) apply(ctx context.Context, group string, in Input, live map[st
 		h.metrics.decided(in.Op, res.Outcome)
 		return res, kvbinding.Binding{}, nil
 	}
-	d := h.writeAll(ctx, []planned{{cur: cur, res: res, cause: cause}}, []Proposal{{Op: in.Op, Group: group}})[0]
+	d := h.writeAll(ctx, []planned{{cur: cur, res: res, cause: cause}}, []Proposal{{Op: in.Op, Group: group}}, nil)[0]
 	h.metrics.decided(in.Op, d.Outcome)
 	if d.Outcome != Accepted {
 		return res, kvbinding.Binding{}, fmt.Errorf("%w: %s", ErrHandlerFailed, d.Error)

@@ -2,7 +2,9 @@ package proposals
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
 	"testing"
 	"time"
@@ -16,7 +18,8 @@ import (
 // TestEvacuationNamesLongIDs: the cache keeps no settled long id, so the
 // evacuation of a gone node reads the ids of its long groups back from
 // their records: every group of the node, long or short, is moved off it,
-// and the records written name the full ids.
+// and the records written name the full ids. While n1 is live, its groups
+// stay.
 func TestEvacuationNamesLongIDs(t *testing.T) {
 	s := natstest.RunServer(t)
 	env := startHandler(t, s, "n2", liveNodes)
@@ -46,6 +49,37 @@ func TestEvacuationNamesLongIDs(t *testing.T) {
 		}
 		return nil
 	})
+	// A guard that fails (stillGone: the node announced itself again)
+	// fails every write, after the pauses: nothing is written.
+	live := h.liveState()
+	delete(live, "n1")
+	written, failed := h.applyMany(ctx, groups[:2], []Input{{Op: OpEvacuate, By: h.id, From: "n1", Node: "n2", Seq: 1, Reason: "guarded"},
+		{Op: OpEvacuate, By: h.id, From: "n1", Node: "n2", Seq: 1, Reason: "guarded"}}, live, causeNodeGone,
+		func(context.Context) error { return errAnnouncedAgain })
+	if written != 0 || failed != 2 {
+		t.Fatalf("a failing guard: %d written, %d failed, want 0 and 2", written, failed)
+	}
+	for _, g := range groups[:2] {
+		if r, err := st.Get(ctx, g); err != nil || r.Reason == "guarded" {
+			t.Fatalf("%.12s written although the guard failed: %+v %v", g, r, err)
+		}
+	}
+	// n1 is live: its groups stay.
+	h.evacuate(ctx, "n1", nil, "test: n1 gone", causeNodeGone)
+	for _, g := range groups {
+		if r, err := st.Get(ctx, g); err != nil || r.Reason == "test: n1 gone" {
+			t.Fatalf("%.12s evacuated from n1, which is live: %+v %v", g, r, err)
+		}
+	}
+	if err := h.reg.Withdraw(ctx, "n1"); err != nil {
+		t.Fatal(err)
+	}
+	natstest.Eventually(t, 5*time.Second, func() error {
+		if _, live := h.liveState()["n1"]; live {
+			return natstest.ErrNotYet
+		}
+		return nil
+	})
 	h.evacuate(ctx, "n1", nil, "test: n1 gone", causeNodeGone)
 	for _, g := range groups {
 		r, err := st.Get(ctx, g)
@@ -55,5 +89,55 @@ func TestEvacuationNamesLongIDs(t *testing.T) {
 		if r.Group != g || (r.Settled() && r.Node == "n1") {
 			t.Fatalf("%.12s is still on n1 after the evacuation: %+v", g, r)
 		}
+	}
+}
+
+// TestStillGone: before an evacuation of a gone node is written, the
+// node's liveness record is read again. A record at the revision the
+// handler had seen when it decided is the lapsed one (a replica that has
+// not expired it yet): the node is still gone. A record stored since is
+// an announcement (a link that healed): the evacuation is not written. No
+// record: gone.
+func TestStillGone(t *testing.T) {
+	s := natstest.RunServer(t)
+	nc := s.Connect()
+	js, _ := jetstream.New(nc)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	reg, err := kvbinding.OpenRegistry(ctx, js, kvbinding.RegistryConfig{}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := reg.Announce(ctx, kvbinding.NodeInfo{Node: "n1", HasConsumer: true}, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = reg.Run(ctx) }()
+	<-reg.Ready()
+	_, seen, _, err := reg.LiveRecord(ctx, "n1")
+	if err != nil || seen == 0 || reg.SeenRevision("n1") != seen {
+		t.Fatalf("the registry saw revision %d of n1's record, stored at %d (%v)", reg.SeenRevision("n1"), seen, err)
+	}
+	h := &Handler{reg: reg, log: slog.New(slog.DiscardHandler)}
+
+	if err := h.stillGone(ctx, "n1", seen); err != nil {
+		t.Fatalf("the record the handler had seen: %v, want the node still gone", err)
+	}
+	if err := reg.Announce(ctx, kvbinding.NodeInfo{Node: "n1", HasConsumer: true}, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.stillGone(ctx, "n1", seen); !errors.Is(err, errAnnouncedAgain) {
+		t.Fatalf("after a new announcement: %v, want %v", err, errAnnouncedAgain)
+	}
+	natstest.Eventually(t, 5*time.Second, func() error {
+		if reg.SeenRevision("n1") <= seen {
+			return natstest.ErrNotYet
+		}
+		return nil
+	})
+	if err := reg.Withdraw(ctx, "n1"); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.stillGone(ctx, "n1", seen); err != nil {
+		t.Fatalf("no record: %v, want the node gone", err)
 	}
 }

@@ -169,7 +169,7 @@ func (h *Handler) rebalance(ctx context.Context, moves []RebalanceMove, nodes ma
 		inputs = append(inputs, Input{Op: OpMove, By: h.id, Node: mv.To, Reason: reason})
 		h.log.Debug("rebalancing a group", "group", logagg.Short(name), "from", mv.From, "to", mv.To)
 	}
-	moved, failed := h.applyMany(ctx, groups, inputs, h.liveState(), causeRebalance)
+	moved, failed := h.applyMany(ctx, groups, inputs, h.liveState(), causeRebalance, nil)
 	h.log.Info("groups moved to rebalance", "moved", moved, "failed", failed)
 }
 
@@ -248,6 +248,18 @@ func (m *monitor) done(node string, gone, noConsumer bool) {
 func (h *Handler) evacuate(ctx context.Context, node string, groups []string, reason, cause string) {
 	all := groups == nil
 	defer h.mon.done(node, all, false)
+	var guard func(context.Context) error
+	if cause == causeNodeGone {
+		// The announcement the decision was taken after: the revision
+		// first, then the live set, so that an announcement delivered in
+		// between is caught by one or the other.
+		seen := h.reg.SeenRevision(node)
+		if _, back := h.liveState()[node]; back {
+			h.log.Info("a node found gone announced itself again: its groups stay", "node", node, "seen_revision", seen)
+			return
+		}
+		guard = func(ctx context.Context) error { return h.stillGone(ctx, node, seen) }
+	}
 	var (
 		fence, ckpt uint64
 		caught      map[string]uint64
@@ -286,8 +298,34 @@ func (h *Handler) evacuate(ctx context.Context, node string, groups []string, re
 		inputs = append(inputs, Input{Op: OpEvacuate, By: h.id, From: node, Node: PickTarget(live, group, current), Seq: fence,
 			Routed: caught[group], Ckpt: ckpt, Reason: reason})
 	}
-	moved, failed := h.applyMany(ctx, groups, inputs, live, cause)
+	moved, failed := h.applyMany(ctx, groups, inputs, live, cause, guard)
 	h.log.Info("groups moved off node", "node", node, "moved", moved, "failed", failed)
+}
+
+// errAnnouncedAgain: a node found gone has announced itself since.
+var errAnnouncedAgain = errors.New("proposals: the node announced itself again since this handler found it gone; its groups stay")
+
+// stillGone reads a gone node's liveness record again just before its
+// groups' evacuation is written (after the pauses), and fails it when the
+// node announced itself since seen, the revision of the last announcement
+// this handler had received when it took the decision (a link that
+// healed, a pause that ended, or this handler's watch behind a node that
+// never stopped): such a node routes again as soon as it has caught up
+// with the records stored before its announcement, and an evacuation
+// written after that would move its groups under it (docs/protocol.md,
+// "Who may decide, and until when"). A record at revision seen is the one
+// that lapsed (a replica that has not expired it yet): the node is still
+// gone. An unreadable record fails the evacuation too: it is tried again.
+func (h *Handler) stillGone(ctx context.Context, node string, seen uint64) error {
+	_, rev, found, err := h.reg.LiveRecord(ctx, node)
+	if err != nil && !errors.Is(err, kvbinding.ErrInvalidNodeInfo) {
+		return fmt.Errorf("proposals: cannot read the liveness record of %s again before evacuating it: %w", node, err)
+	}
+	if found && rev > seen {
+		h.log.Info("a node found gone announced itself again: its groups stay", "node", node, "revision", rev, "seen_revision", seen)
+		return errAnnouncedAgain
+	}
+	return nil
 }
 
 // evacuateNew takes off a node that just left the live set the groups
@@ -346,7 +384,7 @@ func BoundSince(refs []string, lookup func(string) (kvbinding.Binding, bool), no
 // applyMany decides and writes the handler's own inputs for many groups
 // at once (one pipelined round of writes), and counts the records written
 // and the groups that could not be moved.
-func (h *Handler) applyMany(ctx context.Context, groups []string, inputs []Input, live map[string]NodeState, cause string) (written, failed int) {
+func (h *Handler) applyMany(ctx context.Context, groups []string, inputs []Input, live map[string]NodeState, cause string, guard func(context.Context) error) (written, failed int) {
 	defer h.locks.lock(groups)()
 	env := Env{Now: time.Now(), Handler: h.id, Live: live}
 	plans := make([]planned, 0, len(groups))
@@ -365,7 +403,7 @@ func (h *Handler) applyMany(ctx context.Context, groups []string, inputs []Input
 		plans = append(plans, planned{i: i, cur: cur, res: res, cause: cause})
 		ps = append(ps, Proposal{Op: inputs[i].Op, Group: group})
 	}
-	for k, d := range h.writeAll(ctx, plans, ps) {
+	for k, d := range h.writeAll(ctx, plans, ps, guard) {
 		h.metrics.decided(inputs[plans[k].i].Op, d.Outcome)
 		switch {
 		case d.Outcome == Accepted:
@@ -414,7 +452,7 @@ func (h *Handler) rebind(ctx context.Context, node string) {
 		inputs = append(inputs, Input{Op: OpMove, By: h.id, Node: target, Reason: reason})
 	}
 	h.log.Warn("moving groups off node", "node", node, "groups", len(groups), "reason", reason)
-	moved, failed := h.applyMany(ctx, groups, inputs, live, causeNoConsumer)
+	moved, failed := h.applyMany(ctx, groups, inputs, live, causeNoConsumer, nil)
 	h.log.Info("groups asked to move off node", "node", node, "moved", moved, "failed", failed)
 }
 

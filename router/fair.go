@@ -197,8 +197,11 @@ func (r *Router) fairRound(ctx context.Context, cons jetstream.Consumer, stream 
 	defer cancel()
 	info, err := cons.Info(rctx)
 	if err != nil {
-		r.log.Debug("queue consumer not read by the fair shell; trying again", "err", err)
-		return true
+		// Looked at again at the idle pace: a consumer its server cannot
+		// answer for (503 while it has no leader) is not asked a hundred
+		// times a second, and a wake still runs a round at once.
+		r.log.Debug("queue consumer not read by the fair shell; trying again", "err", err, "in", fairIdle)
+		return false
 	}
 	var rel []releaseTask
 	var checks []checkTask

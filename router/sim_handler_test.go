@@ -3,6 +3,7 @@ package router
 import (
 	"errors"
 	"maps"
+	"strings"
 	"time"
 
 	"github.com/grouprouter/grouprouter/kvbinding"
@@ -299,7 +300,7 @@ func (h *simHandler) serve(proposer string, ps []proposals.Proposal, reply func(
 		}
 		pending++
 		i, p := i, p
-		h.carryOut(cur, res, p, nil, func(d proposals.Decision) {
+		h.carryOut(cur, res, p, nil, nil, func(d proposals.Decision) {
 			out[i] = d
 			finish()
 		})
@@ -309,7 +310,7 @@ func (h *simHandler) serve(proposer string, ps []proposals.Proposal, reply func(
 
 // carryOut is Handler.carryOut: pause, then write, then settle. stored,
 // if not nil, is called when the write is stored.
-func (h *simHandler) carryOut(cur *kvbinding.Binding, res proposals.Result, p proposals.Proposal, stored func(), done func(proposals.Decision)) {
+func (h *simHandler) carryOut(cur *kvbinding.Binding, res proposals.Result, p proposals.Proposal, stored func(), guard func() error, done func(proposals.Decision)) {
 	if res.Write == nil {
 		done(h.unwritten(cur, res, p))
 		return
@@ -350,6 +351,12 @@ func (h *simHandler) carryOut(cur *kvbinding.Binding, res proposals.Result, p pr
 		if !h.holds() {
 			settle(proposals.Decision{Group: p.Group, Outcome: proposals.Failed, Error: "no authority"})
 			return
+		}
+		if guard != nil {
+			if err := guard(); err != nil {
+				settle(proposals.Decision{Group: p.Group, Outcome: proposals.Failed, Error: err.Error()})
+				return
+			}
 		}
 		h.kvWrite(*res.Write, res.Create, rev, res.Ended, stored, func(b kvbinding.Binding, err error) {
 			settle(h.settle(res, p, b, err))
@@ -542,7 +549,7 @@ func (h *simHandler) rebalance(moves []proposals.RebalanceMove) {
 		in := proposals.Input{Op: proposals.OpMove, By: h.id, Node: mv.To, Reason: "rebalance: " + mv.From + " holds more than its share"}
 		snapshot := maps.Clone(live)
 		g := mv.Group
-		w.after(w.between(0, time.Millisecond), func() { h.apply(g, in, snapshot, one) })
+		w.after(w.between(0, time.Millisecond), func() { h.apply(g, in, snapshot, nil, one) })
 	}
 	one()
 }
@@ -556,6 +563,16 @@ func (h *simHandler) evacuate(node string, groups []string, reason string) {
 			return
 		}
 		h.mon.Done(node, all, false)
+	}
+	var guard func() error
+	if strings.HasPrefix(reason, "node "+node+" gone") {
+		seen := h.host.view.rev[node]
+		if _, back := h.liveState()[node]; back {
+			w.logf(h.host.id, "handler: %s announced itself again; its groups stay", node)
+			finish()
+			return
+		}
+		guard = func() error { return h.stillGone(node, seen) }
 	}
 	w.hop(h.host.id, w.lat(), func() {
 		if h.dead {
@@ -602,7 +619,7 @@ func (h *simHandler) evacuate(node string, groups []string, reason string) {
 				Ckpt: ckpt, Reason: reason}
 			left++
 			g := g
-			w.after(w.between(0, time.Millisecond), func() { h.apply(g, in, snapshot, one) })
+			w.after(w.between(0, time.Millisecond), func() { h.apply(g, in, snapshot, guard, one) })
 		}
 		one()
 	})
@@ -655,7 +672,7 @@ func (h *simHandler) rebind(node string) {
 		left++
 		g := g
 		in := proposals.Input{Op: proposals.OpMove, By: h.id, Node: target, Reason: "node " + node + " has no queue consumer"}
-		w.after(w.between(0, time.Millisecond), func() { h.apply(g, in, snapshot, one) })
+		w.after(w.between(0, time.Millisecond), func() { h.apply(g, in, snapshot, nil, one) })
 	}
 	one()
 }
@@ -666,11 +683,11 @@ func (h *simHandler) operator(group, target string) {
 	if target == "" {
 		op = proposals.OpUnbind
 	}
-	h.apply(group, proposals.Input{Op: op, By: "operator", Node: target, Reason: "operator " + string(op)}, h.liveState(), func() {})
+	h.apply(group, proposals.Input{Op: op, By: "operator", Node: target, Reason: "operator " + string(op)}, h.liveState(), nil, func() {})
 }
 
 // apply is Handler.apply: decide on the cached record and carry it out.
-func (h *simHandler) apply(group string, in proposals.Input, live map[string]proposals.NodeState, done func()) {
+func (h *simHandler) apply(group string, in proposals.Input, live map[string]proposals.NodeState, guard func() error, done func()) {
 	w := h.w
 	if h.dead {
 		return
@@ -689,7 +706,18 @@ func (h *simHandler) apply(group string, in proposals.Input, live map[string]pro
 	if in.Op == proposals.OpEvacuate {
 		stored = func() { w.chk.evacuation(group, in.From, w.kv.recs[group].Revision) }
 	}
-	h.carryOut(cur, res, proposals.Proposal{Op: in.Op, Group: group}, stored, func(proposals.Decision) { done() })
+	h.carryOut(cur, res, proposals.Proposal{Op: in.Op, Group: group}, stored, guard, func(proposals.Decision) { done() })
+}
+
+// stillGone is Handler.stillGone: a gone node's liveness record, read
+// again just before its evacuation is written, is not newer than seen,
+// the announcement this handler had received when it decided.
+func (h *simHandler) stillGone(node string, seen uint64) error {
+	if rec, ok := h.w.reg.live[node]; ok && rec.gen > seen {
+		h.w.logf(h.host.id, "handler: %s announced itself again (generation %d, seen %d); its groups stay", node, rec.gen, seen)
+		return errors.New("the node announced itself again")
+	}
+	return nil
 }
 
 // keepPaused is Handler.keepPausedNow: the real PlanPauses decides.

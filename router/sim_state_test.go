@@ -274,6 +274,7 @@ type simRegEntry struct {
 	node string
 	put  bool
 	has  bool
+	gen  uint64 // a put's: its record's generation (the KV revision)
 }
 
 type simLiveRec struct {
@@ -332,7 +333,7 @@ func (r *simRegistry) announce(node string, has bool) {
 	r.gen++
 	gen := r.gen
 	r.live[node] = simLiveRec{has: has, gen: gen}
-	r.log.append(simRegEntry{node: node, put: true, has: has})
+	r.log.append(simRegEntry{node: node, put: true, has: has, gen: gen})
 	ttl := kvbinding.NodeTTL(simHeartbeat)
 	r.w.after(ttl+r.w.between(0, time.Second), func() {
 		if rec, ok := r.live[node]; ok && rec.gen == gen {
@@ -355,15 +356,17 @@ type simRegView struct {
 	w        *simWorld
 	live     map[string]bool
 	seen     map[string]time.Duration
+	rev      map[string]uint64 // Registry.SeenRevision
 	sub      *simSub[simRegEntry]
 	onChange func()
 }
 
 func newSimRegView(w *simWorld, owner string, onChange func()) *simRegView {
-	v := &simRegView{w: w, live: map[string]bool{}, seen: map[string]time.Duration{}, onChange: onChange}
+	v := &simRegView{w: w, live: map[string]bool{}, seen: map[string]time.Duration{}, rev: map[string]uint64{}, onChange: onChange}
 	for node, rec := range w.reg.live {
 		v.live[node] = rec.has
 		v.seen[node] = w.clock
+		v.rev[node] = rec.gen
 	}
 	v.sub = w.reg.log.subscribe(owner, v.apply)
 	return v
@@ -376,6 +379,7 @@ func (v *simRegView) apply(e simRegEntry) {
 		changed = !had || old != e.has
 		v.live[e.node] = e.has
 		v.seen[e.node] = v.w.clock
+		v.rev[e.node] = max(v.rev[e.node], e.gen)
 	} else if _, had := v.live[e.node]; had {
 		delete(v.live, e.node)
 		delete(v.seen, e.node)
