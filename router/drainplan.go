@@ -1,6 +1,7 @@
 package router
 
 import (
+	"log/slog"
 	"time"
 
 	"github.com/grouprouter/grouprouter/kvbinding"
@@ -80,6 +81,13 @@ func (v consumerView) observe(read consumerView, now time.Time) consumerView {
 	}
 	read.quiet = (read.exists && read.paused) || (!v.progress.IsZero() && read.exists == v.exists && read.delivered == v.delivered)
 	return read
+}
+
+// logAttr is the reading of node's consumer as a log attribute group.
+func (v consumerView) logAttr(node string, now time.Time) slog.Attr {
+	return slog.Group("consumer_"+node, "exists", v.exists, "delivered", v.delivered, "ack_floor", v.ackFloor, "pending", v.pending,
+		"paused", v.paused, "pause_left", v.pauseLeft, "quiet", v.quiet, "unsure_for", max(0, v.unsure.Sub(now)).Round(time.Millisecond),
+		"no_progress_for", now.Sub(v.progress).Round(time.Millisecond))
 }
 
 // doubtful reports whether what the consumer reports undelivered may have

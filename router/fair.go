@@ -241,8 +241,9 @@ func (r *Router) fairRound(ctx context.Context, cons jetstream.Consumer, stream 
 
 // release moves up to task.n of the group's held messages onto the queue,
 // oldest first, each copy stored before its original is deleted (a copy's
-// Nats-Msg-Id, rel:<ingress seq>, makes a release repeated after a crash
-// store nothing twice within the duplicate window). It stops at once when
+// Nats-Msg-Id, movedID of the original, makes a release repeated after a
+// crash, or a drain's move of an original a stopped node left, store
+// nothing twice within the duplicate window). It stops at once when
 // the group is no longer this node's to route, or this node may not
 // publish (fenced). It returns the queue sequences of the copies and
 // whether held messages of the group are left.
@@ -272,21 +273,20 @@ func (r *Router) release(ctx context.Context, stream jetstream.Stream, task rele
 		if !ok {
 			return seqs, true, errSuperseded
 		}
-		in, _ := strconv.ParseUint(m.Header.Get(HeaderIngressSeq), 10, 64)
-		ingress := strings.TrimPrefix(m.Subject, HeldSubjectPrefix+r.cfg.Node+"."+key+".")
-		out := &nats.Msg{Subject: QueueSubject(r.cfg.Node, ingress), Header: make(nats.Header, len(m.Header)+1), Data: m.Data}
-		for k, v := range m.Header {
-			out.Header[k] = v
-		}
-		dropBatchHeaders(out.Header)
-		out.Header.Set(jetstream.MsgIDHeader, "rel:"+strconv.FormatUint(in, 10))
-		out.Header.Set(jetstream.ExpectedStreamHeader, QueueStream)
-		out.Header.Set(HeaderEpoch, strconv.FormatUint(epoch, 10))
-		ack, err := r.publishOnce(ctx, out)
+		ack, err := r.releaseCopy(ctx, key, m, epoch)
 		if err != nil {
 			return seqs, true, err
 		}
 		seq := ack.Sequence
+		// The original goes only while the group is still this node's and
+		// its liveness sure: otherwise a drain may be moving it, and finds
+		// the copy by its id.
+		if r.fencedNow() {
+			return seqs, true, errFencedNow
+		}
+		if _, ok := mine(); !ok {
+			return seqs, true, errSuperseded
+		}
 		if err := stream.DeleteMsg(ctx, m.Sequence); err != nil && !isGone(err) {
 			return seqs, true, err
 		}
@@ -295,6 +295,26 @@ func (r *Router) release(ctx context.Context, stream jetstream.Stream, task rele
 	}
 	_, err = stream.GetMsg(ctx, from, jetstream.WithGetMsgSubject(filter))
 	return seqs, err == nil || !errors.Is(err, jetstream.ErrMsgNotFound), nil
+}
+
+// releaseCopy stores on this node's queue the copy of m, a message held
+// on its held subject for group key, in the group's epoch.
+func (r *Router) releaseCopy(ctx context.Context, key string, m *jetstream.RawStreamMsg, epoch uint64) (*jetstream.PubAck, error) {
+	ingress := strings.TrimPrefix(m.Subject, HeldSubjectPrefix+r.cfg.Node+"."+key+".")
+	out := &nats.Msg{Subject: QueueSubject(r.cfg.Node, ingress), Header: make(nats.Header, len(m.Header)+1), Data: m.Data}
+	for k, v := range m.Header {
+		out.Header[k] = v
+	}
+	dropBatchHeaders(out.Header)
+	// The id a drain's copy of this held message would carry: a node
+	// stopped between this copy and the original's deletion (a pause, a
+	// partition) leaves both, and a drain that then moves the original
+	// stores nothing new (its copy is a duplicate of this one, which it
+	// finds processed, or moves: moveGroup).
+	out.Header.Set(jetstream.MsgIDHeader, movedID(m.Sequence))
+	out.Header.Set(jetstream.ExpectedStreamHeader, QueueStream)
+	out.Header.Set(HeaderEpoch, strconv.FormatUint(epoch, 10))
+	return r.publishOnce(ctx, out)
 }
 
 // holdEvent announces that a group started or stopped being held back.

@@ -871,10 +871,17 @@ func (r *Router) awaitConsumers(ctx context.Context, stream jetstream.Stream, by
 				}
 				continue
 			}
-			if logged[g] {
-				r.log.Debug("hand-over: the old consumer is done with the group", "group", logagg.Short(g), "revision", route.Revision,
-					"lapsed", plan.lapsed, "to_move", len(plan.move))
+			// Every group's plan is logged with the readings it was taken
+			// from: a message moved that its old consumer then processed
+			// is told apart from one the readings missed.
+			attrs := []any{"group", logagg.Short(g), "revision", route.Revision, "waited", logged[g], "lapsed", plan.lapsed, "to_move", len(plan.move)}
+			if len(plan.move) > 0 {
+				attrs = append(attrs, "first_seq", plan.move[0].seq, "last_seq", plan.move[len(plan.move)-1].seq)
 			}
+			for node := range byNode {
+				attrs = append(attrs, views[node].logAttr(node, now))
+			}
+			r.log.Debug("hand-over: the old consumer is done with the group", attrs...)
 			// What the old consumer acked without this drain looking is
 			// done too (the progress counts every message found).
 			acked := 0
@@ -1021,7 +1028,7 @@ func (r *Router) moveGroup(ctx context.Context, stream jetstream.Stream, found [
 				return moved, err
 			}
 			r.log.Info("a moved message was acked on its old queue meanwhile; its copy was withdrawn",
-				"group", q.group, "ingress_seq", q.ingressSeq, "from", q.from)
+				"group", q.group, "ingress_seq", q.ingressSeq, "from", q.from, "queue_seq", q.msg.Sequence, "held", q.held, "copy_seq", copySeq)
 			continue
 		}
 		if !twice {

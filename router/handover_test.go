@@ -553,6 +553,52 @@ func TestReleaseReturnsWhenItsPublishFails(t *testing.T) {
 	}
 }
 
+// A node stopped between its release's copy of a held message and the
+// deletion of the original (seed 680930086: SIGSTOP) leaves both; its
+// consumer processes the copy, and the drain of the next owner finds the
+// original on the held subject, never delivered. Its copy of the original
+// is a duplicate of the release's (one id, movedID), which it finds
+// processed: the original is deleted and nothing is stored again.
+func TestDrainMovesNothingOfAHeldMessageWhoseReleaseWasProcessed(t *testing.T) {
+	s := natstest.RunServer(t)
+	r9, js := testRouterOn(t, s, "n9")
+	r1, _ := testRouterOn(t, s, "n1")
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	m := nats.NewMsg(HeldSubject("n9", "g", "jms.x"))
+	m.Header.Set(DefaultGroupHeader, "g")
+	m.Header.Set(HeaderIngressSeq, "5")
+	if _, err := js.PublishMsg(ctx, m); err != nil {
+		t.Fatal(err)
+	}
+	stream, err := js.Stream(ctx, QueueStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	held, err := stream.GetMsg(ctx, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ack, err := r9.releaseCopy(ctx, "g", held, 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := stream.DeleteMsg(ctx, ack.Sequence); err != nil { // n9's consumer processed it
+		t.Fatal(err)
+	}
+	route := record(t, r1, kvbinding.Binding{Group: "g", State: kvbinding.StateBound, Node: "n1", FromSeq: 7, PrevNode: "n9",
+		Step: kvbinding.StepDrain, Drain: []string{"n9"}, Epoch: 9, Revision: 9})
+	if _, err := r1.drainQueues(ctx, map[string]kvbinding.Binding{"g": route}, nil); err != nil {
+		t.Fatal(err)
+	}
+	if got := queuedSeqs(t, js, "n1"); len(got) != 0 {
+		t.Errorf("n1's queue holds %v: processed on n9 already", got)
+	}
+	if _, err := stream.GetMsg(ctx, held.Sequence); !isGone(err) {
+		t.Errorf("the held original: %v, want it deleted", err)
+	}
+}
+
 // A drain hands the groups the old queues hold nothing of to none as soon
 // as it has read them, while it still waits for a group whose message the
 // old consumer holds unacknowledged: an evacuated node's groups with
