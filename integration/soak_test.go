@@ -50,6 +50,9 @@ var soakFaults = []string{faultKillNode, faultStopNode, faultConsumer, faultServ
 type faultSpan struct {
 	kind, target string
 	from, to     time.Time
+	// downs: a rolling restart's servers, each from its stop to its
+	// restart.
+	downs []faultSpan
 }
 
 func (f faultSpan) String() string {
