@@ -170,3 +170,62 @@ func clone[V any](m map[string]V) map[string]V {
 	}
 	return out
 }
+
+// PauseReader is what Queues may also offer: until when node's queue
+// consumer is paused (the zero time: it is not).
+type PauseReader interface {
+	PausedUntil(ctx context.Context, node string) (time.Time, error)
+}
+
+// adoptPauses takes over, when this handler becomes active, the pauses an
+// earlier handler left on the queues: it counts them as its own, so that
+// its keeper renews the ones a record still drains and resumes the others
+// at once. A pause lasts pauseWindow, long enough to outlive a handler
+// and the mover both gone for seconds (a queue resumed while a mover's
+// copy and its original are both stored delivers the original to the old
+// consumer); without this, a queue paused for a move its predecessor did
+// not finish would stay paused that long after a take-over.
+func (h *Handler) adoptPauses(ctx context.Context) {
+	pr, ok := h.cfg.Queues.(PauseReader)
+	if !ok {
+		return
+	}
+	nodes := map[string]bool{}
+	for n := range h.reg.Live() {
+		nodes[n] = true
+	}
+	for n := range h.cache.Counts() {
+		nodes[n] = true
+	}
+	for n := range h.cache.Draining() {
+		nodes[n] = true
+	}
+	m := &h.mon
+	adopted := 0
+	for n := range nodes {
+		if n == "" {
+			continue
+		}
+		until, err := pr.PausedUntil(ctx, n)
+		if err != nil {
+			if ctx.Err() == nil {
+				h.log.Debug("a queue's pause not read at take-over; if an earlier handler left one, it lapses by itself", "node", n, "err", err)
+			}
+			continue
+		}
+		if !until.After(time.Now()) {
+			continue
+		}
+		m.mu.Lock()
+		m.init()
+		if until.After(m.paused[n]) {
+			m.paused[n] = until
+		}
+		m.mu.Unlock()
+		adopted++
+		h.log.Debug("a queue pause an earlier handler left taken over", "node", n, "until", until)
+	}
+	if adopted > 0 {
+		h.keepPaused()
+	}
+}
