@@ -389,7 +389,6 @@ func (h *Handler) Run(ctx context.Context) error {
 				}
 				term, svc = t, s
 				t.goFn(func() { h.keepFloor(t.ctx) }) // floor.go
-				t.goFn(func() { h.adoptPauses(t.ctx) })
 				h.active.Store(true)
 				h.log.Info("handler active", "lease_rev", lease.Revision, "decides_for", h.auth.left(time.Now()).Round(time.Millisecond))
 				// Nodes retry their failed asks at once, and stop counting

@@ -14,13 +14,8 @@ import (
 
 // pauseWindow is how long one pause of a queue consumer lasts; the active
 // handler renews it while a record says the queue is being drained, so a
-// pause outlives a handler crash by this much and no more. 30 s: a mover
-// that crashed between a copy and the deletion of its original, with no
-// handler for seconds, finds the original still undelivered when it comes
-// back (the simulation's seeds 24361, 25181 and 29509 with 10 s); a new
-// handler takes the pauses over at once (adoptPauses), so a longer window
-// does not hold a queue paused after a take-over.
-const pauseWindow = 30 * time.Second
+// pause outlives a handler crash by this much and no more.
+const pauseWindow = 10 * time.Second
 
 // monitor is the active handler's view over time: the planner's state
 // (MonitorState: since when nodes have been gone or without a consumer,

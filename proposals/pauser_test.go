@@ -9,8 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
-
 	"github.com/grouprouter/grouprouter/internal/natstest"
 	"github.com/grouprouter/grouprouter/kvbinding"
 )
@@ -219,59 +217,5 @@ func TestEndsDrain(t *testing.T) {
 		if got := endsDrain(tt.cur, kvbinding.Binding{Drain: tt.next}); got != tt.want {
 			t.Errorf("endsDrain(%v, %v) = %v, want %v", tt.cur, tt.next, got, tt.want)
 		}
-	}
-}
-
-// leftQueues reports queues an earlier handler paused, and records
-// resumes.
-type leftQueues struct {
-	recordedQueues
-	until map[string]time.Time
-}
-
-func (q *leftQueues) PausedUntil(ctx context.Context, node string) (time.Time, error) {
-	return q.until[node], nil
-}
-
-// A handler that takes over counts the pauses its predecessor left as its
-// own: the queue a record still drains stays paused, the one no record
-// drains is resumed at once, not after the pause window.
-func TestTakeOverResumesThePausesNoDrainNeeds(t *testing.T) {
-	s := natstest.RunServer(t)
-	nc := s.Connect()
-	js, _ := jetstream.New(nc)
-	ctx := context.Background()
-	store, err := kvbinding.OpenStore(ctx, js, kvbinding.StoreConfig{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := store.Create(ctx, kvbinding.Binding{Group: "g", State: kvbinding.StateBound, Node: "n2", PrevNode: "n1", FromSeq: 1,
-		Step: kvbinding.StepDrain, Drain: []string{"n1"}}); err != nil {
-		t.Fatal(err)
-	}
-	left := time.Now().Add(20 * time.Second)
-	q := &leftQueues{recordedQueues: recordedQueues{resumed: make(chan string, 8)}, until: map[string]time.Time{"n1": left, "n2": left}}
-	e := startHandler(t, s, "n0", liveNodes, func(c *HandlerConfig) {
-		c.Queues = q
-		c.LeaseTTL = 20 * time.Second // ticks 5 s apart: the take-over's keeper alone resumes within the test
-	})
-	natstest.Eventually(t, 5*time.Second, func() error {
-		if !e.h.Active() {
-			return natstest.ErrNotYet
-		}
-		return nil
-	})
-	select {
-	case node := <-q.resumed:
-		if node != "n2" {
-			t.Fatalf("resumed %s, want n2 (n1 is drained by g's record)", node)
-		}
-	case <-time.After(3 * time.Second):
-		t.Fatal("n2's queue, paused by an earlier handler and drained by no record, not resumed within 3 s of the take-over")
-	}
-	select {
-	case node := <-q.resumed:
-		t.Fatalf("resumed %s too", node)
-	case <-time.After(300 * time.Millisecond):
 	}
 }

@@ -1112,8 +1112,7 @@ func movedID(seq uint64) string {
 // drainPause is how long one pause a draining node takes lasts; it renews
 // it every third of that while it drains. The pause lapses by itself after
 // the drain (the handler resumes the queue when no record needs it paused).
-// The handler's pause window (proposals) is as long, and says why.
-const drainPause = 30 * time.Second
+const drainPause = 10 * time.Second
 
 // holdPaused keeps node's queue consumer paused until ctx ends, renewing
 // the pause after first, then every third of drainPause.

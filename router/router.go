@@ -522,23 +522,6 @@ func (q queues) Resume(ctx context.Context, node string) error {
 
 func (q queues) IngressLast(ctx context.Context) (uint64, error) { return q.r.ingressLast(ctx) }
 
-// PausedUntil reads until when node's queue consumer is paused (the zero
-// time: it is not, or there is none), by this process's clock.
-func (q queues) PausedUntil(ctx context.Context, node string) (time.Time, error) {
-	cons, err := q.r.js.Consumer(ctx, QueueStream, QueueConsumer(node))
-	if errors.Is(err, jetstream.ErrConsumerNotFound) {
-		return time.Time{}, nil
-	}
-	if err != nil {
-		return time.Time{}, err
-	}
-	info := cons.CachedInfo()
-	if !info.Paused || info.PauseRemaining <= 0 {
-		return time.Time{}, nil
-	}
-	return time.Now().Add(info.PauseRemaining), nil
-}
-
 // IngressCreated returns when the ingress stream was created: the handler
 // starts the routing floor again only for a stream created after it.
 func (q queues) IngressCreated(ctx context.Context) (time.Time, error) {

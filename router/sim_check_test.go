@@ -158,7 +158,7 @@ const (
 	// are consumed.
 	simKnownResumeRace = "the pause keeper resumed a queue a drain was about to move"
 	// simKnownPauseLapsed: a queue a drain record lists was not paused any
-	// more: its pause lapsed (after the 30 s pause window) because no
+	// more: its pause lapsed (after the 10 s pause window) because no
 	// handler was active to renew it in time (monitor.go accepts that a
 	// pause outlives a handler crash by the window and no more), so its
 	// consumer takes messages the drain is moving.

@@ -126,7 +126,6 @@ func (n *simNode) standbyTick() {
 	t.grant(w.clock)
 	w.gapCloses()
 	n.logf("handler active")
-	t.adoptPauses()
 	// The takeover event (Router.subscribeTakeovers): every node that hears
 	// it retries its failed asks at once, and stops counting on the previous
 	// holder's node, when the lease was not released, until it announces
@@ -153,35 +152,6 @@ func (n *simNode) standbyTick() {
 		w.after(simLeaseTick, tick)
 	}
 	w.after(simLeaseTick, tick)
-}
-
-// adoptPauses is Handler.adoptPauses: the pauses an earlier handler left
-// on the queues become this term's, so its keeper resumes at once those no
-// record drains.
-func (h *simHandler) adoptPauses() {
-	w := h.w
-	for _, m := range w.nodes {
-		node := m.id
-		w.hop(h.host.id, h.api(node), func() {
-			if h.dead || w.chance(w.p.pOpFail) {
-				return // not read: the pause lapses by itself
-			}
-			until := w.q.consumer(node).pausedUntil
-			if until <= w.clock {
-				return
-			}
-			w.hop(h.host.id, w.lat(), func() {
-				if h.dead {
-					return
-				}
-				if until > h.paused[node] {
-					h.paused[node] = until
-				}
-				w.logf(h.host.id, "handler takes over the pause of %s's consumer (until %.3fs)", node, until.Seconds())
-				h.keepPaused()
-			})
-		})
-	}
 }
 
 // die ends the term with its process.

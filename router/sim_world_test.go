@@ -61,7 +61,7 @@ const (
 	simLeaseTTL     = DefaultLeaseTTL
 	simLeaseTick    = simLeaseTTL / 4 // the handler's lease loop (proposals.Handler.Run)
 	simPubTimeout   = 5 * time.Second // jspub.New(nc, 5*time.Second) in Router.Run
-	simPauseWindow  = 30 * time.Second
+	simPauseWindow  = 10 * time.Second
 	simHandoverWait = 20 * time.Millisecond // handOverLoop lets a burst of records arrive
 	simMaxSteps     = 3_000_000
 )
