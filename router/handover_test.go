@@ -1131,14 +1131,6 @@ func TestCatchUpSkipsWhatThePinnedCheckpointSaysWasFinished(t *testing.T) {
 // the queue: no consumer reads the held subject (the simulation's seed
 // 32443, where 30 and 31 stayed there).
 func TestLaneMovesItsOwnStagedCopy(t *testing.T) {
-	// A duplicate is looked up unless the group never moved: taken over
-	// from another node or from this one (seed 31000), a staged copy may
-	// wait on the held subject.
-	for prev, want := range map[string]bool{"": true, "n9": false, "n0": false} {
-		if got := neverMoved(kvbinding.Binding{Group: "g", Node: "n0", PrevNode: prev}); got != want {
-			t.Errorf("previous node %q: never moved %v, want %v", prev, got, want)
-		}
-	}
 	r, js := testRouter(t, "n0")
 	ctx := context.Background()
 	route := record(t, r, kvbinding.Binding{Group: "g", State: kvbinding.StateBound, Node: "n0", PrevNode: "n9", FromSeq: 1, Revision: 4})

@@ -468,7 +468,10 @@ func (r *Router) fetchSpilled(a action) {
 // most maxLateChecks at once. Fast-ingest batches (R1) report no
 // duplicates: see docs/protocol.md, "Remaining windows".
 func (r *Router) laneDuplicate(o outcome, sent *nats.Msg, epoch []string) {
-	if route, ok := r.cache.Lookup(o.ln.group); ok && neverMoved(route) {
+	if route, ok := r.cache.Lookup(o.ln.group); ok && (route.PrevNode == "" || route.PrevNode == r.cfg.Node) {
+		// No other node held the group before this binding: every copy
+		// of its messages is this node's own (a node routing again from
+		// its checkpoint after a restart meets many, and checks none).
 		r.out.outcomes.add(o)
 		return
 	}
@@ -483,15 +486,6 @@ func (r *Router) laneDuplicate(o outcome, sent *nats.Msg, epoch []string) {
 		r.do(func(e *engine, now time.Time) { r.apply(e, o, now) })
 	}
 }
-
-// neverMoved reports whether group's record says it never moved: every
-// copy of its messages is then this node's own, on its queue (a node
-// routing again from its checkpoint after a restart meets many duplicates,
-// and checks none). A group taken over, even from this node itself (an
-// evacuation decided while it was gone, the simulation's seed 31000), may
-// have a staged copy on the held subject, which no consumer reads: a
-// duplicate of it is looked up and moved (takeLaneLateCopy).
-func neverMoved(route kvbinding.Binding) bool { return route.PrevNode == "" }
 
 // takeLaneLateCopy moves the copy at seq of sent, a lane's publish of
 // group's message under epoch, onto this node's queue if it is another

@@ -779,7 +779,7 @@ func (n *simNode) publish(a action) {
 			// (takeLaneLateCopy: only while the record names this node in
 			// the publish's epoch). The sim models no other late copy.
 			route, ok := n.cache.Lookup(ln.group)
-			if c := n.w.q.all[sseq-1]; ok && route.PrevNode != "" && route.Node == n.id &&
+			if c := n.w.q.all[sseq-1]; ok && route.PrevNode != "" && route.PrevNode != n.id && route.Node == n.id &&
 				route.Epoch == p.epoch && c.node == simHeld(n.id) && !c.removed && c.seq == m.seq {
 				n.logf("lane: seq %d of %q has a staged copy %v: moved onto the queue", m.seq, ln.group, c)
 				n.moveGroup(ln.group, []simFound{{e: c, from: n.id, held: true}}, route, func() bool { return false }, func(_ int, err error) {
