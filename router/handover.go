@@ -3,6 +3,7 @@ package router
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"slices"
 	"sort"
 	"strconv"
@@ -874,14 +875,16 @@ func (r *Router) awaitConsumers(ctx context.Context, stream jetstream.Stream, by
 			// Every group's plan is logged with the readings it was taken
 			// from: a message moved that its old consumer then processed
 			// is told apart from one the readings missed.
-			attrs := []any{"group", logagg.Short(g), "revision", route.Revision, "waited", logged[g], "lapsed", plan.lapsed, "to_move", len(plan.move)}
-			if len(plan.move) > 0 {
-				attrs = append(attrs, "first_seq", plan.move[0].seq, "last_seq", plan.move[len(plan.move)-1].seq)
+			if r.log.Enabled(ctx, slog.LevelDebug) {
+				attrs := []any{"group", logagg.Short(g), "revision", route.Revision, "waited", logged[g], "lapsed", plan.lapsed, "to_move", len(plan.move)}
+				if len(plan.move) > 0 {
+					attrs = append(attrs, "first_seq", plan.move[0].seq, "last_seq", plan.move[len(plan.move)-1].seq)
+				}
+				for node := range byNode {
+					attrs = append(attrs, views[node].logAttr(node, now))
+				}
+				r.log.Debug("hand-over: the old consumer is done with the group", attrs...)
 			}
-			for node := range byNode {
-				attrs = append(attrs, views[node].logAttr(node, now))
-			}
-			r.log.Debug("hand-over: the old consumer is done with the group", attrs...)
 			// What the old consumer acked without this drain looking is
 			// done too (the progress counts every message found).
 			acked := 0
