@@ -145,7 +145,32 @@ type Checkpoint struct {
 	// the catch-up done, so that a successor (the node is gone before the
 	// record says so) does not route those messages again.
 	Caught map[string]uint64 `json:"caught,omitempty"`
+	// Lost holds, for each group taken from this node while it could not
+	// save its checkpoint (an evacuation), how far it had routed it: the
+	// ingress sequence of the group's last message it stored, that
+	// message's sequence in the queue stream, and the group's epoch under
+	// the record that took it (Binding.Epoch). A take-over whose pinned
+	// checkpoint this node saved over reads it instead (see LostPos).
+	Lost map[string]LostPos `json:"lost,omitempty"`
+	// Seen is the last revision of the bindings bucket this node had
+	// applied when it took the checkpoint: Lost names every group taken
+	// from it by a record up to there (of those it routed lately).
+	Seen uint64 `json:"seen,omitempty"`
 }
+
+// LostPos is how far a node routed a group taken from it (Checkpoint.Lost):
+// [ingress sequence, queue stream sequence, epoch].
+type LostPos [3]uint64
+
+// Seq is the ingress sequence of the last message of the group the node
+// stored on its queue.
+func (p LostPos) Seq() uint64 { return p[0] }
+
+// At is that message's sequence in the queue stream.
+func (p LostPos) At() uint64 { return p[1] }
+
+// Epoch is the group's epoch under the record that took it from the node.
+func (p LostPos) Epoch() uint64 { return p[2] }
 
 // Registry is the node registry: live node announcements (with a TTL, so a
 // dead node disappears by itself), handler leases and checkpoints. It is
@@ -731,6 +756,11 @@ func (c Checkpoint) Validate() error {
 			return fmt.Errorf("pending range %d %v does not fit below next %d", i, p, c.Next)
 		}
 		prev = p[1]
+	}
+	for g, p := range c.Lost {
+		if g == "" || p.Seq() == 0 || p.At() == 0 || p.Epoch() == 0 {
+			return fmt.Errorf("lost group %q at %v: empty", g, p)
+		}
 	}
 	return nil
 }

@@ -195,3 +195,30 @@ func TestLoadCheckpointAt(t *testing.T) {
 		t.Errorf("n1's checkpoint at a revision saved over: %v %v", ok, err)
 	}
 }
+
+// What a node says of the groups taken from it (Checkpoint.Lost) is read
+// back; an entry without its group, sequences or epoch is refused.
+func TestCheckpointLost(t *testing.T) {
+	ctx, js, reg := openTestRegistry(t)
+	want := Checkpoint{Next: 30, Lost: map[string]LostPos{"g": {12, 40, 7}}, Seen: 9}
+	if err := reg.SaveCheckpoint(ctx, "n1", want); err != nil {
+		t.Fatal(err)
+	}
+	got, ok, err := reg.LoadCheckpoint(ctx, "n1")
+	if err != nil || !ok || got.Seen != 9 || got.Lost["g"].Seq() != 12 || got.Lost["g"].At() != 40 || got.Lost["g"].Epoch() != 7 {
+		t.Fatalf("read back %+v %v %v", got, ok, err)
+	}
+	kv, err := js.KeyValue(ctx, DefaultNodesBucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, lost := range []string{`{"":[1,2,3]}`, `{"g":[0,2,3]}`, `{"g":[1,0,3]}`, `{"g":[1,2,0]}`, `{"g":[1,2]}`, `{"g":"x"}`} {
+		v := `{"record":"checkpoint","v":1,"node":"n1","next":4,"lost":` + lost + `}`
+		if _, err := kv.Put(ctx, CheckpointKey("n1"), []byte(v)); err != nil {
+			t.Fatal(err)
+		}
+		if _, ok, err := reg.LoadCheckpoint(ctx, "n1"); ok || !errors.Is(err, ErrInvalidCheckpoint) {
+			t.Errorf("lost %s: ok %v, err %v; want ErrInvalidCheckpoint", lost, ok, err)
+		}
+	}
+}

@@ -330,6 +330,10 @@ type engine struct {
 	fairWait map[*lane]struct{}
 	fairTick uint64
 
+	// lost: how far this node routed its groups lately, and which were
+	// taken from it (lost.go).
+	lost lostBook
+
 	stats engineStats
 }
 
@@ -782,6 +786,7 @@ func (e *engine) acked(ln *lane, m *msgRec, dlq bool, reason string, err error, 
 		e.touch(ln, now)
 		if !dlq {
 			e.fairStored(ln, m.target == targetHeld, qseq, 1, now)
+			e.lost.routed(ln.ref, m.seq, qseq)
 		}
 	}
 	e.release(m)
@@ -826,6 +831,7 @@ func (e *engine) ackedBatch(ln *lane, err error, qseq uint64, now time.Time) {
 	e.stats.batchedMsgs += uint64(n)
 	last := ln.msgs[n-1]
 	e.fairStored(ln, last.target == targetHeld, qseq, n, now)
+	e.lost.routed(ln.ref, last.seq, qseq)
 	for range n {
 		m := ln.msgs[0]
 		ln.popHead()
@@ -872,6 +878,15 @@ func (e *engine) retryPublish(r retry, now time.Time) {
 // cache notifies it).
 func (e *engine) changed(ref string, now time.Time) {
 	route, ok := e.recs.Lookup(ref)
+	if ok && route.PrevNode == e.cfg.node && route.Node != e.cfg.node {
+		group := route.Group
+		if ln := e.laneOf(ref); ln != nil {
+			group = ln.group
+		} else if !kvbinding.IsRef(ref) {
+			group = ref
+		}
+		e.lost.taken(group, ref, route.Epoch, now)
+	}
 	if !ok || !route.Settled() || route.Node != e.cfg.node {
 		// Not routed here (now): what this node held of it moves with the
 		// group (the hand-over drains the held subject too).
@@ -1121,6 +1136,7 @@ func (e *engine) nextDue() time.Time {
 // routing floor (setup reads both before the reader starts).
 func (e *engine) begin(resume resumePoint, floor uint64) {
 	e.resume, e.floor = resume, floor
+	e.lost.earlier = resume.ckpt.Lost
 }
 
 // consumerPresent records whether the node's queue has a consumer (the

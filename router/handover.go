@@ -1191,6 +1191,7 @@ func (r *Router) catchUp(ctx context.Context, routes map[string]kvbinding.Bindin
 	spans := map[string]span{}
 	staged := map[string]*stagedSpan{}
 	var lo, hi uint64
+	lost := r.lostThrough(ctx, routes)
 	r.mu.Lock()
 	for g := range routes {
 		spans[g] = span{until: r.eng.takeoverFrom(g)}
@@ -1198,7 +1199,7 @@ func (r *Router) catchUp(ctx context.Context, routes map[string]kvbinding.Bindin
 	r.mu.Unlock()
 	r.duties.mu.Lock()
 	for g, s := range spans {
-		s.from, s.until = catchUpSpan(routes[g], s.until, r.duties.movedThrough[g], r.duties.caught[g])
+		s.from, s.until = catchUpSpan(routes[g], s.until, r.duties.movedThrough[g], max(r.duties.caught[g], lost[g]))
 		spans[g] = s
 		delete(r.duties.movedThrough, g)
 		if st := r.duties.staged[g]; st != nil && st.epoch == routes[g].Epoch {

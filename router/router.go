@@ -154,6 +154,9 @@ type Router struct {
 	}
 
 	changes chan string // refs of the groups whose record changed, from the cache
+	// applied: the bindings revision through which the engine has taken
+	// every record change (Checkpoint.Seen).
+	applied atomic.Uint64
 	// wake: the asker, the timers and the fair shell's signals (one
 	// buffered slot each).
 	wake   struct{ ask, timer, fair chan struct{} }
@@ -577,12 +580,17 @@ func (r *Router) changeLoop(ctx context.Context) {
 		case g := <-r.changes:
 			batch = append(batch[:0], g)
 		}
+		// The cache notifies a record's change before it counts the
+		// record delivered: every change up to seen is in the channel or
+		// taken by now.
+		seen, drained := r.cache.Delivered(), false
 	more:
 		for len(batch) < maxChangeBatch {
 			select {
 			case g := <-r.changes:
 				batch = append(batch, g)
 			default:
+				drained = true
 				break more
 			}
 		}
@@ -594,6 +602,9 @@ func (r *Router) changeLoop(ctx context.Context) {
 				e.changed(g, now)
 			}
 		})
+		if drained {
+			r.applied.Store(seen)
+		}
 		clear(batch)
 	}
 }
@@ -820,7 +831,8 @@ func (r *Router) checkpointLoop(ctx context.Context) {
 		case <-t.C:
 		}
 		c := r.checkpoint()
-		if r.proc.yielded.Load() || c.Next == 0 || (c.Next == last.Next && len(c.Pending) == 0 && len(last.Pending) == 0 && len(c.Caught) == 0 && len(last.Caught) == 0) {
+		if r.proc.yielded.Load() || c.Next == 0 || (c.Next == last.Next && len(c.Pending) == 0 && len(last.Pending) == 0 && len(c.Caught) == 0 && len(last.Caught) == 0 &&
+			len(c.Lost) == 0 && len(last.Lost) == 0 && c.Seen == last.Seen) {
 			continue
 		}
 		sctx, cancel := context.WithTimeout(ctx, r.cfg.CheckpointInterval)
@@ -835,8 +847,12 @@ func (r *Router) checkpointLoop(ctx context.Context) {
 
 // checkpoint returns the node's routing position and its catch-up progress.
 func (r *Router) checkpoint() kvbinding.Checkpoint {
+	seen := r.applied.Load()
 	r.mu.Lock()
 	c := r.eng.track.checkpoint()
+	if c.Next != 0 {
+		c.Lost, c.Seen = r.eng.lost.snapshot(time.Now()), seen
+	}
 	r.mu.Unlock()
 	r.duties.mu.Lock()
 	if len(r.duties.caught) > 0 {

@@ -128,6 +128,7 @@ func (r *Router) stage(ctx context.Context, routes map[string]kvbinding.Binding)
 	type span struct{ from, until uint64 }
 	spans := map[string]span{}
 	var lo, hi uint64
+	lost := r.lostThrough(ctx, routes)
 	for g, route := range routes {
 		if g == "" {
 			continue
@@ -136,7 +137,7 @@ func (r *Router) stage(ctx context.Context, routes map[string]kvbinding.Binding)
 		laneFrom := r.eng.takeoverFrom(g)
 		r.mu.Unlock()
 		r.duties.mu.Lock()
-		from, until := catchUpSpan(route, laneFrom, 0, r.duties.caught[g])
+		from, until := catchUpSpan(route, laneFrom, 0, max(r.duties.caught[g], lost[g]))
 		if s := r.duties.staged[g]; s != nil && s.epoch == route.Epoch {
 			from = max(from, s.until) // staged before this retry
 		}
