@@ -878,7 +878,9 @@ func (e *engine) retryPublish(r retry, now time.Time) {
 // cache notifies it).
 func (e *engine) changed(ref string, now time.Time) {
 	route, ok := e.recs.Lookup(ref)
-	if ok && route.PrevNode == e.cfg.node && route.Node != e.cfg.node {
+	if ok && route.Ckpt != 0 && route.PrevNode == e.cfg.node && route.Node != "" && route.Node != e.cfg.node {
+		// An evacuation from this node's checkpoint (the only take-over
+		// whose catch-up reads Checkpoint.Lost).
 		group := route.Group
 		if ln := e.laneOf(ref); ln != nil {
 			group = ln.group

@@ -22,12 +22,13 @@ import (
 // only the queue stream's duplicate window makes harmless, and a rolling
 // restart of the servers loses the window's ids of consumed messages
 // (nats-server #3272). So the node keeps, for the groups it routed lately,
-// the last message it stored on its queue, and, for those taken from it,
-// says so in the checkpoints it saves afterwards; the catch-up of a group
-// whose pin is void skips what that says, once it has seen the message
-// gone from the queue stream (consumed, or moved by the drain): a message
-// still there landed after the drain looked, and is routed again so that
-// the duplicate it meets is moved here (takeLateCopy).
+// the last message it stored on its queue, and, for those an evacuation
+// from its checkpoint took from it, says so in the checkpoints it saves
+// afterwards; the catch-up of a group whose pin is void skips what that
+// says, once it has seen the message gone from the queue stream
+// (consumed, or moved by the drain): a message still there landed after
+// the drain looked, and is routed again so that the duplicate it meets is
+// moved here (takeLateCopy).
 
 // lostBook is the engine's record of the above.
 type lostBook struct {

@@ -30,7 +30,7 @@ func TestLostBook(t *testing.T) {
 	take := func(group, node string, rev, epoch uint64) {
 		t.Helper()
 		if !cache.Apply(kvbinding.Binding{Group: group, State: kvbinding.StateBound, Node: node, PrevNode: "n1", FromSeq: 1,
-			Step: kvbinding.StepDrain, Drain: []string{"n1"}, Revision: rev, Epoch: epoch}) {
+			Step: kvbinding.StepDrain, Drain: []string{"n1"}, Reason: "node n1 gone", Ckpt: 5, Revision: rev, Epoch: epoch}) {
 			t.Fatalf("record of %s not applied", group)
 		}
 		e.changed(group, at)
@@ -38,6 +38,15 @@ func TestLostBook(t *testing.T) {
 	take("g", "n2", 20, 0)
 	take("h", "n2", 21, 0)
 	take("x", "n2", 22, 0) // never routed here
+	// A move that is not an evacuation from this node's checkpoint (a
+	// rebalance: its catch-up starts at the fence, which this node
+	// reported) is not named.
+	e.lost.routed("r", 8, 15)
+	if !cache.Apply(kvbinding.Binding{Group: "r", State: kvbinding.StateBound, Node: "n2", PrevNode: "n1", FromSeq: 9,
+		Step: kvbinding.StepDrain, Drain: []string{"n1"}, Revision: 23}) {
+		t.Fatal("record of r not applied")
+	}
+	e.changed("r", at)
 	check := func(at time.Time, want string) {
 		t.Helper()
 		if got := fmt.Sprint(e.lost.snapshot(at)); got != want {
