@@ -258,6 +258,22 @@ func TestRelayAndRouterInProcess(t *testing.T) {
 	relayDone := make(chan error, 1)
 	// Start after everything routed so far: the relay would copy it again.
 	js, _ := jetstream.New(mon)
+	// The relay writes to a queue of limits retention, as relayArgs
+	// prepares it, consumed through the same durable consumer.
+	sk.forget()
+	if err := limitsQueue(ctx, js); err != nil {
+		t.Fatal(err)
+	}
+	q, err := js.Stream(ctx, router.QueueStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if qi, err := q.Info(ctx); err != nil || qi.Config.Retention != jetstream.LimitsPolicy {
+		t.Fatalf("the relay's queue stream: %v, err %v", qi, err)
+	}
+	if err := sk.consume(ctx, "n0"); err != nil {
+		t.Fatal(err)
+	}
 	s, err := js.Stream(ctx, router.IngressStream)
 	if err != nil {
 		t.Fatal(err)

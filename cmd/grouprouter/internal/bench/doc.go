@@ -33,7 +33,8 @@
 //   - baseline (i), the relay, first: a durable pull consumer on the
 //     ingress (AckAll) whose messages are republished, asynchronously
 //     pipelined (at most 1,000 awaiting their PubAck), onto
-//     grouping.queue.n0.<subject> with Nats-Msg-Id from the ingress
+//     grouping.queue.n0.<subject> in a queue stream of limits retention
+//     (the router's is a work queue) with Nats-Msg-Id from the ingress
 //     sequence, the ingress acked every 64 confirmed messages and when
 //     caught up — no grouping (see relay); its peak sets the rate of the
 //     paced runs: half of it;

@@ -941,6 +941,12 @@ func (b *bencher) relayArgs(ctx context.Context, e *env) ([]string, error) {
 	if err := b.stopAll(kids); err != nil {
 		return nil, err
 	}
+	// The sink consumes n0's queue since startNodes: it stops before its
+	// consumer goes with the stream, and consumes the new one later.
+	e.sink.forget()
+	if err := limitsQueue(ctx, e.js); err != nil {
+		return nil, err
+	}
 	var start uint64 = 1
 	if s, err := e.js.Stream(ctx, router.IngressStream); err == nil {
 		info, err := s.Info(ctx)
@@ -951,6 +957,49 @@ func (b *bencher) relayArgs(ctx context.Context, e *env) ([]string, error) {
 	}
 	return []string{"--mode", modeRelay, "--nats", strings.Join(e.ns.URLsFor(0), ","),
 		"--node", "n0", "--start-seq", strconv.FormatUint(start, 10)}, nil
+}
+
+// limitsQueue replaces the queue stream the node created, and its
+// consumers, with a stream of limits retention and otherwise the same
+// configuration, for the relay.
+// The router's queue is a work queue: every acknowledged message is
+// removed, and the file store writes a tombstone for each removal. A relay
+// needs no such queue (nothing reads what is still stored), and
+// peerbench's relay, the strongest baseline, writes to a limits stream; on
+// a work queue it routed 17-22 % fewer messages a second here
+// (docs/performance.md). The next phase's reset deletes the stream, and
+// the next node creates the work queue again.
+func limitsQueue(ctx context.Context, js jetstream.JetStream) error {
+	s, err := js.Stream(ctx, router.QueueStream)
+	if err != nil {
+		return fmt.Errorf("bench: the queue stream: %w", err)
+	}
+	info, err := s.Info(ctx)
+	if err != nil {
+		return fmt.Errorf("bench: the queue stream: %w", err)
+	}
+	var consumers []jetstream.ConsumerConfig
+	lister := s.ListConsumers(ctx)
+	for ci := range lister.Info() {
+		consumers = append(consumers, ci.Config)
+	}
+	if err := lister.Err(); err != nil {
+		return fmt.Errorf("bench: the queue stream's consumers: %w", err)
+	}
+	cfg := info.Config
+	if err := js.DeleteStream(ctx, router.QueueStream); err != nil {
+		return fmt.Errorf("bench: delete the queue stream: %w", err)
+	}
+	cfg.Retention = jetstream.LimitsPolicy
+	if _, err := js.CreateStream(ctx, cfg); err != nil {
+		return fmt.Errorf("bench: the relay's queue stream: %w", err)
+	}
+	for _, cc := range consumers {
+		if _, err := js.CreateConsumer(ctx, router.QueueStream, cc); err != nil {
+			return fmt.Errorf("bench: the relay's queue consumer %s: %w", cc.Durable, err)
+		}
+	}
+	return nil
 }
 
 // loneRouterArgs returns the arguments of a lone LOCAL router node n0

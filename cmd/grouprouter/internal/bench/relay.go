@@ -31,13 +31,15 @@ const (
 //   - It reads the ingress with a durable pull consumer (AckAll, from
 //     startSeq; replicated like the stream, so its position survives a
 //     server), through a Consume callback pulling 1,024 messages at a time.
-//   - It republishes every message onto node's queue subject (headers and
-//     body kept, Nats-Msg-Id from the ingress sequence so that the queue
-//     stream drops a copy published twice, and the ingress sequence in
-//     router.HeaderIngressSeq, as the router sets it: package consumer
-//     orders a group's messages by it), asynchronously pipelined with
-//     at most 1,000 publishes awaiting their PubAck (jspub: one callback
-//     per publish, no goroutine or channel per message).
+//   - It republishes every message onto node's queue subject, in a queue
+//     stream of limits retention (limitsQueue: the router's work queue
+//     writes a tombstone for every message consumed, which the relay need
+//     not pay), with headers and body kept, Nats-Msg-Id from the ingress
+//     sequence so that the queue stream drops a copy published twice, and
+//     the ingress sequence in router.HeaderIngressSeq, as the router sets
+//     it (package consumer orders a group's messages by it), asynchronously
+//     pipelined with at most 1,000 publishes awaiting their PubAck (jspub:
+//     one callback per publish, no goroutine or channel per message).
 //   - It acks the ingress in delivery order: once 64 more messages have
 //     their PubAck, in order, the latest of them is acked (AckAll acks
 //     everything before it too), and when it has caught up (the last
