@@ -45,9 +45,7 @@ func (r *Router) asker(ctx context.Context) {
 			select {
 			case sem <- struct{}{}:
 			case <-ctx.Done():
-				r.mu.Lock()
-				r.eng.abandon(batch)
-				r.mu.Unlock()
+				r.step(inAbandon{batch: batch})
 				return
 			}
 			wg.Add(1)
@@ -68,15 +66,13 @@ func (r *Router) sendAsks(ctx context.Context, batch []*ask) {
 	r.markClean(ctx, ps)
 	ds, err := r.dec.client.Propose(ctx, ps)
 	if err != nil && ctx.Err() != nil {
-		r.mu.Lock()
-		r.eng.abandon(batch)
-		r.mu.Unlock()
+		r.step(inAbandon{batch: batch})
 		return
 	}
 	if err != nil {
 		r.log.Debug("asks failed; retried", "asks", len(batch), "err", err)
 	}
-	r.do(func(e *engine, now time.Time) { e.replied(batch, ds, err, now) })
+	r.step(inReplied{batch: batch, ds: ds, err: err})
 }
 
 // cleanScanMax is the most messages this node's queue may store for a

@@ -157,7 +157,7 @@ func (r *Router) batchDone(o outcome, msgID string) jspub.Callback {
 // batchNotSent hands the engine a batch that could not be sent whole.
 func (r *Router) batchNotSent(o outcome, err error) {
 	o.err = err
-	r.do(func(e *engine, now time.Time) { r.apply(e, o, now) })
+	r.outcomes([]outcome{o})
 }
 
 // publishFastBatch carries out an actBatch on a stream of one replica: the

@@ -15,7 +15,10 @@
 //
 // Inside, the lane engine (engine.go) holds the routing logic with no I/O
 // and no clock: messages, publish outcomes, record changes and replies go
-// in, publishes and asks come out. Shells do the I/O: the reader
+// in, publishes and asks come out. Every input goes through one door,
+// engine.step, as a value (input.go); besides it the shells only pull
+// their next work (asks to send, held messages to release) and read views,
+// which TestShellsUseTheEngineDoor checks. Shells do the I/O: the reader
 // (reader.go, ingest.go), the asker (ask.go), the hand-over steps of moves
 // (handover.go) and liveness and checkpoints (router.go). Every goroutine
 // runs under Run's errgroup and has ended when Run returns.

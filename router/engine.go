@@ -1611,3 +1611,53 @@ func (e *engine) backoff(attempt int) time.Duration {
 	}
 	return d/2 + time.Duration(e.rnd.Int64N(int64(d/2)+1))
 }
+
+// The shells' views of the engine and their pulls (input.go lists them).
+
+// holds reports whether the node keeps held messages on its held subject
+// (engineConfig.holds).
+func (e *engine) holds() bool { return e.cfg.holds }
+
+// stopping reports whether the engine was told to stop (inStop).
+func (e *engine) stopping() bool { return e.closing }
+
+// publishing reports how many publishes await their outcome.
+func (e *engine) publishing() int { return e.inflight }
+
+// fairBusy reports whether the fair shell has groups to release or
+// watch: held groups, heavy ones, or lanes waiting for room.
+func (e *engine) fairBusy() bool {
+	return e.fair.heldGroups > 0 || e.fair.heavy > 0 || len(e.fairWait) > 0
+}
+
+// readFrom returns the ingress sequence the reader starts at and the
+// resume checkpoint's next sequence (below it, gaps were seen before).
+func (e *engine) readFrom() (start, next uint64) {
+	return e.resume.start(), e.resume.ckpt.Next
+}
+
+// checkpoint pulls the node's checkpoint: its routing position and, when
+// it has one, the groups taken from it lately (lostBook.snapshot, which
+// prunes), with seen, the bindings revision the node applied.
+func (e *engine) checkpoint(seen uint64, now time.Time) kvbinding.Checkpoint {
+	c := e.track.checkpoint()
+	if c.Next != 0 {
+		c.Lost, c.Seen = e.lost.snapshot(now), seen
+	}
+	return c
+}
+
+// undecided offers every lane waiting for a decision, with how long its
+// oldest message has waited: the time the lane was first offered with
+// that oldest message (a pull: it marks the lanes it offers).
+func (e *engine) undecided(now time.Time, offer func(kvbinding.HeldGroup)) {
+	for g, ln := range e.lanes {
+		if !ln.waiting || len(ln.msgs) == 0 {
+			continue
+		}
+		if seq := ln.msgs[0].seq; ln.heldSeq != seq || ln.heldAt == 0 {
+			ln.heldSeq, ln.heldAt = seq, now.UnixNano()
+		}
+		offer(kvbinding.HeldGroup{Group: g, Count: len(ln.msgs), OldestSeq: ln.heldSeq, Since: time.Unix(0, ln.heldAt).UTC()})
+	}
+}

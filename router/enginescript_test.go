@@ -74,7 +74,7 @@ func (s *engineScript) run(cmd string) ([]string, error) {
 			id, has := strings.CutSuffix(a, "+")
 			live[id] = proposals.NodeState{HasConsumer: has}
 		}
-		s.e.setLive(live, now)
+		s.e.step(inLive{state: live}, now)
 		return s.actions(), nil
 	case "record":
 		if len(bare) < 2 {
@@ -97,11 +97,11 @@ func (s *engineScript) run(cmd string) ([]string, error) {
 			if err != nil {
 				return nil, err
 			}
-			s.e.ingest(bare[0], &msgRec{seq: seq}, now)
+			s.e.step(inMsg{group: bare[0], m: &msgRec{seq: seq}}, now)
 		}
 		return s.actions(), nil
 	case "changed":
-		s.e.changed(bare[0], now)
+		s.e.step(inChanged{refs: []string{bare[0]}}, now)
 		return s.actions(), nil
 	case "asks":
 		s.asks = s.e.askBatch(10, now)
@@ -137,7 +137,7 @@ func (s *engineScript) run(cmd string) ([]string, error) {
 		if len(ds) == 0 {
 			return nil, fmt.Errorf("no ask of %s to reply to", bare[0])
 		}
-		s.e.replied(s.asks, ds, nil, now)
+		s.e.step(inReplied{batch: s.asks, ds: ds}, now)
 		return s.actions(), nil
 	case "ack":
 		key := bare[0] + "/" + bare[1]
@@ -146,17 +146,17 @@ func (s *engineScript) run(cmd string) ([]string, error) {
 			return nil, fmt.Errorf("no publish of %s printed", key)
 		}
 		delete(s.pubs, key)
-		s.e.acked(a.ln, a.m, a.dlq, a.reason, nil, num("qseq"), now)
+		s.e.step(inOutcomes{batch: []outcome{{ln: a.ln, m: a.m, dlq: a.dlq, reason: a.reason, seq: num("qseq")}}}, now)
 		return s.actions(), nil
 	case "alive":
 		d, err := time.ParseDuration(kv["until"])
 		if err != nil {
 			return nil, fmt.Errorf("alive until=DURATION: %v", err)
 		}
-		s.e.alive(testNow.Add(d), now)
+		s.e.step(inAlive{until: testNow.Add(d)}, now)
 		return s.actions(), nil
 	case "tick":
-		s.e.due(now)
+		s.e.step(inTick{}, now)
 		return s.actions(), nil
 	case "resume":
 		c := kvbinding.Checkpoint{Next: num("next")}
@@ -166,7 +166,7 @@ func (s *engineScript) run(cmd string) ([]string, error) {
 			b, _ := strconv.ParseUint(hi, 10, 64)
 			c.Pending = [][2]uint64{{a, b}}
 		}
-		s.e.resume = resumePoint{ckpt: c}
+		s.e.step(inBegin{resume: resumePoint{ckpt: c}}, now)
 		return nil, nil
 	case "position":
 		return []string{"position " + strconv.FormatUint(s.e.position(), 10)}, nil

@@ -72,7 +72,7 @@ func (r *Router) queueHolds(ctx context.Context) bool {
 // it routes: a group with messages held sends its later ones there too.
 // It retries until ctx ends.
 func (r *Router) restoreHeld(ctx context.Context) error {
-	if !r.eng.cfg.holds {
+	if !r.eng.holds() {
 		return nil
 	}
 	return r.setupStep(ctx, "held messages", func(ctx context.Context) error {
@@ -97,9 +97,13 @@ func (r *Router) restoreHeld(ctx context.Context) error {
 			n += c
 		}
 		r.log.Info("groups held back when this node stopped: their held messages go onto the queue as there is room", "groups", len(found), "messages", n)
-		r.mu.Lock()
-		r.eng.fair.restore(found, func(ref string) string { return r.groupOfRef(ref) }, time.Now())
-		r.mu.Unlock()
+		groups := make(map[string]string, len(found))
+		for ref, c := range found {
+			if c > 0 {
+				groups[ref] = r.groupOfRef(ref)
+			}
+		}
+		r.step(inHeldFound{counts: found, groups: groups})
 		return nil
 	})
 }
@@ -154,7 +158,7 @@ func (r *Router) groupOfRef(ref string) string {
 
 // fairLoop runs the fair shell until ctx ends.
 func (r *Router) fairLoop(ctx context.Context, cons jetstream.Consumer) {
-	if !r.eng.cfg.holds {
+	if !r.eng.holds() {
 		return
 	}
 	stream, err := r.js.Stream(ctx, QueueStream)
@@ -206,10 +210,10 @@ func (r *Router) fairRound(ctx context.Context, cons jetstream.Consumer, stream 
 	var rel []releaseTask
 	var checks []checkTask
 	busy := false
-	r.do(func(e *engine, now time.Time) {
-		rel, checks = e.fairRead(info.AckFloor.Stream, info.Config.MaxAckPending, now)
-		busy = e.fair.heldGroups > 0 || e.fair.heavy > 0 || len(e.fairWait) > 0
-	})
+	r.mu.Lock()
+	rel, checks = r.eng.fairRead(info.AckFloor.Stream, info.Config.MaxAckPending, time.Now())
+	busy = r.eng.fairBusy()
+	r.unlockAndPerform()
 	for _, c := range checks {
 		// A group's messages are consumed in order: its newest gone, all
 		// are; else its oldest may be.
@@ -220,7 +224,7 @@ func (r *Router) fairRound(ctx context.Context, cons jetstream.Consumer, stream 
 				break
 			}
 			if gone {
-				r.do(func(e *engine, _ time.Time) { e.fair.gone(c.ref, seq) })
+				r.step(inHeldGone{ref: c.ref, seq: seq})
 				break
 			}
 		}
@@ -234,7 +238,7 @@ func (r *Router) fairRound(ctx context.Context, cons jetstream.Consumer, stream 
 				r.warn.release.Warn(task.group, "err", err)
 			}
 		}
-		r.do(func(e *engine, now time.Time) { e.fairReleased(task.ref, seqs, left || err != nil, now) })
+		r.step(inReleased{ref: task.ref, queueSeqs: seqs, left: left || err != nil})
 	}
 	return busy || len(rel) > 0
 }

@@ -194,9 +194,7 @@ func splitDuties(jobs map[string]dutyJob, lookup func(string) (kvbinding.Binding
 
 // forgetDuty lets the engine hand a step again.
 func (r *Router) forgetDuty(group string, rev uint64) {
-	r.mu.Lock()
-	r.eng.dutyDone(group, rev)
-	r.mu.Unlock()
+	r.step(inDutyDone{group: group, rev: rev})
 }
 
 // runSteps runs one batch of drain or catch-up steps and reports them.

@@ -45,11 +45,12 @@ func (r *Router) read(ctx context.Context) error {
 	rd := newIngressReader(r.js, IngressStream, r.cfg.JSDomain, r.log)
 	rd.onCreated = func() { r.rs.up.Store(true) }
 	rd.onReset = func(cause int) { r.rs.resets[cause].Add(1) }
-	rd.onGap, rd.gapsFrom = r.rs.loss.note, r.eng.resume.ckpt.Next
+	start, next := r.eng.readFrom()
+	rd.onGap, rd.gapsFrom = r.rs.loss.note, next
 	defer r.rs.loss.close()
 	defer r.rs.up.Store(false)
 	var recs []ingested
-	return rd.run(ctx, r.eng.resume.start(), func(batch []ingressMsg) {
+	return rd.run(ctx, start, func(batch []ingressMsg) {
 		recs = r.ingest(batch, recs[:0])
 		clear(recs)
 	})
@@ -88,7 +89,7 @@ func (r *Router) ingest(batch []ingressMsg, recs []ingested) []ingested {
 	now := time.Now()
 	r.mu.Lock()
 	for _, in := range recs {
-		if r.eng.full() && !r.eng.closing {
+		if r.eng.full() && !r.eng.stopping() {
 			// Publish what this batch asked for before waiting: the
 			// room waited for comes from their acks too.
 			if acts := r.eng.take(); len(acts) > 0 {
@@ -99,7 +100,7 @@ func (r *Router) ingest(batch []ingressMsg, recs []ingested) []ingested {
 			r.room.waiting = true
 			waitFrom := time.Now()
 			r.rs.fullSince.Store(waitFrom.UnixNano())
-			for !r.eng.closing && r.eng.full() {
+			for !r.eng.stopping() && r.eng.full() {
 				r.room.cond.Wait()
 			}
 			r.room.waiting = false
@@ -107,10 +108,10 @@ func (r *Router) ingest(batch []ingressMsg, recs []ingested) []ingested {
 			r.rs.fullNanos.Add(int64(now.Sub(waitFrom)))
 			r.rs.fullSince.Store(0)
 		}
-		if r.eng.closing {
+		if r.eng.stopping() {
 			break
 		}
-		r.eng.ingest(in.group, in.m, now)
+		r.eng.step(inMsg{group: in.group, m: in.m}, now)
 	}
 	acts := r.eng.take()
 	r.mu.Unlock()
@@ -266,11 +267,7 @@ func (r *Router) ackBatch() {
 	if len(batch) == 0 {
 		return
 	}
-	r.do(func(e *engine, now time.Time) {
-		for _, o := range batch {
-			r.apply(e, o, now)
-		}
-	})
+	r.outcomes(batch)
 	r.out.outcomes.recycle(batch)
 }
 
@@ -324,27 +321,24 @@ func (oq *outcomeQueue) recycle(batch []outcome) {
 	oq.mu.Unlock()
 }
 
-// apply hands the engine one publish outcome.
-func (r *Router) apply(e *engine, o outcome, now time.Time) {
-	if o.batch > 0 {
-		if o.err == nil {
+// outcomes counts what batch routed, warns of its failures, and hands it
+// to the engine (inOutcomes).
+func (r *Router) outcomes(batch []outcome) {
+	stopping := r.life.stopping.Load()
+	for _, o := range batch {
+		switch {
+		case o.batch > 0 && o.err == nil:
 			r.out.routed.Add(uint64(o.batch))
-		} else if !e.closing {
+		case o.batch > 0 && !stopping:
 			r.warn.publish.Warn(o.ln.group, "batch", o.batch, "err", o.err)
+		case o.batch > 0:
+		case o.err == nil && !o.dlq:
+			r.out.routed.Add(1)
+		case o.err != nil && !stopping && !errors.Is(o.err, errRefused):
+			r.warn.publish.Warn(o.ln.group, "ingress_seq", o.m.seq, "dead_letter", o.dlq, "err", o.err)
 		}
-		e.ackedBatch(o.ln, o.err, o.seq, now)
-		return
 	}
-	if o.stripped {
-		e.stripped(o.m)
-	}
-	if o.err == nil && !o.dlq {
-		r.out.routed.Add(1)
-	}
-	if o.err != nil && !e.closing && !errors.Is(o.err, errRefused) {
-		r.warn.publish.Warn(o.ln.group, "ingress_seq", o.m.seq, "dead_letter", o.dlq, "err", o.err)
-	}
-	e.acked(o.ln, o.m, o.dlq, o.reason, o.err, o.seq, now)
+	r.step(inOutcomes{batch: batch})
 }
 
 // refusal marks err as errRefused when retrying the publish cannot fix it.
@@ -479,11 +473,11 @@ func (r *Router) laneDuplicate(o outcome, sent *nats.Msg, epoch []string) {
 		if err := r.takeLaneLateCopy(ctx, o.ln.group, sent, o.seq, epoch); err != nil {
 			o.err = fmt.Errorf("ingress message %d: the queue holds a copy this node has not moved onto its own queue yet: %w", o.m.seq, err)
 		}
-		r.do(func(e *engine, now time.Time) { r.apply(e, o, now) })
+		r.outcomes([]outcome{o})
 	})
 	if !started {
 		o.err = context.Canceled // the node stops
-		r.do(func(e *engine, now time.Time) { r.apply(e, o, now) })
+		r.outcomes([]outcome{o})
 	}
 }
 
@@ -507,7 +501,7 @@ func (r *Router) takeLaneLateCopy(ctx context.Context, group string, sent *nats.
 // publishFailed hands the engine a publish that failed before it was sent.
 func (r *Router) publishFailed(a action, err error) {
 	o := outcome{ln: a.ln, m: a.m, dlq: a.dlq, reason: a.reason, err: err, stripped: a.stripped}
-	r.do(func(e *engine, now time.Time) { r.apply(e, o, now) })
+	r.outcomes([]outcome{o})
 }
 
 // ingressMsg reads the ingress message at seq (STREAM.MSG.GET: the

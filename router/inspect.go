@@ -22,15 +22,7 @@ func (r *Router) heldUndecided(now time.Time) ([]kvbinding.HeldGroup, int) {
 		return a.OldestSeq < b.OldestSeq
 	})
 	r.mu.Lock()
-	for g, ln := range r.eng.lanes {
-		if !ln.waiting || len(ln.msgs) == 0 {
-			continue
-		}
-		if seq := ln.msgs[0].seq; ln.heldSeq != seq || ln.heldAt == 0 {
-			ln.heldSeq, ln.heldAt = seq, now.UnixNano()
-		}
-		top.offer(kvbinding.HeldGroup{Group: g, Count: len(ln.msgs), OldestSeq: ln.heldSeq, Since: time.Unix(0, ln.heldAt).UTC()})
-	}
+	r.eng.undecided(now, top.offer)
 	r.mu.Unlock()
 	if top.seen == 0 {
 		return nil, 0

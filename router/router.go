@@ -134,10 +134,13 @@ type Router struct {
 	out queueOut
 
 	// life: ready is closed once the node routes (setup); stopped is
-	// set when Run returned.
+	// set when Run returned; stopping when the routing stops.
 	life struct {
 		ready   chan struct{}
 		stopped atomic.Bool
+		// stopping is set when the engine is told to stop (inStop):
+		// publish outcomes then fail without a warning.
+		stopping atomic.Bool
 	}
 
 	// proc is this process under the node id (identity.go).
@@ -221,15 +224,11 @@ func New(nc *nats.Conn, cfg Config) (*Router, error) {
 	r.wake.ask, r.wake.timer, r.wake.fair = make(chan struct{}, 1), make(chan struct{}, 1), make(chan struct{}, 1)
 	r.qcheck = newQueueCheck(js, nc, cfg.Node, r.log)
 	r.live = &liveness{every: cfg.Heartbeat, log: r.log, yielded: &r.proc.yielded,
-		warn:   logagg.New(r.log, "announce failed", logagg.DefaultEvery),
-		report: r.announcement,
-		consumerChanged: func(has bool) {
-			r.mu.Lock()
-			r.eng.consumerPresent(has)
-			r.mu.Unlock()
-		},
-		catchUp: r.catchUpRecords, records: func() uint64 { return r.cache.Delivered() },
-		alive: func(until time.Time) { r.do(func(e *engine, now time.Time) { e.alive(until, now) }) },
+		warn:            logagg.New(r.log, "announce failed", logagg.DefaultEvery),
+		report:          r.announcement,
+		consumerChanged: func(has bool) { r.step(inConsumer{has: has}) },
+		catchUp:         r.catchUpRecords, records: func() uint64 { return r.cache.Delivered() },
+		alive: func(until time.Time) { r.step(inAlive{until: until}) },
 	}
 	r.warn = warners{
 		noDecision:   logagg.New(r.log, "no routing decision; the group waits and is retried", logagg.DefaultEvery),
@@ -296,11 +295,18 @@ func (r *Router) Stats() Stats {
 	}
 }
 
-// do runs fn on the engine with r.mu held, then carries out the actions
-// it produced, with r.mu released.
-func (r *Router) do(fn func(e *engine, now time.Time)) {
+// step hands the engine one input (input.go) with r.mu held, then
+// carries out the actions it emitted, with r.mu released.
+func (r *Router) step(in input) {
 	r.mu.Lock()
-	fn(r.eng, time.Now())
+	r.eng.step(in, time.Now())
+	r.unlockAndPerform()
+}
+
+// unlockAndPerform takes the actions the engine emitted, wakes the reader
+// if it waits for room the engine has now, releases r.mu (held by the
+// caller) and carries the actions out.
+func (r *Router) unlockAndPerform() {
 	acts := r.eng.take()
 	if r.room.waiting && !r.eng.full() {
 		r.room.cond.Broadcast()
@@ -395,8 +401,9 @@ func (r *Router) Run(ctx context.Context) error {
 	// message it did not hand over is read again after a restart (the
 	// checkpoint covers only what was routed).
 	stopWaiting := context.AfterFunc(gctx, func() {
+		r.life.stopping.Store(true)
 		r.mu.Lock()
-		r.eng.close()
+		r.eng.step(inStop{}, time.Now())
 		r.room.cond.Broadcast()
 		r.mu.Unlock()
 	})
@@ -539,10 +546,11 @@ func (q queues) IngressCreated(ctx context.Context) (time.Time, error) {
 // and withdraws the node's liveness record.
 func (r *Router) drain() {
 	deadline := time.Now().Add(5 * time.Second)
+	r.life.stopping.Store(true)
 	r.mu.Lock()
-	r.eng.close()
+	r.eng.step(inStop{}, time.Now())
 	r.room.cond.Broadcast()
-	for r.eng.inflight > 0 && time.Now().Before(deadline) {
+	for r.eng.publishing() > 0 && time.Now().Before(deadline) {
 		r.mu.Unlock()
 		time.Sleep(10 * time.Millisecond)
 		r.mu.Lock()
@@ -597,11 +605,7 @@ func (r *Router) changeLoop(ctx context.Context) {
 		if r.eng == nil {
 			continue
 		}
-		r.do(func(e *engine, now time.Time) {
-			for _, g := range batch {
-				e.changed(g, now)
-			}
-		})
+		r.step(inChanged{refs: batch})
 		if drained {
 			r.applied.Store(seen)
 		}
@@ -625,11 +629,7 @@ func (r *Router) resumeDuties() {
 	if len(todo) > 0 {
 		r.log.Info("resuming changes in progress", "groups", len(todo))
 	}
-	r.do(func(e *engine, now time.Time) {
-		for _, g := range todo {
-			e.changed(g, now)
-		}
-	})
+	r.step(inChanged{refs: todo})
 }
 
 // onLiveChange is called by the registry when the set of live nodes (or
@@ -643,7 +643,7 @@ func (r *Router) onLiveChange() {
 			state[id] = proposals.NodeState{HasConsumer: info.HasConsumer}
 		}
 	}
-	r.do(func(e *engine, now time.Time) { e.setLive(state, now) })
+	r.step(inLive{state: state})
 }
 
 // subscribeTakeovers follows the takeover events of LOCAL handlers until
@@ -663,7 +663,7 @@ func (r *Router) subscribeTakeovers() (unsubscribe func(), err error) {
 		if json.Unmarshal(m.Data, &ev) == nil && ev.PrevNode != "" && ev.PrevNode != r.cfg.Node && kvbinding.ValidateNodeID(ev.PrevNode) == nil {
 			r.suspect(ev.PrevNode, now)
 		}
-		r.do(func(e *engine, now time.Time) { e.retryNow(now) })
+		r.step(inRetry{})
 	})
 	if err != nil {
 		return nil, fmt.Errorf("grouping: subscribe to handler events: %w", err)
@@ -733,7 +733,7 @@ func (r *Router) timers(ctx context.Context) {
 			continue
 		case <-t.C:
 		}
-		r.do(func(e *engine, now time.Time) { e.due(now) })
+		r.step(inTick{})
 	}
 }
 
@@ -849,10 +849,7 @@ func (r *Router) checkpointLoop(ctx context.Context) {
 func (r *Router) checkpoint() kvbinding.Checkpoint {
 	seen := r.applied.Load()
 	r.mu.Lock()
-	c := r.eng.track.checkpoint()
-	if c.Next != 0 {
-		c.Lost, c.Seen = r.eng.lost.snapshot(time.Now()), seen
-	}
+	c := r.eng.checkpoint(seen, time.Now())
 	r.mu.Unlock()
 	r.duties.mu.Lock()
 	if len(r.duties.caught) > 0 {
@@ -903,8 +900,9 @@ func (r *Router) position() uint64 {
 func (r *Router) reaper(ctx context.Context) {
 	every(ctx, r.cfg.ReaperPeriod, func() {
 		mine := r.cache.RefsOf(r.cfg.Node)
-		var long []string
-		r.do(func(e *engine, now time.Time) { long = e.reap(mine, now) })
+		r.mu.Lock()
+		long := r.eng.reap(mine, time.Now())
+		r.unlockAndPerform()
 		if len(long) == 0 {
 			return
 		}
@@ -914,7 +912,7 @@ func (r *Router) reaper(ctx context.Context) {
 			r.log.Warn("cannot read the ids of idle long groups; they are released later", "err", err)
 		}
 		if len(names) > 0 {
-			r.do(func(e *engine, now time.Time) { e.reapNamed(names, now) })
+			r.step(inReapNamed{names: names})
 		}
 	})
 }

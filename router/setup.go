@@ -186,9 +186,7 @@ func (r *Router) setup(ctx context.Context) (queueCons jetstream.Consumer, relea
 		r.log.Info("no checkpoint: reading the ingress from the routing floor", "floor", floor)
 	}
 	resume = withFloor(resume, floor)
-	r.mu.Lock()
-	r.eng.begin(resume, floor)
-	r.mu.Unlock()
+	r.step(inBegin{resume: resume, floor: floor})
 	if r.cfg.Type == Local {
 		r.dec.handler = proposals.NewHandler(r.nc, r.store, r.cache, r.reg, proposals.HandlerConfig{
 			Name: r.cfg.Name, Node: r.cfg.Node, LeaseTTL: r.cfg.LeaseTTL, Logger: r.cfg.Logger,

@@ -121,7 +121,7 @@ func (q *dutyQueue) notStaged(group string, epoch uint64) {
 // and every group when the queue stream takes no held subject are not
 // staged (their catch-up publishes from the ingress).
 func (r *Router) stage(ctx context.Context, routes map[string]kvbinding.Binding) error {
-	if !r.eng.cfg.holds {
+	if !r.eng.holds() {
 		return nil
 	}
 	r.forgetStaged()
@@ -348,7 +348,7 @@ func (r *Router) ownHeld(ctx context.Context, stream jetstream.Stream, seq, is u
 // drain is staged again too: nothing of it is on the held subject, and
 // the staging publishes what the catch-up would have).
 func (r *Router) needsStaging(g string, route kvbinding.Binding) bool {
-	return r.eng.cfg.holds && g != "" && route.Epoch != route.Revision && r.duties.stagedOf(g, route.Epoch) == nil
+	return r.eng.holds() && g != "" && route.Epoch != route.Revision && r.duties.stagedOf(g, route.Epoch) == nil
 }
 
 // moveStaged moves group's staged copy at queue sequence seq onto this
