@@ -180,7 +180,7 @@ func (r *Router) publishFastBatch(a action) {
 
 // queueMsg returns m's message addressed to a's node's queue.
 func (r *Router) queueMsg(m *msgRec, a action) *nats.Msg {
-	out := outMsg(m)
+	out := outMsg(m.seq, m.payload)
 	out.Subject = QueueSubject(a.node, m.subject)
 	if a.held {
 		out.Subject = HeldSubject(a.node, a.ln.group, m.subject)

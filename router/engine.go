@@ -267,10 +267,14 @@ type action struct {
 	// stripped: the shell's own mark, on its copy of the action: the
 	// dead-letter copy goes without its body (see outcome.stripped).
 	stripped bool
-	fail     *failure      // actFailure
-	count    int           // actDeadLettered; actWindow: the new limit; actHold
-	took     time.Duration // actDecided; actHold
-	on       bool          // actHold: started
+	// payload: the shell's own, on its copy of the action: a spilled
+	// message read again from the ingress (fetchSpilled). The outcome
+	// hands it to the engine, which keeps it on the message for a retry.
+	payload any
+	fail    *failure      // actFailure
+	count   int           // actDeadLettered; actWindow: the new limit; actHold
+	took    time.Duration // actDecided; actHold
+	on      bool          // actHold: started
 }
 
 // Engine counters (read by Stats under the lock). decisionErrors counts

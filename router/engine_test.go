@@ -1,6 +1,7 @@
 package router
 
 import (
+	"errors"
 	"math/rand/v2"
 	"strconv"
 	"strings"
@@ -161,5 +162,42 @@ func TestEngineHogsMemory(t *testing.T) {
 	}
 	if e.hogsMemory(lanes[1]) {
 		t.Error("a lane with 1 of 49 held messages counted as hogging")
+	}
+}
+
+// A spilled message the shell read again from the ingress comes back with
+// its publish's outcome (outcome.payload): the shell never writes the
+// engine's message record. A failed publish is retried with that body,
+// not read again.
+func TestEngineKeepsAFetchedBodyForTheRetry(t *testing.T) {
+	recs := mapRecords{}
+	e := newTestEngine("n1", recs)
+	m := &msgRec{seq: 5, subject: "s"} // spilled: no payload
+	e.step(inMsg{group: "g", m: m}, testNow)
+	e.take()
+	recs["g"] = kvbinding.Binding{Group: "g", State: kvbinding.StateBound, Node: "n1", FromSeq: 1, Revision: 2}
+	e.step(inChanged{refs: []string{"g"}}, testNow)
+	var pub *action
+	for _, a := range e.take() {
+		if a.kind == actPublish {
+			pub = &a
+		}
+	}
+	if pub == nil || pub.m != m || pub.m.payload != nil {
+		t.Fatalf("no publish of the body-less message: %+v", pub)
+	}
+	body := &held{}
+	e.step(inOutcomes{batch: []outcome{{ln: pub.ln, m: pub.m, payload: body, err: errors.New("no PubAck")}}}, testNow)
+	if m.payload != body {
+		t.Fatalf("the engine did not keep the body the shell read: %v", m.payload)
+	}
+	e.take()
+	e.step(inTick{}, testNow.Add(time.Minute))
+	retried := false
+	for _, a := range e.take() {
+		retried = retried || a.kind == actPublish && a.m == m && a.m.payload == body
+	}
+	if !retried {
+		t.Fatalf("the failed publish was not retried with the body read")
 	}
 }

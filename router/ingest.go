@@ -177,12 +177,13 @@ func prepare(seq uint64, hdr nats.Header, data []byte) *nats.Msg {
 	return out
 }
 
-// outMsg returns m's message to republish, preparing it on first use: the
+// outMsg returns the message of payload, the ingress message at seq, to
+// republish, preparing it on first use: the
 // received message itself, its headers rewritten as prepare does.
-func outMsg(m *msgRec) *nats.Msg {
-	h := m.payload.(*held)
+func outMsg(seq uint64, payload any) *nats.Msg {
+	h := payload.(*held)
 	if !h.prepared {
-		prepareInPlace(m.seq, h.msg)
+		prepareInPlace(seq, h.msg)
 		h.prepared = true
 	}
 	return h.msg
@@ -211,11 +212,17 @@ func prepareInPlace(seq uint64, msg *nats.Msg) {
 // publish carries out an actPublish: onto a node's queue, or onto the
 // dead-letter stream with a reason. The outcome goes back to the engine.
 func (r *Router) publish(a action) {
-	if a.m.payload == nil {
+	// The engine clears a message's payload only when it spills it, which
+	// it does to messages waiting for a decision, never to one it asked
+	// to publish.
+	if a.payload == nil {
+		a.payload = a.m.payload
+	}
+	if a.payload == nil {
 		r.fetchSpilled(a)
 		return
 	}
-	out := outMsg(a.m)
+	out := outMsg(a.m.seq, a.payload)
 	if a.dlq {
 		out = r.toDeadLetter(out, a.m.subject, a.m.seq, a.reason, a.m.stripped || a.stripped)
 	} else {
@@ -226,7 +233,7 @@ func (r *Router) publish(a action) {
 		out.Header[jetstream.ExpectedStreamHeader] = r.out.expect
 		out.Header[HeaderEpoch] = a.epoch
 	}
-	o := outcome{ln: a.ln, m: a.m, dlq: a.dlq, reason: a.reason, stripped: a.stripped}
+	o := outcome{ln: a.ln, m: a.m, dlq: a.dlq, reason: a.reason, stripped: a.stripped, payload: a.payload}
 	id := out.Header[jetstream.MsgIDHeader][0]
 	lateCheck := !a.dlq && !a.held && a.ln.group != ""
 	done := func(ack jspub.Ack, err error) {
@@ -258,6 +265,9 @@ type outcome struct {
 	// stripped: the shell sent the dead-letter copy without its body (the
 	// ingress no longer held it); the engine marks the message so.
 	stripped bool
+	// payload: the spilled message the shell read again (action.payload),
+	// which the engine keeps on the message for a retry.
+	payload any
 }
 
 // ackBatch hands the engine the outcomes collected since the last batch,
@@ -407,7 +417,8 @@ func spillFrom(c Config) int64 {
 }
 
 // fetchSpilled reads a spilled message again from the ingress, then
-// publishes it (a.m.payload is set: a retry publishes it as it is). It
+// publishes it (on the action's payload, which the outcome hands to the
+// engine: a retry publishes it as it is). It
 // never blocks its caller (which may be the publisher's ack handler): at
 // most maxFetches reads are in flight, the others wait in their
 // goroutines (no more than the publishes in flight). A
@@ -421,7 +432,7 @@ func (r *Router) fetchSpilled(a action) {
 		msg, err := r.ingressMsg(ctx, a.m.seq)
 		switch {
 		case err == nil:
-			a.m.payload = &held{msg: msg}
+			a.payload = &held{msg: msg}
 			r.publish(a)
 		case errors.Is(err, jetstream.ErrMsgNotFound):
 			// The dead letter names the group (the lane's), the rest is gone.
@@ -429,7 +440,7 @@ func (r *Router) fetchSpilled(a action) {
 			if a.ln != nil && a.ln.group != "" {
 				hdr.Set(r.cfg.GroupHeader, a.ln.group)
 			}
-			a.m.payload = &held{msg: &nats.Msg{Subject: a.m.subject, Header: hdr}}
+			a.payload = &held{msg: &nats.Msg{Subject: a.m.subject, Header: hdr}}
 			if a.dlq {
 				a.stripped = true
 				a.reason += "; the ingress no longer holds it (expired or removed before it was routed): stored without its body"
@@ -500,7 +511,7 @@ func (r *Router) takeLaneLateCopy(ctx context.Context, group string, sent *nats.
 
 // publishFailed hands the engine a publish that failed before it was sent.
 func (r *Router) publishFailed(a action, err error) {
-	o := outcome{ln: a.ln, m: a.m, dlq: a.dlq, reason: a.reason, err: err, stripped: a.stripped}
+	o := outcome{ln: a.ln, m: a.m, dlq: a.dlq, reason: a.reason, err: err, stripped: a.stripped, payload: a.payload}
 	r.outcomes([]outcome{o})
 }
 

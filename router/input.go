@@ -169,5 +169,8 @@ func (e *engine) outcome(o outcome, now time.Time) {
 	if o.stripped {
 		e.stripped(o.m)
 	}
+	if o.payload != nil && o.m.payload == nil {
+		o.m.payload = o.payload // read again by the shell: kept for a retry
+	}
 	e.acked(o.ln, o.m, o.dlq, o.reason, o.err, o.seq, now)
 }
