@@ -149,7 +149,7 @@ type Router struct {
 	mu  sync.Mutex
 	eng *engine
 	// room: the ingress reader waits on room.cond (under mu) while the
-	// engine holds all it may (room.waiting); do signals it when held or
+	// engine holds all it may (room.waiting); step signals it when held or
 	// in-flight work shrinks.
 	room struct {
 		cond    *sync.Cond
