@@ -140,7 +140,7 @@ func (n *simNode) standbyTick() {
 				m.suspects.add(suspect, w.now())
 				m.onLiveChange()
 			}
-			m.do(func(e *engine, now time.Time) { e.retryNow(now) })
+			m.step(inRetry{})
 		})
 	}
 	var tick func()

@@ -217,11 +217,7 @@ func (n *simNode) start() {
 			todo = append(todo, g)
 		}
 	}
-	n.do(func(e *engine, now time.Time) {
-		for _, g := range todo {
-			e.changed(g, now)
-		}
-	})
+	n.step(inChanged{refs: todo})
 	n.every(simHeartbeat, n.heartbeat)
 	n.every(simCheckpoint, n.checkpointTick)
 	if p.groupTimeout > 0 {
@@ -243,12 +239,19 @@ func (n *simNode) every(d time.Duration, fn func()) {
 	n.w.after(n.w.between(d/2, d), tick)
 }
 
-// do is Router.do: run fn on the engine, then carry out its actions.
-func (n *simNode) do(fn func(e *engine, now time.Time)) {
+// step is Router.step: hand the engine one input through its door, then
+// carry out its actions.
+func (n *simNode) step(in input) {
 	if !n.alive() {
 		return
 	}
-	fn(n.eng, n.w.now())
+	n.eng.step(in, n.w.now())
+	n.performTaken()
+}
+
+// performTaken carries out the actions the engine emitted, as
+// Router.unlockAndPerform does.
+func (n *simNode) performTaken() {
 	for _, a := range n.eng.take() {
 		n.perform(a)
 	}
@@ -324,7 +327,7 @@ func (n *simNode) notify(group string) {
 		} else {
 			n.logf("sees %q: no record", g)
 		}
-		n.do(func(e *engine, now time.Time) { e.changed(g, now) })
+		n.step(inChanged{refs: []string{g}})
 		n.w.after(n.w.between(10*time.Microsecond, 200*time.Microsecond), step)
 	}
 	n.w.after(n.w.between(10*time.Microsecond, 200*time.Microsecond), step)
@@ -349,7 +352,7 @@ func (n *simNode) onLiveChange() {
 			state[id] = proposals.NodeState{HasConsumer: has}
 		}
 	}
-	n.do(func(e *engine, now time.Time) { e.setLive(state, now) })
+	n.step(inLive{state: state})
 }
 
 // The ingress reader (Router.read and Router.ingest).
@@ -388,7 +391,7 @@ func (n *simNode) read() {
 		group, close = "", false
 	}
 	rec := &msgRec{seq: m.seq, subject: "jms.sim", size: 100, invalid: m.invalid, close: close}
-	n.do(func(e *engine, now time.Time) { e.ingest(group, rec, now) })
+	n.step(inMsg{group: group, m: rec})
 	n.scheduleRead()
 }
 
@@ -418,7 +421,7 @@ func (n *simNode) armTimer() {
 			return
 		}
 		n.timerArmed = false
-		n.do(func(e *engine, now time.Time) { e.due(now) })
+		n.step(inTick{})
 	})
 }
 
@@ -497,7 +500,7 @@ func (n *simNode) sendProposals(batch []*ask, ps []proposals.Proposal) {
 		if n.w.tracing {
 			n.logf("answers to %s: %s", simProposals(ps), simDecisions(ds, err))
 		}
-		n.do(func(e *engine, now time.Time) { e.replied(batch, ds, err, now) })
+		n.step(inReplied{batch: batch, ds: ds, err: err})
 	})
 }
 
@@ -753,7 +756,7 @@ func (n *simNode) publishBatch(a action) {
 		if n.w.tracing {
 			n.logf("batch %d..%d: %v", first, last, err)
 		}
-		n.do(func(e *engine, now time.Time) { e.ackedBatch(ln, err, 0, now) })
+		n.step(inOutcomes{batch: []outcome{{ln: ln, batch: len(ps), err: err}}})
 	})
 }
 
@@ -783,12 +786,12 @@ func (n *simNode) publish(a action) {
 				route.Epoch == p.epoch && c.node == simHeld(n.id) && !c.removed && c.seq == m.seq {
 				n.logf("lane: seq %d of %q has a staged copy %v: moved onto the queue", m.seq, ln.group, c)
 				n.moveGroup(ln.group, []simFound{{e: c, from: n.id, held: true}}, route, func() bool { return false }, func(_ int, err error) {
-					n.do(func(e *engine, now time.Time) { e.acked(ln, m, a.dlq, a.reason, err, 0, now) })
+					n.step(inOutcomes{batch: []outcome{{ln: ln, m: m, dlq: a.dlq, reason: a.reason, err: err}}})
 				})
 				return
 			}
 		}
-		n.do(func(e *engine, now time.Time) { e.acked(ln, m, a.dlq, a.reason, err, 0, now) })
+		n.step(inOutcomes{batch: []outcome{{ln: ln, m: m, dlq: a.dlq, reason: a.reason, err: err}}})
 	})
 }
 
@@ -860,7 +863,7 @@ func (n *simNode) heartbeat() {
 			}
 			if !lapsed {
 				n.liveUntil = until
-				n.do(func(e *engine, now time.Time) { e.alive(until, now) })
+				n.step(inAlive{until: until})
 				return
 			}
 			n.logf("liveness renewed after it may have lapsed: catching up with the records (through %d)", stored)
@@ -872,7 +875,7 @@ func (n *simNode) heartbeat() {
 				if n.kvSub.pos >= stored {
 					n.logf("caught up with the records; publishing again")
 					n.liveUntil = until
-					n.do(func(e *engine, now time.Time) { e.alive(until, now) })
+					n.step(inAlive{until: until})
 					return
 				}
 				if w.clock >= deadline {
@@ -915,7 +918,11 @@ func (n *simNode) checkpointTick() {
 
 func (n *simNode) reapTick() {
 	mine := n.cache.groupsOf(n.id)
-	n.do(func(e *engine, now time.Time) { e.reap(mine, now) })
+	if !n.alive() {
+		return
+	}
+	n.eng.reap(mine, n.w.now()) // a pull: the sim keeps no long ids to name
+	n.performTaken()
 }
 
 // Crash and stop.
