@@ -3,6 +3,7 @@ package router
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"sync"
 	"time"
 
@@ -22,9 +23,40 @@ const (
 
 // asker sends the engine's asks (bindings, fences, releases, dead-letter
 // records) to the handler in batches, at most maxBatchesInFlight requests
-// at a time, and gives the engine the answers. It waits for the requests
-// in flight before it returns.
-func (r *Router) asker(ctx context.Context) {
+// at a time, and gives the engine the answers. It reaches the engine only
+// through pull and step, and the rest of the node through the functions
+// it is given.
+type asker struct {
+	wake <-chan struct{} // the engine has asks to send (actAsk)
+	// pull takes the next asks to send (engine.askBatch, a pull).
+	pull func(max int) []*ask
+	step func(input)
+	// markClean says clean on the fences whose group this node's queue
+	// stores nothing of (Router.markClean).
+	markClean func(ctx context.Context, ps []proposals.Proposal)
+	// propose sends one request to the active LOCAL handler.
+	propose func(ctx context.Context, ps []proposals.Proposal) ([]proposals.Decision, error)
+	log     *slog.Logger
+}
+
+// newAsker returns r's asker.
+func (r *Router) newAsker() *asker {
+	return &asker{
+		wake: r.wake.ask,
+		pull: func(max int) []*ask {
+			r.mu.Lock()
+			defer r.mu.Unlock()
+			return r.eng.askBatch(max, time.Now())
+		},
+		step:      r.step,
+		markClean: r.markClean,
+		propose:   r.dec.client.Propose,
+		log:       r.log,
+	}
+}
+
+// run sends asks until ctx ends, then waits for the requests in flight.
+func (a *asker) run(ctx context.Context) {
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	sem := make(chan struct{}, maxBatchesInFlight)
@@ -32,47 +64,44 @@ func (r *Router) asker(ctx context.Context) {
 		select {
 		case <-ctx.Done():
 			return
-		case <-r.wake.ask:
+		case <-a.wake:
 		}
 		for {
-			var batch []*ask
-			r.mu.Lock()
-			batch = r.eng.askBatch(maxBatch, time.Now())
-			r.mu.Unlock()
+			batch := a.pull(maxBatch)
 			if len(batch) == 0 {
 				break
 			}
 			select {
 			case sem <- struct{}{}:
 			case <-ctx.Done():
-				r.step(inAbandon{batch: batch})
+				a.step(inAbandon{batch: batch})
 				return
 			}
 			wg.Add(1)
 			go func() {
 				defer func() { <-sem; wg.Done() }()
-				r.sendAsks(ctx, batch)
+				a.send(ctx, batch)
 			}()
 		}
 	}
 }
 
-// sendAsks sends one batch and gives the engine the answers.
-func (r *Router) sendAsks(ctx context.Context, batch []*ask) {
+// send sends one batch and gives the engine the answers.
+func (a *asker) send(ctx context.Context, batch []*ask) {
 	ps := make([]proposals.Proposal, len(batch))
-	for i, a := range batch {
-		ps[i] = a.p
+	for i, q := range batch {
+		ps[i] = q.p
 	}
-	r.markClean(ctx, ps)
-	ds, err := r.dec.client.Propose(ctx, ps)
+	a.markClean(ctx, ps)
+	ds, err := a.propose(ctx, ps)
 	if err != nil && ctx.Err() != nil {
-		r.step(inAbandon{batch: batch})
+		a.step(inAbandon{batch: batch})
 		return
 	}
 	if err != nil {
-		r.log.Debug("asks failed; retried", "asks", len(batch), "err", err)
+		a.log.Debug("asks failed; retried", "asks", len(batch), "err", err)
 	}
-	r.step(inReplied{batch: batch, ds: ds, err: err})
+	a.step(inReplied{batch: batch, ds: ds, err: err})
 }
 
 // cleanScanMax is the most messages this node's queue may store for a

@@ -429,7 +429,8 @@ func (r *Router) Run(ctx context.Context) error {
 	g.Go(func() error { r.live.run(gctx, queueCons); return nil })
 	g.Go(func() error { r.checkpointLoop(gctx); return nil })
 	g.Go(func() error { r.qcheck.run(gctx); return nil })
-	g.Go(func() error { r.asker(gctx); return nil })
+	asks := r.newAsker()
+	g.Go(func() error { asks.run(gctx); return nil })
 	g.Go(func() error { r.timers(gctx); return nil })
 	g.Go(func() error { return r.read(gctx) })
 	g.Go(func() error {

@@ -425,7 +425,7 @@ func (n *simNode) armTimer() {
 	})
 }
 
-// The asker (Router.asker and sendAsks).
+// The asker (asker.run and asker.send).
 
 func (n *simNode) wakeAsker() {
 	w := n.w
