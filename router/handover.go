@@ -1497,8 +1497,12 @@ func (r *Router) readIngress(ctx context.Context, lo, hi uint64, fn func(seq uin
 	for attempt := 1; next < hi; {
 		if cons == nil {
 			var err error
+			// One attempt at each Fetch's re-creation of the server's
+			// consumer: nats.go's default retries for ever, without a
+			// context, and so never returns once the connection is closed.
+			// This loop retries, and ends with ctx.
 			cons, err = r.js.OrderedConsumer(ctx, IngressStream, jetstream.OrderedConsumerConfig{
-				DeliverPolicy: jetstream.DeliverByStartSequencePolicy, OptStartSeq: next,
+				DeliverPolicy: jetstream.DeliverByStartSequencePolicy, OptStartSeq: next, MaxResetAttempts: 1,
 			})
 			if err != nil {
 				if ctx.Err() != nil || attempt >= 20 {

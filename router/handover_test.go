@@ -1188,3 +1188,45 @@ func TestLaneMovesItsOwnStagedCopy(t *testing.T) {
 		t.Errorf("n0's held subject still holds %d messages", n)
 	}
 }
+
+// A catch-up's ingress read ends when its node's connection is closed
+// under it (a crash in the integration tests closes it): nats.go's ordered
+// consumer recreates its server consumer at every Fetch, by default
+// retrying for ever and without a context, so a read begun on a closed
+// connection never returned and neither did the node's Run (CI at
+// 8ef7507: a crashed node's catch-up held the test's clean-up for 12 min).
+func TestIngressReadEndsWhenTheConnectionCloses(t *testing.T) {
+	s := natstest.RunServer(t)
+	r, _ := testRouterOn(t, s, "n1")
+	nc := s.Connect()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.js = js
+	for i := 0; i < 3; i++ {
+		if _, err := js.Publish(context.Background(), "jms.x", []byte("m")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	read := make(chan int, 16)
+	done := make(chan error, 1)
+	go func() {
+		// Through sequence 99: the read waits for messages that never come.
+		done <- r.readIngress(ctx, 1, 100, func(seq uint64, _ jetstream.Msg) { read <- int(seq) })
+	}()
+	for want := 1; want <= 3; want++ {
+		if got := <-read; got != want {
+			t.Fatalf("read %d, want %d", got, want)
+		}
+	}
+	nc.Close()
+	cancel()
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the ingress read did not end 30 s after its connection closed and its context ended")
+	}
+}
