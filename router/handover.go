@@ -1520,8 +1520,17 @@ func (r *Router) readIngress(ctx context.Context, lo, hi uint64, fn func(seq uin
 		}
 		batch, err := cons.Fetch(int(min(hi-next, 512)), jetstream.FetchMaxWait(time.Second))
 		if err != nil {
-			cons = nil // recreate from next
+			// Recreated from next after a pause (the Fetch made one attempt
+			// at its server consumer): a cluster electing a leader answers
+			// at once, and is not asked again at once.
+			cons = nil
 			attempt++
+			r.log.Debug("catch-up: ingress not read; reading again", "err", err, "from", next, "attempt", attempt)
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-time.After(backoffBase * time.Duration(min(attempt, 20))):
+			}
 			continue
 		}
 		n := 0
