@@ -3,6 +3,7 @@ package router
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"slices"
 	"sort"
@@ -1560,10 +1561,47 @@ func (r *Router) readIngress(ctx context.Context, lo, hi uint64, fn func(seq uin
 			continue
 		}
 		if n == 0 {
-			return nil // the stream ends before hi (deleted messages)
+			// Nothing came within the wait: the stream holds nothing more
+			// of the span (its messages deleted), or its leader was slow or
+			// changing. Ending the read then would report the span routed
+			// without the messages it holds (nemesis, two busy loops
+			// beside: 207 messages of a group never routed).
+			ended, err := r.ingressEndsBefore(ctx, next, hi)
+			if err == nil && ended {
+				return nil
+			}
+			cons = nil
+			attempt++
+			if attempt > 20 {
+				return fmt.Errorf("catch-up: the ingress delivered nothing from %d, and holds messages before %d (%v)", next, hi, err)
+			}
+			r.log.Debug("catch-up: the ingress delivered nothing yet; reading again", "from", next, "until", hi, "err", err, "attempt", attempt)
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-time.After(backoffBase * time.Duration(min(attempt, 20))):
+			}
 		}
 	}
 	return nil
+}
+
+// ingressEndsBefore reports whether the ingress stream holds no message
+// from next up to hi (deleted, or never written), by reading the first
+// message it holds from next on.
+func (r *Router) ingressEndsBefore(ctx context.Context, next, hi uint64) (bool, error) {
+	st, err := r.side.stream(ctx, IngressStream)
+	if err != nil {
+		return false, err
+	}
+	m, err := st.GetMsg(ctx, next, jetstream.WithGetMsgSubject(">"))
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return true, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	return m.Sequence >= hi, nil
 }
 
 // publishSync publishes one message and waits for its ack, retrying until

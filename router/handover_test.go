@@ -1230,3 +1230,32 @@ func TestIngressReadEndsWhenTheConnectionCloses(t *testing.T) {
 		t.Fatal("the ingress read did not end 30 s after its connection closed and its context ended")
 	}
 }
+
+// A catch-up's read ends early only when the ingress holds nothing more
+// of its span: a Fetch that brings nothing may also be a slow or changing
+// leader, and the read then goes on (ingressEndsBefore tells them apart).
+func TestIngressEndsBefore(t *testing.T) {
+	r, js := testRouter(t, "n1")
+	ctx := context.Background()
+	for i := 0; i < 5; i++ {
+		if _, err := js.Publish(ctx, "jms.x", []byte("m")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The ingress denies deletes: what a span can lack is what was never
+	// written, or what its age limit removed from the front.
+	for _, c := range []struct {
+		next, hi uint64
+		want     bool
+	}{
+		{1, 3, false}, // 1 and 2 are there
+		{3, 9, false}, // 3 to 5 are
+		{5, 6, false}, // 5 is
+		{6, 9, true},  // nothing written from 6 on
+	} {
+		got, err := r.ingressEndsBefore(ctx, c.next, c.hi)
+		if err != nil || got != c.want {
+			t.Errorf("ingressEndsBefore(%d, %d) = %v, %v; want %v", c.next, c.hi, got, err, c.want)
+		}
+	}
+}
