@@ -21,8 +21,9 @@ import (
 //     retryingGroups, heldBack, fenced, takeoverFrom, ungroupedDestination
 //     and the checkpoint's figures.
 //
-// The simulation and the engine's tests call the input methods the step
-// dispatches to directly; the scripts of testdata/engine go through step.
+// The simulation's nodes (simNode.step) and the scripts of testdata/engine
+// go through step too; the engine's Go tests call the methods it
+// dispatches to directly.
 type input interface{ isInput() }
 
 type (
