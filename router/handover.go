@@ -18,6 +18,7 @@ import (
 
 	"github.com/grouprouter/grouprouter/internal/jsack"
 	"github.com/grouprouter/grouprouter/internal/logagg"
+	natsretry "github.com/grouprouter/grouprouter/internal/retry"
 	"github.com/grouprouter/grouprouter/kvbinding"
 	"github.com/grouprouter/grouprouter/proposals"
 )
@@ -1511,10 +1512,8 @@ func (r *Router) readIngress(ctx context.Context, lo, hi uint64, fn func(seq uin
 				}
 				attempt++
 				r.log.Debug("catch-up: ingress consumer not created; retrying", "err", err, "from", next)
-				select {
-				case <-ctx.Done():
-					return ctx.Err()
-				case <-time.After(backoffBase * time.Duration(attempt)):
+				if err := natsretry.Sleep(ctx, backoffBase*time.Duration(attempt)); err != nil {
+					return err
 				}
 				continue
 			}
@@ -1527,10 +1526,8 @@ func (r *Router) readIngress(ctx context.Context, lo, hi uint64, fn func(seq uin
 			cons = nil
 			attempt++
 			r.log.Debug("catch-up: ingress not read; reading again", "err", err, "from", next, "attempt", attempt)
-			select {
-			case <-ctx.Done():
-				return ctx.Err()
-			case <-time.After(backoffBase * time.Duration(min(attempt, 20))):
+			if err := natsretry.Sleep(ctx, backoffBase*time.Duration(min(attempt, 20))); err != nil {
+				return err
 			}
 			continue
 		}
@@ -1576,10 +1573,8 @@ func (r *Router) readIngress(ctx context.Context, lo, hi uint64, fn func(seq uin
 				return fmt.Errorf("catch-up: the ingress delivered nothing from %d, and holds messages before %d (%v)", next, hi, err)
 			}
 			r.log.Debug("catch-up: the ingress delivered nothing yet; reading again", "from", next, "until", hi, "err", err, "attempt", attempt)
-			select {
-			case <-ctx.Done():
-				return ctx.Err()
-			case <-time.After(backoffBase * time.Duration(min(attempt, 20))):
+			if err := natsretry.Sleep(ctx, backoffBase*time.Duration(min(attempt, 20))); err != nil {
+				return err
 			}
 		}
 	}
@@ -1588,7 +1583,9 @@ func (r *Router) readIngress(ctx context.Context, lo, hi uint64, fn func(seq uin
 
 // ingressEndsBefore reports whether the ingress stream holds no message
 // from next up to hi (deleted, or never written), by reading the first
-// message it holds from next on.
+// message it holds from next on. The read goes to the stream's leader; a
+// deposed one that never stored the span would say it ended, which ends
+// the read as it did before this check.
 func (r *Router) ingressEndsBefore(ctx context.Context, next, hi uint64) (bool, error) {
 	st, err := r.side.stream(ctx, IngressStream)
 	if err != nil {
