@@ -143,7 +143,7 @@ func (r *Router) markClean(ctx context.Context, ps []proposals.Proposal) {
 	stream, err := r.side.stream(sctx, QueueStream)
 	var found map[string][]queued
 	if err == nil {
-		found, err = r.scanQueues(sctx, stream, map[string]map[string]bool{r.cfg.Node: groups}, routes, cleanScanMax)
+		found, err = r.ho.scanQueues(sctx, stream, map[string]map[string]bool{r.cfg.Node: groups}, routes, cleanScanMax)
 	}
 	if err != nil {
 		r.log.Debug("fences sent without looking at this node's queue: the next nodes drain it", "groups", len(groups), "err", err)

@@ -20,8 +20,12 @@
 // their next work (asks to send, held messages to release) and read views,
 // which TestShellsUseTheEngineDoor checks. Shells do the I/O: the reader
 // (reader.go, ingest.go), the asker (ask.go), the hand-over steps of moves
-// (handover.go) and liveness and checkpoints (router.go). Every goroutine
-// runs under Run's errgroup and has ended when Run returns.
+// (handover.go, stage.go, progress.go) and liveness and checkpoints
+// (liveness.go, router.go). The asker, the hand-over, liveness and the
+// queue's store check (storecheck.go) are rooms: types that own their
+// fields and a run(ctx), and reach the engine and the rest of the node
+// only through the functions Router wires into them. Every goroutine runs
+// under Run's errgroup and has ended when Run returns.
 //
 // Lock order: Router.mu (which guards the engine), then the binding
 // cache's lock (the engine looks records up). Nothing else is locked, and

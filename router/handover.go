@@ -43,6 +43,77 @@ import (
 // the record next (this node after a restart, another node after an
 // evacuation) starts the step again from what the queues hold.
 
+// handOver is the hand-over shell, a room of its own: it owns the steps
+// handed to its node (duties) and runs them (run); it reaches the engine
+// only through step and the views it is given (each taken under the
+// router's lock), and the rest of its node only through the functions
+// below. Router.newHandOver wires it.
+type handOver struct {
+	node        string
+	groupHeader string
+	log         *slog.Logger
+	js          jetstream.JetStream
+	nc          *nats.Conn // the progress events (progress.go)
+	duties      *dutyQueue
+	warn        struct {
+		// publish: failed hand-over publishes (nil: not logged); late and
+		// lapsed: see warners.
+		publish, late, lapsed *logagg.Warner
+	}
+
+	// The engine: its one door, and the views the steps read.
+	step                 func(input)
+	fencedNow            func() bool
+	takeoverFrom         func(group string) uint64
+	ungroupedDestination func() string
+	holds                bool // the engine holds messages on a held subject (engine.holds, fixed at start)
+
+	// The rest of the node.
+	lookup           func(group string) (kvbinding.Binding, bool)                                           // the binding cache
+	propose          func(ctx context.Context, ps []proposals.Proposal) ([]proposals.Decision, error)       // the active handler
+	loadCheckpointAt func(ctx context.Context, node string, rev uint64) (kvbinding.Checkpoint, bool, error) // nil: no registry
+	saveCheckpoint   func(ctx context.Context) error
+	lostThrough      func(ctx context.Context, routes map[string]kvbinding.Binding) map[string]uint64
+	side             func(ctx context.Context, stream string) (jetstream.Stream, error) // sidereads.go
+	stored           func(seq uint64, id string)                                        // the store check of the queue
+	classify         func(hdr nats.Header, subject string) (group, invalid string)
+	toDeadLetter     func(out *nats.Msg, subject string, seq uint64, reason string, stripped bool) *nats.Msg
+}
+
+// newHandOver returns r's hand-over shell, once setup made the engine, the
+// binding cache, the registry and the handler's client.
+func (r *Router) newHandOver() *handOver {
+	h := &handOver{
+		node: r.cfg.Node, groupHeader: r.cfg.GroupHeader, log: r.log, js: r.js, nc: r.nc, duties: newDutyQueue(),
+		step:      r.step,
+		fencedNow: r.fencedNow,
+		takeoverFrom: func(group string) uint64 {
+			r.mu.Lock()
+			defer r.mu.Unlock()
+			return r.eng.takeoverFrom(group)
+		},
+		ungroupedDestination: func() string {
+			r.mu.Lock()
+			defer r.mu.Unlock()
+			return r.eng.ungroupedDestination()
+		},
+		holds:          r.eng.holds(),
+		lookup:         r.cache.Lookup,
+		propose:        r.dec.client.Propose,
+		saveCheckpoint: r.saveCheckpoint,
+		lostThrough:    r.lostThrough,
+		side:           r.side.stream,
+		stored:         r.qcheck.stored,
+		classify:       r.classify,
+		toDeadLetter:   r.toDeadLetter,
+	}
+	if r.reg != nil {
+		h.loadCheckpointAt = r.reg.LoadCheckpointAt
+	}
+	h.warn.publish, h.warn.late, h.warn.lapsed = r.warn.handOver, r.warn.late, r.warn.lapsed
+	return h
+}
+
 // dutyQueue holds the takeover steps handed to this node.
 type dutyQueue struct {
 	mu   sync.Mutex
@@ -95,7 +166,7 @@ func (q *dutyQueue) takeAll() map[string]dutyJob {
 }
 
 // How the hand-over loop gathers the records of a burst into one batch
-// (handOverLoop).
+// (handOver.run).
 const (
 	handOverQuick  = 2 * time.Millisecond
 	handOverFew    = 16
@@ -103,9 +174,9 @@ const (
 	handOverLimit  = 250 * time.Millisecond
 )
 
-// handOverLoop runs the takeover steps handed to this node, in batches:
+// run runs the takeover steps handed to this node, in batches:
 // a whole node's groups arrive at once when it is evacuated.
-func (r *Router) handOverLoop(ctx context.Context) {
+func (h *handOver) run(ctx context.Context) {
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	sem := make(chan struct{}, 4)
@@ -113,7 +184,7 @@ func (r *Router) handOverLoop(ctx context.Context) {
 		select {
 		case <-ctx.Done():
 			return
-		case <-r.duties.wake:
+		case <-h.duties.wake:
 		}
 		// Let a burst of records (a whole node's groups) arrive first: wait
 		// until none came for handOverSettle (at most handOverLimit), so
@@ -132,10 +203,10 @@ func (r *Router) handOverLoop(ctx context.Context) {
 				settle.Stop()
 				limit.Stop()
 				return
-			case <-r.duties.wake:
+			case <-h.duties.wake:
 				settle.Reset(handOverSettle)
 			case <-quick.C:
-				if r.duties.pending() <= handOverFew {
+				if h.duties.pending() <= handOverFew {
 					break gather
 				}
 			case <-settle.C:
@@ -147,7 +218,7 @@ func (r *Router) handOverLoop(ctx context.Context) {
 		quick.Stop()
 		settle.Stop()
 		limit.Stop()
-		drains, catchUps := splitDuties(r.duties.takeAll(), r.cache.Lookup, r.cfg.Node, r.forgetDuty)
+		drains, catchUps := splitDuties(h.duties.takeAll(), h.lookup, h.node, h.forgetDuty)
 		for _, batch := range []map[string]dutyJob{drains, catchUps} {
 			if len(batch) == 0 {
 				continue
@@ -160,7 +231,7 @@ func (r *Router) handOverLoop(ctx context.Context) {
 			wg.Add(1)
 			go func() {
 				defer func() { <-sem; wg.Done() }()
-				r.runSteps(ctx, batch)
+				h.runSteps(ctx, batch)
 			}()
 		}
 	}
@@ -195,18 +266,18 @@ func splitDuties(jobs map[string]dutyJob, lookup func(string) (kvbinding.Binding
 }
 
 // forgetDuty lets the engine hand a step again.
-func (r *Router) forgetDuty(group string, rev uint64) {
-	r.step(inDutyDone{group: group, rev: rev})
+func (h *handOver) forgetDuty(group string, rev uint64) {
+	h.step(inDutyDone{group: group, rev: rev})
 }
 
 // runSteps runs one batch of drain or catch-up steps and reports them.
-func (r *Router) runSteps(ctx context.Context, jobs map[string]dutyJob) {
+func (h *handOver) runSteps(ctx context.Context, jobs map[string]dutyJob) {
 	start := time.Now()
 	routes := map[string]kvbinding.Binding{}
 	var duty proposals.Duty
 	for g, j := range jobs {
-		route, ok := r.cache.Lookup(g)
-		if !ok || route.Revision != j.rev || proposals.DutyOf(route, r.cfg.Node) != j.duty {
+		route, ok := h.lookup(g)
+		if !ok || route.Revision != j.rev || proposals.DutyOf(route, h.node) != j.duty {
 			// The record moved on since splitDuties looked (a batch may
 			// wait for one of the loop's slots): the step is not this
 			// node's any more, or not at this revision, and a step run on
@@ -214,14 +285,14 @@ func (r *Router) runSteps(ctx context.Context, jobs map[string]dutyJob) {
 			// node (nemesis seed 712389592: a catch-up of a record bound
 			// to n0, published onto n1's queue). Its change hands the next
 			// step, if any is this node's.
-			r.log.Debug("hand-over step dropped: its record moved on", "group", logagg.Short(g), "revision", j.rev, "now", route.Revision)
+			h.log.Debug("hand-over step dropped: its record moved on", "group", logagg.Short(g), "revision", j.rev, "now", route.Revision)
 			delete(jobs, g)
-			r.forgetDuty(g, j.rev)
+			h.forgetDuty(g, j.rev)
 			continue
 		}
 		routes[g] = route
 		duty = j.duty
-		r.log.Debug("hand-over step starts", "group", logagg.Short(g), "step", route.Step, "node", route.Node, "prev_node", route.PrevNode,
+		h.log.Debug("hand-over step starts", "group", logagg.Short(g), "step", route.Step, "node", route.Node, "prev_node", route.PrevNode,
 			"drain", route.Drain, "from_seq", route.FromSeq, "revision", route.Revision)
 	}
 	if len(jobs) == 0 {
@@ -232,7 +303,7 @@ func (r *Router) runSteps(ctx context.Context, jobs map[string]dutyJob) {
 		err    error
 		op     proposals.Op
 	)
-	ctx, prog := r.startProgress(ctx, duty, routes) // progress.go
+	ctx, prog := h.startProgress(ctx, duty, routes) // progress.go
 	if duty == proposals.DutyDrain {
 		op = proposals.OpDrained
 		// The groups the old queues hold nothing of are reported at once,
@@ -252,15 +323,15 @@ func (r *Router) runSteps(ctx context.Context, jobs map[string]dutyJob) {
 			scanned  bool
 		)
 		staged := make(chan struct{})
-		counts, err = r.drainQueues(ctx, routes, func(none, some []string) {
+		counts, err = h.drainQueues(ctx, routes, func(none, some []string) {
 			scanned = true
 			evacuated, not := toStage(routes, none, some)
 			for _, g := range not {
-				r.duties.notStaged(g, routes[g].Epoch)
+				h.duties.notStaged(g, routes[g].Epoch)
 			}
 			go func() {
 				defer close(staged)
-				stageErr = r.stage(ctx, evacuated)
+				stageErr = h.stage(ctx, evacuated)
 			}()
 			if len(none) == 0 {
 				return
@@ -272,10 +343,10 @@ func (r *Router) runSteps(ctx context.Context, jobs map[string]dutyJob) {
 				revs[g] = jobs[g].rev
 				delete(jobs, g)
 			}
-			r.log.Debug("hand-over drain: the old queues hold nothing of these groups; reported at once", "groups", len(none))
+			h.log.Debug("hand-over drain: the old queues hold nothing of these groups; reported at once", "groups", len(none))
 			early.Go(func() {
-				for g := range r.report(ctx, ps) {
-					r.forgetDuty(g, revs[g])
+				for g := range h.report(ctx, ps) {
+					h.forgetDuty(g, revs[g])
 				}
 			})
 		})
@@ -288,20 +359,20 @@ func (r *Router) runSteps(ctx context.Context, jobs map[string]dutyJob) {
 		early.Wait()
 	} else {
 		op = proposals.OpCaughtUp
-		counts, err = r.catchUp(ctx, routes)
+		counts, err = h.catchUp(ctx, routes)
 	}
 	prog.end(err)
 	if err != nil {
-		r.stepFailed(ctx, op, jobs, err)
+		h.stepFailed(ctx, op, jobs, err)
 		return
 	}
 	if op == proposals.OpCaughtUp {
 		// What was caught up is in the checkpoint before the handler hears
 		// of it: should this node be gone before the record is settled,
 		// its successor starts after it.
-		if err := r.saveCheckpoint(ctx); err != nil && ctx.Err() == nil {
-			r.log.Warn("hand-over step: checkpoint not saved; retrying", "groups", len(jobs), "err", err)
-			r.retrySteps(ctx, jobs)
+		if err := h.saveCheckpoint(ctx); err != nil && ctx.Err() == nil {
+			h.log.Warn("hand-over step: checkpoint not saved; retrying", "groups", len(jobs), "err", err)
+			h.retrySteps(ctx, jobs)
 			return
 		}
 	}
@@ -309,46 +380,46 @@ func (r *Router) runSteps(ctx context.Context, jobs map[string]dutyJob) {
 	for g, j := range jobs {
 		ps = append(ps, proposals.Proposal{Op: op, Group: g, Rev: j.rev, Count: counts[g]})
 	}
-	refused := r.report(ctx, ps)
+	refused := h.report(ctx, ps)
 	for g, j := range jobs {
 		if refused[g] {
-			r.forgetDuty(g, j.rev)
+			h.forgetDuty(g, j.rev)
 		}
 	}
 	if op == proposals.OpCaughtUp {
-		r.duties.mu.Lock()
+		h.duties.mu.Lock()
 		for g := range jobs {
-			delete(r.duties.caught, g)
-			delete(r.duties.staged, g)
+			delete(h.duties.caught, g)
+			delete(h.duties.staged, g)
 		}
-		r.duties.mu.Unlock()
+		h.duties.mu.Unlock()
 	}
-	r.log.Info("hand-over step done", "step", op, "groups", len(jobs), "messages", sum(counts), "took", time.Since(start))
+	h.log.Info("hand-over step done", "step", op, "groups", len(jobs), "messages", sum(counts), "took", time.Since(start))
 }
 
 // stepFailed logs a failed step and hands it back after a pause (the
 // records still asking for it are taken again).
-func (r *Router) stepFailed(ctx context.Context, op proposals.Op, jobs map[string]dutyJob, err error) {
+func (h *handOver) stepFailed(ctx context.Context, op proposals.Op, jobs map[string]dutyJob, err error) {
 	if ctx.Err() != nil {
 		return
 	}
 	if errors.Is(err, errSuperseded) {
-		r.log.Info("hand-over step stopped: a record moved past its revision", "step", op, "groups", len(jobs))
+		h.log.Info("hand-over step stopped: a record moved past its revision", "step", op, "groups", len(jobs))
 	} else {
-		r.log.Warn("hand-over step failed; retrying", "step", op, "groups", len(jobs), "err", err)
+		h.log.Warn("hand-over step failed; retrying", "step", op, "groups", len(jobs), "err", err)
 	}
-	r.retrySteps(ctx, jobs)
+	h.retrySteps(ctx, jobs)
 }
 
 // retrySteps hands failed steps back after a pause.
-func (r *Router) retrySteps(ctx context.Context, jobs map[string]dutyJob) {
+func (h *handOver) retrySteps(ctx context.Context, jobs map[string]dutyJob) {
 	select {
 	case <-ctx.Done():
 		return
 	case <-time.After(time.Second):
 	}
 	for g, j := range jobs {
-		r.duties.add(g, j.duty, j.rev)
+		h.duties.add(g, j.duty, j.rev)
 	}
 }
 
@@ -356,22 +427,22 @@ func (r *Router) retrySteps(ctx context.Context, jobs map[string]dutyJob) {
 // report the handler did not take (the record moved on meanwhile). A
 // report the handler could not take yet is sent again (see sortReports):
 // nothing else would hand the step back.
-func (r *Router) report(ctx context.Context, ps []proposals.Proposal) map[string]bool {
+func (h *handOver) report(ctx context.Context, ps []proposals.Proposal) map[string]bool {
 	refused := map[string]bool{}
 	seen := func(group string) uint64 {
-		route, _ := r.cache.Lookup(group)
+		route, _ := h.lookup(group)
 		return route.Revision
 	}
 	for off := 0; off < len(ps); off += maxBatch {
 		chunk := ps[off:min(off+maxBatch, len(ps))]
 		for attempt := 1; ; attempt++ {
-			ds, err := r.dec.client.Propose(ctx, chunk)
+			ds, err := h.propose(ctx, chunk)
 			if err == nil {
 				for i, d := range ds {
 					if d.Outcome == proposals.Accepted {
-						r.log.Debug("hand-over step reported", "group", logagg.Short(d.Group), "op", chunk[i].Op, "revision", d.Revision)
+						h.log.Debug("hand-over step reported", "group", logagg.Short(d.Group), "op", chunk[i].Op, "revision", d.Revision)
 					} else {
-						r.log.Debug("hand-over step report not taken", "group", logagg.Short(d.Group), "op", chunk[i].Op, "outcome", d.Outcome,
+						h.log.Debug("hand-over step report not taken", "group", logagg.Short(d.Group), "op", chunk[i].Op, "outcome", d.Outcome,
 							"revision", d.Revision, "err", d.Error)
 					}
 				}
@@ -386,7 +457,7 @@ func (r *Router) report(ctx context.Context, ps []proposals.Proposal) map[string
 			} else if ctx.Err() != nil {
 				return refused
 			} else if attempt&(attempt-1) == 0 {
-				r.log.Warn("hand-over report failed; retrying", "reports", len(chunk), "err", err)
+				h.log.Warn("hand-over report failed; retrying", "reports", len(chunk), "err", err)
 			}
 			select {
 			case <-ctx.Done():
@@ -461,7 +532,7 @@ func (q queued) ingressSubject() string {
 // scanned, if not nil, is called once the old queues are read, with the
 // groups they hold nothing of (those are done) and those they hold some
 // of.
-func (r *Router) drainQueues(ctx context.Context, routes map[string]kvbinding.Binding, scanned func(none, some []string)) (map[string]int, error) {
+func (h *handOver) drainQueues(ctx context.Context, routes map[string]kvbinding.Binding, scanned func(none, some []string)) (map[string]int, error) {
 	byNode := map[string]map[string]bool{}
 	for g, route := range routes {
 		for _, n := range route.Drain {
@@ -479,12 +550,12 @@ func (r *Router) drainQueues(ctx context.Context, routes map[string]kvbinding.Bi
 	if len(byNode) == 0 {
 		return map[string]int{}, nil
 	}
-	stream, err := r.js.Stream(ctx, QueueStream)
+	stream, err := h.js.Stream(ctx, QueueStream)
 	if err != nil {
 		return nil, err
 	}
-	return r.moveFound(ctx, stream, byNode, routes, func(ctx context.Context) (map[string][]queued, error) {
-		return r.scanQueues(ctx, stream, byNode, routes, 0)
+	return h.moveFound(ctx, stream, byNode, routes, func(ctx context.Context) (map[string][]queued, error) {
+		return h.scanQueues(ctx, stream, byNode, routes, 0)
 	}, scanned)
 }
 
@@ -494,7 +565,7 @@ func (r *Router) drainQueues(ctx context.Context, routes map[string]kvbinding.Bi
 // as no message of the group is delivered and unacked on an old queue
 // whose consumer is alive and acknowledging. The old queues' consumers
 // are paused before find looks and stay paused until it returns.
-func (r *Router) moveFound(ctx context.Context, stream jetstream.Stream, byNode map[string]map[string]bool,
+func (h *handOver) moveFound(ctx context.Context, stream jetstream.Stream, byNode map[string]map[string]bool,
 	routes map[string]kvbinding.Binding, find func(context.Context) (map[string][]queued, error), scanned func(none, some []string)) (map[string]int, error) {
 	// The handler paused the old queues before it wrote the records and
 	// renews the pauses while records say they are drained; this node
@@ -514,18 +585,18 @@ func (r *Router) moveFound(ctx context.Context, stream jetstream.Stream, byNode 
 	views := map[string]consumerView{}
 	for node := range byNode {
 		first := drainPause / 3
-		if v, ok := r.pausedView(ctx, node); ok {
+		if v, ok := h.pausedView(ctx, node); ok {
 			views[node] = v
 			// Renewed while a third of drainPause at least is left of the
 			// pause found, as of this node's own.
 			first = min(first, v.pauseLeft-drainPause/3-time.Since(v.progress))
 		} else {
-			r.pauseQueue(ctx, node)
+			h.pauseQueue(ctx, node)
 		}
 		holding.Add(1)
 		go func() {
 			defer holding.Done()
-			r.holdPaused(holdCtx, node, first)
+			h.holdPaused(holdCtx, node, first)
 		}()
 	}
 	read := time.Now()
@@ -533,7 +604,7 @@ func (r *Router) moveFound(ctx context.Context, stream jetstream.Stream, byNode 
 	if err != nil {
 		return nil, err
 	}
-	r.log.Debug("hand-over drain: old queues read", "nodes", len(byNode), "found", countFound(byGroup),
+	h.log.Debug("hand-over drain: old queues read", "nodes", len(byNode), "found", countFound(byGroup),
 		"paused_in", read.Sub(began).Round(time.Microsecond), "read_in", time.Since(read).Round(time.Microsecond))
 	progressOf(ctx).found(countFound(byGroup))
 	if scanned != nil {
@@ -578,22 +649,22 @@ func (r *Router) moveFound(ctx context.Context, stream jetstream.Stream, byNode 
 		}
 		route := routes[g]
 		if plan.lapsed > 0 {
-			r.warn.lapsed.Warn(g, "messages", plan.lapsed, "revision", route.Revision)
+			h.warn.lapsed.Warn(g, "messages", plan.lapsed, "revision", route.Revision)
 		}
 		work.Go(func() error {
-			n, err := r.moveGroup(wctx, stream, todo, route)
+			n, err := h.moveGroup(wctx, stream, todo, route)
 			mu.Lock()
 			moved[g] = n
 			mu.Unlock()
 			if err == nil && len(found) > 0 {
-				r.duties.mu.Lock()
-				r.duties.movedThrough[g] = max(r.duties.movedThrough[g], found[len(found)-1].ingressSeq)
-				r.duties.mu.Unlock()
+				h.duties.mu.Lock()
+				h.duties.movedThrough[g] = max(h.duties.movedThrough[g], found[len(found)-1].ingressSeq)
+				h.duties.mu.Unlock()
 			}
 			return err
 		})
 	}
-	if err := r.awaitConsumers(wctx, stream, byNode, views, routes, plans, start); err != nil {
+	if err := h.awaitConsumers(wctx, stream, byNode, views, routes, plans, start); err != nil {
 		_ = work.Wait()
 		return nil, err
 	}
@@ -607,8 +678,8 @@ func (r *Router) moveFound(ctx context.Context, stream jetstream.Stream, byNode 
 // view of it (its progress is the reading's time) when the reading found
 // it paused with at least half of drainPause left (ok false: not paused, or for too short a while, or no
 // consumer, or the reading failed: the caller pauses it).
-func (r *Router) pausedView(ctx context.Context, node string) (consumerView, bool) {
-	read, err := r.readConsumer(ctx, node)
+func (h *handOver) pausedView(ctx context.Context, node string) (consumerView, bool) {
+	read, err := h.readConsumer(ctx, node)
 	if err != nil || !read.exists || !read.paused || read.pauseLeft < drainPause/2 {
 		return consumerView{}, false
 	}
@@ -636,7 +707,7 @@ const (
 // the held subjects of the groups that have some.
 // limit, if not 0, is the most messages a queue may store for it to be
 // read: past it, the scan fails with errScanLimit.
-func (r *Router) scanQueues(ctx context.Context, stream jetstream.Stream, byNode map[string]map[string]bool, routes map[string]kvbinding.Binding, limit int) (map[string][]queued, error) {
+func (h *handOver) scanQueues(ctx context.Context, stream jetstream.Stream, byNode map[string]map[string]bool, routes map[string]kvbinding.Binding, limit int) (map[string][]queued, error) {
 	byGroup := map[string][]queued{}
 	for node, groups := range byNode {
 		prefix := QueueSubjectPrefix + node + "."
@@ -671,7 +742,7 @@ func (r *Router) scanQueues(ctx context.Context, stream jetstream.Stream, byNode
 			}
 		}
 		for _, m := range msgs {
-			g, invalid := GroupOf(m.Header, r.cfg.GroupHeader)
+			g, invalid := GroupOf(m.Header, h.groupHeader)
 			if invalid != "" || !groups[g] {
 				continue
 			}
@@ -679,7 +750,7 @@ func (r *Router) scanQueues(ctx context.Context, stream jetstream.Stream, byNode
 			if err != nil {
 				continue
 			}
-			if r.ownStep(node, m, routes[g]) {
+			if h.ownStep(node, m, routes[g]) {
 				// A copy an earlier attempt of this step made: in place
 				// already, behind the earlier ones.
 				continue
@@ -712,7 +783,7 @@ func (r *Router) scanQueues(ctx context.Context, stream jetstream.Stream, byNode
 				if err != nil {
 					continue
 				}
-				if r.ownStep(node, m, routes[g]) {
+				if h.ownStep(node, m, routes[g]) {
 					continue // staged by this step (stage.go): the catch-up's
 				}
 				byGroup[g] = append(byGroup[g], queued{msg: m, from: node, ingressSeq: is, group: g, held: true})
@@ -727,8 +798,8 @@ func (r *Router) scanQueues(ctx context.Context, stream jetstream.Stream, byNode
 // a staged catch-up): this node takes the group over in route's epoch and
 // m carries that epoch. What a node routed under its binding is not its
 // step's (markClean looks at this node's own queue too).
-func (r *Router) ownStep(node string, m *jetstream.RawStreamMsg, route kvbinding.Binding) bool {
-	return node == r.cfg.Node && route.Node == r.cfg.Node && route.Phase() == kvbinding.PhaseDraining &&
+func (h *handOver) ownStep(node string, m *jetstream.RawStreamMsg, route kvbinding.Binding) bool {
+	return node == h.node && route.Node == h.node && route.Phase() == kvbinding.PhaseDraining &&
 		m.Header.Get(HeaderEpoch) == strconv.FormatUint(route.Epoch, 10)
 }
 
@@ -801,7 +872,7 @@ const (
 // looks whether an awaited message is still there only after its consumer
 // made progress. views holds the readings taken before the queues were
 // read (moveFound): the first round uses them instead of reading again.
-func (r *Router) awaitConsumers(ctx context.Context, stream jetstream.Stream, byNode map[string]map[string]bool,
+func (h *handOver) awaitConsumers(ctx context.Context, stream jetstream.Stream, byNode map[string]map[string]bool,
 	views map[string]consumerView, routes map[string]kvbinding.Binding, plans map[string][]drainMsg, start func(string, drainPlan)) error {
 	if views == nil {
 		views = map[string]consumerView{}
@@ -822,7 +893,7 @@ func (r *Router) awaitConsumers(ctx context.Context, stream jetstream.Stream, by
 			if _, ok := views[node]; ok && first {
 				continue // read just before the queues were
 			}
-			read, err := r.readConsumer(ctx, node)
+			read, err := h.readConsumer(ctx, node)
 			if err != nil {
 				return err
 			}
@@ -835,7 +906,7 @@ func (r *Router) awaitConsumers(ctx context.Context, stream jetstream.Stream, by
 		budget := drainLookups
 		for g, msgs := range plans {
 			route := routes[g]
-			if !r.current(g, route.Revision) {
+			if !h.current(g, route.Revision) {
 				return errSuperseded
 			}
 			// Look whether the awaited messages are still there, in order,
@@ -867,7 +938,7 @@ func (r *Router) awaitConsumers(ctx context.Context, stream jetstream.Stream, by
 			if !plan.ready {
 				if !logged[g] {
 					logged[g] = true
-					r.log.Debug("hand-over waits for the old consumer to ack what it was delivered", "group", logagg.Short(g),
+					h.log.Debug("hand-over waits for the old consumer to ack what it was delivered", "group", logagg.Short(g),
 						"messages", plan.awaited, "node", route.Node, "drain", route.Drain, "revision", route.Revision)
 				}
 				continue
@@ -875,7 +946,7 @@ func (r *Router) awaitConsumers(ctx context.Context, stream jetstream.Stream, by
 			// Every group's plan is logged with the readings it was taken
 			// from: a message moved that its old consumer then processed
 			// is told apart from one the readings missed.
-			if r.log.Enabled(ctx, slog.LevelDebug) {
+			if h.log.Enabled(ctx, slog.LevelDebug) {
 				attrs := []any{"group", logagg.Short(g), "revision", route.Revision, "waited", logged[g], "lapsed", plan.lapsed, "to_move", len(plan.move)}
 				if len(plan.move) > 0 {
 					attrs = append(attrs, "first_seq", plan.move[0].seq, "last_seq", plan.move[len(plan.move)-1].seq)
@@ -883,7 +954,7 @@ func (r *Router) awaitConsumers(ctx context.Context, stream jetstream.Stream, by
 				for node := range byNode {
 					attrs = append(attrs, views[node].logAttr(node, now))
 				}
-				r.log.Debug("hand-over: the old consumer is done with the group", attrs...)
+				h.log.Debug("hand-over: the old consumer is done with the group", attrs...)
 			}
 			// What the old consumer acked without this drain looking is
 			// done too (the progress counts every message found).
@@ -902,8 +973,8 @@ func (r *Router) awaitConsumers(ctx context.Context, stream jetstream.Stream, by
 }
 
 // readConsumer reads what a drain needs of node's queue consumer.
-func (r *Router) readConsumer(ctx context.Context, node string) (consumerView, error) {
-	cons, err := r.js.Consumer(ctx, QueueStream, QueueConsumer(node))
+func (h *handOver) readConsumer(ctx context.Context, node string) (consumerView, error) {
+	cons, err := h.js.Consumer(ctx, QueueStream, QueueConsumer(node))
 	if errors.Is(err, jetstream.ErrConsumerNotFound) {
 		return consumerView{}, nil
 	}
@@ -963,7 +1034,7 @@ const firstLeaderWithin = 5 * time.Second
 // the group (its record current, its liveness sure: not fenced): a stale
 // mover that resumes leaves what it copied to the successor, which finds
 // both and moves the message once.
-func (r *Router) moveGroup(ctx context.Context, stream jetstream.Stream, found []queued, route kvbinding.Binding) (int, error) {
+func (h *handOver) moveGroup(ctx context.Context, stream jetstream.Stream, found []queued, route kvbinding.Binding) (int, error) {
 	epochHdr := []string{strconv.FormatUint(route.Epoch, 10)}
 	later := make(map[uint64]bool, len(found))
 	for _, q := range found {
@@ -972,13 +1043,13 @@ func (r *Router) moveGroup(ctx context.Context, stream jetstream.Stream, found [
 	copies := map[uint64]uint64{} // ingress sequence -> the copy this call stored
 	moved := 0
 	for _, q := range found {
-		if !r.current(q.group, route.Revision) {
+		if !h.current(q.group, route.Revision) {
 			return moved, errSuperseded
 		}
 		copySeq, twice := copies[q.ingressSeq]
 		if !twice {
 			out := &nats.Msg{
-				Subject: QueueSubject(r.cfg.Node, q.ingressSubject()),
+				Subject: QueueSubject(h.node, q.ingressSubject()),
 				Header:  make(nats.Header, len(q.msg.Header)+2), Data: q.msg.Data,
 			}
 			for k, v := range q.msg.Header {
@@ -991,25 +1062,25 @@ func (r *Router) moveGroup(ctx context.Context, stream jetstream.Stream, found [
 			out.Header.Set(HeaderMovedFrom, q.from)
 			out.Header.Set(jetstream.ExpectedStreamHeader, QueueStream)
 			out.Header[HeaderEpoch] = epochHdr
-			ack, err := r.publishSync(ctx, out, func() bool { return r.current(q.group, route.Revision) })
+			ack, err := h.publishSync(ctx, out, func() bool { return h.current(q.group, route.Revision) })
 			if err != nil {
 				return moved, err
 			}
 			copySeq = ack.Sequence
 			if ack.Duplicate && later[copySeq] {
 				// Another mover's copy, found too: moved in its turn.
-				if err := r.deleteOriginal(ctx, stream, q, route); err != nil && !isGone(err) {
+				if err := h.deleteOriginal(ctx, stream, q, route); err != nil && !isGone(err) {
 					return moved, err
 				}
 				continue
 			}
 			if ack.Duplicate {
-				mine, err := r.otherCopy(ctx, stream, q, route, out, copySeq)
+				mine, err := h.otherCopy(ctx, stream, q, route, out, copySeq)
 				if err != nil {
 					return moved, err
 				}
 				if !mine {
-					if err := r.deleteOriginal(ctx, stream, q, route); err != nil && !isGone(err) {
+					if err := h.deleteOriginal(ctx, stream, q, route); err != nil && !isGone(err) {
 						return moved, err
 					}
 					continue
@@ -1017,20 +1088,20 @@ func (r *Router) moveGroup(ctx context.Context, stream jetstream.Stream, found [
 			}
 			copies[q.ingressSeq] = copySeq
 		}
-		if err := r.deleteOriginal(ctx, stream, q, route); err != nil {
+		if err := h.deleteOriginal(ctx, stream, q, route); err != nil {
 			if !isGone(err) {
 				return moved, err
 			}
 			// The old consumer acked the original after all (a lapsed
 			// message: it came back after its ack wait): the copy would
 			// deliver the message twice. Take the copy back.
-			if err := r.mayDelete(q.group, route); err != nil {
+			if err := h.mayDelete(q.group, route); err != nil {
 				return moved, err
 			}
 			if err := stream.DeleteMsg(ctx, copySeq); err != nil && !isGone(err) {
 				return moved, err
 			}
-			r.log.Info("a moved message was acked on its old queue meanwhile; its copy was withdrawn",
+			h.log.Info("a moved message was acked on its old queue meanwhile; its copy was withdrawn",
 				"group", q.group, "ingress_seq", q.ingressSeq, "from", q.from, "queue_seq", q.msg.Sequence, "held", q.held, "copy_seq", copySeq)
 			continue
 		}
@@ -1049,31 +1120,31 @@ func (r *Router) moveGroup(ctx context.Context, stream jetstream.Stream, found [
 // a mover that stopped before deleting the original, and landed after
 // this drain looked there: it is moved here (takeLateCopy) before the
 // original is deleted. One that is gone was processed by its consumer.
-func (r *Router) otherCopy(ctx context.Context, stream jetstream.Stream, q queued, route kvbinding.Binding, sent *nats.Msg, seq uint64) (mine bool, err error) {
+func (h *handOver) otherCopy(ctx context.Context, stream jetstream.Stream, q queued, route kvbinding.Binding, sent *nats.Msg, seq uint64) (mine bool, err error) {
 	m, err := stream.GetMsg(ctx, seq)
 	if isGone(err) {
-		r.log.Info("a message to move was copied by an earlier mover, whose copy was processed; the original is deleted",
+		h.log.Info("a message to move was copied by an earlier mover, whose copy was processed; the original is deleted",
 			"group", logagg.Short(q.group), "ingress_seq", q.ingressSeq, "from", q.from, "copy_seq", seq)
 		return false, nil
 	}
 	if err != nil {
 		return false, err
 	}
-	if node, _, ok := queueOwner(m.Subject); ok && node == r.cfg.Node {
+	if node, _, ok := queueOwner(m.Subject); ok && node == h.node {
 		return true, nil
 	}
 	// Not by a stale mover (its publish answered after a pause, say): the
 	// copy may be its successor's.
-	if err := r.mayDelete(q.group, route); err != nil {
+	if err := h.mayDelete(q.group, route); err != nil {
 		return false, err
 	}
-	return false, r.takeLateCopy(ctx, stream, q.group, route, sent, seq)
+	return false, h.takeLateCopy(ctx, stream, q.group, route, sent, seq)
 }
 
 // deleteOriginal deletes the original of a moved message, if this node
 // still holds its group (mayDelete).
-func (r *Router) deleteOriginal(ctx context.Context, stream jetstream.Stream, q queued, route kvbinding.Binding) error {
-	if err := r.mayDelete(q.group, route); err != nil {
+func (h *handOver) deleteOriginal(ctx context.Context, stream jetstream.Stream, q queued, route kvbinding.Binding) error {
+	if err := h.mayDelete(q.group, route); err != nil {
 		return err
 	}
 	return stream.DeleteMsg(ctx, q.msg.Sequence)
@@ -1083,11 +1154,11 @@ func (r *Router) deleteOriginal(ctx context.Context, stream jetstream.Stream, q 
 // moves under route now: errFencedNow when its liveness may have lapsed
 // (a successor may be draining the same queues), errSuperseded when the
 // record moved on.
-func (r *Router) mayDelete(group string, route kvbinding.Binding) error {
-	if r.fencedNow() {
+func (h *handOver) mayDelete(group string, route kvbinding.Binding) error {
+	if h.fencedNow() {
 		return errFencedNow
 	}
-	if !r.current(group, route.Revision) {
+	if !h.current(group, route.Revision) {
 		return errSuperseded
 	}
 	return nil
@@ -1100,8 +1171,8 @@ var errSuperseded = errors.New("grouping: the record moved past the step's revis
 
 // current reports whether group's record, as this node sees it, is still
 // at revision rev.
-func (r *Router) current(group string, rev uint64) bool {
-	route, ok := r.cache.Lookup(group)
+func (h *handOver) current(group string, rev uint64) bool {
+	route, ok := h.lookup(group)
 	return ok && route.Revision == rev
 }
 
@@ -1119,7 +1190,7 @@ const drainPause = 10 * time.Second
 
 // holdPaused keeps node's queue consumer paused until ctx ends, renewing
 // the pause after first, then every third of drainPause.
-func (r *Router) holdPaused(ctx context.Context, node string, first time.Duration) {
+func (h *handOver) holdPaused(ctx context.Context, node string, first time.Duration) {
 	t := time.NewTimer(max(first, 0))
 	defer t.Stop()
 	for {
@@ -1128,16 +1199,16 @@ func (r *Router) holdPaused(ctx context.Context, node string, first time.Duratio
 			return
 		case <-t.C:
 		}
-		r.pauseQueue(ctx, node)
+		h.pauseQueue(ctx, node)
 		t.Reset(drainPause / 3)
 	}
 }
 
 // pauseQueue pauses node's queue consumer for drainPause.
-func (r *Router) pauseQueue(ctx context.Context, node string) {
-	if _, err := r.js.PauseConsumer(ctx, QueueStream, QueueConsumer(node), time.Now().Add(drainPause)); err != nil &&
+func (h *handOver) pauseQueue(ctx context.Context, node string) {
+	if _, err := h.js.PauseConsumer(ctx, QueueStream, QueueConsumer(node), time.Now().Add(drainPause)); err != nil &&
 		ctx.Err() == nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
-		r.log.Debug("cannot renew the pause of a queue being drained", "node", node, "err", err)
+		h.log.Debug("cannot renew the pause of a queue being drained", "node", node, "err", err)
 	}
 }
 
@@ -1172,18 +1243,18 @@ func isGone(err error) bool {
 // up to where this node's lanes take over: messages this node skipped
 // while another node owned the group. A message the group's drain found
 // on another queue, or any before it, was routed already and is skipped.
-func (r *Router) catchUp(ctx context.Context, routes map[string]kvbinding.Binding) (map[string]int, error) {
+func (h *handOver) catchUp(ctx context.Context, routes map[string]kvbinding.Binding) (map[string]int, error) {
 	// A group staged by a drain step this process does not remember (it
 	// restarted since) is staged again first: its staged copies are found
 	// by their ids (stage.go).
 	restage := map[string]kvbinding.Binding{}
 	for g, route := range routes {
-		if r.needsStaging(g, route) {
+		if h.needsStaging(g, route) {
 			restage[g] = route
 		}
 	}
 	if len(restage) > 0 {
-		if err := r.stage(ctx, restage); err != nil {
+		if err := h.stage(ctx, restage); err != nil {
 			return nil, err
 		}
 	}
@@ -1191,22 +1262,20 @@ func (r *Router) catchUp(ctx context.Context, routes map[string]kvbinding.Bindin
 	spans := map[string]span{}
 	staged := map[string]*stagedSpan{}
 	var lo, hi uint64
-	lost := r.lostThrough(ctx, routes)
-	r.mu.Lock()
+	lost := h.lostThrough(ctx, routes)
 	for g := range routes {
-		spans[g] = span{until: r.eng.takeoverFrom(g)}
+		spans[g] = span{until: h.takeoverFrom(g)}
 	}
-	r.mu.Unlock()
-	r.duties.mu.Lock()
+	h.duties.mu.Lock()
 	for g, s := range spans {
-		s.from, s.until = catchUpSpan(routes[g], s.until, r.duties.movedThrough[g], max(r.duties.caught[g], lost[g]))
+		s.from, s.until = catchUpSpan(routes[g], s.until, h.duties.movedThrough[g], max(h.duties.caught[g], lost[g]))
 		spans[g] = s
-		delete(r.duties.movedThrough, g)
-		if st := r.duties.staged[g]; st != nil && st.epoch == routes[g].Epoch {
+		delete(h.duties.movedThrough, g)
+		if st := h.duties.staged[g]; st != nil && st.epoch == routes[g].Epoch {
 			staged[g] = st
 		}
 	}
-	r.duties.mu.Unlock()
+	h.duties.mu.Unlock()
 	// A step is a message to publish from the ingress, or (msg nil) a
 	// staged copy to move.
 	type step struct {
@@ -1238,15 +1307,15 @@ func (r *Router) catchUp(ctx context.Context, routes map[string]kvbinding.Bindin
 		hi = max(hi, s.until)
 	}
 	if len(byGroup) > 0 || lo != 0 {
-		r.log.Debug("hand-over catch-up: spans known from their staging, spans read from the ingress", "staged", len(byGroup), "read", lo != 0,
+		h.log.Debug("hand-over catch-up: spans known from their staging, spans read from the ingress", "staged", len(byGroup), "read", lo != 0,
 			"from_seq", lo, "until_seq", hi)
 	}
-	stream, err := r.js.Stream(ctx, QueueStream)
+	stream, err := h.js.Stream(ctx, QueueStream)
 	if err != nil {
 		return nil, err
 	}
 	for g, st := range staged {
-		if err := r.dropStaged(ctx, stream, g, st, spans[g].from); err != nil {
+		if err := h.dropStaged(ctx, stream, g, st, spans[g].from); err != nil {
 			return nil, err
 		}
 	}
@@ -1256,10 +1325,10 @@ func (r *Router) catchUp(ctx context.Context, routes map[string]kvbinding.Bindin
 	}
 	var pins map[string]kvbinding.Checkpoint
 	if lo != 0 {
-		pins = r.pinnedCheckpoints(ctx, routes)
+		pins = h.pinnedCheckpoints(ctx, routes)
 	}
-	err = r.readIngressSpan(ctx, lo, hi, func(seq uint64, msg jetstream.Msg) {
-		g, invalid := r.classify(msg.Headers(), msg.Subject())
+	err = h.readIngressSpan(ctx, lo, hi, func(seq uint64, msg jetstream.Msg) {
+		g, invalid := h.classify(msg.Headers(), msg.Subject())
 		s, ok := spans[g]
 		if !ok || seq < s.from || seq >= s.until {
 			return
@@ -1283,15 +1352,13 @@ func (r *Router) catchUp(ctx context.Context, routes map[string]kvbinding.Bindin
 		if invalid != "" {
 			// Taking the ungrouped routing binding over: dead-letter what
 			// cannot be grouped, as the lane would have.
-			out = r.toDeadLetter(out, msg.Subject(), seq, invalid, false)
+			out = h.toDeadLetter(out, msg.Subject(), seq, invalid, false)
 			byGroup[g] = append(byGroup[g], step{msg: out, seq: seq})
 			return
 		}
-		dest := r.cfg.Node
+		dest := h.node
 		if g == "" {
-			r.mu.Lock()
-			dest = r.eng.ungroupedDestination()
-			r.mu.Unlock()
+			dest = h.ungroupedDestination()
 		}
 		out.Subject = QueueSubject(dest, msg.Subject())
 		out.Header.Set(jetstream.ExpectedStreamHeader, QueueStream)
@@ -1318,38 +1385,38 @@ func (r *Router) catchUp(ctx context.Context, routes map[string]kvbinding.Bindin
 			unstaging.SetLimit(32)
 			defer func() { _ = unstaging.Wait() }()
 			for _, st := range steps {
-				if !r.current(g, routes[g].Revision) {
+				if !h.current(g, routes[g].Revision) {
 					return errSuperseded
 				}
 				if st.msg == nil && st.staged.msg == nil {
-					moved, err := r.moveStaged(wctx, stream, g, routes[g], st.staged.at, st.seq)
+					moved, err := h.moveStaged(wctx, stream, g, routes[g], st.staged.at, st.seq)
 					if err != nil {
 						return err
 					}
-					r.duties.mu.Lock()
+					h.duties.mu.Lock()
 					delete(staged[g].copies, st.seq)
-					r.duties.mu.Unlock()
+					h.duties.mu.Unlock()
 					if moved {
 						n++
 					}
 					continue
 				}
 				if st.msg == nil {
-					if _, err := r.publishSync(wctx, r.queueCopy(st.staged.msg, st.staged.at), func() bool { return r.current(g, routes[g].Revision) }); err != nil {
+					if _, err := h.publishSync(wctx, h.queueCopy(st.staged.msg, st.staged.at), func() bool { return h.current(g, routes[g].Revision) }); err != nil {
 						return err
 					}
-					unstaging.Go(func() error { return r.unstage(uctx, stream, staged[g], st.staged.at, st.seq) })
+					unstaging.Go(func() error { return h.unstage(uctx, stream, staged[g], st.staged.at, st.seq) })
 					n++
 					progressOf(ctx).add(1)
 					continue
 				}
 				m := st.msg
-				ack, err := r.publishSync(wctx, m, func() bool { return r.current(g, routes[g].Revision) })
+				ack, err := h.publishSync(wctx, m, func() bool { return h.current(g, routes[g].Revision) })
 				if err != nil {
 					return err
 				}
 				if ack.Duplicate && g != "" && ack.Stream == QueueStream {
-					if err := r.takeLateCopy(wctx, stream, g, routes[g], m, ack.Sequence); err != nil {
+					if err := h.takeLateCopy(wctx, stream, g, routes[g], m, ack.Sequence); err != nil {
 						return err
 					}
 				}
@@ -1368,13 +1435,13 @@ func (r *Router) catchUp(ctx context.Context, routes map[string]kvbinding.Bindin
 	if err := work.Wait(); err != nil {
 		return nil, err
 	}
-	r.duties.mu.Lock()
+	h.duties.mu.Lock()
 	for g, s := range spans {
 		if s.until > 0 {
-			r.duties.caught[g] = max(r.duties.caught[g], s.until-1)
+			h.duties.caught[g] = max(h.duties.caught[g], s.until-1)
 		}
 	}
-	r.duties.mu.Unlock()
+	h.duties.mu.Unlock()
 	return caught, nil
 }
 
@@ -1388,8 +1455,8 @@ func (r *Router) catchUp(ctx context.Context, routes map[string]kvbinding.Bindin
 // server restart). A revision the bucket no longer holds (the old node came
 // back and saved another, which may count as finished messages it skipped
 // as no longer its own) pins nothing.
-func (r *Router) pinnedCheckpoints(ctx context.Context, routes map[string]kvbinding.Binding) map[string]kvbinding.Checkpoint {
-	if r.reg == nil {
+func (h *handOver) pinnedCheckpoints(ctx context.Context, routes map[string]kvbinding.Binding) map[string]kvbinding.Checkpoint {
+	if h.loadCheckpointAt == nil {
 		return nil
 	}
 	type at struct {
@@ -1405,20 +1472,20 @@ func (r *Router) pinnedCheckpoints(ctx context.Context, routes map[string]kvbind
 		k := at{route.PrevNode, route.Ckpt}
 		c, done := read[k]
 		if !done {
-			got, ok, err := r.reg.LoadCheckpointAt(ctx, k.node, k.rev)
+			got, ok, err := h.loadCheckpointAt(ctx, k.node, k.rev)
 			switch {
 			case err != nil:
 				// Unreadable (an older node's permissions, a transient
 				// failure): the take-over routes again from the start,
 				// as before checkpoints were pinned; the window drops
 				// what it still knows.
-				r.log.Info("hand-over: the old node's checkpoint cannot be read; the take-over routes from its start",
+				h.log.Info("hand-over: the old node's checkpoint cannot be read; the take-over routes from its start",
 					"node", k.node, "revision", k.rev, "err", err)
 			case ok:
 				c = &got
 			}
 			read[k] = c
-			r.log.Debug("hand-over: the old node's checkpoint the take-over starts from", "node", k.node, "revision", k.rev,
+			h.log.Debug("hand-over: the old node's checkpoint the take-over starts from", "node", k.node, "revision", k.rev,
 				"found", c != nil)
 		}
 		if c != nil {
@@ -1438,7 +1505,7 @@ func (r *Router) pinnedCheckpoints(ctx context.Context, routes map[string]kvbind
 // Its consumer would process it behind what this node routes next, so it
 // is moved here now, as the drain moves (waiting while that consumer holds
 // it unacked), before the group's next message is routed.
-func (r *Router) takeLateCopy(ctx context.Context, stream jetstream.Stream, group string, route kvbinding.Binding, sent *nats.Msg, seq uint64) error {
+func (h *handOver) takeLateCopy(ctx context.Context, stream jetstream.Stream, group string, route kvbinding.Binding, sent *nats.Msg, seq uint64) error {
 	m, err := stream.GetMsg(ctx, seq)
 	if isGone(err) {
 		return nil // acked (or moved) already
@@ -1454,7 +1521,7 @@ func (r *Router) takeLateCopy(ctx context.Context, stream jetstream.Stream, grou
 	if err != nil {
 		return nil
 	}
-	if from == r.cfg.Node {
+	if from == h.node {
 		if !held {
 			return nil // an earlier attempt's copy, in place
 		}
@@ -1463,14 +1530,14 @@ func (r *Router) takeLateCopy(ctx context.Context, stream jetstream.Stream, grou
 		// nothing left to move, so nothing was staged again): no consumer
 		// reads the held subject, so it is moved onto the queue now, in
 		// its turn.
-		r.log.Debug("hand-over catch-up: a staged copy found by its id, moved onto the queue", "group", logagg.Short(group),
+		h.log.Debug("hand-over catch-up: a staged copy found by its id, moved onto the queue", "group", logagg.Short(group),
 			"ingress_seq", is, "queue_seq", seq)
-		_, err := r.moveGroup(ctx, stream, []queued{{msg: m, from: from, ingressSeq: is, group: group, held: true}}, route)
+		_, err := h.moveGroup(ctx, stream, []queued{{msg: m, from: from, ingressSeq: is, group: group, held: true}}, route)
 		return err
 	}
-	r.warn.late.Warn(group, "ingress_seq", is, "queue_seq", seq, "from", from, "held", held, "revision", route.Revision)
+	h.warn.late.Warn(group, "ingress_seq", is, "queue_seq", seq, "from", from, "held", held, "revision", route.Revision)
 	q := queued{msg: m, from: from, ingressSeq: is, group: group, held: held}
-	_, err = r.moveFound(ctx, stream, map[string]map[string]bool{from: {group: true}}, map[string]kvbinding.Binding{group: route},
+	_, err = h.moveFound(ctx, stream, map[string]map[string]bool{from: {group: true}}, map[string]kvbinding.Binding{group: route},
 		func(context.Context) (map[string][]queued, error) { return map[string][]queued{group: {q}}, nil }, nil)
 	return err
 }
@@ -1493,7 +1560,7 @@ func queueOwner(subject string) (node string, held, ok bool) {
 // [lo, hi), in order. It asks for exactly what is left (a fetch for more
 // than the stream holds waits for its whole expiry), and recreates its
 // consumer from where it got to when the cluster loses it.
-func (r *Router) readIngress(ctx context.Context, lo, hi uint64, fn func(seq uint64, msg jetstream.Msg)) error {
+func (h *handOver) readIngress(ctx context.Context, lo, hi uint64, fn func(seq uint64, msg jetstream.Msg)) error {
 	next := lo
 	var cons jetstream.Consumer
 	for attempt := 1; next < hi; {
@@ -1503,7 +1570,7 @@ func (r *Router) readIngress(ctx context.Context, lo, hi uint64, fn func(seq uin
 			// consumer: nats.go's default retries for ever, without a
 			// context, and so never returns once the connection is closed.
 			// This loop retries, and ends with ctx.
-			cons, err = r.js.OrderedConsumer(ctx, IngressStream, jetstream.OrderedConsumerConfig{
+			cons, err = h.js.OrderedConsumer(ctx, IngressStream, jetstream.OrderedConsumerConfig{
 				DeliverPolicy: jetstream.DeliverByStartSequencePolicy, OptStartSeq: next, MaxResetAttempts: 1,
 			})
 			if err != nil {
@@ -1511,7 +1578,7 @@ func (r *Router) readIngress(ctx context.Context, lo, hi uint64, fn func(seq uin
 					return err
 				}
 				attempt++
-				r.log.Debug("catch-up: ingress consumer not created; retrying", "err", err, "from", next)
+				h.log.Debug("catch-up: ingress consumer not created; retrying", "err", err, "from", next)
 				if err := natsretry.Sleep(ctx, backoffBase*time.Duration(attempt)); err != nil {
 					return err
 				}
@@ -1525,7 +1592,7 @@ func (r *Router) readIngress(ctx context.Context, lo, hi uint64, fn func(seq uin
 			// at once, and is not asked again at once.
 			cons = nil
 			attempt++
-			r.log.Debug("catch-up: ingress not read; reading again", "err", err, "from", next, "attempt", attempt)
+			h.log.Debug("catch-up: ingress not read; reading again", "err", err, "from", next, "attempt", attempt)
 			if err := natsretry.Sleep(ctx, backoffBase*time.Duration(min(attempt, 20))); err != nil {
 				return err
 			}
@@ -1563,7 +1630,7 @@ func (r *Router) readIngress(ctx context.Context, lo, hi uint64, fn func(seq uin
 			// changing. Ending the read then would report the span routed
 			// without the messages it holds (nemesis, two busy loops
 			// beside: 207 messages of a group never routed).
-			ended, err := r.ingressEndsBefore(ctx, next, hi)
+			ended, err := h.ingressEndsBefore(ctx, next, hi)
 			if err == nil && ended {
 				return nil
 			}
@@ -1572,7 +1639,7 @@ func (r *Router) readIngress(ctx context.Context, lo, hi uint64, fn func(seq uin
 			if attempt > 20 {
 				return fmt.Errorf("catch-up: the ingress delivered nothing from %d, and holds messages before %d (%v)", next, hi, err)
 			}
-			r.log.Debug("catch-up: the ingress delivered nothing yet; reading again", "from", next, "until", hi, "err", err, "attempt", attempt)
+			h.log.Debug("catch-up: the ingress delivered nothing yet; reading again", "from", next, "until", hi, "err", err, "attempt", attempt)
 			if err := natsretry.Sleep(ctx, backoffBase*time.Duration(min(attempt, 20))); err != nil {
 				return err
 			}
@@ -1586,8 +1653,8 @@ func (r *Router) readIngress(ctx context.Context, lo, hi uint64, fn func(seq uin
 // message it holds from next on. The read goes to the stream's leader; a
 // deposed one that never stored the span would say it ended, which ends
 // the read as it did before this check.
-func (r *Router) ingressEndsBefore(ctx context.Context, next, hi uint64) (bool, error) {
-	st, err := r.side.stream(ctx, IngressStream)
+func (h *handOver) ingressEndsBefore(ctx context.Context, next, hi uint64) (bool, error) {
+	st, err := h.side(ctx, IngressStream)
 	if err != nil {
 		return false, err
 	}
@@ -1606,28 +1673,28 @@ func (r *Router) ingressEndsBefore(ctx context.Context, next, hi uint64) (bool, 
 // waits while this node is fenced (its liveness record may have lapsed),
 // then checks still: a step whose record moved on meanwhile stops with
 // errSuperseded instead of publishing.
-func (r *Router) publishSync(ctx context.Context, m *nats.Msg, still func() bool) (*jetstream.PubAck, error) {
+func (h *handOver) publishSync(ctx context.Context, m *nats.Msg, still func() bool) (*jetstream.PubAck, error) {
 	for {
-		if err := r.waitUnfenced(ctx); err != nil {
+		if err := h.waitUnfenced(ctx); err != nil {
 			return nil, err
 		}
 		if !still() {
 			return nil, errSuperseded
 		}
 		pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		ack, err := r.js.PublishMsg(pctx, m)
+		ack, err := h.js.PublishMsg(pctx, m)
 		cancel()
 		if err == nil {
 			if ack.Stream == QueueStream {
-				r.qcheck.stored(ack.Sequence, m.Header.Get(jetstream.MsgIDHeader))
+				h.stored(ack.Sequence, m.Header.Get(jetstream.MsgIDHeader))
 			}
 			return ack, nil // a duplicate's ack names the first copy
 		}
 		if ctx.Err() != nil {
 			return nil, err
 		}
-		if r.warn.handOver != nil {
-			r.warn.handOver.Warn(m.Header.Get(jetstream.MsgIDHeader), "subject", m.Subject, "err", err)
+		if h.warn.publish != nil {
+			h.warn.publish.Warn(m.Header.Get(jetstream.MsgIDHeader), "subject", m.Subject, "err", err)
 		}
 		select {
 		case <-ctx.Done():
@@ -1639,12 +1706,9 @@ func (r *Router) publishSync(ctx context.Context, m *nats.Msg, still func() bool
 
 // waitUnfenced returns once this node may publish (its liveness record is
 // sure to exist, and it caught up after a lapse), or ctx's error.
-func (r *Router) waitUnfenced(ctx context.Context) error {
+func (h *handOver) waitUnfenced(ctx context.Context) error {
 	for {
-		r.mu.Lock()
-		fenced := r.eng.fenced(time.Now())
-		r.mu.Unlock()
-		if !fenced {
+		if !h.fencedNow() {
 			return nil
 		}
 		select {

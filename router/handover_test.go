@@ -86,13 +86,14 @@ func testRouterOn(t *testing.T, s *natstest.Server, node string) (*Router, jetst
 	if err := ensureStreams(context.Background(), js, cfg, 1); err != nil {
 		t.Fatal(err)
 	}
-	r := &Router{js: js, cfg: cfg, log: slog.New(slog.DiscardHandler), duties: newDutyQueue(), side: newSideReads(js), qcheck: newQueueCheck(js, nil, node, slog.New(slog.DiscardHandler)),
+	r := &Router{js: js, cfg: cfg, log: slog.New(slog.DiscardHandler), side: newSideReads(js), qcheck: newQueueCheck(js, nil, node, slog.New(slog.DiscardHandler)),
 		cache: kvbinding.NewCache(kvbinding.CacheConfig{})}
 	r.warn.lapsed = logagg.New(r.log, "lapsed", logagg.DefaultEvery)
 	r.warn.late = logagg.New(r.log, "late", logagg.DefaultEvery)
 	t.Cleanup(func() { r.warn.lapsed.Close(); r.warn.late.Close() })
 	r.eng = newEngine(engineConfig{node: node, maxHeldMessages: 100, maxHeldBytes: 1 << 20, maxInFlight: 100, timeout: time.Second},
 		r.cache, rand.New(rand.NewPCG(1, 2)))
+	r.ho = r.newHandOver()
 	return r, js
 }
 
@@ -162,7 +163,7 @@ func TestCatchUpDeadLettersWhatCannotBeGrouped(t *testing.T) {
 	r.eng.resume = resumePoint{ckpt: kvbinding.Checkpoint{Next: 5}} // read past them
 	route := record(t, r, kvbinding.Binding{Group: "", State: kvbinding.StateBound, Node: "n1", FromSeq: 1, PrevNode: "n0",
 		Step: kvbinding.StepCatchUp, Revision: 7})
-	if _, err := r.catchUp(ctx, map[string]kvbinding.Binding{"": route}); err != nil {
+	if _, err := r.ho.catchUp(ctx, map[string]kvbinding.Binding{"": route}); err != nil {
 		t.Fatal(err)
 	}
 	if got := queuedSeqs(t, js, "n1"); len(got) != 2 || got[0] != 1 || got[1] != 3 {
@@ -201,7 +202,7 @@ func TestCatchUpMovesACopyThatLandedLateOnTheOldQueue(t *testing.T) {
 	r.eng.resume = resumePoint{ckpt: kvbinding.Checkpoint{Next: 5}}
 	route := record(t, r, kvbinding.Binding{Group: "g", State: kvbinding.StateBound, Node: "n1", FromSeq: 1, PrevNode: "n9",
 		Step: kvbinding.StepCatchUp, Revision: 7, Epoch: 7})
-	if _, err := r.catchUp(ctx, map[string]kvbinding.Binding{"g": route}); err != nil {
+	if _, err := r.ho.catchUp(ctx, map[string]kvbinding.Binding{"g": route}); err != nil {
 		t.Fatal(err)
 	}
 	if got := queuedSeqs(t, js, "n1"); fmt.Sprint(got) != "[1 2 3 4]" {
@@ -226,7 +227,7 @@ func TestDrainMergesTheTakersOwnQueue(t *testing.T) {
 	route := record(t, r, kvbinding.Binding{Group: "g", State: kvbinding.StateBound, Node: "n1", FromSeq: 11, PrevNode: "n1",
 		Step: kvbinding.StepDrain, Drain: []string{"n1", "n9"}, Revision: 5})
 	for attempt := 1; attempt <= 2; attempt++ {
-		if _, err := r.drainQueues(ctx, map[string]kvbinding.Binding{"g": route}, nil); err != nil {
+		if _, err := r.ho.drainQueues(ctx, map[string]kvbinding.Binding{"g": route}, nil); err != nil {
 			t.Fatal(err)
 		}
 		if got := queuedSeqs(t, js, "n1"); fmt.Sprint(got) != "[7 8 9 10]" {
@@ -277,7 +278,7 @@ func TestScanQueuesFindsTheGroupsAmongMany(t *testing.T) {
 		t.Fatal(err)
 	}
 	byNode := map[string]map[string]bool{"n9": {"g3": true, "g5": true}, "n7": {"g3": true}}
-	found, err := r.scanQueues(ctx, stream, byNode, map[string]kvbinding.Binding{}, 0)
+	found, err := r.ho.scanQueues(ctx, stream, byNode, map[string]kvbinding.Binding{}, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -324,18 +325,18 @@ func TestDrainOfAPausedQueue(t *testing.T) {
 	if _, err := js.PauseConsumer(ctx, QueueStream, QueueConsumer("n9"), time.Now().Add(drainPause)); err != nil {
 		t.Fatal(err)
 	}
-	v, ok := r.pausedView(ctx, "n9")
+	v, ok := r.ho.pausedView(ctx, "n9")
 	if !ok || !v.quiet {
 		t.Fatalf("paused consumer: view %+v, ok %v; want a quiet one", v, ok)
 	}
-	if _, ok := r.pausedView(ctx, "n8"); ok {
+	if _, ok := r.ho.pausedView(ctx, "n8"); ok {
 		t.Fatal("a queue without a consumer: taken as paused")
 	}
 	publishQueued(t, js, "n9", "g", 7)
 	publishQueued(t, js, "n9", "h", 8)
 	route := record(t, r, kvbinding.Binding{Group: "g", State: kvbinding.StateBound, Node: "n1", FromSeq: 9, PrevNode: "n9",
 		Step: kvbinding.StepDrain, Drain: []string{"n9"}, Revision: 5})
-	moved, err := r.drainQueues(ctx, map[string]kvbinding.Binding{"g": route}, nil)
+	moved, err := r.ho.drainQueues(ctx, map[string]kvbinding.Binding{"g": route}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -360,7 +361,7 @@ func TestDrainStopsWhenTheRecordMovesOn(t *testing.T) {
 		Step: kvbinding.StepDrain, Drain: []string{"n9"}, Revision: 5})
 	record(t, r, kvbinding.Binding{Group: "g", State: kvbinding.StateBound, Node: "n2", FromSeq: 8, PrevNode: "n9",
 		Step: kvbinding.StepDrain, Drain: []string{"n9", "n1"}, Revision: 6})
-	if _, err := r.drainQueues(ctx, map[string]kvbinding.Binding{"g": route}, nil); !errors.Is(err, errSuperseded) {
+	if _, err := r.ho.drainQueues(ctx, map[string]kvbinding.Binding{"g": route}, nil); !errors.Is(err, errSuperseded) {
 		t.Fatalf("drain of a superseded revision: err %v, want errSuperseded", err)
 	}
 	if got := queuedSeqs(t, js, "n9"); fmt.Sprint(got) != "[7]" {
@@ -588,7 +589,7 @@ func TestDrainMovesNothingOfAHeldMessageWhoseReleaseWasProcessed(t *testing.T) {
 	}
 	route := record(t, r1, kvbinding.Binding{Group: "g", State: kvbinding.StateBound, Node: "n1", FromSeq: 7, PrevNode: "n9",
 		Step: kvbinding.StepDrain, Drain: []string{"n9"}, Epoch: 9, Revision: 9})
-	if _, err := r1.drainQueues(ctx, map[string]kvbinding.Binding{"g": route}, nil); err != nil {
+	if _, err := r1.ho.drainQueues(ctx, map[string]kvbinding.Binding{"g": route}, nil); err != nil {
 		t.Fatal(err)
 	}
 	if got := queuedSeqs(t, js, "n1"); len(got) != 0 {
@@ -633,7 +634,7 @@ func TestDrainHandsOverAtOnceTheGroupsWithNothingWaiting(t *testing.T) {
 	none := make(chan []string, 1)
 	done := make(chan error, 1)
 	go func() {
-		_, err := r.drainQueues(ctx, routes, func(groups, _ []string) {
+		_, err := r.ho.drainQueues(ctx, routes, func(groups, _ []string) {
 			if len(groups) > 0 {
 				none <- groups
 			}
@@ -669,14 +670,13 @@ func TestDrainHandsOverAtOnceTheGroupsWithNothingWaiting(t *testing.T) {
 // catch-up of a record bound to n0 run by n1.)
 func TestStepDroppedWhenItsRecordMovedOn(t *testing.T) {
 	r, js := testRouter(t, "n1")
-	r.nc = r.side.js.Conn()
-	r.dec.client = proposals.NewClient(r.nc, "n1", 100*time.Millisecond)
+	r.ho.propose = proposals.NewClient(r.side.js.Conn(), "n1", 100*time.Millisecond).Propose
 	publishQueued(t, js, "n9", "g", 7)
 	record(t, r, kvbinding.Binding{Group: "g", State: kvbinding.StateBound, Node: "n2", FromSeq: 8, PrevNode: "n9",
 		Step: kvbinding.StepDrain, Drain: []string{"n9"}, Revision: 7})
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 	defer cancel()
-	r.runSteps(ctx, map[string]dutyJob{"g": {duty: proposals.DutyDrain, rev: 5}})
+	r.ho.runSteps(ctx, map[string]dutyJob{"g": {duty: proposals.DutyDrain, rev: 5}})
 	if got := queuedSeqs(t, js, "n1"); len(got) != 0 {
 		t.Fatalf("n1's queue holds %v: a step ran for a record that names n2", got)
 	}
@@ -700,6 +700,7 @@ type evacuation struct {
 func newEvacuation(t *testing.T, r *Router, js jetstream.JetStream, n int) *evacuation {
 	t.Helper()
 	r.eng.cfg.holds = true
+	r.ho.holds = true
 	for range n {
 		m := &nats.Msg{Subject: "jms.x", Header: nats.Header{DefaultGroupHeader: {"g"}}}
 		if _, err := js.PublishMsg(context.Background(), m); err != nil {
@@ -715,16 +716,16 @@ func newEvacuation(t *testing.T, r *Router, js jetstream.JetStream, n int) *evac
 // stage runs the drain step's staging and returns what it learned.
 func (e *evacuation) stage() *stagedSpan {
 	e.t.Helper()
-	if err := e.r.stage(context.Background(), map[string]kvbinding.Binding{"g": e.drain}); err != nil {
+	if err := e.r.ho.stage(context.Background(), map[string]kvbinding.Binding{"g": e.drain}); err != nil {
 		e.t.Fatal(err)
 	}
-	return e.r.duties.stagedOf("g", e.drain.Epoch)
+	return e.r.ho.duties.stagedOf("g", e.drain.Epoch)
 }
 
 // drainQueues runs the drain step's drain.
 func (e *evacuation) drainQueues() {
 	e.t.Helper()
-	if _, err := e.r.drainQueues(context.Background(), map[string]kvbinding.Binding{"g": e.drain}, nil); err != nil {
+	if _, err := e.r.ho.drainQueues(context.Background(), map[string]kvbinding.Binding{"g": e.drain}, nil); err != nil {
 		e.t.Fatal(err)
 	}
 }
@@ -737,7 +738,7 @@ func (e *evacuation) catchUp(attempts int, want string) {
 	route := record(e.t, e.r, kvbinding.Binding{Group: "g", State: kvbinding.StateBound, Node: "n1", FromSeq: 1, PrevNode: "n9",
 		Step: kvbinding.StepCatchUp, Revision: 8, Epoch: 7})
 	for attempt := 1; attempt <= attempts; attempt++ {
-		if _, err := e.r.catchUp(context.Background(), map[string]kvbinding.Binding{"g": route}); err != nil {
+		if _, err := e.r.ho.catchUp(context.Background(), map[string]kvbinding.Binding{"g": route}); err != nil {
 			e.t.Fatal(err)
 		}
 		if got := queuedSeqs(e.t, e.js, "n1"); fmt.Sprint(got) != want {
@@ -812,7 +813,7 @@ func TestCatchUpAfterARestartMovesTheStagedCopies(t *testing.T) {
 				t.Fatalf("n1's held subject holds %d messages, want 2 staged", n)
 			}
 			e.drainQueues()
-			r.duties = newDutyQueue() // the node restarted
+			r.ho.duties = newDutyQueue() // the node restarted
 			e.catchUp(1, "[1 2 3]")
 		})
 	}
@@ -863,7 +864,8 @@ func TestCatchUpKeepsTheCopyOfAStagedMessageGoneMeanwhile(t *testing.T) {
 func TestRestoreHeldSkipsAStagedCatchUp(t *testing.T) {
 	r, js := testRouter(t, "n1")
 	r.eng.cfg.holds = true
-	r.nc = js.Conn()
+	r.ho.holds = true
+	r.ho.nc = js.Conn()
 	ctx := context.Background()
 	for _, g := range []string{"taken", "held"} {
 		m := &nats.Msg{Subject: HeldSubject("n1", g, "jms.x"), Header: nats.Header{DefaultGroupHeader: {g}, HeaderIngressSeq: {"1"}}}
@@ -901,7 +903,7 @@ func TestDrainMovesAMessageStoredTwiceOnce(t *testing.T) {
 	}
 	route := record(t, r, kvbinding.Binding{Group: "g", State: kvbinding.StateBound, Node: "n1", FromSeq: 7, PrevNode: "n8",
 		Step: kvbinding.StepDrain, Drain: []string{"n9", "n8"}, Revision: 9})
-	if _, err := r.drainQueues(ctx, map[string]kvbinding.Binding{"g": route}, nil); err != nil {
+	if _, err := r.ho.drainQueues(ctx, map[string]kvbinding.Binding{"g": route}, nil); err != nil {
 		t.Fatal(err)
 	}
 	if got := queuedSeqs(t, js, "n1"); fmt.Sprint(got) != "[5 6]" {
@@ -951,7 +953,7 @@ func TestDrainDeletesAnOriginalWhoseEarlierCopyWasProcessed(t *testing.T) {
 	publishQueued(t, js, "n9", "g", 6)
 	route := record(t, r, kvbinding.Binding{Group: "g", State: kvbinding.StateBound, Node: "n1", FromSeq: 7, PrevNode: "n8",
 		Step: kvbinding.StepDrain, Drain: []string{"n9", "n8"}, Revision: 9})
-	moved, err := r.drainQueues(ctx, map[string]kvbinding.Binding{"g": route}, nil)
+	moved, err := r.ho.drainQueues(ctx, map[string]kvbinding.Binding{"g": route}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -981,7 +983,7 @@ func TestDrainMovesAnEarlierMoversCopyOnce(t *testing.T) {
 			publishQueued(t, js, "n9", "g", 6)
 			route := record(t, r, kvbinding.Binding{Group: "g", State: kvbinding.StateBound, Node: "n1", FromSeq: 7, PrevNode: "n9",
 				Step: kvbinding.StepDrain, Drain: strings.Split(tc.drain, ","), Revision: 9})
-			if _, err := r.drainQueues(context.Background(), map[string]kvbinding.Binding{"g": route}, nil); err != nil {
+			if _, err := r.ho.drainQueues(context.Background(), map[string]kvbinding.Binding{"g": route}, nil); err != nil {
 				t.Fatal(err)
 			}
 			if got := queuedSeqs(t, js, "n1"); fmt.Sprint(got) != "[5 6]" {
@@ -1020,17 +1022,17 @@ func TestAMoverThatMayHaveLapsedDeletesNothing(t *testing.T) {
 	}
 	route, _ := r.cache.Lookup("g")
 	q := queued{msg: orig, from: "n9", ingressSeq: 9, group: "g"}
-	if err := r.deleteOriginal(ctx, st, q, kvbinding.Binding{Group: "g", Revision: route.Revision - 1}); !errors.Is(err, errSuperseded) {
+	if err := r.ho.deleteOriginal(ctx, st, q, kvbinding.Binding{Group: "g", Revision: route.Revision - 1}); !errors.Is(err, errSuperseded) {
 		t.Errorf("deleteOriginal under a past revision: %v, want errSuperseded", err)
 	}
 	r.eng.lapse.aliveUntil = time.Now().Add(-time.Second)
-	if err := r.deleteOriginal(ctx, st, q, route); !errors.Is(err, errFencedNow) {
+	if err := r.ho.deleteOriginal(ctx, st, q, route); !errors.Is(err, errFencedNow) {
 		t.Errorf("deleteOriginal while fenced: %v, want errFencedNow", err)
 	}
-	if err := r.unstage(ctx, st, s, s.copies[1].at, 1); !errors.Is(err, errFencedNow) {
+	if err := r.ho.unstage(ctx, st, s, s.copies[1].at, 1); !errors.Is(err, errFencedNow) {
 		t.Errorf("unstage while fenced: %v, want errFencedNow", err)
 	}
-	if err := r.dropStaged(ctx, st, "g", s, 3); !errors.Is(err, errFencedNow) {
+	if err := r.ho.dropStaged(ctx, st, "g", s, 3); !errors.Is(err, errFencedNow) {
 		t.Errorf("dropStaged while fenced: %v, want errFencedNow", err)
 	}
 	if n := heldOn(t, js, "n1"); n != 2 {
@@ -1055,9 +1057,9 @@ func TestCatchUpMovesAStagedCopyItForgot(t *testing.T) {
 	if s := e.stage(); s == nil || len(s.copies) != 3 {
 		t.Fatalf("staged %+v, want copies of 1..3", s)
 	}
-	r.duties = newDutyQueue() // the node restarted
+	r.ho.duties = newDutyQueue() // the node restarted
 	e.drainQueues()
-	r.duties.notStaged("g", e.drain.Epoch) // the drain's retry found nothing
+	r.ho.duties.notStaged("g", e.drain.Epoch) // the drain's retry found nothing
 	e.catchUp(2, "[1 2 3]")
 }
 
@@ -1091,7 +1093,9 @@ func TestCatchUpSkipsWhatThePinnedCheckpointSaysWasFinished(t *testing.T) {
 			if r.reg, err = kvbinding.OpenRegistry(ctx, js, kvbinding.RegistryConfig{}, nil); err != nil {
 				t.Fatal(err)
 			}
+			r.ho.loadCheckpointAt = r.reg.LoadCheckpointAt
 			r.eng.cfg.holds = true
+			r.ho.holds = true
 			for range 6 {
 				m := &nats.Msg{Subject: "jms.x", Header: nats.Header{DefaultGroupHeader: {"g"}}}
 				if _, err := js.PublishMsg(ctx, m); err != nil {
@@ -1134,17 +1138,17 @@ func TestCatchUpSkipsWhatThePinnedCheckpointSaysWasFinished(t *testing.T) {
 			}
 			drain := record(t, r, kvbinding.Binding{Group: "g", State: kvbinding.StateBound, Node: "n1", FromSeq: 2, PrevNode: "n9",
 				Step: kvbinding.StepDrain, Drain: []string{"n9"}, Reason: "node n9 gone", Ckpt: rev, Revision: 7})
-			if err := r.stage(ctx, map[string]kvbinding.Binding{"g": drain}); err != nil {
+			if err := r.ho.stage(ctx, map[string]kvbinding.Binding{"g": drain}); err != nil {
 				t.Fatal(err)
 			}
-			s := r.duties.stagedOf("g", drain.Epoch)
+			s := r.ho.duties.stagedOf("g", drain.Epoch)
 			if s == nil || fmt.Sprint(stagedSeqs(s, 2, 7)) != want {
 				t.Fatalf("staged %+v, want %s", s, want)
 			}
-			r.duties = newDutyQueue() // restarted: the catch-up stages again, then reads the ingress
+			r.ho.duties = newDutyQueue() // restarted: the catch-up stages again, then reads the ingress
 			route := record(t, r, kvbinding.Binding{Group: "g", State: kvbinding.StateBound, Node: "n1", FromSeq: 2, PrevNode: "n9",
 				Step: kvbinding.StepCatchUp, Ckpt: rev, Revision: 8, Epoch: 7})
-			if _, err := r.catchUp(ctx, map[string]kvbinding.Binding{"g": route}); err != nil {
+			if _, err := r.ho.catchUp(ctx, map[string]kvbinding.Binding{"g": route}); err != nil {
 				t.Fatal(err)
 			}
 			if got := queuedSeqs(t, js, "n1"); fmt.Sprint(got) != want {
@@ -1215,7 +1219,7 @@ func TestIngressReadEndsWhenTheConnectionCloses(t *testing.T) {
 	done := make(chan error, 1)
 	go func() {
 		// Through sequence 99: the read waits for messages that never come.
-		done <- r.readIngress(ctx, 1, 100, func(seq uint64, _ jetstream.Msg) { read <- int(seq) })
+		done <- r.ho.readIngress(ctx, 1, 100, func(seq uint64, _ jetstream.Msg) { read <- int(seq) })
 	}()
 	for want := 1; want <= 3; want++ {
 		if got := <-read; got != want {
@@ -1253,7 +1257,7 @@ func TestIngressEndsBefore(t *testing.T) {
 		{5, 6, false}, // 5 is
 		{6, 9, true},  // nothing written from 6 on
 	} {
-		got, err := r.ingressEndsBefore(ctx, c.next, c.hi)
+		got, err := r.ho.ingressEndsBefore(ctx, c.next, c.hi)
 		if err != nil || got != c.want {
 			t.Errorf("ingressEndsBefore(%d, %d) = %v, %v; want %v", c.next, c.hi, got, err, c.want)
 		}

@@ -28,7 +28,7 @@ const (
 // are safe for concurrent use and do nothing on a nil *stepProgress (the
 // steps run without one in unit tests).
 type stepProgress struct {
-	r      *Router
+	h      *handOver
 	step   kvbinding.Step
 	groups int
 	group  string // the group, when the batch has one
@@ -52,8 +52,8 @@ type progressKey struct{}
 // startProgress starts counting a batch's step and returns ctx carrying the
 // counter for drainQueues, moveGroup and catchUp (progressOf). The caller
 // calls end once the step returned.
-func (r *Router) startProgress(ctx context.Context, duty proposals.Duty, routes map[string]kvbinding.Binding) (context.Context, *stepProgress) {
-	p := &stepProgress{r: r, step: kvbinding.StepCatchUp, groups: len(routes), start: time.Now(), stop: make(chan struct{})}
+func (h *handOver) startProgress(ctx context.Context, duty proposals.Duty, routes map[string]kvbinding.Binding) (context.Context, *stepProgress) {
+	p := &stepProgress{h: h, step: kvbinding.StepCatchUp, groups: len(routes), start: time.Now(), stop: make(chan struct{})}
 	if duty == proposals.DutyDrain {
 		p.step = kvbinding.StepDrain
 	}
@@ -139,10 +139,10 @@ func (p *stepProgress) sendLocked(reason string, log bool) {
 	done, total := p.done.Load(), p.total.Load()
 	p.lastSent, p.lastDone = time.Now(), done
 	p.sent++
-	proposals.Event{Kind: proposals.EventProgress, Group: p.group, Node: p.r.cfg.Node, PrevNode: p.prev, By: p.r.cfg.Node,
-		Step: string(p.step), Count: int(done), Total: int(total), Groups: p.groups, Reason: reason}.Publish(p.r.nc)
+	proposals.Event{Kind: proposals.EventProgress, Group: p.group, Node: p.h.node, PrevNode: p.prev, By: p.h.node,
+		Step: string(p.step), Count: int(done), Total: int(total), Groups: p.groups, Reason: reason}.Publish(p.h.nc)
 	if log {
-		p.r.log.Info("hand-over step in progress", "step", p.step, "groups", p.groups, "messages", done, "found", total,
+		p.h.log.Info("hand-over step in progress", "step", p.step, "groups", p.groups, "messages", done, "found", total,
 			"took", time.Since(p.start).Round(time.Millisecond))
 	}
 }

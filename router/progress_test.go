@@ -47,6 +47,7 @@ func progressEvents(t *testing.T, r *Router) func() []proposals.Event {
 func TestDrainReportsProgress(t *testing.T) {
 	r, js := testRouter(t, "n1")
 	r.nc = js.Conn()
+	r.ho.nc = r.nc
 	events := progressEvents(t, r)
 	ctx := context.Background()
 	const n = 250
@@ -61,8 +62,8 @@ func TestDrainReportsProgress(t *testing.T) {
 		route := record(t, r, kvbinding.Binding{Group: group, State: kvbinding.StateBound, Node: "n1", FromSeq: n + 4, PrevNode: "n9",
 			Step: kvbinding.StepDrain, Drain: []string{"n9"}, Revision: 5})
 		routes := map[string]kvbinding.Binding{group: route}
-		pctx, prog := r.startProgress(ctx, proposals.DutyDrain, routes)
-		counts, err := r.drainQueues(pctx, routes, nil)
+		pctx, prog := r.ho.startProgress(ctx, proposals.DutyDrain, routes)
+		counts, err := r.ho.drainQueues(pctx, routes, nil)
 		prog.end(err)
 		if err != nil {
 			t.Fatal(err)
@@ -103,6 +104,7 @@ func TestDrainReportsProgress(t *testing.T) {
 func TestCatchUpBatchReportsProgress(t *testing.T) {
 	r, js := testRouter(t, "n1")
 	r.nc = js.Conn()
+	r.ho.nc = r.nc
 	events := progressEvents(t, r)
 	ctx := context.Background()
 	const perGroup = 120
@@ -121,8 +123,8 @@ func TestCatchUpBatchReportsProgress(t *testing.T) {
 		routes[g] = record(t, r, kvbinding.Binding{Group: g, State: kvbinding.StateBound, Node: "n1", FromSeq: 1, PrevNode: "n0",
 			Step: kvbinding.StepCatchUp, Revision: uint64(7 + i)})
 	}
-	pctx, prog := r.startProgress(ctx, proposals.DutyCatchUp, routes)
-	counts, err := r.catchUp(pctx, routes)
+	pctx, prog := r.ho.startProgress(ctx, proposals.DutyCatchUp, routes)
+	counts, err := r.ho.catchUp(pctx, routes)
 	prog.end(err)
 	if err != nil {
 		t.Fatal(err)

@@ -162,8 +162,9 @@ type Router struct {
 	applied atomic.Uint64
 	// wake: the asker, the timers and the fair shell's signals (one
 	// buffered slot each).
-	wake   struct{ ask, timer, fair chan struct{} }
-	duties *dutyQueue
+	wake struct{ ask, timer, fair chan struct{} }
+	// ho: the hand-over shell (handover.go), made by setup.
+	ho *handOver
 
 	suspects suspectSet // nodes not counted on until they announce again
 
@@ -210,7 +211,6 @@ func New(nc *nats.Conn, cfg Config) (*Router, error) {
 		cfg:     cfg,
 		log:     cfg.Logger.With("node", cfg.Node),
 		changes: make(chan string, 4096),
-		duties:  newDutyQueue(),
 		side:    newSideReads(js),
 		metrics: newNodeMetrics(cfg.Type),
 
@@ -328,7 +328,7 @@ func (r *Router) perform(acts []action) {
 		case actRetry:
 			wake(r.wake.timer)
 		case actDuty:
-			r.duties.add(a.group, a.duty, a.rev)
+			r.ho.duties.add(a.group, a.duty, a.rev)
 		case actDeadLettered:
 			r.warn.deadLettered.Warn(a.group, "messages", a.count, "through_seq", a.rev, "reason", a.reason)
 			proposals.Event{Kind: proposals.EventDeadLetter, Group: a.group, By: r.cfg.Node, Reason: a.reason,
@@ -424,7 +424,7 @@ func (r *Router) Run(ctx context.Context) error {
 		return ignoreCanceled(err)
 	}
 	g.Go(func() error { r.fairLoop(gctx, queueCons); return nil })
-	g.Go(func() error { r.handOverLoop(gctx); return nil })
+	g.Go(func() error { r.ho.run(gctx); return nil })
 	r.resumeDuties()
 	g.Go(func() error { r.live.run(gctx, queueCons); return nil })
 	g.Go(func() error { r.checkpointLoop(gctx); return nil })
@@ -852,11 +852,11 @@ func (r *Router) checkpoint() kvbinding.Checkpoint {
 	r.mu.Lock()
 	c := r.eng.checkpoint(seen, time.Now())
 	r.mu.Unlock()
-	r.duties.mu.Lock()
-	if len(r.duties.caught) > 0 {
-		c.Caught = make(map[string]uint64, min(len(r.duties.caught), maxCaught))
+	r.ho.duties.mu.Lock()
+	if len(r.ho.duties.caught) > 0 {
+		c.Caught = make(map[string]uint64, min(len(r.ho.duties.caught), maxCaught))
 		size := 0
-		for g, seq := range r.duties.caught {
+		for g, seq := range r.ho.duties.caught {
 			if len(c.Caught) == maxCaught || size+len(g) > maxCaughtBytes {
 				// Past the bound (a huge take-over), a successor re-routes
 				// what is not listed; the duplicate window absorbs it.
@@ -866,7 +866,7 @@ func (r *Router) checkpoint() kvbinding.Checkpoint {
 			size += len(g) + 24
 		}
 	}
-	r.duties.mu.Unlock()
+	r.ho.duties.mu.Unlock()
 	return c
 }
 

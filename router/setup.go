@@ -149,6 +149,7 @@ func (r *Router) setup(ctx context.Context) (queueCons jetstream.Consumer, relea
 	}
 	undo = append(undo, r.out.pub.Close)
 	r.dec.client = proposals.NewClient(r.nc, r.cfg.Node, r.cfg.Timeout)
+	r.ho = r.newHandOver()
 
 	// Background state: the binding cache, its change feed and the node
 	// registry. They outlive routing (the drain at the end still reads

@@ -11,12 +11,12 @@ import (
 )
 
 // The hand-over shell of handover.go over the simulated queues, step by
-// step as it makes its calls: handOverLoop, runSteps, drainQueues (the
+// step as it makes its calls: handOver.run, runSteps, drainQueues (the
 // scan by GetMsg, awaitConsumers, moveGroup), catchUp and report. What to
 // wait for and what to move is decided by the real planner (drainplan.go:
 // consumerView.observe, fateOf, planDrain).
 
-// addDuty is dutyQueue.add plus handOverLoop's wake and 20 ms wait.
+// addDuty is dutyQueue.add plus handOver.run's wake and 20 ms wait.
 func (n *simNode) addDuty(group string, duty proposals.Duty, rev uint64) {
 	w := n.w
 	if j, ok := n.duties[group]; !ok || j.rev < rev {
@@ -34,7 +34,7 @@ func (n *simNode) addDuty(group string, duty proposals.Duty, rev uint64) {
 	})
 }
 
-// handOverBatch is one round of handOverLoop.
+// handOverBatch is one round of handOver.run.
 func (n *simNode) handOverBatch() {
 	jobs := n.duties
 	n.duties = map[string]dutyJob{}
@@ -55,7 +55,7 @@ func (n *simNode) runSteps(jobs map[string]dutyJob) {
 	for _, g := range sortedKeys(jobs) {
 		route, ok := n.cache.Lookup(g)
 		if !ok || route.Revision != jobs[g].rev || proposals.DutyOf(route, n.id) != jobs[g].duty {
-			n.eng.dutyDone(g, jobs[g].rev) // Router.runSteps: the record moved on
+			n.eng.dutyDone(g, jobs[g].rev) // handOver.runSteps: the record moved on
 			delete(jobs, g)
 			continue
 		}
@@ -97,7 +97,7 @@ func (n *simNode) runSteps(jobs map[string]dutyJob) {
 		})
 	}
 	if duty == proposals.DutyDrain {
-		// Router.runSteps: the groups the old queues hold nothing of are
+		// handOver.runSteps: the groups the old queues hold nothing of are
 		// reported at once; the catch-ups of the evacuated ones they hold
 		// some of are staged once the scan is over, and the step ends when
 		// both the drain and the staging did.
@@ -237,7 +237,7 @@ func (n *simNode) drainQueues(routes map[string]kvbinding.Binding, scanned func(
 		return
 	}
 	nodes := sortedKeys(d.byNode)
-	// Router.holdPaused: the drainer renews the old queues' pauses while
+	// handOver.holdPaused: the drainer renews the old queues' pauses while
 	// it drains, also when no handler is active.
 	w := n.w
 	var hold func()
@@ -458,7 +458,7 @@ func (d *simDrain) await() {
 // simTime is the virtual clock as a time.Time, for the planner.
 func simTime(d time.Duration) time.Time { return time.Unix(0, 0).Add(d) }
 
-// moveGroup is Router.moveGroup: it copies one group's found messages to
+// moveGroup is handOver.moveGroup: it copies one group's found messages to
 // this node's queue in order, each with the id its original's sequence
 // gives it (movedID), deletes each original once its copy is stored
 // while it may (not fenced, the record current), and withdraws the copy

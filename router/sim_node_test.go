@@ -795,7 +795,7 @@ func (n *simNode) publish(a action) {
 	})
 }
 
-// publishSync is Router.publishSync: retried until it succeeds or the
+// publishSync is handOver.publishSync: retried until it succeeds or the
 // step is canceled.
 func (n *simNode) publishSync(p simPub, canceled func() bool, cb func(sseq uint64, err error)) {
 	var try func()

@@ -35,7 +35,7 @@ func (n *simNode) stagedOf(group string, epoch uint64) *simStaging {
 	return nil
 }
 
-// stage is Router.stage: one ingress read, then every publish at once;
+// stage is handOver.stage: one ingress read, then every publish at once;
 // a group whose publishes did not all return is staged again whole by the
 // retry.
 func (n *simNode) stage(routes map[string]kvbinding.Binding, done func(error)) {

@@ -62,7 +62,7 @@ const (
 	simLeaseTick    = simLeaseTTL / 4 // the handler's lease loop (proposals.Handler.Run)
 	simPubTimeout   = 5 * time.Second // jspub.New(nc, 5*time.Second) in Router.Run
 	simPauseWindow  = 10 * time.Second
-	simHandoverWait = 20 * time.Millisecond // handOverLoop lets a burst of records arrive
+	simHandoverWait = 20 * time.Millisecond // handOver.run lets a burst of records arrive
 	simMaxSteps     = 3_000_000
 )
 

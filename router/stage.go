@@ -120,28 +120,26 @@ func (q *dutyQueue) notStaged(group string, epoch uint64) {
 // with an ungrouped or too long subject, the ungrouped routing binding,
 // and every group when the queue stream takes no held subject are not
 // staged (their catch-up publishes from the ingress).
-func (r *Router) stage(ctx context.Context, routes map[string]kvbinding.Binding) error {
-	if !r.eng.holds() {
+func (h *handOver) stage(ctx context.Context, routes map[string]kvbinding.Binding) error {
+	if !h.holds {
 		return nil
 	}
-	r.forgetStaged()
+	h.forgetStaged()
 	type span struct{ from, until uint64 }
 	spans := map[string]span{}
 	var lo, hi uint64
-	lost := r.lostThrough(ctx, routes)
+	lost := h.lostThrough(ctx, routes)
 	for g, route := range routes {
 		if g == "" {
 			continue
 		}
-		r.mu.Lock()
-		laneFrom := r.eng.takeoverFrom(g)
-		r.mu.Unlock()
-		r.duties.mu.Lock()
-		from, until := catchUpSpan(route, laneFrom, 0, max(r.duties.caught[g], lost[g]))
-		if s := r.duties.staged[g]; s != nil && s.epoch == route.Epoch {
+		laneFrom := h.takeoverFrom(g)
+		h.duties.mu.Lock()
+		from, until := catchUpSpan(route, laneFrom, 0, max(h.duties.caught[g], lost[g]))
+		if s := h.duties.staged[g]; s != nil && s.epoch == route.Epoch {
 			from = max(from, s.until) // staged before this retry
 		}
-		r.duties.mu.Unlock()
+		h.duties.mu.Unlock()
 		if from >= until {
 			continue
 		}
@@ -156,9 +154,9 @@ func (r *Router) stage(ctx context.Context, routes map[string]kvbinding.Binding)
 	}
 	byGroup := map[string][]*nats.Msg{}
 	rest := map[string]map[uint64]*nats.Msg{}
-	pins := r.pinnedCheckpoints(ctx, routes)
-	err := r.readIngress(ctx, lo, hi, func(seq uint64, msg jetstream.Msg) {
-		g, invalid := r.classify(msg.Headers(), msg.Subject())
+	pins := h.pinnedCheckpoints(ctx, routes)
+	err := h.readIngress(ctx, lo, hi, func(seq uint64, msg jetstream.Msg) {
+		g, invalid := h.classify(msg.Headers(), msg.Subject())
 		s, ok := spans[g]
 		if !ok || invalid != "" || seq < s.from || seq >= s.until {
 			return
@@ -170,20 +168,20 @@ func (r *Router) stage(ctx context.Context, routes map[string]kvbinding.Binding)
 		out.Header.Set(jetstream.ExpectedStreamHeader, QueueStream)
 		out.Header[HeaderEpoch] = []string{strconv.FormatUint(routes[g].Epoch, 10)}
 		if !heldFits(msg.Subject()) {
-			out.Subject = QueueSubject(r.cfg.Node, msg.Subject())
+			out.Subject = QueueSubject(h.node, msg.Subject())
 			if rest[g] == nil {
 				rest[g] = map[uint64]*nats.Msg{}
 			}
 			rest[g][seq] = out
 			return
 		}
-		out.Subject = HeldSubject(r.cfg.Node, g, msg.Subject())
+		out.Subject = HeldSubject(h.node, g, msg.Subject())
 		byGroup[g] = append(byGroup[g], out)
 	})
 	if err != nil {
 		return err
 	}
-	stream, err := r.js.Stream(ctx, QueueStream)
+	stream, err := h.js.Stream(ctx, QueueStream)
 	if err != nil {
 		return err
 	}
@@ -206,13 +204,13 @@ func (r *Router) stage(ctx context.Context, routes map[string]kvbinding.Binding)
 		for _, m := range msgs {
 			is, _ := strconv.ParseUint(m.Header.Get(HeaderIngressSeq), 10, 64)
 			work.Go(func() error {
-				ack, err := r.publishSync(wctx, m, func() bool { return r.current(g, routes[g].Revision) })
+				ack, err := h.publishSync(wctx, m, func() bool { return h.current(g, routes[g].Revision) })
 				if err != nil {
 					return err
 				}
 				mine := !ack.Duplicate
 				if ack.Duplicate {
-					if mine, err = r.ownHeld(wctx, stream, ack.Sequence, is); err != nil {
+					if mine, err = h.ownHeld(wctx, stream, ack.Sequence, is); err != nil {
 						return err
 					}
 				}
@@ -236,7 +234,7 @@ func (r *Router) stage(ctx context.Context, routes map[string]kvbinding.Binding)
 	err = work.Wait()
 	// What was learned of the groups whose publishes all returned is kept
 	// when others failed: a retry stages those only past it.
-	r.duties.mu.Lock()
+	h.duties.mu.Lock()
 	copies, routed := 0, 0
 	for g, s := range learned {
 		if err != nil && len(s.copies)+len(s.routed) < len(byGroup[g]) {
@@ -244,7 +242,7 @@ func (r *Router) stage(ctx context.Context, routes map[string]kvbinding.Binding)
 			// the retry (what this one stored comes back as its own).
 			continue
 		}
-		if old := r.duties.staged[g]; old != nil && old.epoch == s.epoch {
+		if old := h.duties.staged[g]; old != nil && old.epoch == s.epoch {
 			old.whole = old.whole && s.whole && s.from == old.until
 			for is, m := range s.rest {
 				old.rest[is] = m
@@ -258,13 +256,13 @@ func (r *Router) stage(ctx context.Context, routes map[string]kvbinding.Binding)
 			old.until = max(old.until, s.until)
 			s = old
 		}
-		r.duties.staged[g] = s
+		h.duties.staged[g] = s
 		copies += len(s.copies)
 		routed += len(s.routed)
 	}
-	r.duties.mu.Unlock()
+	h.duties.mu.Unlock()
 	if len(learned) > 0 {
-		r.log.Debug("hand-over: catch-ups staged on the held subject", "groups", len(learned), "staged", copies, "routed_by_old_node", routed)
+		h.log.Debug("hand-over: catch-ups staged on the held subject", "groups", len(learned), "staged", copies, "routed_by_old_node", routed)
 	}
 	return err
 }
@@ -272,30 +270,30 @@ func (r *Router) stage(ctx context.Context, routes map[string]kvbinding.Binding)
 // forgetStaged forgets the staging of groups whose record no longer asks
 // this node to take them over in the staging's epoch (a successor took
 // them; their staged copies are its to drain).
-func (r *Router) forgetStaged() {
-	r.duties.mu.Lock()
-	epochs := make(map[string]uint64, len(r.duties.staged))
-	for g, s := range r.duties.staged {
+func (h *handOver) forgetStaged() {
+	h.duties.mu.Lock()
+	epochs := make(map[string]uint64, len(h.duties.staged))
+	for g, s := range h.duties.staged {
 		epochs[g] = s.epoch
 	}
-	r.duties.mu.Unlock()
+	h.duties.mu.Unlock()
 	var gone []string
 	for g, epoch := range epochs {
-		b, ok := r.cache.Lookup(g)
-		if !ok || !b.Phase().TakingOver() || b.Node != r.cfg.Node || b.Epoch != epoch {
+		b, ok := h.lookup(g)
+		if !ok || !b.Phase().TakingOver() || b.Node != h.node || b.Epoch != epoch {
 			gone = append(gone, g)
 		}
 	}
 	if len(gone) == 0 {
 		return
 	}
-	r.duties.mu.Lock()
+	h.duties.mu.Lock()
 	for _, g := range gone {
-		if s := r.duties.staged[g]; s != nil && s.epoch == epochs[g] {
-			delete(r.duties.staged, g)
+		if s := h.duties.staged[g]; s != nil && s.epoch == epochs[g] {
+			delete(h.duties.staged, g)
 		}
 	}
-	r.duties.mu.Unlock()
+	h.duties.mu.Unlock()
 }
 
 // stagedSeqs returns, in order, the ingress sequences in [from, until)
@@ -318,18 +316,18 @@ func stagedSeqs(s *stagedSpan, from, until uint64) []uint64 {
 }
 
 // readIngressSpan is readIngress for [lo, hi), nothing when lo is 0.
-func (r *Router) readIngressSpan(ctx context.Context, lo, hi uint64, fn func(seq uint64, msg jetstream.Msg)) error {
+func (h *handOver) readIngressSpan(ctx context.Context, lo, hi uint64, fn func(seq uint64, msg jetstream.Msg)) error {
 	if lo == 0 {
 		return nil
 	}
-	return r.readIngress(ctx, lo, hi, fn)
+	return h.readIngress(ctx, lo, hi, fn)
 }
 
 // ownHeld reports whether the queue stream's message at seq, named by the
 // ack of a duplicate of the staged copy of ingress message is, is this
 // node's staged copy of it: false when it is another node's (the old
 // node routed it) or gone (consumed, or moved by an earlier catch-up).
-func (r *Router) ownHeld(ctx context.Context, stream jetstream.Stream, seq, is uint64) (bool, error) {
+func (h *handOver) ownHeld(ctx context.Context, stream jetstream.Stream, seq, is uint64) (bool, error) {
 	m, err := stream.GetMsg(ctx, seq)
 	if isGone(err) {
 		return false, nil
@@ -338,7 +336,7 @@ func (r *Router) ownHeld(ctx context.Context, stream jetstream.Stream, seq, is u
 		return false, err
 	}
 	node, held, ok := queueOwner(m.Subject)
-	return ok && held && node == r.cfg.Node && m.Header.Get(HeaderIngressSeq) == strconv.FormatUint(is, 10), nil
+	return ok && held && node == h.node && m.Header.Get(HeaderIngressSeq) == strconv.FormatUint(is, 10), nil
 }
 
 // needsStaging reports whether a catch-up step's group may have been
@@ -347,8 +345,8 @@ func (r *Router) ownHeld(ctx context.Context, stream jetstream.Stream, seq, is u
 // record's revision, below its own (its Reason is gone, so a fence's
 // drain is staged again too: nothing of it is on the held subject, and
 // the staging publishes what the catch-up would have).
-func (r *Router) needsStaging(g string, route kvbinding.Binding) bool {
-	return r.eng.holds() && g != "" && route.Epoch != route.Revision && r.duties.stagedOf(g, route.Epoch) == nil
+func (h *handOver) needsStaging(g string, route kvbinding.Binding) bool {
+	return h.holds && g != "" && route.Epoch != route.Revision && h.duties.stagedOf(g, route.Epoch) == nil
 }
 
 // moveStaged moves group's staged copy at queue sequence seq onto this
@@ -356,7 +354,7 @@ func (r *Router) needsStaging(g string, route kvbinding.Binding) bool {
 // deleted, withdrawn if it was gone meanwhile). It returns whether one
 // was moved: false when the staged copy is gone (moved before this
 // retry, or by a successor that took the group).
-func (r *Router) moveStaged(ctx context.Context, stream jetstream.Stream, group string, route kvbinding.Binding, seq, is uint64) (bool, error) {
+func (h *handOver) moveStaged(ctx context.Context, stream jetstream.Stream, group string, route kvbinding.Binding, seq, is uint64) (bool, error) {
 	m, err := stream.GetMsg(ctx, seq)
 	if isGone(err) {
 		return false, nil
@@ -364,26 +362,26 @@ func (r *Router) moveStaged(ctx context.Context, stream jetstream.Stream, group 
 	if err != nil {
 		return false, err
 	}
-	q := queued{msg: m, from: r.cfg.Node, ingressSeq: is, group: group, held: true}
-	n, err := r.moveGroup(ctx, stream, []queued{q}, route)
+	q := queued{msg: m, from: h.node, ingressSeq: is, group: group, held: true}
+	n, err := h.moveGroup(ctx, stream, []queued{q}, route)
 	return n > 0, err
 }
 
 // dropStaged deletes group's staged copies below from: the drain found a
 // later message of the group on an old queue, so the old node routed
 // them (the window had lost their ids).
-func (r *Router) dropStaged(ctx context.Context, stream jetstream.Stream, group string, s *stagedSpan, from uint64) error {
+func (h *handOver) dropStaged(ctx context.Context, stream jetstream.Stream, group string, s *stagedSpan, from uint64) error {
 	for is, c := range s.copies {
 		if is >= from {
 			continue
 		}
-		if r.fencedNow() {
+		if h.fencedNow() {
 			return errFencedNow // a successor may be draining them
 		}
 		if err := stream.DeleteMsg(ctx, c.at); err != nil && !isGone(err) {
 			return err
 		}
-		r.log.Debug("hand-over: a staged copy below the catch-up's start deleted (the drain found later messages)",
+		h.log.Debug("hand-over: a staged copy below the catch-up's start deleted (the drain found later messages)",
 			"group", logagg.Short(group), "ingress_seq", is, "queue_seq", c.at)
 	}
 	return nil
@@ -393,14 +391,14 @@ func (r *Router) dropStaged(ctx context.Context, stream jetstream.Stream, group 
 // subject, at queue sequence at) to publish onto this node's queue for a
 // catch-up: its id is the one any mover of the staged copy gives it
 // (moveGroup).
-func (r *Router) queueCopy(m *nats.Msg, at uint64) *nats.Msg {
-	q := queued{msg: &jetstream.RawStreamMsg{Subject: m.Subject}, from: r.cfg.Node, held: true}
-	out := &nats.Msg{Subject: QueueSubject(r.cfg.Node, q.ingressSubject()), Header: make(nats.Header, len(m.Header)+1), Data: m.Data}
+func (h *handOver) queueCopy(m *nats.Msg, at uint64) *nats.Msg {
+	q := queued{msg: &jetstream.RawStreamMsg{Subject: m.Subject}, from: h.node, held: true}
+	out := &nats.Msg{Subject: QueueSubject(h.node, q.ingressSubject()), Header: make(nats.Header, len(m.Header)+1), Data: m.Data}
 	for k, v := range m.Header {
 		out.Header[k] = v
 	}
 	out.Header.Set(jetstream.MsgIDHeader, movedID(at))
-	out.Header.Set(HeaderMovedFrom, r.cfg.Node)
+	out.Header.Set(HeaderMovedFrom, h.node)
 	return out
 }
 
@@ -410,8 +408,8 @@ func (r *Router) queueCopy(m *nats.Msg, at uint64) *nats.Msg {
 // lost, or the step retried), or taken by a successor that drained this
 // node's held subject, which then found the queue copy too and moved the
 // message once (moveGroup): either way the queue copy stays.
-func (r *Router) unstage(ctx context.Context, stream jetstream.Stream, s *stagedSpan, at, is uint64) error {
-	if r.fencedNow() {
+func (h *handOver) unstage(ctx context.Context, stream jetstream.Stream, s *stagedSpan, at, is uint64) error {
+	if h.fencedNow() {
 		// This node's liveness may have lapsed: a successor may be
 		// draining its held subject. The staged copy stays (the
 		// successor moves the message once: both copies share their
@@ -421,8 +419,8 @@ func (r *Router) unstage(ctx context.Context, stream jetstream.Stream, s *staged
 	if err := stream.DeleteMsg(ctx, at); err != nil && !isGone(err) {
 		return err
 	}
-	r.duties.mu.Lock()
+	h.duties.mu.Lock()
 	delete(s.copies, is)
-	r.duties.mu.Unlock()
+	h.duties.mu.Unlock()
 	return nil
 }
