@@ -3,6 +3,7 @@ package router
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"slices"
 	"strconv"
 	"strings"
@@ -156,19 +157,82 @@ func (r *Router) groupOfRef(ref string) string {
 	return ""
 }
 
-// fairLoop runs the fair shell until ctx ends.
-func (r *Router) fairLoop(ctx context.Context, cons jetstream.Consumer) {
-	if !r.eng.holds() {
+// holdEvent announces that a group started or stopped being held back.
+func (r *Router) holdEvent(a action) {
+	if a.on {
+		r.log.Debug("group held back: past its share of the queue window, its next messages wait on the held subject",
+			"group", a.group, "unacked_on_queue", a.count)
+		proposals.Event{Kind: proposals.EventHold, Group: a.group, Node: r.cfg.Node, By: r.cfg.Node, Count: a.count,
+			Reason: "past its share of the queue window: " + strconv.Itoa(a.count) + " messages unacknowledged on the queue"}.Publish(r.nc)
 		return
 	}
-	stream, err := r.js.Stream(ctx, QueueStream)
+	r.log.Debug("group no longer held back", "group", a.group, "held", a.count, "for", a.took)
+	proposals.Event{Kind: proposals.EventUnhold, Group: a.group, Node: r.cfg.Node, By: r.cfg.Node, Count: a.count,
+		Reason: "held back for " + a.took.Round(time.Millisecond).String()}.Publish(r.nc)
+}
+
+// errFencedNow: this node may not publish now (its liveness may have
+// lapsed); a release tries again next round.
+var errFencedNow = errors.New("this node may not publish now: its liveness record may have lapsed")
+
+// fencedNow reports whether this node may not publish now.
+func (r *Router) fencedNow() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.eng.fenced(time.Now())
+}
+
+// fairShell is the fair shell, a room of its own (see above): it reaches
+// the engine only through read (a pull that also hands the consumer's
+// progress in) and step, and the rest of its node through the functions
+// Router.newFairShell wires into it.
+type fairShell struct {
+	node  string
+	log   *slog.Logger
+	js    jetstream.JetStream
+	wake  <-chan struct{} // the engine has held messages to release (actFair)
+	holds bool            // the queue stream takes the held subject (engine.holds)
+	// read hands the engine the queue consumer's ack floor and window and
+	// takes the releases and checks due (engine.fairRead, a pull), and
+	// whether a group is held back or at its share (engine.fairBusy).
+	read      func(ackFloor uint64, window int) (rel []releaseTask, checks []checkTask, busy bool)
+	step      func(input)
+	fencedNow func() bool
+	lookup    func(ref string) (kvbinding.Binding, bool) // the binding cache
+	stored    func(seq uint64, id string)                // the store check of the queue
+	// warnRelease: held messages not moved (aggregated).
+	warnRelease *logagg.Warner
+}
+
+// newFairShell returns r's fair shell, once setup made the engine and the
+// binding cache.
+func (r *Router) newFairShell() *fairShell {
+	return &fairShell{
+		node: r.cfg.Node, log: r.log, js: r.js, wake: r.wake.fair, holds: r.eng.holds(),
+		read: func(ackFloor uint64, window int) ([]releaseTask, []checkTask, bool) {
+			r.mu.Lock()
+			rel, checks := r.eng.fairRead(ackFloor, window, time.Now())
+			busy := r.eng.fairBusy()
+			r.unlockAndPerform()
+			return rel, checks, busy
+		},
+		step: r.step, fencedNow: r.fencedNow, lookup: r.cache.Lookup, stored: r.qcheck.stored, warnRelease: r.warn.release,
+	}
+}
+
+// run runs the fair shell until ctx ends.
+func (f *fairShell) run(ctx context.Context, cons jetstream.Consumer) {
+	if !f.holds {
+		return
+	}
+	stream, err := f.js.Stream(ctx, QueueStream)
 	for err != nil {
 		if ctx.Err() != nil {
 			return
 		}
-		r.log.Debug("queue stream not read by the fair shell; trying again", "err", err)
+		f.log.Debug("queue stream not read by the fair shell; trying again", "err", err)
 		time.Sleep(time.Second)
-		stream, err = r.js.Stream(ctx, QueueStream)
+		stream, err = f.js.Stream(ctx, QueueStream)
 	}
 	t := time.NewTimer(0) // the window first, before the first burst fills it
 	defer t.Stop()
@@ -177,7 +241,7 @@ func (r *Router) fairLoop(ctx context.Context, cons jetstream.Consumer) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
-		case <-r.wake.fair:
+		case <-f.wake:
 			if !t.Stop() {
 				select {
 				case <-t.C:
@@ -185,7 +249,7 @@ func (r *Router) fairLoop(ctx context.Context, cons jetstream.Consumer) {
 				}
 			}
 		}
-		busy := r.fairRound(ctx, cons, stream)
+		busy := f.round(ctx, cons, stream)
 		if busy {
 			t.Reset(fairBusy)
 		} else {
@@ -194,9 +258,9 @@ func (r *Router) fairLoop(ctx context.Context, cons jetstream.Consumer) {
 	}
 }
 
-// fairRound is one round of the fair shell; it reports whether a group is
+// round is one round of the fair shell; it reports whether a group is
 // held back or at its share.
-func (r *Router) fairRound(ctx context.Context, cons jetstream.Consumer, stream jetstream.Stream) bool {
+func (f *fairShell) round(ctx context.Context, cons jetstream.Consumer, stream jetstream.Stream) bool {
 	rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
 	info, err := cons.Info(rctx)
@@ -204,41 +268,38 @@ func (r *Router) fairRound(ctx context.Context, cons jetstream.Consumer, stream 
 		// Looked at again at the idle pace: a consumer its server cannot
 		// answer for (503 while it has no leader) is not asked a hundred
 		// times a second, and a wake still runs a round at once.
-		r.log.Debug("queue consumer not read by the fair shell; trying again", "err", err, "in", fairIdle)
+		f.log.Debug("queue consumer not read by the fair shell; trying again", "err", err, "in", fairIdle)
 		return false
 	}
 	var rel []releaseTask
 	var checks []checkTask
 	busy := false
-	r.mu.Lock()
-	rel, checks = r.eng.fairRead(info.AckFloor.Stream, info.Config.MaxAckPending, time.Now())
-	busy = r.eng.fairBusy()
-	r.unlockAndPerform()
+	rel, checks, busy = f.read(info.AckFloor.Stream, info.Config.MaxAckPending)
 	for _, c := range checks {
 		// A group's messages are consumed in order: its newest gone, all
 		// are; else its oldest may be.
 		for _, seq := range []uint64{c.newest, c.oldest} {
-			gone, err := r.queueGone(rctx, stream, seq)
+			gone, err := f.queueGone(rctx, stream, seq)
 			if err != nil {
-				r.log.Debug("queue message not looked up by the fair shell", "seq", seq, "err", err)
+				f.log.Debug("queue message not looked up by the fair shell", "seq", seq, "err", err)
 				break
 			}
 			if gone {
-				r.step(inHeldGone{ref: c.ref, seq: seq})
+				f.step(inHeldGone{ref: c.ref, seq: seq})
 				break
 			}
 		}
 	}
 	for _, task := range rel {
-		seqs, left, err := r.release(ctx, stream, task)
+		seqs, left, err := f.release(ctx, stream, task)
 		if err != nil && ctx.Err() == nil {
 			if errors.Is(err, errSuperseded) || errors.Is(err, errFencedNow) {
-				r.log.Debug("held messages not released yet; trying again", "group", task.group, "err", err)
+				f.log.Debug("held messages not released yet; trying again", "group", task.group, "err", err)
 			} else {
-				r.warn.release.Warn(task.group, "err", err)
+				f.warnRelease.Warn(task.group, "err", err)
 			}
 		}
-		r.step(inReleased{ref: task.ref, queueSeqs: seqs, left: left || err != nil})
+		f.step(inReleased{ref: task.ref, queueSeqs: seqs, left: left || err != nil})
 	}
 	return busy || len(rel) > 0
 }
@@ -251,15 +312,15 @@ func (r *Router) fairRound(ctx context.Context, cons jetstream.Consumer, stream 
 // the group is no longer this node's to route, or this node may not
 // publish (fenced). It returns the queue sequences of the copies and
 // whether held messages of the group are left.
-func (r *Router) release(ctx context.Context, stream jetstream.Stream, task releaseTask) (seqs []uint64, left bool, err error) {
+func (f *fairShell) release(ctx context.Context, stream jetstream.Stream, task releaseTask) (seqs []uint64, left bool, err error) {
 	key, err := kvbinding.Key(task.group)
 	if err != nil {
 		return nil, false, err
 	}
-	filter := HeldFilter(r.cfg.Node, key)
+	filter := HeldFilter(f.node, key)
 	mine := func() (uint64, bool) {
-		b, ok := r.cache.Lookup(task.ref)
-		return b.Epoch, ok && b.Settled() && b.Node == r.cfg.Node
+		b, ok := f.lookup(task.ref)
+		return b.Epoch, ok && b.Settled() && b.Node == f.node
 	}
 	from := uint64(1)
 	for len(seqs) < task.n {
@@ -270,14 +331,14 @@ func (r *Router) release(ctx context.Context, stream jetstream.Stream, task rele
 		if err != nil {
 			return seqs, true, err
 		}
-		if r.fencedNow() {
+		if f.fencedNow() {
 			return seqs, true, errFencedNow
 		}
 		epoch, ok := mine()
 		if !ok {
 			return seqs, true, errSuperseded
 		}
-		ack, err := r.releaseCopy(ctx, key, m, epoch)
+		ack, err := f.releaseCopy(ctx, key, m, epoch)
 		if err != nil {
 			return seqs, true, err
 		}
@@ -285,7 +346,7 @@ func (r *Router) release(ctx context.Context, stream jetstream.Stream, task rele
 		// The original goes only while the group is still this node's and
 		// its liveness sure: otherwise a drain may be moving it, and finds
 		// the copy by its id.
-		if r.fencedNow() {
+		if f.fencedNow() {
 			return seqs, true, errFencedNow
 		}
 		if _, ok := mine(); !ok {
@@ -303,9 +364,9 @@ func (r *Router) release(ctx context.Context, stream jetstream.Stream, task rele
 
 // releaseCopy stores on this node's queue the copy of m, a message held
 // on its held subject for group key, in the group's epoch.
-func (r *Router) releaseCopy(ctx context.Context, key string, m *jetstream.RawStreamMsg, epoch uint64) (*jetstream.PubAck, error) {
-	ingress := strings.TrimPrefix(m.Subject, HeldSubjectPrefix+r.cfg.Node+"."+key+".")
-	out := &nats.Msg{Subject: QueueSubject(r.cfg.Node, ingress), Header: make(nats.Header, len(m.Header)+1), Data: m.Data}
+func (f *fairShell) releaseCopy(ctx context.Context, key string, m *jetstream.RawStreamMsg, epoch uint64) (*jetstream.PubAck, error) {
+	ingress := strings.TrimPrefix(m.Subject, HeldSubjectPrefix+f.node+"."+key+".")
+	out := &nats.Msg{Subject: QueueSubject(f.node, ingress), Header: make(nats.Header, len(m.Header)+1), Data: m.Data}
 	for k, v := range m.Header {
 		out.Header[k] = v
 	}
@@ -318,28 +379,14 @@ func (r *Router) releaseCopy(ctx context.Context, key string, m *jetstream.RawSt
 	out.Header.Set(jetstream.MsgIDHeader, movedID(m.Sequence))
 	out.Header.Set(jetstream.ExpectedStreamHeader, QueueStream)
 	out.Header.Set(HeaderEpoch, strconv.FormatUint(epoch, 10))
-	return r.publishOnce(ctx, out)
-}
-
-// holdEvent announces that a group started or stopped being held back.
-func (r *Router) holdEvent(a action) {
-	if a.on {
-		r.log.Debug("group held back: past its share of the queue window, its next messages wait on the held subject",
-			"group", a.group, "unacked_on_queue", a.count)
-		proposals.Event{Kind: proposals.EventHold, Group: a.group, Node: r.cfg.Node, By: r.cfg.Node, Count: a.count,
-			Reason: "past its share of the queue window: " + strconv.Itoa(a.count) + " messages unacknowledged on the queue"}.Publish(r.nc)
-		return
-	}
-	r.log.Debug("group no longer held back", "group", a.group, "held", a.count, "for", a.took)
-	proposals.Event{Kind: proposals.EventUnhold, Group: a.group, Node: r.cfg.Node, By: r.cfg.Node, Count: a.count,
-		Reason: "held back for " + a.took.Round(time.Millisecond).String()}.Publish(r.nc)
+	return f.publishOnce(ctx, out)
 }
 
 // queueGone reports whether the queue no longer holds the message at seq
 // (acknowledged, or moved off): a lookup of the node's next message at or
 // after seq finds another, or none.
-func (r *Router) queueGone(ctx context.Context, stream jetstream.Stream, seq uint64) (bool, error) {
-	m, err := stream.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(QueueFilter(r.cfg.Node)))
+func (f *fairShell) queueGone(ctx context.Context, stream jetstream.Stream, seq uint64) (bool, error) {
+	m, err := stream.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(QueueFilter(f.node)))
 	switch {
 	case errors.Is(err, jetstream.ErrMsgNotFound):
 		return true, nil
@@ -347,17 +394,6 @@ func (r *Router) queueGone(ctx context.Context, stream jetstream.Stream, seq uin
 		return false, err
 	}
 	return m.Sequence != seq, nil
-}
-
-// errFencedNow: this node may not publish now (its liveness may have
-// lapsed); a release tries again next round.
-var errFencedNow = errors.New("this node may not publish now: its liveness record may have lapsed")
-
-// fencedNow reports whether this node may not publish now.
-func (r *Router) fencedNow() bool {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.eng.fenced(time.Now())
 }
 
 // publishOnce publishes m once and waits for its PubAck (5 s at most).
@@ -368,15 +404,15 @@ func (r *Router) fencedNow() bool {
 // id for over a minute, and a nemesis schedule stalled 1,828 messages of
 // another group behind it (docs/reliability.md); the group whose publish
 // failed is released again next round.
-func (r *Router) publishOnce(ctx context.Context, m *nats.Msg) (*jetstream.PubAck, error) {
+func (f *fairShell) publishOnce(ctx context.Context, m *nats.Msg) (*jetstream.PubAck, error) {
 	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	ack, err := r.js.PublishMsg(pctx, m)
+	ack, err := f.js.PublishMsg(pctx, m)
 	if err != nil {
 		return nil, err
 	}
 	if ack.Stream == QueueStream {
-		r.qcheck.stored(ack.Sequence, m.Header.Get(jetstream.MsgIDHeader))
+		f.stored(ack.Sequence, m.Header.Get(jetstream.MsgIDHeader))
 	}
 	return ack, nil
 }
