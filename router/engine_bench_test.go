@@ -75,8 +75,7 @@ func benchEngineRoute(b *testing.B, groups, maxBatch int) {
 
 // benchOutcome is what the publisher reports for a, stored at qseq.
 func benchOutcome(a action, qseq uint64) outcome {
-	if a.kind == actBatch {
-		return outcome{ln: a.ln, batch: len(a.batch), seq: qseq}
-	}
-	return outcome{ln: a.ln, m: a.m, dlq: a.dlq, reason: a.reason, seq: qseq}
+	o := a.outcome()
+	o.seq = qseq
+	return o
 }
