@@ -103,7 +103,7 @@ func (r *Router) publishBatch(a action) {
 		return
 	}
 	id := nuid.Next()
-	o := outcome{ln: a.ln, batch: len(a.batch)}
+	o := a.outcome()
 	last := len(a.batch) - 1
 	for i, m := range a.batch[:last] {
 		out := r.queueMsg(m, a)
@@ -168,7 +168,7 @@ func (r *Router) batchNotSent(o outcome, err error) {
 // Nats-Msg-Id (the queue stream's duplicate window), so the group's order
 // and its exactly-once hold.
 func (r *Router) publishFastBatch(a action) {
-	o := outcome{ln: a.ln, batch: len(a.batch)}
+	o := a.outcome()
 	msgs := make([]*nats.Msg, len(a.batch))
 	for i, m := range a.batch {
 		msgs[i] = r.queueMsg(m, a)
@@ -179,11 +179,11 @@ func (r *Router) publishFastBatch(a action) {
 }
 
 // queueMsg returns m's message addressed to a's node's queue.
-func (r *Router) queueMsg(m *msgRec, a action) *nats.Msg {
+func (r *Router) queueMsg(m pubMsg, a action) *nats.Msg {
 	out := outMsg(m.seq, m.payload)
 	out.Subject = QueueSubject(a.node, m.subject)
 	if a.held {
-		out.Subject = HeldSubject(a.node, a.ln.group, m.subject)
+		out.Subject = HeldSubject(a.node, a.group, m.subject)
 	}
 	out.Header[jetstream.ExpectedStreamHeader] = r.out.expect
 	out.Header[HeaderEpoch] = a.epoch

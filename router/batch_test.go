@@ -31,7 +31,7 @@ func publishes(acts []action) [][]uint64 {
 	for _, a := range acts {
 		switch a.kind {
 		case actPublish:
-			out = append(out, []uint64{a.m.seq})
+			out = append(out, []uint64{a.msg.seq})
 		case actBatch:
 			var seqs []uint64
 			for _, m := range a.batch {

@@ -1,10 +1,12 @@
 package router
 
 import (
+	"cmp"
 	"container/heap"
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"sort"
 	"strconv"
 	"time"
@@ -79,6 +81,34 @@ type msgRec struct {
 	// payload is the shell's (the message to republish, prepared when
 	// first needed).
 	payload any
+}
+
+// pub returns the copy of m an action carries to the shell that
+// publishes it.
+func (m *msgRec) pub() pubMsg {
+	return pubMsg{seq: m.seq, subject: m.subject, stripped: m.stripped, payload: m.payload}
+}
+
+// pubMsg is what a shell needs of a held message to publish it: a copy,
+// taken under Router.mu when the engine emits the action, since the shell
+// reads it after releasing the lock, while the engine goes on with its
+// msgRec. The outcome names the message again by seq (outcome).
+type pubMsg struct {
+	seq     uint64 // ingress sequence
+	subject string // ingress subject
+	// payload: msgRec.payload, the shell's message to republish (a
+	// *held); nil when the message is spilled (the shell reads it again,
+	// fetchSpilled). Copying the interface copies the pointer, which is
+	// fine: the engine never reads or writes what it points to (it keeps
+	// it, hands it out, drops it when it spills the message, and takes
+	// back a body the shell read again); only the shell publishing the
+	// message touches it (outMsg prepares it in place), and a message has
+	// one publish in flight at a time.
+	payload any
+	// stripped: its dead-letter copy goes without its body
+	// (msgRec.stripped); the shell sets it on its copy too when the
+	// ingress no longer holds the message (outcome.stripped).
+	stripped bool
 }
 
 // msgRec.target values.
@@ -180,6 +210,54 @@ func (h *askHeap) Pop() any {
 	return a
 }
 
+// flights are the ungrouped lane's messages whose publish is in flight,
+// in the order their publishes were emitted: that lane publishes its
+// messages without keeping their order, all at once, and lets them go
+// from its msgs as it does, so an outcome finds its message here by
+// sequence, usually the first (the publisher reports in order). Taken out
+// from the front, the list keeps its array: head is where the messages
+// still in flight start.
+type flights struct {
+	ms   []*msgRec
+	head int
+}
+
+// add records a publish of m emitted.
+func (f *flights) add(m *msgRec) {
+	if len(f.ms) == cap(f.ms) && f.head > 0 {
+		// Full but for the front taken out: move the rest down instead
+		// of growing.
+		n := copy(f.ms, f.ms[f.head:])
+		clear(f.ms[n:])
+		f.ms, f.head = f.ms[:n], 0
+	}
+	f.ms = append(f.ms, m)
+}
+
+// take returns the message at ingress sequence seq and forgets it (nil:
+// none is in flight).
+func (f *flights) take(seq uint64) *msgRec {
+	for i := f.head; i < len(f.ms); i++ {
+		m := f.ms[i]
+		if m.seq != seq {
+			continue
+		}
+		if i == f.head {
+			f.ms[i] = nil
+			f.head++
+		} else {
+			copy(f.ms[i:], f.ms[i+1:])
+			f.ms[len(f.ms)-1] = nil
+			f.ms = f.ms[:len(f.ms)-1]
+		}
+		if f.head == len(f.ms) {
+			f.ms, f.head = f.ms[:0], 0
+		}
+		return m
+	}
+	return nil
+}
+
 // retry is a failed publish waiting for its next attempt.
 type retry struct {
 	ln     *lane
@@ -213,8 +291,8 @@ func (h *waitHeap) Pop() any {
 type actKind uint8
 
 const (
-	// actPublish: publish m onto node's queue (or the dead-letter stream
-	// when dlq) and report the outcome with acked.
+	// actPublish: publish msg, of group, onto node's queue (or the
+	// dead-letter stream when dlq) and report the outcome (acked).
 	actPublish actKind = iota + 1
 	// actAsk: asks are waiting (wake the asker).
 	actAsk
@@ -234,8 +312,9 @@ const (
 	// actWindow: a timeout halved the window of proposals in flight to
 	// count (log it, aggregated).
 	actWindow
-	// actBatch: publish batch, the lane's first messages, onto node's
-	// queue as one atomic batch and report the outcome with ackedBatch.
+	// actBatch: publish batch, the first messages of group's lane, onto
+	// node's queue as one atomic batch and report the outcome
+	// (ackedBatch).
 	actBatch
 	// actHold: group started (count > 0: messages held) or stopped (took:
 	// for how long, count: messages) being held back (announce it).
@@ -245,36 +324,40 @@ const (
 	actFairWake
 )
 
-// action is one thing the engine asks its shells to do.
+// action is one thing the engine asks its shells to do. It carries
+// copies and ids, not pointers into the engine's state (its lanes, its
+// message records): a shell reads an action after releasing Router.mu,
+// while the engine goes on changing that state under the lock. (epoch is
+// a lane's slice, shared because it is never written: a new epoch gets a
+// new one.) A publish's outcome names the lane by group and the message by
+// its ingress sequence (outcome).
 type action struct {
-	kind  actKind
-	ln    *lane
-	m     *msgRec
-	batch []*msgRec // actBatch
-	node  string    // actPublish: destination queue's node
-	dlq   bool      // actPublish: to the dead-letter stream, reason in reason
+	kind actKind
+	// group: actPublish, actBatch: the lane's (its messages' group, ""
+	// for the ungrouped lane); actDuty, actDeadLettered, actHold: the
+	// group the action is about.
+	group string
+	// msg: actPublish: the message, copied when the action was emitted.
+	msg pubMsg
+	// batch: actBatch: the messages, copied likewise, in ingress order.
+	batch []pubMsg
+	node  string // actPublish, actBatch: destination queue's node
+	dlq   bool   // actPublish: to the dead-letter stream, reason in reason
 	// held: actPublish, actBatch: onto the node's held subject, not its
 	// queue (fairshare.go).
 	held bool
-	// epoch: actPublish to a queue: the HeaderEpoch value.
+	on   bool // actHold: started
+	// epoch: actPublish to a queue, actBatch: the HeaderEpoch value (the
+	// lane's, shared: never written).
 	epoch []string
-	group string // actDuty
 	duty  proposals.Duty
 	rev   uint64    // actDuty: the record revision
 	at    time.Time // actRetry
 	// reason: why a message is dead-lettered.
 	reason string
-	// stripped: the shell's own mark, on its copy of the action: the
-	// dead-letter copy goes without its body (see outcome.stripped).
-	stripped bool
-	// payload: the shell's own, on its copy of the action: a spilled
-	// message read again from the ingress (fetchSpilled). The outcome
-	// hands it to the engine, which keeps it on the message for a retry.
-	payload any
-	fail    *failure      // actFailure
-	count   int           // actDeadLettered; actWindow: the new limit; actHold
-	took    time.Duration // actDecided; actHold
-	on      bool          // actHold: started
+	fail   *failure      // actFailure
+	count  int           // actDeadLettered; actWindow: the new limit; actHold
+	took   time.Duration // actDecided; actHold
 }
 
 // Engine counters (read by Stats under the lock). decisionErrors counts
@@ -291,6 +374,7 @@ type engineStats struct {
 	batches, batchFailures                                      uint64 // batches published, and those that failed (their messages went one at a time)
 	batchedMsgs                                                 uint64 // messages stored as part of a batch
 	heldBack                                                    uint64 // times a group started being held back (fairshare.go)
+	strayOutcomes                                               uint64 // outcomes of no publish in flight (engine.outcome): there are none
 }
 
 // engine is the lane engine.
@@ -317,6 +401,9 @@ type engine struct {
 	asks     askQueues // the asks to the handler and their pace
 	pubRetry []retry
 	rnd      *rand.Rand
+
+	// ungrouped: the ungrouped lane's messages in flight (flights).
+	ungrouped flights
 
 	// view: the live nodes as this node knows them, and whether its own
 	// queue has a consumer: what its choices of a node are made on.
@@ -447,6 +534,17 @@ func (e *engine) take() []action {
 }
 
 func (e *engine) emit(a action) { e.out = append(e.out, a) }
+
+// publish emits a, the publish of ln's message m, with the lane's group
+// and a copy of m. A message of the ungrouped lane goes among its flights,
+// where its outcome finds it (inFlight).
+func (e *engine) publish(ln *lane, m *msgRec, a action) {
+	a.kind, a.group, a.msg = actPublish, ln.group, m.pub()
+	if ln.group == "" {
+		e.ungrouped.add(m)
+	}
+	e.emit(a)
+}
 
 // full reports whether the node must stop reading the ingress until work
 // is done: too many messages held or publishes in flight.
@@ -591,10 +689,10 @@ func (e *engine) pump(ln *lane, now time.Time) {
 			ln.inflight++
 			e.inflight++
 			if m.invalid != "" {
-				e.emit(action{kind: actPublish, ln: ln, m: m, dlq: true, reason: m.invalid})
+				e.publish(ln, m, action{dlq: true, reason: m.invalid})
 				continue
 			}
-			e.emit(action{kind: actPublish, ln: ln, m: m, node: e.ungroupedDestination(), epoch: ln.epochHeader(route.Epoch)})
+			e.publish(ln, m, action{node: e.ungroupedDestination(), epoch: ln.epochHeader(route.Epoch)})
 			continue
 		}
 		if m.close && e.fair.holding(ln.ref) {
@@ -613,11 +711,15 @@ func (e *engine) pump(ln *lane, now time.Time) {
 			e.inflight += n
 			e.batches++
 			e.stats.batches++
-			e.emit(action{kind: actBatch, ln: ln, batch: ln.msgs[:n:n], node: e.cfg.node, epoch: ln.epochHeader(route.Epoch), held: held})
+			batch := make([]pubMsg, n)
+			for i, bm := range ln.msgs[:n] {
+				batch[i] = bm.pub()
+			}
+			e.emit(action{kind: actBatch, group: ln.group, batch: batch, node: e.cfg.node, epoch: ln.epochHeader(route.Epoch), held: held})
 			return
 		}
 		e.inflight++
-		e.emit(action{kind: actPublish, ln: ln, m: m, node: e.cfg.node, epoch: ln.epochHeader(route.Epoch), held: held})
+		e.publish(ln, m, action{node: e.cfg.node, epoch: ln.epochHeader(route.Epoch), held: held})
 		return
 	}
 	if len(ln.msgs) == 0 && ln.inflight == 0 && ln.ask == nil {
@@ -740,6 +842,29 @@ func (e *engine) ungroupedDestination() string {
 	return proposals.UngroupedDestination(e.view.state, e.cfg.node, e.cfg.localFirst && e.view.hasConsumer, e.view.rr)
 }
 
+// inFlight returns ln's message at ingress sequence seq, whose publish is
+// in flight (nil: there is none; ln may be nil), and, for the ungrouped
+// lane, forgets that it is in flight. A group's lane has one publish in
+// flight, of its head; or, while it dead-letters its messages, one of
+// each, which it holds in ingress order (they are read so) until the
+// dead-letter record comes. The ungrouped lane's are among its flights.
+func (e *engine) inFlight(ln *lane, seq uint64) *msgRec {
+	if ln == nil {
+		return nil
+	}
+	if ln.group == "" {
+		return e.ungrouped.take(seq)
+	}
+	msgs := ln.msgs
+	if len(msgs) > 0 && msgs[0].seq == seq {
+		return msgs[0]
+	}
+	if i, ok := slices.BinarySearchFunc(msgs, seq, func(m *msgRec, seq uint64) int { return cmp.Compare(m.seq, seq) }); ok {
+		return msgs[i]
+	}
+	return nil
+}
+
 // acked takes the outcome of a publish the engine asked for.
 func (e *engine) acked(ln *lane, m *msgRec, dlq bool, reason string, err error, qseq uint64, now time.Time) {
 	if err != nil {
@@ -762,7 +887,7 @@ func (e *engine) acked(ln *lane, m *msgRec, dlq bool, reason string, err error, 
 			}
 			e.stats.refused++
 			e.emit(action{kind: actDeadLettered, group: ln.group, count: 1, rev: m.seq, reason: why})
-			e.emit(action{kind: actPublish, ln: ln, m: m, dlq: true, reason: why})
+			e.publish(ln, m, action{dlq: true, reason: why})
 			return
 		}
 		// Retried with the same message (same Nats-Msg-Id) after a pause;
@@ -874,8 +999,7 @@ func (e *engine) retryPublish(r retry, now time.Time) {
 	if route, ok := e.recs.Lookup(r.ln.ref); ok && !r.dlq {
 		epoch = r.ln.epochHeader(route.Epoch)
 	}
-	e.emit(action{kind: actPublish, ln: r.ln, m: r.m, node: node, dlq: r.dlq, reason: r.reason, epoch: epoch,
-		held: !r.dlq && r.m.target == targetHeld})
+	e.publish(r.ln, r.m, action{node: node, dlq: r.dlq, reason: r.reason, epoch: epoch, held: !r.dlq && r.m.target == targetHeld})
 }
 
 // changed takes a change of a group's record, by the group's ref (as the
@@ -1440,7 +1564,7 @@ func (e *engine) startDeadLetter(ln *lane, reason string, now time.Time) {
 	for _, m := range ln.msgs {
 		ln.inflight++
 		e.inflight++
-		e.emit(action{kind: actPublish, ln: ln, m: m, dlq: true, reason: reasonFull})
+		e.publish(ln, m, action{dlq: true, reason: reasonFull})
 	}
 	ln.ask = &ask{lane: ln, index: -1, p: proposals.Proposal{Op: proposals.OpDeadLetter, Group: ln.group,
 		First: ln.msgs[0].seq, Seq: ln.msgs[len(ln.msgs)-1].seq, Reason: reason, Count: len(ln.msgs)}}

@@ -73,10 +73,10 @@ func TestEngineLongIDFollowsItsRef(t *testing.T) {
 			pub = &a
 		}
 	}
-	if pub == nil || pub.m.seq != 7 {
+	if pub == nil || pub.msg.seq != 7 || pub.group != long {
 		t.Fatalf("the record did not publish the held message")
 	}
-	e.acked(pub.ln, pub.m, false, "", nil, 0, now)
+	e.step(inOutcomes{batch: []outcome{pub.outcome()}}, now) // found by its group, not its ref
 	e.take()
 	if e.laneOf(ref) != nil || len(e.byRef) != 0 {
 		t.Fatalf("the lane outlived its last message")
@@ -112,7 +112,9 @@ func TestEngineFairWaitOutlivesItsGroupsAccount(t *testing.T) {
 			if a.kind == actPublish && !a.held {
 				qseq++
 				published = true
-				e.acked(a.ln, a.m, false, "", nil, qseq, now)
+				o := a.outcome()
+				o.seq = qseq
+				e.step(inOutcomes{batch: []outcome{o}}, now)
 			}
 		}
 		if !published {
@@ -167,8 +169,8 @@ func TestEngineHogsMemory(t *testing.T) {
 
 // A spilled message the shell read again from the ingress comes back with
 // its publish's outcome (outcome.payload): the shell never writes the
-// engine's message record. A failed publish is retried with that body,
-// not read again.
+// engine's message record (the action carries a copy of it). A failed
+// publish is retried with that body, not read again.
 func TestEngineKeepsAFetchedBodyForTheRetry(t *testing.T) {
 	recs := mapRecords{}
 	e := newTestEngine("n1", recs)
@@ -183,11 +185,14 @@ func TestEngineKeepsAFetchedBodyForTheRetry(t *testing.T) {
 			pub = &a
 		}
 	}
-	if pub == nil || pub.m != m || pub.m.payload != nil {
+	if pub == nil || pub.msg.seq != m.seq || pub.msg.payload != nil {
 		t.Fatalf("no publish of the body-less message: %+v", pub)
 	}
 	body := &held{}
-	e.step(inOutcomes{batch: []outcome{{ln: pub.ln, m: pub.m, payload: body, err: errors.New("no PubAck")}}}, testNow)
+	pub.msg.payload = body // as fetchSpilled does, on the shell's copy
+	o := pub.outcome()
+	o.err = errors.New("no PubAck")
+	e.step(inOutcomes{batch: []outcome{o}}, testNow)
 	if m.payload != body {
 		t.Fatalf("the engine did not keep the body the shell read: %v", m.payload)
 	}
@@ -195,9 +200,108 @@ func TestEngineKeepsAFetchedBodyForTheRetry(t *testing.T) {
 	e.step(inTick{}, testNow.Add(time.Minute))
 	retried := false
 	for _, a := range e.take() {
-		retried = retried || a.kind == actPublish && a.m == m && a.m.payload == body
+		retried = retried || a.kind == actPublish && a.msg.seq == m.seq && a.msg.payload == body
 	}
 	if !retried {
 		t.Fatalf("the failed publish was not retried with the body read")
+	}
+}
+
+// The ungrouped lane's flights: taken out by sequence in any order, the
+// front first, reusing their array.
+func TestFlights(t *testing.T) {
+	var f flights
+	for seq := uint64(1); seq <= 5; seq++ {
+		f.add(&msgRec{seq: seq})
+	}
+	for _, seq := range []uint64{1, 3, 2} {
+		if m := f.take(seq); m == nil || m.seq != seq {
+			t.Fatalf("take(%d) = %v", seq, m)
+		}
+	}
+	if m := f.take(3); m != nil {
+		t.Fatalf("take(3) again = %v, want nil", m)
+	}
+	if f.head != 2 || len(f.ms) != 4 || f.ms[2].seq != 4 {
+		t.Fatalf("head %d, %d kept; want 2 and 4, 4 next (1 and 2 taken from the front, 3 from the middle)", f.head, len(f.ms))
+	}
+	for len(f.ms) < cap(f.ms) {
+		f.add(&msgRec{seq: 6})
+	}
+	array := &f.ms[:1][0]
+	f.add(&msgRec{seq: 7}) // full but for the front: moved down, not grown
+	if &f.ms[0] != array || f.head != 0 || f.ms[0].seq != 4 {
+		t.Fatalf("a full list with room at its front grew or lost its order: head %d, first %v", f.head, f.ms[0])
+	}
+	for f.head < len(f.ms) {
+		if f.take(f.ms[f.head].seq) == nil {
+			t.Fatalf("the front's message not found")
+		}
+	}
+	if f.head != 0 || len(f.ms) != 0 {
+		t.Fatalf("emptied: head %d, %d kept; want 0 and 0", f.head, len(f.ms))
+	}
+}
+
+// An outcome names its publish by the lane's group and the message's
+// ingress sequence: the ungrouped lane's, which leave the lane when they
+// are published, are found in whatever order their outcomes come; a lane
+// dead-lettering its messages has them all in flight. An outcome of no
+// publish in flight changes nothing but a counter.
+func TestEngineOutcomesFindTheirMessages(t *testing.T) {
+	recs := mapRecords{"": {State: kvbinding.StateBound, Node: "n1", FromSeq: 1, Revision: 2, Epoch: 2}}
+	e := newTestEngine("n1", recs)
+	for seq := uint64(1); seq <= 4; seq++ {
+		e.step(inMsg{group: "", m: &msgRec{seq: seq, size: 10}}, testNow)
+	}
+	pubs := map[uint64]action{}
+	for _, a := range e.take() {
+		if a.kind == actPublish {
+			pubs[a.msg.seq] = a
+		}
+	}
+	if len(pubs) != 4 || e.inflight != 4 || len(e.lanes[""].msgs) != 0 {
+		t.Fatalf("%d publishes, %d in flight, %d held in the lane; want 4, 4 and 0", len(pubs), e.inflight, len(e.lanes[""].msgs))
+	}
+	stray := func(o outcome) {
+		t.Helper()
+		before := e.stats.strayOutcomes
+		e.step(inOutcomes{batch: []outcome{o}}, testNow)
+		if e.stats.strayOutcomes != before+1 || len(e.take()) != 0 {
+			t.Fatalf("outcome %+v: not counted as stray, or it did something", o)
+		}
+	}
+	stray(outcome{group: "", ingress: 9})
+	stray(outcome{group: "other", ingress: 1})
+	stray(outcome{group: "", ingress: 1, batch: 2})
+	for _, seq := range []uint64{3, 1, 4, 2} {
+		a := pubs[seq]
+		e.step(inOutcomes{batch: []outcome{a.outcome()}}, testNow)
+		if seq == 1 {
+			stray(a.outcome()) // its publish is done
+		}
+	}
+	if e.inflight != 0 || e.mem.heldMsgs != 0 || e.lanes[""] != nil || len(e.ungrouped.ms) != 0 {
+		t.Fatalf("after the outcomes: %d in flight, %d held, lane %v, %d flights; want all gone", e.inflight, e.mem.heldMsgs, e.lanes[""], len(e.ungrouped.ms))
+	}
+
+	e.step(inMsg{group: "g", m: &msgRec{seq: 5}}, testNow)
+	e.step(inMsg{group: "g", m: &msgRec{seq: 6}}, testNow)
+	e.step(inMsg{group: "g", m: &msgRec{seq: 7}}, testNow)
+	e.take()
+	ln := e.lanes["g"]
+	e.startDeadLetter(ln, "no routing decision", testNow)
+	dlq := map[uint64]action{}
+	for _, a := range e.take() {
+		if a.kind == actPublish && a.dlq && a.group == "g" {
+			dlq[a.msg.seq] = a
+		}
+	}
+	for _, seq := range []uint64{6, 7, 5} {
+		a := dlq[seq]
+		e.step(inOutcomes{batch: []outcome{a.outcome()}}, testNow)
+	}
+	if e.stats.deadLettered != 3 || ln.dlqPending != 0 || ln.deadLettering || e.stats.strayOutcomes != 4 {
+		t.Fatalf("dead-lettered %d, pending %d, stray %d; want 3, 0 and the 4 strays before", e.stats.deadLettered, ln.dlqPending, e.stats.strayOutcomes)
 	}
 }

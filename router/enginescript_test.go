@@ -146,7 +146,9 @@ func (s *engineScript) run(cmd string) ([]string, error) {
 			return nil, fmt.Errorf("no publish of %s printed", key)
 		}
 		delete(s.pubs, key)
-		s.e.step(inOutcomes{batch: []outcome{{ln: a.ln, m: a.m, dlq: a.dlq, reason: a.reason, seq: num("qseq")}}}, now)
+		o := a.outcome()
+		o.seq = num("qseq")
+		s.e.step(inOutcomes{batch: []outcome{o}}, now)
 		return s.actions(), nil
 	case "alive":
 		d, err := time.ParseDuration(kv["until"])
@@ -192,14 +194,11 @@ func (s *engineScript) actions() []string {
 	var out []string
 	for _, a := range s.e.take() {
 		group := a.group
-		if a.ln != nil {
-			group = a.ln.group
-		}
 		var line string
 		switch a.kind {
 		case actPublish:
-			s.pubs[group+"/"+strconv.FormatUint(a.m.seq, 10)] = a
-			line = fmt.Sprintf("publish %s seq=%d node=%s", group, a.m.seq, a.node)
+			s.pubs[group+"/"+strconv.FormatUint(a.msg.seq, 10)] = a
+			line = fmt.Sprintf("publish %s seq=%d node=%s", group, a.msg.seq, a.node)
 			if len(a.epoch) == 1 {
 				line += " epoch=" + a.epoch[0]
 			}

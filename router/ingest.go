@@ -212,30 +212,26 @@ func prepareInPlace(seq uint64, msg *nats.Msg) {
 // publish carries out an actPublish: onto a node's queue, or onto the
 // dead-letter stream with a reason. The outcome goes back to the engine.
 func (r *Router) publish(a action) {
-	// The engine clears a message's payload only when it spills it, which
-	// it does to messages waiting for a decision, never to one it asked
-	// to publish.
-	if a.payload == nil {
-		a.payload = a.m.payload
-	}
-	if a.payload == nil {
+	// A message without its payload is spilled (the engine lets a body go
+	// only from a message waiting for a decision): read it again first.
+	if a.msg.payload == nil {
 		r.fetchSpilled(a)
 		return
 	}
-	out := outMsg(a.m.seq, a.payload)
+	out := outMsg(a.msg.seq, a.msg.payload)
 	if a.dlq {
-		out = r.toDeadLetter(out, a.m.subject, a.m.seq, a.reason, a.m.stripped || a.stripped)
+		out = r.toDeadLetter(out, a.msg.subject, a.msg.seq, a.reason, a.msg.stripped)
 	} else {
-		out.Subject = QueueSubject(a.node, a.m.subject)
+		out.Subject = QueueSubject(a.node, a.msg.subject)
 		if a.held {
-			out.Subject = HeldSubject(a.node, a.ln.group, a.m.subject)
+			out.Subject = HeldSubject(a.node, a.group, a.msg.subject)
 		}
 		out.Header[jetstream.ExpectedStreamHeader] = r.out.expect
 		out.Header[HeaderEpoch] = a.epoch
 	}
-	o := outcome{ln: a.ln, m: a.m, dlq: a.dlq, reason: a.reason, stripped: a.stripped, payload: a.payload}
+	o := a.outcome()
 	id := out.Header[jetstream.MsgIDHeader][0]
-	lateCheck := !a.dlq && !a.held && a.ln.group != ""
+	lateCheck := !a.dlq && !a.held && a.group != ""
 	done := func(ack jspub.Ack, err error) {
 		o.err = refusal(err)
 		o.seq = ack.Sequence
@@ -253,21 +249,39 @@ func (r *Router) publish(a action) {
 	}
 }
 
-// outcome is the outcome of a publish the engine asked for.
+// outcome is the outcome of a publish the engine asked for (action.outcome
+// makes it). Like the action, it carries copies and ids, not pointers into
+// the engine: the shell makes it and fills it in without Router.mu, and
+// the engine, under the lock, finds the lane by group and the message by
+// its ingress sequence (engine.outcome).
 type outcome struct {
-	ln     *lane
-	m      *msgRec
-	batch  int // an atomic batch of the lane's first batch messages (m nil)
-	dlq    bool
-	reason string
-	err    error
-	seq    uint64 // the PubAck's stream sequence (a batch's last)
-	// stripped: the shell sent the dead-letter copy without its body (the
-	// ingress no longer held it); the engine marks the message so.
+	group string // the lane's (action.group)
+	// ingress: the message's ingress sequence; a batch's first message's.
+	ingress uint64
+	batch   int // an atomic batch of that many of the lane's first messages
+	dlq     bool
+	reason  string
+	err     error
+	seq     uint64 // the PubAck's stream sequence (a batch's last)
+	// stripped: the dead-letter copy went without its body (the servers
+	// refused the whole one, or the ingress no longer held it: the shell
+	// marked its copy, action.msg.stripped); the engine marks the message
+	// so.
 	stripped bool
-	// payload: the spilled message the shell read again (action.payload),
-	// which the engine keeps on the message for a retry.
+	// payload: the message the shell published (action.msg.payload): for
+	// a spilled one, read again, which the engine keeps on the message
+	// for a retry.
 	payload any
+}
+
+// outcome returns the outcome of a's publish (actPublish, actBatch), its
+// result yet to fill in: the ids the engine finds the lane and the
+// message(s) by, and the shell's marks on its copy of the message.
+func (a *action) outcome() outcome {
+	if a.kind == actBatch {
+		return outcome{group: a.group, ingress: a.batch[0].seq, batch: len(a.batch)}
+	}
+	return outcome{group: a.group, ingress: a.msg.seq, dlq: a.dlq, reason: a.reason, stripped: a.msg.stripped, payload: a.msg.payload}
 }
 
 // ackBatch hands the engine the outcomes collected since the last batch,
@@ -340,12 +354,12 @@ func (r *Router) outcomes(batch []outcome) {
 		case o.batch > 0 && o.err == nil:
 			r.out.routed.Add(uint64(o.batch))
 		case o.batch > 0 && !stopping:
-			r.warn.publish.Warn(o.ln.group, "batch", o.batch, "err", o.err)
+			r.warn.publish.Warn(o.group, "batch", o.batch, "err", o.err)
 		case o.batch > 0:
 		case o.err == nil && !o.dlq:
 			r.out.routed.Add(1)
 		case o.err != nil && !stopping && !errors.Is(o.err, errRefused):
-			r.warn.publish.Warn(o.ln.group, "ingress_seq", o.m.seq, "dead_letter", o.dlq, "err", o.err)
+			r.warn.publish.Warn(o.group, "ingress_seq", o.ingress, "dead_letter", o.dlq, "err", o.err)
 		}
 	}
 	r.step(inOutcomes{batch: batch})
@@ -429,25 +443,25 @@ func (r *Router) fetchSpilled(a action) {
 	started := r.side.run(r.side.spilled, func(ctx context.Context) {
 		ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		defer cancel()
-		msg, err := r.ingressMsg(ctx, a.m.seq)
+		msg, err := r.ingressMsg(ctx, a.msg.seq)
 		switch {
 		case err == nil:
-			a.payload = &held{msg: msg}
+			a.msg.payload = &held{msg: msg}
 			r.publish(a)
 		case errors.Is(err, jetstream.ErrMsgNotFound):
 			// The dead letter names the group (the lane's), the rest is gone.
 			hdr := nats.Header{}
-			if a.ln != nil && a.ln.group != "" {
-				hdr.Set(r.cfg.GroupHeader, a.ln.group)
+			if a.group != "" {
+				hdr.Set(r.cfg.GroupHeader, a.group)
 			}
-			a.payload = &held{msg: &nats.Msg{Subject: a.m.subject, Header: hdr}}
+			a.msg.payload = &held{msg: &nats.Msg{Subject: a.msg.subject, Header: hdr}}
 			if a.dlq {
-				a.stripped = true
+				a.msg.stripped = true
 				a.reason += "; the ingress no longer holds it (expired or removed before it was routed): stored without its body"
 				r.publish(a)
 				return
 			}
-			r.publishFailed(a, fmt.Errorf("%w: the ingress no longer holds message %d (expired or removed before it was routed)", errRefused, a.m.seq))
+			r.publishFailed(a, fmt.Errorf("%w: the ingress no longer holds message %d (expired or removed before it was routed)", errRefused, a.msg.seq))
 		default:
 			r.publishFailed(a, err) // retried after a pause, as any failed publish
 		}
@@ -473,7 +487,7 @@ func (r *Router) fetchSpilled(a action) {
 // most maxLateChecks at once. Fast-ingest batches (R1) report no
 // duplicates: see docs/protocol.md, "Remaining windows".
 func (r *Router) laneDuplicate(o outcome, sent *nats.Msg, epoch []string) {
-	if route, ok := r.cache.Lookup(o.ln.group); ok && (route.PrevNode == "" || route.PrevNode == r.cfg.Node) {
+	if route, ok := r.cache.Lookup(o.group); ok && (route.PrevNode == "" || route.PrevNode == r.cfg.Node) {
 		// No other node held the group before this binding: every copy
 		// of its messages is this node's own (a node routing again from
 		// its checkpoint after a restart meets many, and checks none).
@@ -481,8 +495,8 @@ func (r *Router) laneDuplicate(o outcome, sent *nats.Msg, epoch []string) {
 		return
 	}
 	started := r.side.run(r.side.late, func(ctx context.Context) {
-		if err := r.takeLaneLateCopy(ctx, o.ln.group, sent, o.seq, epoch); err != nil {
-			o.err = fmt.Errorf("ingress message %d: the queue holds a copy this node has not moved onto its own queue yet: %w", o.m.seq, err)
+		if err := r.takeLaneLateCopy(ctx, o.group, sent, o.seq, epoch); err != nil {
+			o.err = fmt.Errorf("ingress message %d: the queue holds a copy this node has not moved onto its own queue yet: %w", o.ingress, err)
 		}
 		r.outcomes([]outcome{o})
 	})
@@ -511,7 +525,8 @@ func (r *Router) takeLaneLateCopy(ctx context.Context, group string, sent *nats.
 
 // publishFailed hands the engine a publish that failed before it was sent.
 func (r *Router) publishFailed(a action, err error) {
-	o := outcome{ln: a.ln, m: a.m, dlq: a.dlq, reason: a.reason, err: err, stripped: a.stripped, payload: a.payload}
+	o := a.outcome()
+	o.err = err
 	r.outcomes([]outcome{o})
 }
 

@@ -28,13 +28,14 @@ type input interface{ isInput() }
 
 type (
 	// inMsg: an ingress message read, of group ("" when it has none
-	// usable), in order.
+	// usable), in order. m is the engine's from then on: the shell keeps
+	// no hold of it.
 	inMsg struct {
 		group string
 		m     *msgRec
 	}
 	// inOutcomes: publish outcomes, in the order the publisher reported
-	// them.
+	// them, each naming its lane and messages by ids (outcome).
 	inOutcomes struct{ batch []outcome }
 	// inReplied: the handler's answer to a batch of asks (err for the
 	// whole request, else a decision per ask).
@@ -161,17 +162,42 @@ func (e *engine) step(in input, now time.Time) {
 	}
 }
 
-// outcome takes one publish outcome.
+// outcome takes one publish outcome, which names what it reports by ids
+// (outcome): the engine finds the lane by group (e.lanes holds a long id's
+// lane by group too; byRef serves the record changes) and the message by
+// its ingress sequence (inFlight); a batch's must be the lane's batch in
+// flight, which starts at o.ingress. These are the lane and the message
+// the action was emitted for (what the outcome pointed to when it carried
+// pointers): a lane stays while it has a publish in flight (pump drops a
+// lane only when ln.inflight, which counts each publish until its
+// outcome, is 0; and a lane is made only for a group with none); a
+// group's messages in flight stay at the front of its lane until their
+// outcome pops them (the head; a batch's messages; a lane dead-lettering
+// its messages keeps them all until the dead-letter record), and the
+// ungrouped lane's among its flights until their outcome takes them. An
+// outcome that finds nothing in flight is of no publish the engine asked
+// for, which does not happen: it is dropped and counted
+// (stats.strayOutcomes; the simulation fails on one).
 func (e *engine) outcome(o outcome, now time.Time) {
+	ln := e.lanes[o.group]
 	if o.batch > 0 {
-		e.ackedBatch(o.ln, o.err, o.seq, now)
+		if ln == nil || ln.batch != o.batch || ln.msgs[0].seq != o.ingress {
+			e.stats.strayOutcomes++
+			return
+		}
+		e.ackedBatch(ln, o.err, o.seq, now)
+		return
+	}
+	m := e.inFlight(ln, o.ingress)
+	if m == nil {
+		e.stats.strayOutcomes++
 		return
 	}
 	if o.stripped {
-		e.stripped(o.m)
+		e.stripped(m)
 	}
-	if o.payload != nil && o.m.payload == nil {
-		o.m.payload = o.payload // read again by the shell: kept for a retry
+	if o.payload != nil && m.payload == nil {
+		m.payload = o.payload // read again by the shell: kept for a retry
 	}
-	e.acked(o.ln, o.m, o.dlq, o.reason, o.err, o.seq, now)
+	e.acked(ln, m, o.dlq, o.reason, o.err, o.seq, now)
 }

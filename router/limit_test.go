@@ -47,10 +47,10 @@ func TestEngineDeadLettersAtTheGroupLimit(t *testing.T) {
 	var dead []uint64
 	for _, act := range e.take() {
 		if act.kind == actPublish && act.dlq {
-			if act.ln.group != "a" || !strings.Contains(act.reason, "group limit") || !strings.Contains(act.reason, "--max-groups") {
-				t.Errorf("dead letter of %q: %q", act.ln.group, act.reason)
+			if act.group != "a" || !strings.Contains(act.reason, "group limit") || !strings.Contains(act.reason, "--max-groups") {
+				t.Errorf("dead letter of %q: %q", act.group, act.reason)
 			}
-			dead = append(dead, act.m.seq)
+			dead = append(dead, act.msg.seq)
 		}
 	}
 	if len(dead) != 2 || dead[0] != 3 || dead[1] != 5 {

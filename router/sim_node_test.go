@@ -246,6 +246,11 @@ func (n *simNode) step(in input) {
 		return
 	}
 	n.eng.step(in, n.w.now())
+	if n.eng.stats.strayOutcomes > 0 {
+		// engine.outcome: an outcome always finds its lane and message.
+		n.w.chk.violation("stray outcome", "%s: %d publish outcomes found no publish in flight", n.id, n.eng.stats.strayOutcomes)
+		n.eng.stats.strayOutcomes = 0
+	}
 	n.performTaken()
 }
 
@@ -743,55 +748,59 @@ func (n *simNode) sendBatch(ps []simPub, cb func(err error)) {
 
 // publishBatch carries out an actBatch.
 func (n *simNode) publishBatch(a action) {
-	ln := a.ln
 	ps := make([]simPub, len(a.batch))
 	for i, m := range a.batch {
-		ps[i] = simPub{node: a.node, seq: m.seq, group: ln.group, id: simIngressID(m.seq), kind: simRouted, epoch: simActEpoch(a.epoch)}
+		ps[i] = simPub{node: a.node, seq: m.seq, group: a.group, id: simIngressID(m.seq), kind: simRouted, epoch: simActEpoch(a.epoch)}
 	}
 	first, last := a.batch[0].seq, a.batch[len(a.batch)-1].seq
 	if n.w.tracing {
-		n.logf("publishes seqs %d..%d of %q to %q as one batch of %d", first, last, ln.group, a.node, len(ps))
+		n.logf("publishes seqs %d..%d of %q to %q as one batch of %d", first, last, a.group, a.node, len(ps))
 	}
+	o := a.outcome()
 	n.sendBatch(ps, func(err error) {
 		if n.w.tracing {
 			n.logf("batch %d..%d: %v", first, last, err)
 		}
-		n.step(inOutcomes{batch: []outcome{{ln: ln, batch: len(ps), err: err}}})
+		o.err = err
+		n.step(inOutcomes{batch: []outcome{o}})
 	})
 }
 
 // publish carries out an actPublish.
 func (n *simNode) publish(a action) {
-	ln, m := a.ln, a.m
-	p := simPub{node: a.node, seq: m.seq, group: ln.group, id: simIngressID(m.seq), kind: simRouted, dlq: a.dlq, reason: a.reason,
+	m, group := a.msg, a.group
+	p := simPub{node: a.node, seq: m.seq, group: group, id: simIngressID(m.seq), kind: simRouted, dlq: a.dlq, reason: a.reason,
 		epoch: simActEpoch(a.epoch)}
 	if a.dlq {
 		p.node, p.id = "", "dlq:"+p.id
 	}
 	if n.w.tracing {
-		n.logf("publishes seq %d of %q to %q (dlq %v)", m.seq, ln.group, p.node, a.dlq)
+		n.logf("publishes seq %d of %q to %q (dlq %v)", m.seq, group, p.node, a.dlq)
 	}
+	o := a.outcome()
 	n.send(p, func(sseq uint64, err error) {
 		if n.w.tracing {
 			n.logf("publish of seq %d: %v", m.seq, err)
 		}
-		if err == nil && !a.dlq && !a.held && ln.group != "" {
+		if err == nil && !a.dlq && !a.held && group != "" {
 			// Router.laneDuplicate: a duplicate of this node's staged copy
 			// (a catch-up staged past where its lane took over after a
 			// restart) is moved onto the queue before the outcome counts
 			// (takeLaneLateCopy: only while the record names this node in
 			// the publish's epoch). The sim models no other late copy.
-			route, ok := n.cache.Lookup(ln.group)
+			route, ok := n.cache.Lookup(group)
 			if c := n.w.q.all[sseq-1]; ok && route.PrevNode != "" && route.PrevNode != n.id && route.Node == n.id &&
 				route.Epoch == p.epoch && c.node == simHeld(n.id) && !c.removed && c.seq == m.seq {
-				n.logf("lane: seq %d of %q has a staged copy %v: moved onto the queue", m.seq, ln.group, c)
-				n.moveGroup(ln.group, []simFound{{e: c, from: n.id, held: true}}, route, func() bool { return false }, func(_ int, err error) {
-					n.step(inOutcomes{batch: []outcome{{ln: ln, m: m, dlq: a.dlq, reason: a.reason, err: err}}})
+				n.logf("lane: seq %d of %q has a staged copy %v: moved onto the queue", m.seq, group, c)
+				n.moveGroup(group, []simFound{{e: c, from: n.id, held: true}}, route, func() bool { return false }, func(_ int, err error) {
+					o.err = err
+					n.step(inOutcomes{batch: []outcome{o}})
 				})
 				return
 			}
 		}
-		n.step(inOutcomes{batch: []outcome{{ln: ln, m: m, dlq: a.dlq, reason: a.reason, err: err}}})
+		o.err = err
+		n.step(inOutcomes{batch: []outcome{o}})
 	})
 }
 
