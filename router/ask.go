@@ -29,7 +29,7 @@ const (
 type asker struct {
 	wake <-chan struct{} // the engine has asks to send (actAsk)
 	// pull takes the next asks to send (engine.askBatch, a pull).
-	pull func(max int) []*ask
+	pull func(max int) []sentAsk
 	step func(input)
 	// markClean says clean on the fences whose group this node's queue
 	// stores nothing of (Router.markClean).
@@ -43,7 +43,7 @@ type asker struct {
 func (r *Router) newAsker() *asker {
 	return &asker{
 		wake: r.wake.ask,
-		pull: func(max int) []*ask {
+		pull: func(max int) []sentAsk {
 			r.mu.Lock()
 			defer r.mu.Unlock()
 			return r.eng.askBatch(max, time.Now())
@@ -87,7 +87,7 @@ func (a *asker) run(ctx context.Context) {
 }
 
 // send sends one batch and gives the engine the answers.
-func (a *asker) send(ctx context.Context, batch []*ask) {
+func (a *asker) send(ctx context.Context, batch []sentAsk) {
 	ps := make([]proposals.Proposal, len(batch))
 	for i, q := range batch {
 		ps[i] = q.p
@@ -143,7 +143,7 @@ func (r *Router) markClean(ctx context.Context, ps []proposals.Proposal) {
 	stream, err := r.side.stream(sctx, QueueStream)
 	var found map[string][]queued
 	if err == nil {
-		found, err = r.ho.scanQueues(sctx, stream, map[string]map[string]bool{r.cfg.Node: groups}, routes, cleanScanMax)
+		found, err = r.ho.scanQueues(sctx, jsStore{stream}, map[string]map[string]bool{r.cfg.Node: groups}, routes, cleanScanMax)
 	}
 	if err != nil {
 		r.log.Debug("fences sent without looking at this node's queue: the next nodes drain it", "groups", len(groups), "err", err)

@@ -191,6 +191,27 @@ type ask struct {
 	sent time.Time
 }
 
+// sentAsk is an ask as askBatch hands it to the asker: a copy of its
+// proposal, and the id the answer names it by (inReplied, inAbandon). The
+// asker reads it without Router.mu, while the engine goes on with its ask.
+type sentAsk struct {
+	id uint64
+	p  proposals.Proposal
+}
+
+// sentAsk returns the ask askBatch handed out as id, and forgets that it
+// is out (nil: none is, which does not happen: an answer names each ask
+// of a batch once; it is counted in stats.strayOutcomes).
+func (e *engine) sentAsk(id uint64) *ask {
+	a := e.asks.sent[id]
+	if a == nil {
+		e.stats.strayOutcomes++
+		return nil
+	}
+	delete(e.asks.sent, id)
+	return a
+}
+
 // askHeap orders asks waiting for their next attempt by due time.
 type askHeap []*ask
 
@@ -374,7 +395,7 @@ type engineStats struct {
 	batches, batchFailures                                      uint64 // batches published, and those that failed (their messages went one at a time)
 	batchedMsgs                                                 uint64 // messages stored as part of a batch
 	heldBack                                                    uint64 // times a group started being held back (fairshare.go)
-	strayOutcomes                                               uint64 // outcomes of no publish in flight (engine.outcome): there are none
+	strayOutcomes                                               uint64 // outcomes of no publish in flight (engine.outcome), answers of no ask out (sentAsk): there are none
 }
 
 // engine is the lane engine.
@@ -459,6 +480,11 @@ type askQueues struct {
 	waitQ    waitHeap
 	assigned map[string]int
 	pace     window
+	// sent: the asks askBatch handed out, by the id the asker's answer
+	// names them by (sentAsk), until it answers (replied) or gives them
+	// back (abandon); lastID: the last id given.
+	sent   map[uint64]*ask
+	lastID uint64
 }
 
 // activity is what the node routed lately: lastActive, when each group
@@ -490,7 +516,7 @@ func newEngine(cfg engineConfig, recs records, rnd *rand.Rand) *engine {
 		duties:   make(map[string]uint64),
 		lapse:    fenceState{held: make(map[*lane]struct{})},
 		act:      activity{recent: make(map[string]struct{})},
-		asks:     askQueues{assigned: make(map[string]int), pace: newWindow(windowMin, windowMax, maxBatch)},
+		asks:     askQueues{assigned: make(map[string]int), sent: make(map[uint64]*ask), pace: newWindow(windowMin, windowMax, maxBatch)},
 		fair:     newFairShare(cfg.groupShare),
 		fairWait: make(map[*lane]struct{}),
 	}
@@ -1181,13 +1207,13 @@ func (e *engine) isProposer(group string) bool {
 // askBatch collects up to max due asks, as many as the window of
 // proposals in flight has room for and as fit in
 // proposals.RequestBudget bytes, and marks them in flight.
-func (e *engine) askBatch(max int, now time.Time) []*ask {
+func (e *engine) askBatch(max int, now time.Time) []sentAsk {
 	for e.asks.retryQ.Len() > 0 && !e.asks.retryQ[0].due.After(now) {
 		a := heap.Pop(&e.asks.retryQ).(*ask)
 		e.asks.askQ = append(e.asks.askQ, a.lane)
 	}
 	max = min(max, e.asks.pace.room())
-	var batch []*ask
+	var batch []sentAsk
 	size := 0
 	pop := func() {
 		e.asks.askQ[0] = nil
@@ -1222,7 +1248,9 @@ func (e *engine) askBatch(max int, now time.Time) []*ask {
 			a.sent = now
 		}
 		a.inFlight = true
-		batch = append(batch, a)
+		e.asks.lastID++
+		e.asks.sent[e.asks.lastID] = a
+		batch = append(batch, sentAsk{id: e.asks.lastID, p: a.p})
 	}
 	e.asks.pace.sent(len(batch))
 	e.stats.asked += uint64(len(batch))
@@ -1356,9 +1384,13 @@ func (e *engine) groupCount(node string) int {
 }
 
 // abandon returns asks that could not be sent (the node is stopping).
-func (e *engine) abandon(batch []*ask) {
+func (e *engine) abandon(batch []sentAsk) {
 	e.asks.pace.unsent(len(batch))
-	for _, a := range batch {
+	for _, s := range batch {
+		a := e.sentAsk(s.id)
+		if a == nil {
+			continue
+		}
 		a.inFlight = false
 		if a.p.Op == "" || a.p.Op == proposals.OpBind {
 			e.asks.assigned[a.p.Node]--
@@ -1368,7 +1400,7 @@ func (e *engine) abandon(batch []*ask) {
 
 // replied takes the answer to a batch of asks: err for the whole request,
 // or a decision per ask.
-func (e *engine) replied(batch []*ask, ds []proposals.Decision, err error, now time.Time) {
+func (e *engine) replied(batch []sentAsk, ds []proposals.Decision, err error, now time.Time) {
 	timedOut := errors.Is(err, proposals.ErrDecisionTimeout)
 	cuts := e.asks.pace.cuts
 	e.asks.pace.answered(len(batch), timedOut, err != nil && !timedOut, e.cfg.timeout, now)
@@ -1379,7 +1411,11 @@ func (e *engine) replied(batch []*ask, ds []proposals.Decision, err error, now t
 	if len(e.asks.askQ) > 0 || (e.asks.retryQ.Len() > 0 && !e.asks.retryQ[0].due.After(now)) {
 		e.emit(action{kind: actAsk}) // the window has room again
 	}
-	for i, a := range batch {
+	for i, s := range batch {
+		a := e.sentAsk(s.id)
+		if a == nil {
+			continue
+		}
 		if a.p.Op == "" || a.p.Op == proposals.OpBind {
 			e.asks.assigned[a.p.Node]--
 		}

@@ -53,12 +53,12 @@ func TestEngineObservesDecisionLatency(t *testing.T) {
 		name string
 		// run drives the engine after the ask for group g was sent at
 		// t0+5ms; it returns the actions of the step that decides g.
-		run  func(e *engine, recs fakeRecords, batch []*ask) []action
+		run  func(e *engine, recs fakeRecords, batch []sentAsk) []action
 		want []time.Duration
 	}{
 		{
 			name: "record before the reply",
-			run: func(e *engine, recs fakeRecords, batch []*ask) []action {
+			run: func(e *engine, recs fakeRecords, batch []sentAsk) []action {
 				recs["g"] = bound(1)
 				e.changed("g", t0.Add(35*time.Millisecond))
 				acts := e.take()
@@ -69,7 +69,7 @@ func TestEngineObservesDecisionLatency(t *testing.T) {
 		},
 		{
 			name: "reply before the record",
-			run: func(e *engine, recs fakeRecords, batch []*ask) []action {
+			run: func(e *engine, recs fakeRecords, batch []sentAsk) []action {
 				e.replied(batch, accepted(1), nil, t0.Add(20*time.Millisecond))
 				acts := e.take()
 				recs["g"] = bound(1)
@@ -80,7 +80,7 @@ func TestEngineObservesDecisionLatency(t *testing.T) {
 		},
 		{
 			name: "reply naming a record already seen",
-			run: func(e *engine, recs fakeRecords, batch []*ask) []action {
+			run: func(e *engine, recs fakeRecords, batch []sentAsk) []action {
 				recs["g"] = bound(1)
 				e.replied(batch, accepted(1), nil, t0.Add(15*time.Millisecond))
 				return e.take()
@@ -89,7 +89,7 @@ func TestEngineObservesDecisionLatency(t *testing.T) {
 		},
 		{
 			name: "retried after a timeout: from the attempt that got it",
-			run: func(e *engine, recs fakeRecords, batch []*ask) []action {
+			run: func(e *engine, recs fakeRecords, batch []sentAsk) []action {
 				e.replied(batch, nil, fmt.Errorf("%w after 1s", proposals.ErrDecisionTimeout), t0.Add(time.Second))
 				e.take()
 				retry := e.askBatch(10, t0.Add(5*time.Second)) // past the backoff
@@ -108,7 +108,7 @@ func TestEngineObservesDecisionLatency(t *testing.T) {
 		},
 		{
 			name: "bound by another node's proposal: nothing asked, nothing observed",
-			run: func(e *engine, recs fakeRecords, _ []*ask) []action {
+			run: func(e *engine, recs fakeRecords, _ []sentAsk) []action {
 				return nil
 			},
 		},

@@ -46,7 +46,7 @@ type engineScript struct {
 	recs mapRecords
 	// asks: the last asks printed; pubs: the publishes printed and not
 	// acknowledged yet, by group and sequence.
-	asks []*ask
+	asks []sentAsk
 	pubs map[string]action
 }
 

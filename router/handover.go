@@ -52,7 +52,7 @@ type handOver struct {
 	node        string
 	groupHeader string
 	log         *slog.Logger
-	js          jetstream.JetStream
+	io          queueIO    // the streams (msgstore.go)
 	nc          *nats.Conn // the progress events (progress.go)
 	duties      *dutyQueue
 	warn        struct {
@@ -74,8 +74,7 @@ type handOver struct {
 	loadCheckpointAt func(ctx context.Context, node string, rev uint64) (kvbinding.Checkpoint, bool, error) // nil: no registry
 	saveCheckpoint   func(ctx context.Context) error
 	lostThrough      func(ctx context.Context, routes map[string]kvbinding.Binding) map[string]uint64
-	side             func(ctx context.Context, stream string) (jetstream.Stream, error) // sidereads.go
-	stored           func(seq uint64, id string)                                        // the store check of the queue
+	stored           func(seq uint64, id string) // the store check of the queue
 	classify         func(hdr nats.Header, subject string) (group, invalid string)
 	toDeadLetter     func(out *nats.Msg, subject string, seq uint64, reason string, stripped bool) *nats.Msg
 }
@@ -84,7 +83,7 @@ type handOver struct {
 // binding cache, the registry and the handler's client.
 func (r *Router) newHandOver() *handOver {
 	h := &handOver{
-		node: r.cfg.Node, groupHeader: r.cfg.GroupHeader, log: r.log, js: r.js, nc: r.nc, duties: newDutyQueue(),
+		node: r.cfg.Node, groupHeader: r.cfg.GroupHeader, log: r.log, io: jsQueueIO(r.js, r.side), nc: r.nc, duties: newDutyQueue(),
 		step:      r.step,
 		fencedNow: r.fencedNow,
 		takeoverFrom: func(group string) uint64 {
@@ -102,7 +101,6 @@ func (r *Router) newHandOver() *handOver {
 		propose:        r.dec.client.Propose,
 		saveCheckpoint: r.saveCheckpoint,
 		lostThrough:    r.lostThrough,
-		side:           r.side.stream,
 		stored:         r.qcheck.stored,
 		classify:       r.classify,
 		toDeadLetter:   r.toDeadLetter,
@@ -550,7 +548,7 @@ func (h *handOver) drainQueues(ctx context.Context, routes map[string]kvbinding.
 	if len(byNode) == 0 {
 		return map[string]int{}, nil
 	}
-	stream, err := h.js.Stream(ctx, QueueStream)
+	stream, err := h.io.queue(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -565,7 +563,7 @@ func (h *handOver) drainQueues(ctx context.Context, routes map[string]kvbinding.
 // as no message of the group is delivered and unacked on an old queue
 // whose consumer is alive and acknowledging. The old queues' consumers
 // are paused before find looks and stay paused until it returns.
-func (h *handOver) moveFound(ctx context.Context, stream jetstream.Stream, byNode map[string]map[string]bool,
+func (h *handOver) moveFound(ctx context.Context, stream msgStore, byNode map[string]map[string]bool,
 	routes map[string]kvbinding.Binding, find func(context.Context) (map[string][]queued, error), scanned func(none, some []string)) (map[string]int, error) {
 	// The handler paused the old queues before it wrote the records and
 	// renews the pauses while records say they are drained; this node
@@ -707,27 +705,27 @@ const (
 // the held subjects of the groups that have some.
 // limit, if not 0, is the most messages a queue may store for it to be
 // read: past it, the scan fails with errScanLimit.
-func (h *handOver) scanQueues(ctx context.Context, stream jetstream.Stream, byNode map[string]map[string]bool, routes map[string]kvbinding.Binding, limit int) (map[string][]queued, error) {
+func (h *handOver) scanQueues(ctx context.Context, stream msgStore, byNode map[string]map[string]bool, routes map[string]kvbinding.Binding, limit int) (map[string][]queued, error) {
 	byGroup := map[string][]queued{}
 	for node, groups := range byNode {
 		prefix := QueueSubjectPrefix + node + "."
 		var (
-			qinfo, hinfo *jetstream.StreamInfo
+			qinfo, hinfo jetstream.StreamState
 		)
 		reads, rctx := errgroup.WithContext(ctx)
 		reads.Go(func() (err error) {
-			qinfo, err = stream.Info(rctx, jetstream.WithSubjectFilter(prefix+">"))
+			qinfo, err = stream.state(rctx, prefix+">")
 			return err
 		})
 		reads.Go(func() (err error) {
-			hinfo, err = stream.Info(rctx, jetstream.WithSubjectFilter(HeldSubjectPrefix+node+".>"))
+			hinfo, err = stream.state(rctx, HeldSubjectPrefix+node+".>")
 			return err
 		})
 		if err := reads.Wait(); err != nil {
 			return nil, err
 		}
 		waiting := 0
-		for _, n := range qinfo.State.Subjects {
+		for _, n := range qinfo.Subjects {
 			waiting += int(n)
 		}
 		if limit > 0 && waiting > limit {
@@ -736,7 +734,7 @@ func (h *handOver) scanQueues(ctx context.Context, stream jetstream.Stream, byNo
 		var msgs []*jetstream.RawStreamMsg
 		if waiting > 0 {
 			var err error
-			msgs, err = walkSubject(ctx, stream, prefix+">", qinfo.State.FirstSeq, qinfo.State.LastSeq, waiting)
+			msgs, err = walkSubject(ctx, stream, prefix+">", qinfo.FirstSeq, qinfo.LastSeq, waiting)
 			if err != nil {
 				return nil, err
 			}
@@ -759,8 +757,8 @@ func (h *handOver) scanQueues(ctx context.Context, stream jetstream.Stream, byNo
 		}
 		// What the old node held back of these groups (fairshare.go):
 		// later than what its queue holds of them, never delivered.
-		heldSubjects := make([]string, 0, len(hinfo.State.Subjects))
-		for subj, n := range hinfo.State.Subjects {
+		heldSubjects := make([]string, 0, len(hinfo.Subjects))
+		for subj, n := range hinfo.Subjects {
 			if n > 0 {
 				heldSubjects = append(heldSubjects, subj)
 			}
@@ -774,7 +772,7 @@ func (h *handOver) scanQueues(ctx context.Context, stream jetstream.Stream, byNo
 			if !slices.ContainsFunc(heldSubjects, func(subj string) bool { return strings.HasPrefix(subj, keyPrefix) }) {
 				continue
 			}
-			held, err := walkSubject(ctx, stream, HeldFilter(node, key), hinfo.State.FirstSeq, hinfo.State.LastSeq, 1)
+			held, err := walkSubject(ctx, stream, HeldFilter(node, key), hinfo.FirstSeq, hinfo.LastSeq, 1)
 			if err != nil {
 				return nil, err
 			}
@@ -808,7 +806,7 @@ func (h *handOver) ownStep(node string, m *jetstream.RawStreamMsg, route kvbindi
 // filter from a sequence). n is about how many there are: the range is
 // split into up to scanWalkers parts, of scanPerWalker of them at least,
 // walked at once.
-func walkSubject(ctx context.Context, stream jetstream.Stream, filter string, first, last uint64, n int) ([]*jetstream.RawStreamMsg, error) {
+func walkSubject(ctx context.Context, stream msgStore, filter string, first, last uint64, n int) ([]*jetstream.RawStreamMsg, error) {
 	if first == 0 || last < first {
 		return nil, nil
 	}
@@ -826,7 +824,7 @@ func walkSubject(ctx context.Context, stream jetstream.Stream, filter string, fi
 		}
 		walks.Go(func() error {
 			for seq := lo; seq <= hi; {
-				m, err := stream.GetMsg(wctx, seq, jetstream.WithGetMsgSubject(filter))
+				m, err := stream.next(wctx, seq, filter)
 				if isGone(err) {
 					return nil
 				}
@@ -872,7 +870,7 @@ const (
 // looks whether an awaited message is still there only after its consumer
 // made progress. views holds the readings taken before the queues were
 // read (moveFound): the first round uses them instead of reading again.
-func (h *handOver) awaitConsumers(ctx context.Context, stream jetstream.Stream, byNode map[string]map[string]bool,
+func (h *handOver) awaitConsumers(ctx context.Context, stream msgStore, byNode map[string]map[string]bool,
 	views map[string]consumerView, routes map[string]kvbinding.Binding, plans map[string][]drainMsg, start func(string, drainPlan)) error {
 	if views == nil {
 		views = map[string]consumerView{}
@@ -922,7 +920,7 @@ func (h *handOver) awaitConsumers(ctx context.Context, stream jetstream.Stream, 
 					break
 				}
 				budget--
-				_, err := stream.GetMsg(ctx, m.seq)
+				_, err := stream.get(ctx, m.seq)
 				if err != nil && !isGone(err) {
 					return err
 				}
@@ -974,14 +972,7 @@ func (h *handOver) awaitConsumers(ctx context.Context, stream jetstream.Stream, 
 
 // readConsumer reads what a drain needs of node's queue consumer.
 func (h *handOver) readConsumer(ctx context.Context, node string) (consumerView, error) {
-	cons, err := h.js.Consumer(ctx, QueueStream, QueueConsumer(node))
-	if errors.Is(err, jetstream.ErrConsumerNotFound) {
-		return consumerView{}, nil
-	}
-	if err != nil {
-		return consumerView{}, err
-	}
-	info, err := cons.Info(ctx)
+	info, err := h.io.consumer(ctx, node)
 	if errors.Is(err, jetstream.ErrConsumerNotFound) {
 		return consumerView{}, nil
 	}
@@ -1034,7 +1025,7 @@ const firstLeaderWithin = 5 * time.Second
 // the group (its record current, its liveness sure: not fenced): a stale
 // mover that resumes leaves what it copied to the successor, which finds
 // both and moves the message once.
-func (h *handOver) moveGroup(ctx context.Context, stream jetstream.Stream, found []queued, route kvbinding.Binding) (int, error) {
+func (h *handOver) moveGroup(ctx context.Context, stream msgStore, found []queued, route kvbinding.Binding) (int, error) {
 	epochHdr := []string{strconv.FormatUint(route.Epoch, 10)}
 	later := make(map[uint64]bool, len(found))
 	for _, q := range found {
@@ -1098,7 +1089,7 @@ func (h *handOver) moveGroup(ctx context.Context, stream jetstream.Stream, found
 			if err := h.mayDelete(q.group, route); err != nil {
 				return moved, err
 			}
-			if err := stream.DeleteMsg(ctx, copySeq); err != nil && !isGone(err) {
+			if err := stream.delete(ctx, copySeq); err != nil && !isGone(err) {
 				return moved, err
 			}
 			h.log.Info("a moved message was acked on its old queue meanwhile; its copy was withdrawn",
@@ -1120,8 +1111,8 @@ func (h *handOver) moveGroup(ctx context.Context, stream jetstream.Stream, found
 // a mover that stopped before deleting the original, and landed after
 // this drain looked there: it is moved here (takeLateCopy) before the
 // original is deleted. One that is gone was processed by its consumer.
-func (h *handOver) otherCopy(ctx context.Context, stream jetstream.Stream, q queued, route kvbinding.Binding, sent *nats.Msg, seq uint64) (mine bool, err error) {
-	m, err := stream.GetMsg(ctx, seq)
+func (h *handOver) otherCopy(ctx context.Context, stream msgStore, q queued, route kvbinding.Binding, sent *nats.Msg, seq uint64) (mine bool, err error) {
+	m, err := stream.get(ctx, seq)
 	if isGone(err) {
 		h.log.Info("a message to move was copied by an earlier mover, whose copy was processed; the original is deleted",
 			"group", logagg.Short(q.group), "ingress_seq", q.ingressSeq, "from", q.from, "copy_seq", seq)
@@ -1143,11 +1134,11 @@ func (h *handOver) otherCopy(ctx context.Context, stream jetstream.Stream, q que
 
 // deleteOriginal deletes the original of a moved message, if this node
 // still holds its group (mayDelete).
-func (h *handOver) deleteOriginal(ctx context.Context, stream jetstream.Stream, q queued, route kvbinding.Binding) error {
+func (h *handOver) deleteOriginal(ctx context.Context, stream msgStore, q queued, route kvbinding.Binding) error {
 	if err := h.mayDelete(q.group, route); err != nil {
 		return err
 	}
-	return stream.DeleteMsg(ctx, q.msg.Sequence)
+	return stream.delete(ctx, q.msg.Sequence)
 }
 
 // mayDelete reports why this node may not delete a message of group it
@@ -1206,7 +1197,7 @@ func (h *handOver) holdPaused(ctx context.Context, node string, first time.Durat
 
 // pauseQueue pauses node's queue consumer for drainPause.
 func (h *handOver) pauseQueue(ctx context.Context, node string) {
-	if _, err := h.js.PauseConsumer(ctx, QueueStream, QueueConsumer(node), time.Now().Add(drainPause)); err != nil &&
+	if err := h.io.pause(ctx, node, time.Now().Add(drainPause)); err != nil &&
 		ctx.Err() == nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
 		h.log.Debug("cannot renew the pause of a queue being drained", "node", node, "err", err)
 	}
@@ -1310,7 +1301,7 @@ func (h *handOver) catchUp(ctx context.Context, routes map[string]kvbinding.Bind
 		h.log.Debug("hand-over catch-up: spans known from their staging, spans read from the ingress", "staged", len(byGroup), "read", lo != 0,
 			"from_seq", lo, "until_seq", hi)
 	}
-	stream, err := h.js.Stream(ctx, QueueStream)
+	stream, err := h.io.queue(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -1505,8 +1496,8 @@ func (h *handOver) pinnedCheckpoints(ctx context.Context, routes map[string]kvbi
 // Its consumer would process it behind what this node routes next, so it
 // is moved here now, as the drain moves (waiting while that consumer holds
 // it unacked), before the group's next message is routed.
-func (h *handOver) takeLateCopy(ctx context.Context, stream jetstream.Stream, group string, route kvbinding.Binding, sent *nats.Msg, seq uint64) error {
-	m, err := stream.GetMsg(ctx, seq)
+func (h *handOver) takeLateCopy(ctx context.Context, stream msgStore, group string, route kvbinding.Binding, sent *nats.Msg, seq uint64) error {
+	m, err := stream.get(ctx, seq)
 	if isGone(err) {
 		return nil // acked (or moved) already
 	}
@@ -1570,9 +1561,7 @@ func (h *handOver) readIngress(ctx context.Context, lo, hi uint64, fn func(seq u
 			// consumer: nats.go's default retries for ever, without a
 			// context, and so never returns once the connection is closed.
 			// This loop retries, and ends with ctx.
-			cons, err = h.js.OrderedConsumer(ctx, IngressStream, jetstream.OrderedConsumerConfig{
-				DeliverPolicy: jetstream.DeliverByStartSequencePolicy, OptStartSeq: next, MaxResetAttempts: 1,
-			})
+			cons, err = h.io.ingress(ctx, next)
 			if err != nil {
 				if ctx.Err() != nil || attempt >= 20 {
 					return err
@@ -1654,11 +1643,11 @@ func (h *handOver) readIngress(ctx context.Context, lo, hi uint64, fn func(seq u
 // deposed one that never stored the span would say it ended, which ends
 // the read as it did before this check.
 func (h *handOver) ingressEndsBefore(ctx context.Context, next, hi uint64) (bool, error) {
-	st, err := h.side(ctx, IngressStream)
+	st, err := h.io.side(ctx, IngressStream)
 	if err != nil {
 		return false, err
 	}
-	m, err := st.GetMsg(ctx, next, jetstream.WithGetMsgSubject(">"))
+	m, err := st.next(ctx, next, ">")
 	if errors.Is(err, jetstream.ErrMsgNotFound) {
 		return true, nil
 	}
@@ -1682,7 +1671,7 @@ func (h *handOver) publishSync(ctx context.Context, m *nats.Msg, still func() bo
 			return nil, errSuperseded
 		}
 		pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		ack, err := h.js.PublishMsg(pctx, m)
+		ack, err := h.io.publish(pctx, m)
 		cancel()
 		if err == nil {
 			if ack.Stream == QueueStream {

@@ -278,7 +278,7 @@ func TestScanQueuesFindsTheGroupsAmongMany(t *testing.T) {
 		t.Fatal(err)
 	}
 	byNode := map[string]map[string]bool{"n9": {"g3": true, "g5": true}, "n7": {"g3": true}}
-	found, err := r.ho.scanQueues(ctx, stream, byNode, map[string]kvbinding.Binding{}, 0)
+	found, err := r.ho.scanQueues(ctx, jsStore{stream}, byNode, map[string]kvbinding.Binding{}, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -298,7 +298,7 @@ func TestScanQueuesFindsTheGroupsAmongMany(t *testing.T) {
 		t.Errorf("found groups %d, want 2", len(found))
 	}
 	for _, n := range []int{1, 7, 64, 1000} {
-		msgs, err := walkSubject(ctx, stream, QueueSubjectPrefix+"n9.>", 1, 300, n)
+		msgs, err := walkSubject(ctx, jsStore{stream}, QueueSubjectPrefix+"n9.>", 1, 300, n)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -1022,17 +1022,17 @@ func TestAMoverThatMayHaveLapsedDeletesNothing(t *testing.T) {
 	}
 	route, _ := r.cache.Lookup("g")
 	q := queued{msg: orig, from: "n9", ingressSeq: 9, group: "g"}
-	if err := r.ho.deleteOriginal(ctx, st, q, kvbinding.Binding{Group: "g", Revision: route.Revision - 1}); !errors.Is(err, errSuperseded) {
+	if err := r.ho.deleteOriginal(ctx, jsStore{st}, q, kvbinding.Binding{Group: "g", Revision: route.Revision - 1}); !errors.Is(err, errSuperseded) {
 		t.Errorf("deleteOriginal under a past revision: %v, want errSuperseded", err)
 	}
 	r.eng.lapse.aliveUntil = time.Now().Add(-time.Second)
-	if err := r.ho.deleteOriginal(ctx, st, q, route); !errors.Is(err, errFencedNow) {
+	if err := r.ho.deleteOriginal(ctx, jsStore{st}, q, route); !errors.Is(err, errFencedNow) {
 		t.Errorf("deleteOriginal while fenced: %v, want errFencedNow", err)
 	}
-	if err := r.ho.unstage(ctx, st, s, s.copies[1].at, 1); !errors.Is(err, errFencedNow) {
+	if err := r.ho.unstage(ctx, jsStore{st}, s, s.copies[1].at, 1); !errors.Is(err, errFencedNow) {
 		t.Errorf("unstage while fenced: %v, want errFencedNow", err)
 	}
-	if err := r.ho.dropStaged(ctx, st, "g", s, 3); !errors.Is(err, errFencedNow) {
+	if err := r.ho.dropStaged(ctx, jsStore{st}, "g", s, 3); !errors.Is(err, errFencedNow) {
 		t.Errorf("dropStaged while fenced: %v, want errFencedNow", err)
 	}
 	if n := heldOn(t, js, "n1"); n != 2 {

@@ -520,7 +520,7 @@ func (r *Router) takeLaneLateCopy(ctx context.Context, group string, sent *nats.
 	if err != nil {
 		return err
 	}
-	return r.ho.takeLateCopy(ctx, stream, group, route, sent, seq)
+	return r.ho.takeLateCopy(ctx, jsStore{stream}, group, route, sent, seq)
 }
 
 // publishFailed hands the engine a publish that failed before it was sent.

@@ -38,15 +38,15 @@ type (
 	// them, each naming its lane and messages by ids (outcome).
 	inOutcomes struct{ batch []outcome }
 	// inReplied: the handler's answer to a batch of asks (err for the
-	// whole request, else a decision per ask).
+	// whole request, else a decision per ask), naming them by id.
 	inReplied struct {
-		batch []*ask
+		batch []sentAsk
 		ds    []proposals.Decision
 		err   error
 	}
 	// inAbandon: asks pulled by askBatch that were not sent (the node
 	// stops).
-	inAbandon struct{ batch []*ask }
+	inAbandon struct{ batch []sentAsk }
 	// inChanged: binding records changed, by ref.
 	inChanged struct{ refs []string }
 	// inLive: the live nodes this node counts on, with their consumers.

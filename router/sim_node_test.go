@@ -454,7 +454,7 @@ func (n *simNode) wakeAsker() {
 	})
 }
 
-func (n *simNode) sendAsks(batch []*ask) {
+func (n *simNode) sendAsks(batch []sentAsk) {
 	ps := make([]proposals.Proposal, len(batch))
 	for i, a := range batch {
 		ps[i] = a.p
@@ -497,7 +497,7 @@ func (n *simNode) markClean(ps []proposals.Proposal, then func()) {
 	})
 }
 
-func (n *simNode) sendProposals(batch []*ask, ps []proposals.Proposal) {
+func (n *simNode) sendProposals(batch []sentAsk, ps []proposals.Proposal) {
 	if n.w.tracing {
 		n.logf("asks %s", simProposals(ps))
 	}

@@ -181,7 +181,7 @@ func (h *handOver) stage(ctx context.Context, routes map[string]kvbinding.Bindin
 	if err != nil {
 		return err
 	}
-	stream, err := h.js.Stream(ctx, QueueStream)
+	stream, err := h.io.queue(ctx)
 	if err != nil {
 		return err
 	}
@@ -327,8 +327,8 @@ func (h *handOver) readIngressSpan(ctx context.Context, lo, hi uint64, fn func(s
 // ack of a duplicate of the staged copy of ingress message is, is this
 // node's staged copy of it: false when it is another node's (the old
 // node routed it) or gone (consumed, or moved by an earlier catch-up).
-func (h *handOver) ownHeld(ctx context.Context, stream jetstream.Stream, seq, is uint64) (bool, error) {
-	m, err := stream.GetMsg(ctx, seq)
+func (h *handOver) ownHeld(ctx context.Context, stream msgStore, seq, is uint64) (bool, error) {
+	m, err := stream.get(ctx, seq)
 	if isGone(err) {
 		return false, nil
 	}
@@ -354,8 +354,8 @@ func (h *handOver) needsStaging(g string, route kvbinding.Binding) bool {
 // deleted, withdrawn if it was gone meanwhile). It returns whether one
 // was moved: false when the staged copy is gone (moved before this
 // retry, or by a successor that took the group).
-func (h *handOver) moveStaged(ctx context.Context, stream jetstream.Stream, group string, route kvbinding.Binding, seq, is uint64) (bool, error) {
-	m, err := stream.GetMsg(ctx, seq)
+func (h *handOver) moveStaged(ctx context.Context, stream msgStore, group string, route kvbinding.Binding, seq, is uint64) (bool, error) {
+	m, err := stream.get(ctx, seq)
 	if isGone(err) {
 		return false, nil
 	}
@@ -370,7 +370,7 @@ func (h *handOver) moveStaged(ctx context.Context, stream jetstream.Stream, grou
 // dropStaged deletes group's staged copies below from: the drain found a
 // later message of the group on an old queue, so the old node routed
 // them (the window had lost their ids).
-func (h *handOver) dropStaged(ctx context.Context, stream jetstream.Stream, group string, s *stagedSpan, from uint64) error {
+func (h *handOver) dropStaged(ctx context.Context, stream msgStore, group string, s *stagedSpan, from uint64) error {
 	for is, c := range s.copies {
 		if is >= from {
 			continue
@@ -378,7 +378,7 @@ func (h *handOver) dropStaged(ctx context.Context, stream jetstream.Stream, grou
 		if h.fencedNow() {
 			return errFencedNow // a successor may be draining them
 		}
-		if err := stream.DeleteMsg(ctx, c.at); err != nil && !isGone(err) {
+		if err := stream.delete(ctx, c.at); err != nil && !isGone(err) {
 			return err
 		}
 		h.log.Debug("hand-over: a staged copy below the catch-up's start deleted (the drain found later messages)",
@@ -408,7 +408,7 @@ func (h *handOver) queueCopy(m *nats.Msg, at uint64) *nats.Msg {
 // lost, or the step retried), or taken by a successor that drained this
 // node's held subject, which then found the queue copy too and moved the
 // message once (moveGroup): either way the queue copy stays.
-func (h *handOver) unstage(ctx context.Context, stream jetstream.Stream, s *stagedSpan, at, is uint64) error {
+func (h *handOver) unstage(ctx context.Context, stream msgStore, s *stagedSpan, at, is uint64) error {
 	if h.fencedNow() {
 		// This node's liveness may have lapsed: a successor may be
 		// draining its held subject. The staged copy stays (the
@@ -416,7 +416,7 @@ func (h *handOver) unstage(ctx context.Context, stream jetstream.Stream, s *stag
 		// id); the step is retried once this node may act again.
 		return errFencedNow
 	}
-	if err := stream.DeleteMsg(ctx, at); err != nil && !isGone(err) {
+	if err := stream.delete(ctx, at); err != nil && !isGone(err) {
 		return err
 	}
 	h.duties.mu.Lock()
