@@ -650,13 +650,24 @@ func (h *handOver) moveFound(ctx context.Context, stream msgStore, byNode map[st
 			h.warn.lapsed.Warn(g, "messages", plan.lapsed, "revision", route.Revision)
 		}
 		work.Go(func() error {
-			n, err := h.moveGroup(wctx, stream, todo, route)
+			n, through, err := h.moveGroup(wctx, stream, todo, route)
 			mu.Lock()
 			moved[g] = n
 			mu.Unlock()
 			if err == nil && len(found) > 0 {
+				through = found[len(found)-1].ingressSeq
+			}
+			// Also when the move failed part of the way: what it copied is
+			// on this node's queue, and the step's retry does not find its
+			// originals any more (deleted), so only this says that the
+			// catch-up must not route them again (the hand-over world, seed
+			// 372: a delete whose reply was lost failed the step, the
+			// retry's drain found nothing, and the catch-up stored 5..7
+			// again behind their copies once a server restart had lost the
+			// queue stream's duplicate window).
+			if through > 0 {
 				h.duties.mu.Lock()
-				h.duties.movedThrough[g] = max(h.duties.movedThrough[g], found[len(found)-1].ingressSeq)
+				h.duties.movedThrough[g] = max(h.duties.movedThrough[g], through)
 				h.duties.mu.Unlock()
 			}
 			return err
@@ -1025,17 +1036,16 @@ const firstLeaderWithin = 5 * time.Second
 // the group (its record current, its liveness sure: not fenced): a stale
 // mover that resumes leaves what it copied to the successor, which finds
 // both and moves the message once.
-func (h *handOver) moveGroup(ctx context.Context, stream msgStore, found []queued, route kvbinding.Binding) (int, error) {
+func (h *handOver) moveGroup(ctx context.Context, stream msgStore, found []queued, route kvbinding.Binding) (moved int, through uint64, err error) {
 	epochHdr := []string{strconv.FormatUint(route.Epoch, 10)}
 	later := make(map[uint64]bool, len(found))
 	for _, q := range found {
 		later[q.msg.Sequence] = true
 	}
 	copies := map[uint64]uint64{} // ingress sequence -> the copy this call stored
-	moved := 0
 	for _, q := range found {
 		if !h.current(q.group, route.Revision) {
-			return moved, errSuperseded
+			return moved, through, errSuperseded
 		}
 		copySeq, twice := copies[q.ingressSeq]
 		if !twice {
@@ -1055,42 +1065,43 @@ func (h *handOver) moveGroup(ctx context.Context, stream msgStore, found []queue
 			out.Header[HeaderEpoch] = epochHdr
 			ack, err := h.publishSync(ctx, out, func() bool { return h.current(q.group, route.Revision) })
 			if err != nil {
-				return moved, err
+				return moved, through, err
 			}
 			copySeq = ack.Sequence
 			if ack.Duplicate && later[copySeq] {
 				// Another mover's copy, found too: moved in its turn.
 				if err := h.deleteOriginal(ctx, stream, q, route); err != nil && !isGone(err) {
-					return moved, err
+					return moved, through, err
 				}
 				continue
 			}
 			if ack.Duplicate {
 				mine, err := h.otherCopy(ctx, stream, q, route, out, copySeq)
 				if err != nil {
-					return moved, err
+					return moved, through, err
 				}
 				if !mine {
 					if err := h.deleteOriginal(ctx, stream, q, route); err != nil && !isGone(err) {
-						return moved, err
+						return moved, through, err
 					}
 					continue
 				}
 			}
 			copies[q.ingressSeq] = copySeq
+			through = q.ingressSeq // its copy is on this node's queue
 		}
 		if err := h.deleteOriginal(ctx, stream, q, route); err != nil {
 			if !isGone(err) {
-				return moved, err
+				return moved, through, err
 			}
 			// The old consumer acked the original after all (a lapsed
 			// message: it came back after its ack wait): the copy would
 			// deliver the message twice. Take the copy back.
 			if err := h.mayDelete(q.group, route); err != nil {
-				return moved, err
+				return moved, through, err
 			}
 			if err := stream.delete(ctx, copySeq); err != nil && !isGone(err) {
-				return moved, err
+				return moved, through, err
 			}
 			h.log.Info("a moved message was acked on its old queue meanwhile; its copy was withdrawn",
 				"group", q.group, "ingress_seq", q.ingressSeq, "from", q.from, "queue_seq", q.msg.Sequence, "held", q.held, "copy_seq", copySeq)
@@ -1101,7 +1112,7 @@ func (h *handOver) moveGroup(ctx context.Context, stream msgStore, found []queue
 			progressOf(ctx).add(1)
 		}
 	}
-	return moved, nil
+	return moved, through, nil
 }
 
 // otherCopy handles a copy of q's original that a move found stored
@@ -1261,7 +1272,6 @@ func (h *handOver) catchUp(ctx context.Context, routes map[string]kvbinding.Bind
 	for g, s := range spans {
 		s.from, s.until = catchUpSpan(routes[g], s.until, h.duties.movedThrough[g], max(h.duties.caught[g], lost[g]))
 		spans[g] = s
-		delete(h.duties.movedThrough, g)
 		if st := h.duties.staged[g]; st != nil && st.epoch == routes[g].Epoch {
 			staged[g] = st
 		}
@@ -1368,8 +1378,21 @@ func (h *handOver) catchUp(ctx context.Context, routes map[string]kvbinding.Bind
 	work, wctx := errgroup.WithContext(ctx)
 	work.SetLimit(128)
 	for g, steps := range byGroup {
-		work.Go(func() error {
+		work.Go(func() (err error) {
 			n := 0
+			// through: the last of the group's messages stored, in order.
+			// Kept when the step fails part of the way (as caught, which
+			// the step's retry starts after): what it stored is on the
+			// queue, and once consumed, only the duplicate window would
+			// drop it, which a server restart loses.
+			var through uint64
+			defer func() {
+				if err != nil && through > 0 {
+					h.duties.mu.Lock()
+					h.duties.caught[g] = max(h.duties.caught[g], through)
+					h.duties.mu.Unlock()
+				}
+			}()
 			// A staged copy is deleted once its queue copy is stored, beside
 			// the next publishes (unstage).
 			unstaging, uctx := errgroup.WithContext(wctx)
@@ -1387,6 +1410,7 @@ func (h *handOver) catchUp(ctx context.Context, routes map[string]kvbinding.Bind
 					h.duties.mu.Lock()
 					delete(staged[g].copies, st.seq)
 					h.duties.mu.Unlock()
+					through = st.seq
 					if moved {
 						n++
 					}
@@ -1396,6 +1420,7 @@ func (h *handOver) catchUp(ctx context.Context, routes map[string]kvbinding.Bind
 					if _, err := h.publishSync(wctx, h.queueCopy(st.staged.msg, st.staged.at), func() bool { return h.current(g, routes[g].Revision) }); err != nil {
 						return err
 					}
+					through = st.seq
 					unstaging.Go(func() error { return h.unstage(uctx, stream, staged[g], st.staged.at, st.seq) })
 					n++
 					progressOf(ctx).add(1)
@@ -1411,6 +1436,7 @@ func (h *handOver) catchUp(ctx context.Context, routes map[string]kvbinding.Bind
 						return err
 					}
 				}
+				through = st.seq
 				n++
 				progressOf(ctx).add(1)
 			}
@@ -1431,6 +1457,13 @@ func (h *handOver) catchUp(ctx context.Context, routes map[string]kvbinding.Bind
 		if s.until > 0 {
 			h.duties.caught[g] = max(h.duties.caught[g], s.until-1)
 		}
+		// Forgotten once the catch-up is done, not before: a retry of a
+		// catch-up that failed starts after it too (the hand-over world,
+		// seed 1388: the retry started again at the record's FromSeq and
+		// stored a second time, behind their copies, messages the drain
+		// had moved, once a server restart had lost the queue stream's
+		// duplicate window).
+		delete(h.duties.movedThrough, g)
 	}
 	h.duties.mu.Unlock()
 	return caught, nil
@@ -1523,7 +1556,7 @@ func (h *handOver) takeLateCopy(ctx context.Context, stream msgStore, group stri
 		// its turn.
 		h.log.Debug("hand-over catch-up: a staged copy found by its id, moved onto the queue", "group", logagg.Short(group),
 			"ingress_seq", is, "queue_seq", seq)
-		_, err := h.moveGroup(ctx, stream, []queued{{msg: m, from: from, ingressSeq: is, group: group, held: true}}, route)
+		_, _, err := h.moveGroup(ctx, stream, []queued{{msg: m, from: from, ingressSeq: is, group: group, held: true}}, route)
 		return err
 	}
 	h.warn.late.Warn(group, "ingress_seq", is, "queue_seq", seq, "from", from, "held", held, "revision", route.Revision)

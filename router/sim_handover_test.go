@@ -433,11 +433,14 @@ func (d *simDrain) await() {
 					n.logf("drain: moving %d messages of %q its old consumer was delivered: it made no progress for its ack wait", plan.lapsed, g)
 				}
 				running++
-				n.moveGroup(g, todo, d.routes[g], canceled, func(moved int, err error) {
+				n.moveGroup(g, todo, d.routes[g], canceled, func(moved int, through uint64, err error) {
 					running--
 					d.moved[g] = moved
 					if err == nil && len(found) > 0 {
-						n.movedThrough[g] = found[len(found)-1].e.seq
+						through = found[len(found)-1].e.seq
+					}
+					if through > 0 { // also when the move failed part of the way (handOver.moveFound)
+						n.movedThrough[g] = max(n.movedThrough[g], through)
 					}
 					if err != nil && d.err == nil {
 						d.err = err
@@ -466,7 +469,7 @@ func simTime(d time.Duration) time.Time { return time.Unix(0, 0).Add(d) }
 // one found (moved in its turn), this node's own, or another node's,
 // gone (consumed) or moved here first (takeLateCopy, without its wait
 // for that queue's consumer).
-func (n *simNode) moveGroup(group string, found []simFound, route kvbinding.Binding, canceled func() bool, done func(int, error)) {
+func (n *simNode) moveGroup(group string, found []simFound, route kvbinding.Binding, canceled func() bool, done func(moved int, through uint64, err error)) {
 	w := n.w
 	later := map[uint64]bool{}
 	for _, f := range found {
@@ -474,6 +477,7 @@ func (n *simNode) moveGroup(group string, found []simFound, route kvbinding.Bind
 	}
 	copies := map[uint64]uint64{} // ingress sequence -> this call's copy
 	moved, i := 0, 0
+	var through uint64 // the last ingress sequence whose copy is on this node's queue (handOver.moveGroup)
 	// mayDelete: nil when this node may delete a message it moves now.
 	mayDelete := func() error {
 		if n.eng.fenced(w.now()) {
@@ -489,7 +493,7 @@ func (n *simNode) moveGroup(group string, found []simFound, route kvbinding.Bind
 	// was gone already.
 	deleteOriginal := func(f simFound, then func(gone bool)) {
 		if err := mayDelete(); err != nil {
-			done(moved, err)
+			done(moved, through, err)
 			return
 		}
 		fail := w.chance(w.p.pOpFail)
@@ -504,7 +508,7 @@ func (n *simNode) moveGroup(group string, found []simFound, route kvbinding.Bind
 					return
 				}
 				if fail {
-					done(moved, fmt.Errorf("delete: %w", errSimOp))
+					done(moved, through, fmt.Errorf("delete: %w", errSimOp))
 					return
 				}
 				then(gone)
@@ -516,15 +520,15 @@ func (n *simNode) moveGroup(group string, found []simFound, route kvbinding.Bind
 			return
 		}
 		if canceled() {
-			done(moved, errSimCancel)
+			done(moved, through, errSimCancel)
 			return
 		}
 		if i == len(found) {
-			done(moved, nil)
+			done(moved, through, nil)
 			return
 		}
 		if r, _ := n.cache.Lookup(group); r.Revision != route.Revision {
-			done(moved, errSimSuperseded)
+			done(moved, through, errSimSuperseded)
 			return
 		}
 		f := found[i]
@@ -540,7 +544,7 @@ func (n *simNode) moveGroup(group string, found []simFound, route kvbinding.Bind
 				}
 				// Acked on the old queue meanwhile: take the copy back.
 				if err := mayDelete(); err != nil {
-					done(moved, err)
+					done(moved, through, err)
 					return
 				}
 				n.logf("drain: seq %d of %q was acked on %s meanwhile; withdrawing its copy", f.e.seq, group, f.from)
@@ -561,7 +565,7 @@ func (n *simNode) moveGroup(group string, found []simFound, route kvbinding.Bind
 			lapsedMove: f.lapsed, epoch: route.Epoch}
 		n.publishSync(p, canceled, func(copySeq uint64, err error) {
 			if err != nil {
-				done(moved, err)
+				done(moved, through, err)
 				return
 			}
 			c := w.q.all[copySeq-1]
@@ -571,6 +575,7 @@ func (n *simNode) moveGroup(group string, found []simFound, route kvbinding.Bind
 				deleteOriginal(f, func(bool) { next() })
 			case c.node == n.id:
 				copies[f.e.seq] = copySeq
+				through = f.e.seq
 				finish(copySeq, true)
 			case c.removed:
 				n.logf("drain: seq %d of %q was copied by an earlier mover, whose copy was consumed", f.e.seq, group)
@@ -579,7 +584,7 @@ func (n *simNode) moveGroup(group string, found []simFound, route kvbinding.Bind
 				// takeLateCopy: the copy landed after the scan; not by a
 				// stale mover.
 				if err := mayDelete(); err != nil {
-					done(moved, err)
+					done(moved, through, err)
 					return
 				}
 				from, held := c.node, false
@@ -587,9 +592,9 @@ func (n *simNode) moveGroup(group string, found []simFound, route kvbinding.Bind
 					from, held = owner, true
 				}
 				n.logf("drain: seq %d of %q has a late copy %v: moved here first", f.e.seq, group, c)
-				n.moveGroup(group, []simFound{{e: c, from: from, held: held}}, route, canceled, func(_ int, err error) {
+				n.moveGroup(group, []simFound{{e: c, from: from, held: held}}, route, canceled, func(_ int, _ uint64, err error) {
 					if err != nil {
-						done(moved, err)
+						done(moved, through, err)
 						return
 					}
 					deleteOriginal(f, func(bool) { next() })
@@ -627,8 +632,17 @@ func (n *simNode) catchUp(routes map[string]kvbinding.Binding, done func(map[str
 
 // catchUpFrom is the rest of catchUp: the staged copies are moved, the
 // others routed from the ingress.
-func (n *simNode) catchUpFrom(routes map[string]kvbinding.Binding, done func(map[string]int, error)) {
+func (n *simNode) catchUpFrom(routes map[string]kvbinding.Binding, finish func(map[string]int, error)) {
 	w := n.w
+	// movedThrough is forgotten once the catch-up is done (handOver.catchUp).
+	done := func(caught map[string]int, err error) {
+		if err == nil {
+			for g := range routes {
+				delete(n.movedThrough, g)
+			}
+		}
+		finish(caught, err)
+	}
 	type span struct{ from, until uint64 }
 	spans := map[string]span{}
 	moves := map[string][]*simEntry{}
@@ -636,7 +650,6 @@ func (n *simNode) catchUpFrom(routes map[string]kvbinding.Binding, done func(map
 		var s span
 		// The sim's node keeps no catch-up progress of its own (caught).
 		s.from, s.until = catchUpSpan(routes[g], n.eng.takeoverFrom(g), n.movedThrough[g], 0)
-		delete(n.movedThrough, g)
 		if st := n.stagedOf(g, routes[g].Epoch); st != nil && st.copies != nil {
 			// Its staging knows the whole span (dropStaged for what lies
 			// below its start).
@@ -747,7 +760,7 @@ func (n *simNode) catchUpFrom(routes map[string]kvbinding.Binding, done func(map
 						// not remember) is moved onto the queue now.
 						if c := w.q.all[sseq-1]; c.node == simHeld(n.id) && !c.removed && c.seq == p.seq {
 							n.logf("catch-up: seq %d of %q has a staged copy %v: moved onto the queue", p.seq, g, c)
-							n.moveGroup(g, []simFound{{e: c, from: n.id, held: true}}, routes[g], canceled, func(_ int, err error) {
+							n.moveGroup(g, []simFound{{e: c, from: n.id, held: true}}, routes[g], canceled, func(_ int, _ uint64, err error) {
 								if err != nil {
 									if failed == nil {
 										failed = err

@@ -792,7 +792,7 @@ func (n *simNode) publish(a action) {
 			if c := n.w.q.all[sseq-1]; ok && route.PrevNode != "" && route.PrevNode != n.id && route.Node == n.id &&
 				route.Epoch == p.epoch && c.node == simHeld(n.id) && !c.removed && c.seq == m.seq {
 				n.logf("lane: seq %d of %q has a staged copy %v: moved onto the queue", m.seq, group, c)
-				n.moveGroup(group, []simFound{{e: c, from: n.id, held: true}}, route, func() bool { return false }, func(_ int, err error) {
+				n.moveGroup(group, []simFound{{e: c, from: n.id, held: true}}, route, func() bool { return false }, func(_ int, _ uint64, err error) {
 					o.err = err
 					n.step(inOutcomes{batch: []outcome{o}})
 				})

@@ -363,7 +363,7 @@ func (h *handOver) moveStaged(ctx context.Context, stream msgStore, group string
 		return false, err
 	}
 	q := queued{msg: m, from: h.node, ingressSeq: is, group: group, held: true}
-	n, err := h.moveGroup(ctx, stream, []queued{q}, route)
+	n, _, err := h.moveGroup(ctx, stream, []queued{q}, route)
 	return n > 0, err
 }
 
