@@ -695,6 +695,10 @@ func (h *handOver) pausedView(ctx context.Context, node string) (consumerView, b
 	return consumerView{}.observe(read, time.Now()), true
 }
 
+// scanAttempts is how many times a scan reads one message before the
+// scan fails.
+const scanAttempts = 4
+
 // scanWalkers bounds the walks of one old queue that run at once; each
 // walks a range of the queue stream's sequences (scanPerWalker messages of
 // the node's at least, as the stream info counted them).
@@ -834,14 +838,27 @@ func walkSubject(ctx context.Context, stream msgStore, filter string, first, las
 			hi = last
 		}
 		walks.Go(func() error {
-			for seq := lo; seq <= hi; {
+			for seq, attempt := lo, 1; seq <= hi; {
 				m, err := stream.next(wctx, seq, filter)
 				if isGone(err) {
 					return nil
 				}
+				if err != nil && attempt < scanAttempts && wctx.Err() == nil {
+					// One read of many failed (a timeout, a leader
+					// changing): read it again after a pause rather than
+					// fail the whole step, whose retry scans again from the
+					// start: a large queue's scan, thousands of reads, would
+					// then seldom finish while reads fail now and then.
+					if err := natsretry.Sleep(wctx, backoffBase*time.Duration(attempt)); err != nil {
+						return err
+					}
+					attempt++
+					continue
+				}
 				if err != nil {
 					return err
 				}
+				attempt = 1
 				if m.Sequence > hi {
 					return nil
 				}

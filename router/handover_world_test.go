@@ -88,6 +88,14 @@ func (w *hoWorld) fail() bool {
 	return false
 }
 
+// enter starts a call: its latency passes, then it takes w.mu (the
+// caller unlocks) and draws whether the call fails.
+func (w *hoWorld) enter() bool {
+	w.hop()
+	w.mu.Lock()
+	return w.fail()
+}
+
 // hop is the latency of one call.
 func (w *hoWorld) hop() {
 	w.mu.Lock()
@@ -110,10 +118,9 @@ type hoQueue struct{ w *hoWorld }
 
 func (q hoQueue) get(ctx context.Context, seq uint64) (*jetstream.RawStreamMsg, error) {
 	w := q.w
-	w.hop()
-	w.mu.Lock()
+	failed := w.enter()
 	defer w.mu.Unlock()
-	if w.fail() {
+	if failed {
 		return nil, errInjected
 	}
 	if seq == 0 || seq > uint64(len(w.queue)) || w.queue[seq-1].deleted {
@@ -124,10 +131,9 @@ func (q hoQueue) get(ctx context.Context, seq uint64) (*jetstream.RawStreamMsg, 
 
 func (q hoQueue) next(ctx context.Context, seq uint64, filter string) (*jetstream.RawStreamMsg, error) {
 	w := q.w
-	w.hop()
-	w.mu.Lock()
+	failed := w.enter()
 	defer w.mu.Unlock()
-	if w.fail() {
+	if failed {
 		return nil, errInjected
 	}
 	for i := max(seq, 1); i <= uint64(len(w.queue)); i++ {
@@ -140,10 +146,9 @@ func (q hoQueue) next(ctx context.Context, seq uint64, filter string) (*jetstrea
 
 func (q hoQueue) state(ctx context.Context, filter string) (jetstream.StreamState, error) {
 	w := q.w
-	w.hop()
-	w.mu.Lock()
+	failed := w.enter()
 	defer w.mu.Unlock()
-	if w.fail() {
+	if failed {
 		return jetstream.StreamState{}, errInjected
 	}
 	st := jetstream.StreamState{Subjects: map[string]uint64{}}
@@ -165,10 +170,9 @@ func (q hoQueue) state(ctx context.Context, filter string) (jetstream.StreamStat
 
 func (q hoQueue) delete(ctx context.Context, seq uint64) error {
 	w := q.w
-	w.hop()
-	w.mu.Lock()
+	failed := w.enter()
 	defer w.mu.Unlock()
-	if w.fail() {
+	if failed {
 		return errInjected
 	}
 	if seq == 0 || seq > uint64(len(w.queue)) || w.queue[seq-1].deleted {
@@ -190,10 +194,9 @@ func (s hoIngress) get(ctx context.Context, seq uint64) (*jetstream.RawStreamMsg
 
 func (s hoIngress) next(ctx context.Context, seq uint64, filter string) (*jetstream.RawStreamMsg, error) {
 	w := s.w
-	w.hop()
-	w.mu.Lock()
+	failed := w.enter()
 	defer w.mu.Unlock()
-	if w.fail() {
+	if failed {
 		return nil, errInjected
 	}
 	if seq == 0 || seq > uint64(len(w.ingress)) {
@@ -218,10 +221,9 @@ type hoReader struct {
 
 func (r *hoReader) Fetch(n int, _ ...jetstream.FetchOpt) (jetstream.MessageBatch, error) {
 	w := r.w
-	w.hop()
-	w.mu.Lock()
+	failed := w.enter()
 	defer w.mu.Unlock()
-	if w.fail() {
+	if failed {
 		return nil, errInjected
 	}
 	b := &hoBatch{ch: make(chan jetstream.Msg, n)}
@@ -257,10 +259,9 @@ func (m *hoMsg) Reply() string        { return "" }
 func (w *hoWorld) io() queueIO {
 	return queueIO{
 		publish: func(ctx context.Context, m *nats.Msg) (*jetstream.PubAck, error) {
-			w.hop()
-			w.mu.Lock()
+			failed := w.enter()
 			defer w.mu.Unlock()
-			if w.fail() {
+			if failed {
 				return nil, errInjected
 			}
 			id := m.Header.Get(jetstream.MsgIDHeader)
@@ -274,10 +275,9 @@ func (w *hoWorld) io() queueIO {
 			return &jetstream.PubAck{Stream: QueueStream, Sequence: seq}, nil
 		},
 		pause: func(ctx context.Context, node string, until time.Time) error {
-			w.hop()
-			w.mu.Lock()
+			failed := w.enter()
 			defer w.mu.Unlock()
-			if w.fail() {
+			if failed {
 				return errInjected
 			}
 			if c := w.cons[node]; c != nil {
@@ -286,10 +286,9 @@ func (w *hoWorld) io() queueIO {
 			return nil
 		},
 		consumer: func(ctx context.Context, node string) (*jetstream.ConsumerInfo, error) {
-			w.hop()
-			w.mu.Lock()
+			failed := w.enter()
 			defer w.mu.Unlock()
-			if w.fail() {
+			if failed {
 				return nil, errInjected
 			}
 			c := w.cons[node]
@@ -304,10 +303,9 @@ func (w *hoWorld) io() queueIO {
 				Paused: left > 0, PauseRemaining: left}, nil
 		},
 		ingress: func(ctx context.Context, seq uint64) (jetstream.Consumer, error) {
-			w.hop()
-			w.mu.Lock()
+			failed := w.enter()
 			defer w.mu.Unlock()
-			if w.fail() {
+			if failed {
 				return nil, errInjected
 			}
 			return &hoReader{w: w, next: seq}, nil
@@ -367,7 +365,10 @@ func (w *hoWorld) consume(ctx context.Context, c *hoConsumer) {
 // hoRun is one seed of the world; it returns what went wrong.
 func hoRun(seed uint64) (problems []string, fails, excused int) {
 	rnd := rand.New(rand.NewPCG(seed, 0x9e3779b97f4a7c15))
-	w := &hoWorld{rnd: rnd, pFail: []float64{0, 0.003, 0.01, 0.03}[rnd.IntN(4)], ids: map[string]uint64{}, cons: map[string]*hoConsumer{}}
+	w := &hoWorld{rnd: rnd, pFail: []float64{0, 0.003, 0.01, 0.03, 0.1}[rnd.IntN(5)], ids: map[string]uint64{}, cons: map[string]*hoConsumer{}}
+	if p, err := strconv.ParseFloat(os.Getenv("GROUPROUTER_HO_FAIL"), 64); err == nil {
+		w.pFail = p // every call fails at this rate instead
+	}
 	const group = "g"
 	n := rnd.IntN(60) + 1
 	k := rnd.IntN(n + 1) // routed by n9 before the move
@@ -453,12 +454,10 @@ func hoRun(seed uint64) (problems []string, fails, excused int) {
 	// record write can) and writes the next record, whose step it hands.
 	h.step = func(in input) {}
 	h.propose = func(ctx context.Context, ps []proposals.Proposal) ([]proposals.Decision, error) {
-		w.hop()
+		failed := w.enter()
+		w.mu.Unlock()
 		hmu.Lock()
 		defer hmu.Unlock()
-		w.mu.Lock()
-		failed := w.fail()
-		w.mu.Unlock()
 		if failed {
 			return nil, errInjected
 		}
@@ -495,6 +494,24 @@ func hoRun(seed uint64) (problems []string, fails, excused int) {
 	w.mu.Unlock()
 	apply(kvbinding.Binding{State: kvbinding.StateBound, Node: "n1", PrevNode: "n9", Step: kvbinding.StepDrain, Drain: []string{"n9"}, FromSeq: from})
 	runCtx, stopRun := context.WithCancel(ctx)
+	// The handler renews the pause while the record says the group is
+	// drained from n9 (proposals.Handler keeps the queues of drain
+	// records paused).
+	bg.Go(func() {
+		for {
+			select {
+			case <-runCtx.Done():
+				return
+			case <-time.After(drainPause / 3):
+			}
+			if b, _ := cache.Lookup(group); b.Step != kvbinding.StepDrain {
+				return
+			}
+			w.mu.Lock()
+			w.cons["n9"].pausedUntil = time.Now().Add(drainPause)
+			w.mu.Unlock()
+		}
+	})
 	bg.Go(func() { h.run(runCtx) })
 	h.duties.add(group, proposals.DutyDrain, rev)
 	select {
@@ -565,7 +582,8 @@ func hoRun(seed uint64) (problems []string, fails, excused int) {
 
 // TestHandOverWorld runs the real hand-over shell over many seeds of the
 // hand-over world (GROUPROUTER_HO_SEEDS, default 300; GROUPROUTER_HO_SEED
-// runs one, with GROUPROUTER_HO_LOG=1 for the shell's log). A seed fixes
+// runs one, with GROUPROUTER_HO_LOG=1 for the shell's log;
+// GROUPROUTER_HO_FAIL sets the rate at which every call fails). A seed fixes
 // the world and the virtual clock, not the order in which goroutines
 // runnable at the same instant draw their faults: a replay may take
 // another path, so replay a failing seed in a loop (go test -c, then run
