@@ -1398,13 +1398,17 @@ func (h *handOver) catchUp(ctx context.Context, routes map[string]kvbinding.Bind
 		work.Go(func() (err error) {
 			n := 0
 			// through: the last of the group's messages stored, in order.
-			// Kept when the step fails part of the way (as caught, which
-			// the step's retry starts after): what it stored is on the
-			// queue, and once consumed, only the duplicate window would
-			// drop it, which a server restart loses.
+			// Kept as the group's part ends (as caught, which the step's
+			// retry starts after), whether it failed or not: the step
+			// fails when any group's part does, and what this group
+			// stored is on the queue, where, once consumed, only the
+			// duplicate window would drop it again, which a server restart
+			// loses (the hand-over world, seed 234: a group's part done,
+			// another's failed, and the retry stored the first's message 1
+			// again behind its 11).
 			var through uint64
 			defer func() {
-				if err != nil && through > 0 {
+				if through > 0 {
 					h.duties.mu.Lock()
 					h.duties.caught[g] = max(h.duties.caught[g], through)
 					h.duties.mu.Unlock()

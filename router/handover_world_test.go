@@ -32,13 +32,13 @@ import (
 // working runs for real (issue 33); the simulation's own hand-over
 // (sim_handover_test.go) still restates this one.
 //
-// One seed: node n9 routed the first k of a group's n ingress messages
-// onto its queue, whose consumer processes them meanwhile; the handler
-// (played by propose) pauses n9's queue and hands the group to n1 (a
-// drain, then a catch-up). Every stand-in call fails now and then, before
+// One seed: node n9 routed the first k of n ingress messages, of one to
+// three groups, onto its queue, whose consumer processes them meanwhile;
+// the handler (played by propose) pauses n9's queue and hands the groups
+// to n1 at once, as an evacuation does (a drain, then a catch-up, each). Every stand-in call fails now and then, before
 // or after it took effect (a lost reply). Checked: every ingress message
 // is processed by n9's consumer or stored on n1's queue, never both and
-// never twice, and n1's queue holds them in ingress order.
+// never twice, and n1's queue holds each group's in ingress order.
 
 // hoWorld is the streams and consumers the hand-over works on.
 type hoWorld struct {
@@ -369,7 +369,7 @@ func hoRun(seed uint64) (problems []string, fails, excused int) {
 	if p, err := strconv.ParseFloat(os.Getenv("GROUPROUTER_HO_FAIL"), 64); err == nil {
 		w.pFail = p // every call fails at this rate instead
 	}
-	const group = "g"
+	groups := []string{"g0", "g1", "g2"}[:rnd.IntN(3)+1]
 	n := rnd.IntN(60) + 1
 	k := rnd.IntN(n + 1) // routed by n9 before the move
 	// The record's FromSeq: k+1 for a fence (n9 routed up to it), lower for
@@ -382,8 +382,10 @@ func hoRun(seed uint64) (problems []string, fails, excused int) {
 	loseWindow := rnd.IntN(2) == 0
 	lossAt := time.Duration(rnd.IntN(300)) * time.Millisecond
 	moveAt := time.Duration(rnd.IntN(20)) * time.Millisecond
+	groupOf := make([]string, n+1) // by ingress sequence
 	for seq := 1; seq <= n; seq++ {
-		w.ingress = append(w.ingress, &nats.Msg{Subject: "jms.x", Header: nats.Header{DefaultGroupHeader: {group}}, Data: []byte(strconv.Itoa(seq))})
+		groupOf[seq] = groups[rnd.IntN(len(groups))]
+		w.ingress = append(w.ingress, &nats.Msg{Subject: "jms.x", Header: nats.Header{DefaultGroupHeader: {groupOf[seq]}}, Data: []byte(strconv.Itoa(seq))})
 	}
 	for seq := 1; seq <= k; seq++ {
 		m := w.ingress[seq-1]
@@ -423,11 +425,12 @@ func hoRun(seed uint64) (problems []string, fails, excused int) {
 	cache := kvbinding.NewCache(kvbinding.CacheConfig{})
 	settled := make(chan struct{})
 	var reports []string
-	drained := -1 // the drain's report's count
+	drained := map[string]int{} // per group, its drain's report's count
 	var hmu sync.Mutex
-	rev := uint64(5)
-	apply := func(b kvbinding.Binding) {
-		b.Group, b.Revision, b.Epoch = group, rev, 5
+	rev := map[string]uint64{} // per group, its record's revision
+	left := len(groups)        // groups not settled yet
+	apply := func(g string, b kvbinding.Binding) {
+		b.Group, b.Revision, b.Epoch = g, rev[g], 5
 		cache.Apply(b)
 	}
 	h := &handOver{node: "n1", groupHeader: DefaultGroupHeader, log: log, io: w.io(), duties: newDutyQueue(),
@@ -463,36 +466,42 @@ func hoRun(seed uint64) (problems []string, fails, excused int) {
 		}
 		ds := make([]proposals.Decision, len(ps))
 		for i, p := range ps {
-			ds[i] = proposals.Decision{Group: p.Group, Outcome: proposals.Refused, Revision: rev}
-			if p.Rev != rev {
+			g := p.Group
+			ds[i] = proposals.Decision{Group: g, Outcome: proposals.Refused, Revision: rev[g]}
+			if p.Rev != rev[g] {
 				continue
 			}
-			reports = append(reports, fmt.Sprintf("%s@%d:%d", p.Op, p.Rev, p.Count))
+			reports = append(reports, fmt.Sprintf("%s %s@%d:%d", g, p.Op, p.Rev, p.Count))
 			if p.Op == proposals.OpDrained {
-				drained = p.Count
+				drained[g] = p.Count
 			}
 			ds[i].Outcome = proposals.Accepted
-			rev++
-			ds[i].Revision = rev
+			rev[g]++
+			ds[i].Revision = rev[g]
 			switch p.Op {
 			case proposals.OpDrained:
-				apply(kvbinding.Binding{State: kvbinding.StateBound, Node: "n1", PrevNode: "n9", Step: kvbinding.StepCatchUp, FromSeq: from})
-				h.duties.add(group, proposals.DutyCatchUp, rev)
+				apply(g, kvbinding.Binding{State: kvbinding.StateBound, Node: "n1", PrevNode: "n9", Step: kvbinding.StepCatchUp, FromSeq: from})
+				h.duties.add(g, proposals.DutyCatchUp, rev[g])
 			case proposals.OpCaughtUp:
-				apply(kvbinding.Binding{State: kvbinding.StateBound, Node: "n1", PrevNode: "n9", FromSeq: from})
-				close(settled)
+				apply(g, kvbinding.Binding{State: kvbinding.StateBound, Node: "n1", PrevNode: "n9", FromSeq: from})
+				if left--; left == 0 {
+					close(settled)
+				}
 			}
 		}
 		return ds, nil
 	}
 
-	// The handler paused n9's queue, then wrote the record handing the
-	// group to n1.
+	// The handler paused n9's queue, then wrote the records handing the
+	// groups to n1 (an evacuation's burst).
 	time.Sleep(moveAt)
 	w.mu.Lock()
 	w.cons["n9"].pausedUntil = time.Now().Add(drainPause)
 	w.mu.Unlock()
-	apply(kvbinding.Binding{State: kvbinding.StateBound, Node: "n1", PrevNode: "n9", Step: kvbinding.StepDrain, Drain: []string{"n9"}, FromSeq: from})
+	for _, g := range groups {
+		rev[g], drained[g] = 5, -1
+		apply(g, kvbinding.Binding{State: kvbinding.StateBound, Node: "n1", PrevNode: "n9", Step: kvbinding.StepDrain, Drain: []string{"n9"}, FromSeq: from})
+	}
 	runCtx, stopRun := context.WithCancel(ctx)
 	// The handler renews the pause while the record says the group is
 	// drained from n9 (proposals.Handler keeps the queues of drain
@@ -504,7 +513,7 @@ func hoRun(seed uint64) (problems []string, fails, excused int) {
 				return
 			case <-time.After(drainPause / 3):
 			}
-			if b, _ := cache.Lookup(group); b.Step != kvbinding.StepDrain {
+			if !slices.ContainsFunc(groups, func(g string) bool { b, _ := cache.Lookup(g); return b.Step == kvbinding.StepDrain }) {
 				return
 			}
 			w.mu.Lock()
@@ -513,7 +522,9 @@ func hoRun(seed uint64) (problems []string, fails, excused int) {
 		}
 	})
 	bg.Go(func() { h.run(runCtx) })
-	h.duties.add(group, proposals.DutyDrain, rev)
+	for _, g := range groups {
+		h.duties.add(g, proposals.DutyDrain, rev[g])
+	}
 	select {
 	case <-settled:
 	case <-time.After(10 * time.Minute):
@@ -538,8 +549,16 @@ func hoRun(seed uint64) (problems []string, fails, excused int) {
 			problems = append(problems, fmt.Sprintf("n9's queue still holds %s", e.msg.Header.Get(HeaderIngressSeq)))
 		}
 	}
-	if !slices.IsSorted(onN1) {
-		problems = append(problems, fmt.Sprintf("n1's queue out of ingress order: %v", onN1))
+	for _, g := range groups {
+		var of []uint64
+		for _, is := range onN1 {
+			if groupOf[is] == g {
+				of = append(of, is)
+			}
+		}
+		if !slices.IsSorted(of) {
+			problems = append(problems, fmt.Sprintf("n1's queue holds %s out of ingress order: %v", g, of))
+		}
 	}
 	seen := map[uint64]string{}
 	for _, is := range w.cons["n9"].processed {
@@ -550,7 +569,7 @@ func hoRun(seed uint64) (problems []string, fails, excused int) {
 	}
 	excused = 0
 	for _, is := range onN1 {
-		if seen[is] == "n9" && windowLost && drained == 0 && is >= from && is <= uint64(k) {
+		if seen[is] == "n9" && windowLost && drained[groupOf[is]] == 0 && is >= from && is <= uint64(k) {
 			// The drain found nothing of the group on n9's queue (n9 had
 			// processed it all): the catch-up routes again from the
 			// record's FromSeq, and only the duplicate window, lost, would
@@ -574,14 +593,14 @@ func hoRun(seed uint64) (problems []string, fails, excused int) {
 		problems = append(problems, fmt.Sprintf("n9 processed out of ingress order: %v", w.cons["n9"].processed))
 	}
 	if len(problems) > 0 {
-		problems = append(problems, fmt.Sprintf("(n=%d, k=%d, from=%d, window lost %v, drained %d, pFail=%.2f, %d failures; n9 processed %v; n1 holds %v; reports %v)",
+		problems = append(problems, fmt.Sprintf("(n=%d, k=%d, from=%d, window lost %v, drained %v, pFail=%.2f, %d failures; n9 processed %v; n1 holds %v; reports %v)",
 			n, k, from, windowLost, drained, w.pFail, w.fails, w.cons["n9"].processed, onN1, reports))
 	}
 	return problems, w.fails, excused
 }
 
 // TestHandOverWorld runs the real hand-over shell over many seeds of the
-// hand-over world (GROUPROUTER_HO_SEEDS, default 300; GROUPROUTER_HO_SEED
+// hand-over world (GROUPROUTER_HO_SEEDS, default 1,000; GROUPROUTER_HO_SEED
 // runs one, with GROUPROUTER_HO_LOG=1 for the shell's log;
 // GROUPROUTER_HO_FAIL sets the rate at which every call fails). A seed fixes
 // the world and the virtual clock, not the order in which goroutines
@@ -590,7 +609,7 @@ func hoRun(seed uint64) (problems []string, fails, excused int) {
 // the binary until it fails), unlike the simulation's, which replays
 // exactly.
 func TestHandOverWorld(t *testing.T) {
-	first, count := uint64(1), uint64(300)
+	first, count := uint64(1), uint64(1000)
 	if s := os.Getenv("GROUPROUTER_HO_SEEDS"); s != "" {
 		v, err := strconv.ParseUint(s, 10, 64)
 		if err != nil {
