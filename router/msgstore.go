@@ -74,11 +74,13 @@ func jsQueueIO(js jetstream.JetStream, side *sideReads) queueIO {
 			return err
 		},
 		consumer: func(ctx context.Context, node string) (*jetstream.ConsumerInfo, error) {
+			// Looking the consumer up reads its info: one request, not a
+			// second (Info) for the same answer.
 			cons, err := js.Consumer(ctx, QueueStream, QueueConsumer(node))
 			if err != nil {
 				return nil, err
 			}
-			return cons.Info(ctx)
+			return cons.CachedInfo(), nil
 		},
 		ingress: func(ctx context.Context, seq uint64) (jetstream.Consumer, error) {
 			return js.OrderedConsumer(ctx, IngressStream, jetstream.OrderedConsumerConfig{
