@@ -2,6 +2,8 @@ package router
 
 import (
 	"context"
+	"maps"
+	"slices"
 	"sort"
 	"sync"
 	"time"
@@ -9,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/grouprouter/grouprouter/kvbinding"
 	"github.com/grouprouter/grouprouter/proposals"
 )
 
@@ -61,167 +64,199 @@ func (r *Router) registerMetrics(reg prometheus.Registerer) error {
 	return nil
 }
 
-// collector reads a node's counters and gauges at scrape time.
+// collector reads a node's counters and gauges at scrape time: one table,
+// each metric's description beside what a scrape reads for it, so that
+// what Describe announces and what Collect sends cannot drift apart.
 type collector struct {
-	r *Router
+	r       *Router
+	metrics []scraped
+}
 
-	info, ready, reconnects                                           *prometheus.Desc
-	routed, skipped, deadLettered, publishErrors, proposals, failures *prometheus.Desc
-	held, heldBytes, lag, full, resets, gaps, missing                 *prometheus.Desc
-	spilled, spilledBytes                                             *prometheus.Desc
-	heldBackGroups, heldBackMsgs, heldBackTotal, groupShare           *prometheus.Desc
-	batches, batchFailures, batched, batchesInFlight, maxBatch        *prometheus.Desc
-	queueRewinds, queueLost, bindingsRewinds                          *prometheus.Desc
-	queueOrphans                                                      *prometheus.Desc
-	invalid, records, unsettled                                       *prometheus.Desc
-	liveNodes, bindings, consumer, backlog                            *prometheus.Desc
+// scraped is one metric of the table.
+type scraped struct {
+	desc  *prometheus.Desc
+	kind  prometheus.ValueType
+	early bool // collected before the node is ready, too
+	read  func(s *scrape, emit func(v float64, labels ...string))
+}
+
+// scrape is what one Collect reads once and its metrics share.
+type scrape struct {
+	r      *Router
+	st     Stats
+	counts map[string]int                // bindings per node, from the cache
+	live   map[string]kvbinding.NodeInfo // the registry's live nodes
 }
 
 func newCollector(r *Router) *collector {
-	d := func(name, help string, labels ...string) *prometheus.Desc {
-		return prometheus.NewDesc("grouprouter_"+name, help, labels, nil)
+	c := &collector{r: r}
+	add := func(kind prometheus.ValueType, name, help string, labels []string, read func(*scrape, func(float64, ...string))) {
+		c.metrics = append(c.metrics, scraped{
+			desc: prometheus.NewDesc("grouprouter_"+name, help, labels, nil), kind: kind, read: read,
+		})
 	}
-	return &collector{
-		r:          r,
-		info:       d("node_info", "Always 1: this node's id, type and grouping-handler name.", "node", "type", "handler"),
-		ready:      d("ready", "1 while the node routes (as /readyz): binding cache loaded, NATS connected, ingress reader reading."),
-		reconnects: d("nats_reconnects_total", "Reconnections of the node's NATS connection."),
-
-		routed:        d("messages_routed_total", "Messages this node republished onto queues."),
-		skipped:       d("messages_skipped_total", "Ingress messages this node read and left to the node they are bound to."),
-		deadLettered:  d("messages_dead_lettered_total", "Messages this node put on the dead-letter stream."),
-		publishErrors: d("queue_publish_errors_total", "Failed queue or dead-letter publishes (each is retried)."),
-		proposals:     d("proposals_total", "Record changes this node asked of the LOCAL handler: bind proposals (every attempt), fences, releases, dead-letter records."),
-		failures: d("proposal_failures_total",
-			"Failed bind proposal attempts (the group waits and is retried), by reason: timeout, no_handler, error.", "reason"),
-
-		held:      d("held_messages", "Messages this node holds in memory: undecided, or queued behind their group's publish."),
-		heldBytes: d("held_bytes", "Size of the held messages, headers included."),
-		spilled: d("spilled_messages",
-			"Messages waiting for a decision that this node holds without their body (past half of --max-held-bytes); each is read again from the ingress when it is published."),
-		spilledBytes: d("spilled_bytes", "What the spilled messages take in memory (bounded by --max-spilled-bytes)."),
-		heldBackGroups: d("held_back_groups",
-			"Groups held back for their share of this node's queue window: past it, their next messages wait on the node's held subject and go onto the queue as the consumer acknowledges the earlier ones (--group-share)."),
-		heldBackMsgs:  d("held_back_messages", "Messages of the held-back groups waiting on this node's held subject."),
-		heldBackTotal: d("held_back_total", "Times a group started being held back for its share of this node's queue window."),
-		groupShare:    d("group_share", "How many of a group's messages may be on this node's queue unacknowledged now (0: no bound)."),
-		batches: d("queue_batches_total",
-			"Batches this node published onto its queue (several messages of one group that has a backlog, one PubAck round trip): atomic on a replicated queue stream, fast-ingest on R1."),
-		batchFailures: d("queue_batch_failures_total",
-			"Batches that failed: none or all of an atomic batch's messages were stored, a prefix of a fast-ingest one's; each went again alone, deduplicated by its own Nats-Msg-Id."),
-		batched: d("queue_batched_messages_total",
-			"Messages stored as part of a batch (divided by queue_batches_total: the mean batch; messages_routed_total minus it: those sent alone)."),
-		batchesInFlight: d("queue_batches_in_flight", "Batches awaiting their outcome."),
-		maxBatch: d("queue_max_batch",
-			"The most messages of a group this node publishes as one batch; 1: one at a time (batches off, or a queue stream that does not allow the batches its replicas call for)."),
-		lag: d("ingress_lag_messages", "Ingress messages stored after the last one this node read (stream last sequence minus the node's position)."),
-		full: d("ingress_full_seconds_total",
-			"Time this node's ingress reader waited for room because the held messages reached their bound (back-pressure: every group waits)."),
-		resets: d("ingress_consumer_resets_total",
-			"Re-creations of this node's ingress consumer, by reason: gap (a delivery lost), status (the server dropped the consumer), heartbeat (silence), reconnect.",
-			"reason"),
-		gaps: d("ingress_gaps_total",
-			"Gaps in the ingress stream this node read over: messages gone before it read them (expired by max age, removed, or lost by a server)."),
-		missing: d("ingress_missing_messages_total",
-			"Ingress messages in those gaps: never read by this node, so not routed by it."),
-		queueRewinds: d("queue_rewinds_total",
-			"Times this node found the queue stream without a message it had stored there: its servers lost acknowledged writes."),
-		queueLost: d("queue_lost_sequences_total",
-			"Queue sequences lost in those rewinds (any node's messages; those not consumed yet are not delivered)."),
-		queueOrphans: d("queue_orphans_removed_total",
-			"Messages of this node's queue it removed because they lay at or below its consumer's ack floor: acknowledged, yet kept by the stream across a server restart."),
-		bindingsRewinds: d("bindings_rewinds_total",
-			"Times the bindings bucket went back below what this node had read (its servers lost acknowledged writes); the node read it again."),
-
-		invalid:   d("invalid_records_ignored_total", "Binding records the cache ignored as invalid."),
-		records:   d("binding_records", "Records in this node's binding cache, ended ones included."),
-		unsettled: d("groups_unsettled", "Groups whose record is moving or in a hand-over step."),
-
-		liveNodes: d("live_nodes", "Nodes announcing themselves."),
-		bindings:  d("bindings", "Groups bound to each node, from this node's binding cache.", "node"),
-		consumer:  d("queue_consumer_present", "1 when a live node's queue consumer has an active puller.", "node"),
-		backlog: d("queue_backlog_messages",
-			"Messages on each live node's queue, as its last announcement said: state=pending (not yet delivered) or unacked (delivered, not acked).",
-			"node", "state"),
+	gauge := func(name, help string, v func(*scrape) float64) {
+		add(prometheus.GaugeValue, name, help, nil, func(s *scrape, emit func(float64, ...string)) { emit(v(s)) })
 	}
+	counter := func(name, help string, v func(*scrape) uint64) {
+		add(prometheus.CounterValue, name, help, nil, func(s *scrape, emit func(float64, ...string)) { emit(float64(v(s))) })
+	}
+	early := func() { c.metrics[len(c.metrics)-1].early = true }
+
+	add(prometheus.GaugeValue, "node_info", "Always 1: this node's id, type and grouping-handler name.",
+		[]string{"node", "type", "handler"}, func(s *scrape, emit func(float64, ...string)) {
+			emit(1, s.r.cfg.Node, string(s.r.cfg.Type), s.r.cfg.Name)
+		})
+	early()
+	gauge("ready", "1 while the node routes (as /readyz): binding cache loaded, NATS connected, ingress reader reading.",
+		func(s *scrape) float64 { return b2f(s.r.CheckReady() == nil) })
+	early()
+	counter("nats_reconnects_total", "Reconnections of the node's NATS connection.",
+		func(s *scrape) uint64 { return s.r.nc.Stats().Reconnects })
+	early()
+
+	counter("messages_routed_total", "Messages this node republished onto queues.",
+		func(s *scrape) uint64 { return s.st.Routed })
+	counter("messages_skipped_total", "Ingress messages this node read and left to the node they are bound to.",
+		func(s *scrape) uint64 { return s.st.Skipped })
+	counter("messages_dead_lettered_total", "Messages this node put on the dead-letter stream.",
+		func(s *scrape) uint64 { return s.st.DeadLettered })
+	counter("queue_publish_errors_total", "Failed queue or dead-letter publishes (each is retried).",
+		func(s *scrape) uint64 { return s.st.PublishErrors })
+	counter("proposals_total", "Record changes this node asked of the LOCAL handler: bind proposals (every attempt), fences, releases, dead-letter records.",
+		func(s *scrape) uint64 { return s.st.Proposals })
+	add(prometheus.CounterValue, "proposal_failures_total",
+		"Failed bind proposal attempts (the group waits and is retried), by reason: timeout, no_handler, error.",
+		[]string{"reason"}, func(s *scrape, emit func(float64, ...string)) {
+			emit(float64(s.st.DecisionTimeouts), "timeout")
+			emit(float64(s.st.NoHandler), "no_handler")
+			emit(float64(s.st.DecisionErrors-s.st.DecisionTimeouts-s.st.NoHandler), "error")
+		})
+
+	gauge("held_messages", "Messages this node holds in memory: undecided, or queued behind their group's publish.",
+		func(s *scrape) float64 { return float64(s.st.Held) })
+	gauge("held_bytes", "Size of the held messages, headers included.",
+		func(s *scrape) float64 { return float64(s.st.HeldBytes) })
+	gauge("spilled_messages",
+		"Messages waiting for a decision that this node holds without their body (past half of --max-held-bytes); each is read again from the ingress when it is published.",
+		func(s *scrape) float64 { return float64(s.st.Spilled) })
+	gauge("spilled_bytes", "What the spilled messages take in memory (bounded by --max-spilled-bytes).",
+		func(s *scrape) float64 { return float64(s.st.SpilledBytes) })
+	gauge("held_back_groups",
+		"Groups held back for their share of this node's queue window: past it, their next messages wait on the node's held subject and go onto the queue as the consumer acknowledges the earlier ones (--group-share).",
+		func(s *scrape) float64 { return float64(s.st.HeldBackGroups) })
+	gauge("held_back_messages", "Messages of the held-back groups waiting on this node's held subject.",
+		func(s *scrape) float64 { return float64(s.st.HeldBackMessages) })
+	counter("held_back_total", "Times a group started being held back for its share of this node's queue window.",
+		func(s *scrape) uint64 { return s.st.HeldBackTotal })
+	gauge("group_share", "How many of a group's messages may be on this node's queue unacknowledged now (0: no bound).",
+		func(s *scrape) float64 { return float64(s.st.GroupShare) })
+	counter("queue_batches_total",
+		"Batches this node published onto its queue (several messages of one group that has a backlog, one PubAck round trip): atomic on a replicated queue stream, fast-ingest on R1.",
+		func(s *scrape) uint64 { return s.st.Batches })
+	counter("queue_batch_failures_total",
+		"Batches that failed: none or all of an atomic batch's messages were stored, a prefix of a fast-ingest one's; each went again alone, deduplicated by its own Nats-Msg-Id.",
+		func(s *scrape) uint64 { return s.st.BatchFailures })
+	counter("queue_batched_messages_total",
+		"Messages stored as part of a batch (divided by queue_batches_total: the mean batch; messages_routed_total minus it: those sent alone).",
+		func(s *scrape) uint64 { return s.st.BatchedMessages })
+	gauge("queue_batches_in_flight", "Batches awaiting their outcome.",
+		func(s *scrape) float64 { return float64(s.st.InFlightBatches) })
+	gauge("queue_max_batch",
+		"The most messages of a group this node publishes as one batch; 1: one at a time (batches off, or a queue stream that does not allow the batches its replicas call for).",
+		func(s *scrape) float64 { return float64(s.st.MaxBatch) })
+	add(prometheus.GaugeValue, "ingress_lag_messages",
+		"Ingress messages stored after the last one this node read (stream last sequence minus the node's position).",
+		nil, func(s *scrape, emit func(float64, ...string)) {
+			if last, ok := s.r.ingressLastCached(context.Background()); ok {
+				emit(float64(lag(last, s.st.Position)))
+			}
+		})
+	add(prometheus.CounterValue, "ingress_full_seconds_total",
+		"Time this node's ingress reader waited for room because the held messages reached their bound (back-pressure: every group waits).",
+		nil, func(s *scrape, emit func(float64, ...string)) { emit(s.r.fullTime().Seconds()) })
+	add(prometheus.CounterValue, "ingress_consumer_resets_total",
+		"Re-creations of this node's ingress consumer, by reason: gap (a delivery lost), status (the server dropped the consumer), heartbeat (silence), reconnect.",
+		[]string{"reason"}, func(s *scrape, emit func(float64, ...string)) {
+			for i, reason := range resetCauses {
+				emit(float64(s.r.rs.resets[i].Load()), reason)
+			}
+		})
+	counter("ingress_gaps_total",
+		"Gaps in the ingress stream this node read over: messages gone before it read them (expired by max age, removed, or lost by a server).",
+		func(s *scrape) uint64 { return s.st.IngressGaps })
+	counter("ingress_missing_messages_total",
+		"Ingress messages in those gaps: never read by this node, so not routed by it.",
+		func(s *scrape) uint64 { return s.st.IngressMissing })
+	counter("queue_rewinds_total",
+		"Times this node found the queue stream without a message it had stored there: its servers lost acknowledged writes.",
+		func(s *scrape) uint64 { return s.st.QueueRewinds })
+	counter("queue_lost_sequences_total",
+		"Queue sequences lost in those rewinds (any node's messages; those not consumed yet are not delivered).",
+		func(s *scrape) uint64 { return s.st.QueueLostSeqs })
+	counter("queue_orphans_removed_total",
+		"Messages of this node's queue it removed because they lay at or below its consumer's ack floor: acknowledged, yet kept by the stream across a server restart.",
+		func(s *scrape) uint64 { return s.st.QueueOrphans })
+	counter("bindings_rewinds_total",
+		"Times the bindings bucket went back below what this node had read (its servers lost acknowledged writes); the node read it again.",
+		func(s *scrape) uint64 { return s.st.BindingsRewinds })
+
+	counter("invalid_records_ignored_total", "Binding records the cache ignored as invalid.",
+		func(s *scrape) uint64 { return s.r.cache.Ignored() })
+	gauge("binding_records", "Records in this node's binding cache, ended ones included.",
+		func(s *scrape) float64 { return float64(s.r.cache.Len()) })
+	gauge("groups_unsettled", "Groups whose record is moving or in a hand-over step.",
+		func(s *scrape) float64 { return float64(s.r.cache.UnsettledLen()) })
+
+	gauge("live_nodes", "Nodes announcing themselves.",
+		func(s *scrape) float64 { return float64(len(s.live)) })
+	add(prometheus.GaugeValue, "bindings", "Groups bound to each node, from this node's binding cache.",
+		[]string{"node"}, func(s *scrape, emit func(float64, ...string)) {
+			for _, node := range nodeIDs(s.counts, s.live) {
+				emit(float64(s.counts[node]), node)
+			}
+		})
+	add(prometheus.GaugeValue, "queue_consumer_present", "1 when a live node's queue consumer has an active puller.",
+		[]string{"node"}, func(s *scrape, emit func(float64, ...string)) {
+			for _, node := range slices.Sorted(maps.Keys(s.live)) {
+				emit(b2f(s.live[node].HasConsumer), node)
+			}
+		})
+	add(prometheus.GaugeValue, "queue_backlog_messages",
+		"Messages on each live node's queue, as its last announcement said: state=pending (not yet delivered) or unacked (delivered, not acked).",
+		[]string{"node", "state"}, func(s *scrape, emit func(float64, ...string)) {
+			for _, node := range slices.Sorted(maps.Keys(s.live)) {
+				emit(float64(s.live[node].QueuePending), node, "pending")
+				emit(float64(s.live[node].QueueUnacked), node, "unacked")
+			}
+		})
+	return c
 }
 
 // Describe implements prometheus.Collector.
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.info, c.ready, c.reconnects, c.routed, c.skipped, c.deadLettered,
-		c.publishErrors, c.proposals, c.failures, c.held, c.heldBytes, c.spilled, c.spilledBytes,
-		c.batches, c.batchFailures, c.batched, c.batchesInFlight, c.maxBatch, c.lag, c.full, c.resets, c.gaps, c.missing, c.queueRewinds, c.queueLost, c.queueOrphans, c.bindingsRewinds, c.invalid, c.records, c.unsettled,
-		c.liveNodes, c.bindings, c.consumer, c.backlog} {
-		ch <- d
+	for _, m := range c.metrics {
+		ch <- m.desc
 	}
 }
 
 // Collect implements prometheus.Collector. Before the node is ready it
 // collects only what exists then (info, ready, reconnects).
 func (c *collector) Collect(ch chan<- prometheus.Metric) {
-	r := c.r
-	gauge := func(d *prometheus.Desc, v float64, labels ...string) {
-		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
+	s := &scrape{r: c.r}
+	ready := c.r.isReady()
+	if ready {
+		s.st = c.r.Stats()
+		s.counts = c.r.cache.Counts()
+		s.live = c.r.reg.Live()
 	}
-	counter := func(d *prometheus.Desc, v uint64, labels ...string) {
-		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v), labels...)
-	}
-	gauge(c.info, 1, r.cfg.Node, string(r.cfg.Type), r.cfg.Name)
-	gauge(c.ready, b2f(r.CheckReady() == nil))
-	counter(c.reconnects, r.nc.Stats().Reconnects)
-	if !r.isReady() {
-		return
-	}
-	st := r.Stats()
-	counter(c.routed, st.Routed)
-	counter(c.skipped, st.Skipped)
-	counter(c.deadLettered, st.DeadLettered)
-	counter(c.publishErrors, st.PublishErrors)
-	counter(c.proposals, st.Proposals)
-	counter(c.failures, st.DecisionTimeouts, "timeout")
-	counter(c.failures, st.NoHandler, "no_handler")
-	counter(c.failures, st.DecisionErrors-st.DecisionTimeouts-st.NoHandler, "error")
-	gauge(c.held, float64(st.Held))
-	gauge(c.heldBytes, float64(st.HeldBytes))
-	gauge(c.spilled, float64(st.Spilled))
-	gauge(c.spilledBytes, float64(st.SpilledBytes))
-	gauge(c.heldBackGroups, float64(st.HeldBackGroups))
-	gauge(c.heldBackMsgs, float64(st.HeldBackMessages))
-	counter(c.heldBackTotal, st.HeldBackTotal)
-	gauge(c.groupShare, float64(st.GroupShare))
-	counter(c.batches, st.Batches)
-	counter(c.batchFailures, st.BatchFailures)
-	counter(c.batched, st.BatchedMessages)
-	gauge(c.batchesInFlight, float64(st.InFlightBatches))
-	gauge(c.maxBatch, float64(st.MaxBatch))
-	if last, ok := r.ingressLastCached(context.Background()); ok {
-		gauge(c.lag, float64(lag(last, st.Position)))
-	}
-	ch <- prometheus.MustNewConstMetric(c.full, prometheus.CounterValue, r.fullTime().Seconds())
-	for i, reason := range resetCauses {
-		counter(c.resets, r.rs.resets[i].Load(), reason)
-	}
-	counter(c.gaps, st.IngressGaps)
-	counter(c.missing, st.IngressMissing)
-	counter(c.queueRewinds, st.QueueRewinds)
-	counter(c.queueLost, st.QueueLostSeqs)
-	counter(c.queueOrphans, st.QueueOrphans)
-	counter(c.bindingsRewinds, st.BindingsRewinds)
-
-	cache := r.cache
-	counter(c.invalid, cache.Ignored())
-	gauge(c.records, float64(cache.Len()))
-	gauge(c.unsettled, float64(cache.UnsettledLen()))
-	counts := cache.Counts()
-	live := r.reg.Live()
-	gauge(c.liveNodes, float64(len(live)))
-	for _, node := range nodeIDs(counts, live) {
-		gauge(c.bindings, float64(counts[node]), node)
-	}
-	for node, info := range live {
-		gauge(c.consumer, b2f(info.HasConsumer), node)
-		gauge(c.backlog, float64(info.QueuePending), node, "pending")
-		gauge(c.backlog, float64(info.QueueUnacked), node, "unacked")
+	for _, m := range c.metrics {
+		if !ready && !m.early {
+			continue
+		}
+		m.read(s, func(v float64, labels ...string) {
+			ch <- prometheus.MustNewConstMetric(m.desc, m.kind, v, labels...)
+		})
 	}
 }
 
