@@ -344,6 +344,7 @@ func ingressOrder(t *testing.T, js jetstream.JetStream) map[string][]string {
 // allow_batched on R1) is updated by the LOCAL node when it starts, and
 // its backlogs then go in batches.
 func TestQueueStreamBeforeBatchesIsUpdated(t *testing.T) {
+	t.Parallel() // see doc.go
 	for _, servers := range []int{3, 1} {
 		t.Run(fmt.Sprintf("R%d", servers), func(t *testing.T) {
 			var urls, url0 string

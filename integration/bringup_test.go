@@ -53,6 +53,7 @@ func (n *node) waitReady(d time.Duration) {
 // the nodes connect while the servers start and the cluster forms, and
 // every one of them must wait for it, become ready and route.
 func TestBringUpClusterAndNodesAtOnce(t *testing.T) {
+	t.Parallel() // see doc.go
 	c := natstest.NewCluster(t, 3)
 	started := make(chan error, 1)
 	begin := time.Now()
@@ -106,6 +107,7 @@ func TestBringUpClusterAndNodesAtOnce(t *testing.T) {
 // TestNodeStartedBeforeItsServer: a node whose NATS server is not up yet
 // waits for it, and routes once it is.
 func TestNodeStartedBeforeItsServer(t *testing.T) {
+	t.Parallel() // see doc.go
 	s := natstest.NewServer(t)
 	n := launchNode(t, s.URL(), testConfig("n0", router.Local))
 	select {
@@ -141,6 +143,7 @@ func TestNodeStartedBeforeItsServer(t *testing.T) {
 // TestSetupStopsOnPermanentErrors: what waiting cannot fix ends Run at once
 // with an error wrapping router.ErrPermanent.
 func TestSetupStopsOnPermanentErrors(t *testing.T) {
+	t.Parallel() // see doc.go
 	s := natstest.RunServerWith(t, func(o *server.Options) {
 		o.Users = []*server.User{
 			{Username: "producer", Password: "pw", Permissions: &server.Permissions{

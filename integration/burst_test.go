@@ -34,6 +34,7 @@ import (
 // bytes). The counters carry the full numbers. Then every group is
 // routed.
 func TestBurstOfLongIDsLogsAggregatedWarnings(t *testing.T) {
+	t.Parallel() // see doc.go
 	begin := time.Now()
 	s := natstest.RunServer(t)
 	logs := &lockedBuffer{}
@@ -154,6 +155,7 @@ func TestBurstOfLongIDsLogsAggregatedWarnings(t *testing.T) {
 // retries, and another long group flows meanwhile. Once the record is
 // deleted, b is bound and routed.
 func TestDigestKeyHoldingAnotherGroupNeverRoutesIt(t *testing.T) {
+	t.Parallel() // see doc.go
 	s := natstest.RunServer(t)
 	cfg := testConfig("n0", router.Local)
 	logs := captureLogs(&cfg, slog.LevelWarn)

@@ -42,6 +42,7 @@ func clusterOf(t *testing.T, layout string) (*natstest.Cluster, []*node) {
 // Artemis scenario 5/6 flavour: many groups from every server, consumers
 // everywhere: each group at one consumer, in order, spread over nodes.
 func TestClusterGroupsSpreadAndStayInOrder(t *testing.T) {
+	t.Parallel() // see doc.go
 	c, _ := cluster3(t)
 	var col collector
 	for i, s := range c.Servers {

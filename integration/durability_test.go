@@ -31,6 +31,7 @@ import (
 // over it: it counts it (Stats, metrics), logs it at error, announces a
 // "gap" event, and goes on routing the messages published after it.
 func TestIngressLostWritesAfterRestart(t *testing.T) {
+	t.Parallel() // see doc.go
 	s := natstest.RunServer(t)
 	cfg := testConfig("n0", router.Local)
 	logs := captureLogs(&cfg, slog.LevelError)
@@ -115,6 +116,7 @@ func TestIngressLostWritesAfterRestart(t *testing.T) {
 // re-creates its ingress consumer: it counts and logs the sequences it will
 // not read.
 func TestIngressRewoundUnderARunningNode(t *testing.T) {
+	t.Parallel() // see doc.go
 	s := natstest.RunServer(t)
 	cfg := testConfig("n0", router.Local)
 	logs := captureLogs(&cfg, slog.LevelError)
@@ -247,6 +249,7 @@ func TestQueueLostWritesUnderARunningNode(t *testing.T) {
 // drop its messages as stale copies (it did, 1 run in 20, when a
 // happened to be bound second).
 func TestBindingsRewoundUnderARunningNode(t *testing.T) {
+	t.Parallel() // see doc.go
 	s := natstest.RunServer(t)
 	cfg := testConfig("n0", router.Local)
 	logs := captureLogs(&cfg, slog.LevelDebug)

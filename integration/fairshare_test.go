@@ -125,6 +125,7 @@ func (r *fairRun) trickle(t *testing.T, groups []string, rounds int, every time.
 // 10 ms a message held them 20 s at the p99). The busy group is processed
 // in order, once.
 func TestBusyGroupDoesNotHoldOthersBack(t *testing.T) {
+	t.Parallel() // see doc.go
 	const window, backlog = 100, 600
 	r := startFairRun(t, window, func(g string) time.Duration {
 		if g == "hot" {
@@ -173,6 +174,7 @@ func TestBusyGroupDoesNotHoldOthersBack(t *testing.T) {
 // hung group's messages past its share wait on the held subject, and the
 // quiet groups are all processed while it hangs.
 func TestHungGroupDoesNotHoldOthersBack(t *testing.T) {
+	t.Parallel() // see doc.go
 	const window = 100
 	release := make(chan struct{})
 	var once sync.Once
@@ -228,6 +230,7 @@ func pct(ds []time.Duration, p int) time.Duration {
 // them, and moves them onto its queue as the consumer works; every message
 // is processed once, in order.
 func TestHeldBackGroupSurvivesACrash(t *testing.T) {
+	t.Parallel() // see doc.go
 	const window, backlog = 100, 400
 	s := natstest.RunServer(t)
 	cfg := testConfig("n1", router.Local)

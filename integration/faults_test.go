@@ -949,6 +949,7 @@ func firstOn(got []delivery, nodeID string, seq uint64) (delivery, bool) {
 // twice (what a killed node routes again after its checkpoint is dropped
 // by the queue's duplicate window).
 func TestNodeRestartMidStream(t *testing.T) {
+	t.Parallel() // see doc.go
 	for _, tc := range []struct {
 		name string
 		down func(*node)
@@ -1368,6 +1369,7 @@ func TestActiveHandlerKilledUnderLoad(t *testing.T) {
 // still be processed exactly once and in order: the move was decided
 // while the consumer was gone, the case the README calls exact.
 func TestConsumerReturnsDuringRebind(t *testing.T) {
+	t.Parallel() // see doc.go
 	s := natstest.RunServer(t)
 	cfg := func(id string, typ router.HandlerType) router.Config {
 		c := lifecycleConfig(id, typ)

@@ -20,6 +20,7 @@ import (
 // messages. Neither binds the group again from its old messages: nothing
 // is delivered twice. The group's next message binds it afresh, once.
 func TestFreshNodeDoesNotRouteAgain(t *testing.T) {
+	t.Parallel() // see doc.go
 	s := natstest.RunServer(t)
 	cfg1 := testConfig("n1", router.Local)
 	cfg1.RecordTTL = time.Second

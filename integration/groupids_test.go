@@ -19,6 +19,7 @@ import (
 // Odd but valid group ids are bound under their exact id and their
 // messages delivered in order with the header value intact.
 func TestOddGroupIDsRoundTrip(t *testing.T) {
+	t.Parallel() // see doc.go
 	s := natstest.RunServer(t)
 	startNode(t, s.URL(), testConfig("n0", router.Local))
 	var col collector
@@ -81,6 +82,7 @@ func TestOddGroupIDsRoundTrip(t *testing.T) {
 // dead-letter stream with a reason, is not lost, and does not hold up the
 // groups published around it.
 func TestInvalidGroupIDsDeadLettered(t *testing.T) {
+	t.Parallel() // see doc.go
 	s := natstest.RunServer(t)
 	startNode(t, s.URL(), testConfig("n0", router.Local))
 	var col collector
@@ -136,6 +138,7 @@ func short(id string) string {
 // Timeout wait when that node has just died) is spread evenly. Ids that
 // share a prefix, as real ids do ("order-0".."order-59"), must spread too.
 func TestProposerRoleSpreadOverNodes(t *testing.T) {
+	t.Parallel() // see doc.go
 	s := natstest.RunServer(t)
 	startNode(t, s.URL(), testConfig("n0", router.Local))
 	startNode(t, s.URL(), testConfig("n1", router.Remote))

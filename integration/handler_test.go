@@ -29,6 +29,7 @@ import (
 // The decision stall is measured as the time from publishing a new
 // group's first message, right after the kill or stop, to its delivery.
 func TestArtemis12BackupHandlerTakesOver(t *testing.T) {
+	t.Parallel() // see doc.go
 	c, nodes := clusterOf(t, "LLR")
 	var col collector
 	consumeOn(t, c, &col, 0, 1, 2)
@@ -111,6 +112,7 @@ func TestArtemis12BackupHandlerTakesOver(t *testing.T) {
 // reaches a queue, and once a LOCAL node starts every message is routed,
 // in order, to one node.
 func TestLocalHandlerAbsentGroupsWait(t *testing.T) {
+	t.Parallel() // see doc.go
 	c, nodes := clusterOf(t, "L--")
 	// n0 creates the streams and buckets (REMOTE nodes do not), then goes
 	// away.
@@ -147,6 +149,7 @@ func TestLocalHandlerAbsentGroupsWait(t *testing.T) {
 // reason, and a deadletter event; nothing reaches a queue. Once a LOCAL
 // node runs, later messages of the same group are routed to a queue.
 func TestDeadLetterAfterMaxAttempts(t *testing.T) {
+	t.Parallel() // see doc.go
 	s := natstest.RunServer(t)
 	// A LOCAL node creates the streams and buckets (a REMOTE node does
 	// not), then goes away.
@@ -209,6 +212,7 @@ func TestDeadLetterAfterMaxAttempts(t *testing.T) {
 // it to renew again. Measured against the node's own heartbeats (every
 // 100ms in tests): a 250ms renewal is well under one per heartbeat.
 func TestHandlerLeaseRenewedOnItsTicker(t *testing.T) {
+	t.Parallel() // see doc.go
 	s := natstest.RunServer(t)
 	n0 := startNode(t, s.URL(), testConfig("n0", router.Local))
 	waitActiveHandler(t, 10*time.Second, n0)
@@ -259,6 +263,7 @@ func TestHandlerLeaseRenewedOnItsTicker(t *testing.T) {
 // lease is not held by the stopped handler any more. Several stop/start
 // cycles, since whether a renewal is in flight at the stop varies.
 func TestGracefulStopReleasesHandlerLease(t *testing.T) {
+	t.Parallel() // see doc.go
 	s := natstest.RunServer(t)
 	a := startNode(t, s.URL(), testConfig("n0", router.Local))
 	b := startNode(t, s.URL(), testConfig("n1", router.Local))
@@ -304,6 +309,7 @@ func TestGracefulStopReleasesHandlerLease(t *testing.T) {
 // created the handler after closing Ready). The race detector reports a
 // race once per process, so only the first run of -count=N can catch it.
 func TestHandlerActiveRightAfterReady(t *testing.T) {
+	t.Parallel() // see doc.go
 	s := natstest.RunServer(t)
 	n0 := startNode(t, s.URL(), testConfig("n0", router.Local))
 	natstest.Eventually(t, 10*time.Second, func() error {
@@ -325,6 +331,7 @@ func TestHandlerActiveRightAfterReady(t *testing.T) {
 // the renewal fall; Timeout 200ms makes the backup propose soon even for
 // the groups the crashed node was to propose.
 func TestNewGroupsNotBoundToCrashedHandlerNode(t *testing.T) {
+	t.Parallel() // see doc.go
 	s := natstest.RunServer(t)
 	cfg := func(id string) router.Config {
 		c := testConfig(id, router.Local)
@@ -372,6 +379,7 @@ func TestNewGroupsNotBoundToCrashedHandlerNode(t *testing.T) {
 // for the lease to expire. The decision stall (a new group's first
 // message, published right after the crash, to its delivery) is logged.
 func TestBackupDecidesAfterCrashWithDefaultLease(t *testing.T) {
+	t.Parallel() // see doc.go
 	s := natstest.RunServer(t)
 	var nodes []*node
 	for _, id := range []string{"n0", "n1"} {

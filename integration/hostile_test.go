@@ -110,6 +110,7 @@ func hostileIngress(i int) []*nats.Msg {
 // messages that cannot be grouped are dead-lettered with a reason; no node
 // stops; requests with a non-inbox reply subject are dropped, unanswered.
 func TestHostileInputs(t *testing.T) {
+	t.Parallel() // see doc.go
 	s := natstest.RunServer(t)
 	nodes := []*node{
 		startNode(t, s.URL(), lifecycleConfig("n0", router.Local)),

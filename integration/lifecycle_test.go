@@ -56,6 +56,7 @@ func lifecycleConfig(node string, typ router.HandlerType) router.Config {
 // The Artemis failure, fixed: a node's consumer leaves; its groups and the
 // messages waiting on its queue move to a node with a consumer, in order.
 func TestConsumerLeavesGroupsAndBacklogMove(t *testing.T) {
+	t.Parallel() // see doc.go
 	s := natstest.RunServer(t)
 	startNode(t, s.URL(), lifecycleConfig("n0", router.Local))
 	startNode(t, s.URL(), lifecycleConfig("n1", router.Remote))
@@ -111,6 +112,7 @@ func TestConsumerLeavesGroupsAndBacklogMove(t *testing.T) {
 // Artemis scenario 7: idle bindings expire everywhere; after the consumer
 // moved, the groups bind to the new place.
 func TestIdleBindingsExpireAndRebind(t *testing.T) {
+	t.Parallel() // see doc.go
 	s := natstest.RunServer(t)
 	cfg0 := lifecycleConfig("n0", router.Local)
 	cfg1 := lifecycleConfig("n1", router.Remote)
@@ -164,6 +166,7 @@ func TestIdleBindingsExpireAndRebind(t *testing.T) {
 // A Group-Seq: -1 message is delivered, then the group's binding is
 // released cluster-wide; the next message binds again.
 func TestCloseMarkerReleasesGroup(t *testing.T) {
+	t.Parallel() // see doc.go
 	s := natstest.RunServer(t)
 	startNode(t, s.URL(), lifecycleConfig("n0", router.Local))
 	startNode(t, s.URL(), lifecycleConfig("n1", router.Remote))
@@ -196,6 +199,7 @@ func TestCloseMarkerReleasesGroup(t *testing.T) {
 // grouprouter move/unbind: the same order-preserving hand-over, and clear
 // errors for an unknown group or an ineligible node.
 func TestOperatorMoveAndUnbind(t *testing.T) {
+	t.Parallel() // see doc.go
 	s := natstest.RunServer(t)
 	startNode(t, s.URL(), lifecycleConfig("n0", router.Local))
 	startNode(t, s.URL(), lifecycleConfig("n1", router.Remote))

@@ -26,6 +26,7 @@ import (
 // bound groups than the limit, and a "limit" event is published. Once
 // groups close, new groups are bound again.
 func TestGroupLimit(t *testing.T) {
+	t.Parallel() // see doc.go
 	const limit, flood = 20, 150
 	c := natstest.RunCluster(t, 3)
 	for i, s := range c.Servers {

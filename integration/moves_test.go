@@ -50,6 +50,7 @@ func waitAllSettled(t testing.TB, st *kvbinding.Store, groups []string, d time.D
 // processed once, in order. Run it under load (two `yes > /dev/null`) with
 // -count to look for stuck moves.
 func TestConsumerLeavesOnClusterGroupsMove(t *testing.T) {
+	t.Parallel() // see doc.go
 	c := natstest.RunCluster(t, 3)
 	for i, s := range c.Servers {
 		typ := router.Remote

@@ -826,6 +826,7 @@ func traceAround(ds []delivery, k int) string {
 // The same seed draws the same schedule; the CI seeds draw every fault
 // kind and every server target between them, with holds in range.
 func TestNemesisScheduleReplays(t *testing.T) {
+	t.Parallel() // see doc.go
 	kinds, targets := map[string]int{}, map[string]int{}
 	for _, seed := range nemesisSeeds {
 		a, b := drawSchedule(seed, nemesisLength, len(nemesisNodes)), drawSchedule(seed, nemesisLength, len(nemesisNodes))
@@ -868,6 +869,7 @@ func TestNemesisScheduleReplays(t *testing.T) {
 // neither a hand-over after the ack, nor an overlap on one node, nor a
 // delivery whose ack was never confirmed for one.
 func TestCheckExclusive(t *testing.T) {
+	t.Parallel() // see doc.go
 	t0 := time.Now()
 	d := func(ms, ackMs int, node string, qseq uint64, body string) delivery {
 		g, _, _ := strings.Cut(body, "/")
@@ -952,6 +954,7 @@ func TestCheckExclusive(t *testing.T) {
 // message moved off the queue its group's later messages were processed
 // from is the queue's delivery order.
 func TestExplainOrderByQueue(t *testing.T) {
+	t.Parallel() // see doc.go
 	t0 := time.Now()
 	d := func(ms int, node string, qseq uint64, body, movedFrom string) delivery {
 		g, _, _ := strings.Cut(body, "/")

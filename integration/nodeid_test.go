@@ -41,6 +41,7 @@ func liveRecord(js jetstream.JetStream, node string) (kvbinding.NodeInfo, uint64
 // not asserted: a loaded machine stretches any wall-clock figure), with
 // the default heartbeat (the old record lives 3 s).
 func TestNodeRestartAfterCrashRoutesAgain(t *testing.T) {
+	t.Parallel() // see doc.go
 	c := natstest.RunCluster(t, 3)
 	cfg := testConfig("n1", router.Local)
 	cfg.Heartbeat = router.DefaultHeartbeat
@@ -93,6 +94,7 @@ func TestNodeRestartAfterCrashRoutesAgain(t *testing.T) {
 // restarted node of TestArtemis12BackupHandlerTakesOver did so in 1 of 20
 // runs under load, and its groups' messages waited (43 of 47 delivered).
 func TestNodeStartsOverACrashedPredecessorsRecord(t *testing.T) {
+	t.Parallel() // see doc.go
 	s := natstest.RunServer(t)
 	js := jetStream(t, s.URL())
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -125,6 +127,7 @@ func TestNodeStartsOverACrashedPredecessorsRecord(t *testing.T) {
 // start, or, if both announced, the later starter stops); the one that
 // stays routes and announces alone.
 func TestDuplicateNodeIDStartedTogether(t *testing.T) {
+	t.Parallel() // see doc.go
 	s := natstest.RunServer(t)
 	// Streams and buckets first, so that both start the same way.
 	startNode(t, s.URL(), testConfig("n0", router.Local))
@@ -195,6 +198,7 @@ func TestDuplicateNodeIDStartedTogether(t *testing.T) {
 // naming another node, under a node's key neither crashes nor holds back
 // the start-up check: the node starts and announces over it.
 func TestNodeStartsOverForeignLiveRecord(t *testing.T) {
+	t.Parallel() // see doc.go
 	s := natstest.RunServer(t)
 	js := jetStream(t, s.URL())
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)

@@ -83,6 +83,7 @@ func (p *producer) total() (map[string][]string, int) {
 // after the grace period its groups move, with what waited on its queue
 // and what it never routed, in order, nothing lost or duplicated.
 func TestNodeKilledGroupsMoveAfterGrace(t *testing.T) {
+	t.Parallel() // see doc.go
 	s := natstest.RunServer(t)
 	n1, col, stop1, nc := threeNodesOnOneServer(t, s, lifecycleConfig)
 	handoffs := watchEvents(t, nc, proposals.EventHandoff)

@@ -29,6 +29,7 @@ import (
 // replays it in order once; no connection reports a permissions
 // violation, and the consumer may not park as another node.
 func TestPermsParkingLeastPrivilege(t *testing.T) {
+	// Not parallel: permtest.NewAuth sets the passwords in the environment.
 	layout := permissions.Layout{Address: "jms", Nodes: []string{"n0"}, Handlers: []string{"n0"}, Name: "my-grouping-handler"}
 	a := runAuthCluster(t, layout)
 	cfg := testConfig("n0", router.Local)

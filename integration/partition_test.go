@@ -926,6 +926,7 @@ func TestPartitionRemoteLinkBlackHoled(t *testing.T) {
 // checkPartition finds what it is for: an order violation (with its
 // trace), a loss, a copy; and takes a redelivery for neither.
 func TestCheckPartition(t *testing.T) {
+	t.Parallel() // see doc.go
 	t0 := time.Now()
 	d := func(ms int, node string, qseq uint64, body string, delivered uint64) delivery {
 		g, _, _ := strings.Cut(body, "/")

@@ -23,6 +23,7 @@ import (
 // with the reason — without its body, since the dead-letter copy is as
 // large — and the group's next messages are delivered, in order.
 func TestMessageAtMaxPayload(t *testing.T) {
+	t.Parallel() // see doc.go
 	const maxPayload = 64 * 1024
 	s := natstest.RunServerWith(t, func(o *server.Options) { o.MaxPayload = maxPayload })
 	startNode(t, s.URL(), testConfig("n0", router.Local))
@@ -94,6 +95,7 @@ func getMsg(t testing.TB, js jetstream.JetStream, stream string, seq uint64) (*j
 // dead-lettered is held, in order, and counted as failed publishes, while
 // other groups flow; once an operator makes room, it goes in.
 func TestFullDeadLetterStreamRefuses(t *testing.T) {
+	t.Parallel() // see doc.go
 	s := natstest.RunServer(t)
 	cfg := testConfig("n0", router.Local)
 	cfg.DeadLetterMaxBytes = 6500 // two of the dead letters below (about 2.9 KB each)

@@ -716,6 +716,7 @@ func readEvents(t *testing.T, nc *nats.Conn, kind string) map[string]int {
 // TestPermsRemoteNodeWaitsForLocal: a REMOTE node creates no stream or
 // bucket; it waits, saying so, until a LOCAL node has created them.
 func TestPermsRemoteNodeWaitsForLocal(t *testing.T) {
+	t.Parallel() // see doc.go
 	s := natstest.RunServer(t)
 	logs := &natstest.Buffer{}
 	cfg := testConfig("n1", router.Remote)
@@ -752,6 +753,7 @@ func TestPermsRemoteNodeWaitsForLocal(t *testing.T) {
 // allowing them, the batch's replies reach the node's own inbox, and
 // nothing is refused on any connection.
 func TestPermsFastBatchesOnOneServer(t *testing.T) {
+	// Not parallel: permtest.NewAuth sets the passwords in the environment.
 	layout := permissions.Layout{Address: "jms", Nodes: []string{"n0", "n1"}, Handlers: []string{"n0"}, Name: "my-grouping-handler"}
 	a := runAuthServer(t, layout)
 	nodes := a.startNodes(t)

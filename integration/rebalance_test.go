@@ -176,6 +176,7 @@ func (p *burstProducer) halt() {
 // any node within 5 s of the first decision, and every message is
 // processed once, in order.
 func TestStartedTogetherSpreads(t *testing.T) {
+	t.Parallel() // see doc.go
 	c := natstest.RunCluster(t, 3)
 	admin := natstest.Connect(t, c.URLs(), nats.Name("test-admin"))
 	binds := watchEvents(t, admin, proposals.EventBind)
@@ -260,6 +261,7 @@ func TestStartedTogetherSpreads(t *testing.T) {
 // the tolerance (13 of 40) within 30 s, while every group keeps receiving
 // messages, and every message is processed once, in order.
 func TestNodeJoinGetsItsShare(t *testing.T) {
+	t.Parallel() // see doc.go
 	c := natstest.RunCluster(t, 3)
 	admin := natstest.Connect(t, c.URLs(), nats.Name("test-admin"))
 	moves := watchEvents(t, admin, proposals.EventMove)
@@ -342,6 +344,7 @@ func TestNodeJoinGetsItsShare(t *testing.T) {
 // without waiting for its next heartbeat (it looks for one every 100 ms
 // while it has none).
 func TestConsumerPresenceAnnouncedAtOnce(t *testing.T) {
+	t.Parallel() // see doc.go
 	s := natstest.RunServer(t)
 	cfg := testConfig("n0", router.Local)
 	cfg.Heartbeat = time.Minute

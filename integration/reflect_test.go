@@ -33,6 +33,7 @@ import (
 // its reads. Then every node crashes and restarts, and
 // every message is still delivered exactly once, in order.
 func TestRepliesCannotReachRouterState(t *testing.T) {
+	// Not parallel: permtest.NewAuth sets the passwords in the environment.
 	layout := permissions.Layout{Address: "jms", Nodes: []string{"n0", "n1", "n2"}, Handlers: []string{"n0", "n1"}, Name: "my-grouping-handler"}
 	a := runAuthCluster(t, layout)
 	nodes := a.startNodes(t)

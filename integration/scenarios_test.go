@@ -20,6 +20,7 @@ import (
 
 // Artemis 1: one group sent via one server, consumers everywhere.
 func TestArtemis01OneGroupFromOneServer(t *testing.T) {
+	t.Parallel() // see doc.go
 	c, _ := cluster3(t)
 	var col collector
 	consumeOn(t, c, &col, 0, 1, 2)
@@ -34,6 +35,7 @@ func TestArtemis01OneGroupFromOneServer(t *testing.T) {
 
 // Artemis 2: one group sent via servers 0, 1 and 2 in turn.
 func TestArtemis02OneGroupFromEveryServer(t *testing.T) {
+	t.Parallel() // see doc.go
 	c, _ := cluster3(t)
 	var col collector
 	consumeOn(t, c, &col, 0, 1, 2)
@@ -49,6 +51,7 @@ func TestArtemis02OneGroupFromEveryServer(t *testing.T) {
 
 // Artemis 3: the only consumer is on n1; batches via servers 1, 2, 0.
 func TestArtemis03OnlyConsumerOnOneNode(t *testing.T) {
+	t.Parallel() // see doc.go
 	c, _ := cluster3(t)
 	var col collector
 	consumeOn(t, c, &col, 1)
@@ -67,6 +70,7 @@ func TestArtemis03OnlyConsumerOnOneNode(t *testing.T) {
 // Artemis 4: consumers on n0 and n2 only, sent via server 1: the group
 // lands on n0 or n2, never on n1, and a later batch follows it.
 func TestArtemis04SenderNodeWithoutConsumer(t *testing.T) {
+	t.Parallel() // see doc.go
 	c, _ := cluster3(t)
 	var col collector
 	consumeOn(t, c, &col, 0, 2)
@@ -90,6 +94,7 @@ func TestArtemis04SenderNodeWithoutConsumer(t *testing.T) {
 // at one consumer, and the three spread over the three nodes (each new
 // group goes to the node holding the fewest groups).
 func TestArtemis05ThreeGroupsThreeConsumers(t *testing.T) {
+	t.Parallel() // see doc.go
 	c, nodes := cluster3(t)
 	var col collector
 	consumeOn(t, c, &col, 0, 1, 2)
@@ -134,6 +139,7 @@ func waitCached(t *testing.T, nodes []*node, group string) {
 // Artemis 6: nine concurrent senders, groups id0..id8, sender i connected
 // to server i%3.
 func TestArtemis06ConcurrentSenders(t *testing.T) {
+	t.Parallel() // see doc.go
 	c, _ := cluster3(t)
 	var col collector
 	consumeOn(t, c, &col, 0, 1, 2)
@@ -186,6 +192,7 @@ func TestArtemis06ConcurrentSenders(t *testing.T) {
 // went. A node is ready without waiting for the others (REMOTE nodes are
 // restarted first, the LOCAL one last).
 func TestArtemis10AllNodesRestart(t *testing.T) {
+	t.Parallel() // see doc.go
 	c, nodes := cluster3(t)
 	var col collector
 	consumeOn(t, c, &col, 0, 1, 2)
@@ -254,6 +261,7 @@ func sameBindings(t *testing.T, a, b map[string]kvbinding.Binding) bool {
 // spread over the nodes with consumers), and grouped traffic alongside
 // stays grouped.
 func TestArtemis13UngroupedAlongsideGrouped(t *testing.T) {
+	t.Parallel() // see doc.go
 	c, _ := cluster3(t)
 	var col collector
 	consumeOn(t, c, &col, 0, 1, 2)

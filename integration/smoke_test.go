@@ -11,6 +11,7 @@ import (
 )
 
 func TestSingleNodeRoutesGroupsInOrder(t *testing.T) {
+	t.Parallel() // see doc.go
 	s := natstest.RunServer(t)
 	n0 := startNode(t, s.URL(), testConfig("n0", router.Local))
 	var c collector

@@ -20,6 +20,7 @@ import (
 // delivered once, in order. Without spilling the node stops reading after
 // 20 messages and the bound group waits behind the flood.
 func TestSpilledFloodKeepsBoundGroupsFlowing(t *testing.T) {
+	t.Parallel() // see doc.go
 	const flood = 200
 	s := natstest.RunServer(t)
 	n0 := startNode(t, s.URL(), testConfig("n0", router.Local))
@@ -79,6 +80,7 @@ func TestSpilledFloodKeepsBoundGroupsFlowing(t *testing.T) {
 // dead-letter stream without its body, with the reason, and the group's
 // later messages are delivered.
 func TestSpilledMessageGoneFromTheIngress(t *testing.T) {
+	t.Parallel() // see doc.go
 	s := natstest.RunServer(t)
 	cfg0 := testConfig("n0", router.Local)
 	cfg0.IngressMaxAge = 2 * time.Second

@@ -26,6 +26,7 @@ import (
 // again, since the duplicate window would no longer drop them. What n1
 // caught up is in its checkpoint, saved before it reports the catch-up.
 func TestUnfinishedTakeoverNotRoutedAgainAfterServerRestart(t *testing.T) {
+	t.Parallel() // see doc.go
 	s := natstest.RunServer(t)
 	cfg := func(id string, typ router.HandlerType) router.Config {
 		c := testConfig(id, typ)

@@ -54,6 +54,7 @@ func findNodeJS(t *testing.T) (node, npm string) {
 // It installs the example's packages (npm ci, from its lock file) and
 // compiles it (tsc) when they are missing.
 func TestTypeScriptExampleConsumesInOrder(t *testing.T) {
+	t.Parallel() // see doc.go
 	node, npm := findNodeJS(t)
 	dir, err := filepath.Abs(filepath.Join("..", "examples", "typescript"))
 	if err != nil {
