@@ -19,12 +19,15 @@
 // engine.step, as a value (input.go); besides it the shells only pull
 // their next work (asks to send, held messages to release) and read views,
 // which TestShellsUseTheEngineDoor checks. Shells do the I/O: the reader
-// (reader.go, ingest.go), the asker (ask.go), the hand-over steps of moves
-// (handover.go, stage.go, progress.go) and liveness and checkpoints
-// (liveness.go, router.go). The asker, the hand-over, liveness and the
-// queue's store check (storecheck.go) are rooms: types that own their
-// fields and a run(ctx), and reach the engine and the rest of the node
-// only through the functions Router wires into them. Every goroutine runs
+// (reader.go, ingest.go), the publisher (publish.go, batch.go), the asker
+// (ask.go), the hand-over steps of moves (handover.go, stage.go,
+// progress.go), the release of held-back messages (fair.go) and liveness
+// and checkpoints (liveness.go, router.go). The publisher, the asker, the
+// hand-over, the fair shell, liveness and the queue's store check
+// (storecheck.go) are rooms: types that own their fields (and, but for the
+// publisher, which works when called, a run(ctx)), and reach the engine
+// and the rest of the node only through the functions Router wires into
+// them. Every goroutine runs
 // under Run's errgroup and has ended when Run returns.
 //
 // Lock order: Router.mu (which guards the engine), then the binding

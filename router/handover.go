@@ -103,7 +103,7 @@ func (r *Router) newHandOver() *handOver {
 		lostThrough:    r.lostThrough,
 		stored:         r.qcheck.stored,
 		classify:       r.classify,
-		toDeadLetter:   r.toDeadLetter,
+		toDeadLetter:   r.out.toDeadLetter,
 	}
 	if r.reg != nil {
 		h.loadCheckpointAt = r.reg.LoadCheckpointAt

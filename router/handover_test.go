@@ -93,6 +93,7 @@ func testRouterOn(t *testing.T, s *natstest.Server, node string) (*Router, jetst
 	t.Cleanup(func() { r.warn.lapsed.Close(); r.warn.late.Close() })
 	r.eng = newEngine(engineConfig{node: node, maxHeldMessages: 100, maxHeldBytes: 1 << 20, maxInFlight: 100, timeout: time.Second},
 		r.cache, rand.New(rand.NewPCG(1, 2)))
+	r.out = r.newPublisher()
 	r.ho = r.newHandOver()
 	return r, js
 }
@@ -1182,7 +1183,7 @@ func TestLaneMovesItsOwnStagedCopy(t *testing.T) {
 	sent.Header.Set(DefaultGroupHeader, "g")
 	sent.Header.Set(HeaderIngressSeq, "3")
 	epoch := []string{strconv.FormatUint(route.Epoch, 10)}
-	if err := r.takeLaneLateCopy(ctx, "g", sent, ack.Sequence, epoch); err != nil {
+	if err := r.out.takeLaneLateCopy(ctx, "g", sent, ack.Sequence, epoch); err != nil {
 		t.Fatal(err)
 	}
 	if got := queuedSeqs(t, js, "n0"); fmt.Sprint(got) != "[3]" {

@@ -130,8 +130,8 @@ type Router struct {
 		handler *proposals.Handler
 		client  *proposals.Client
 	}
-	// out: what publishes onto the queue (ingest.go, batch.go).
-	out queueOut
+	// out: the publishing shell (publish.go).
+	out *publisher
 
 	// life: ready is closed once the node routes (setup); stopped is
 	// set when Run returned; stopping when the routing stops.
@@ -215,8 +215,6 @@ func New(nc *nats.Conn, cfg Config) (*Router, error) {
 		metrics: newNodeMetrics(cfg.Type),
 
 		proc: process{instance: uuid.NewString(), pid: os.Getpid(), conflict: make(chan error, 1)},
-
-		out: queueOut{expect: []string{QueueStream}},
 	}
 	r.proc.host, _ = os.Hostname()
 	r.life.ready = make(chan struct{})
@@ -241,6 +239,7 @@ func New(nc *nats.Conn, cfg Config) (*Router, error) {
 		release:      logagg.New(r.log, "held messages not moved onto the queue; the group's next release tries again", logagg.DefaultEvery),
 		handOver:     logagg.New(r.log, "hand-over publish failed (a drain's copy, a catch-up, a late copy's move); retrying", logagg.DefaultEvery),
 	}
+	r.out = r.newPublisher()
 	r.rs.loss.log, r.rs.loss.nc, r.rs.loss.node, r.rs.loss.lim.every = r.log, nc, cfg.Node, gapReportEvery
 	if cfg.Metrics != nil {
 		if err := r.registerMetrics(cfg.Metrics); err != nil {
@@ -320,9 +319,9 @@ func (r *Router) perform(acts []action) {
 	for _, a := range acts {
 		switch a.kind {
 		case actPublish:
-			r.publish(a)
+			r.out.publish(a)
 		case actBatch:
-			r.publishBatch(a)
+			r.out.publishBatch(a)
 		case actAsk:
 			wake(r.wake.ask)
 		case actRetry:

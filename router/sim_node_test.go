@@ -597,7 +597,7 @@ func (n *simNode) propose(ps []proposals.Proposal, cb func([]proposals.Decision,
 	})
 }
 
-// The publisher (Router.publish over jspub, and publishSync).
+// The publisher (publisher.publish over jspub, and publishSync).
 
 // send publishes p; cb gets the stream sequence (the first copy's for a
 // duplicate) or an error, unless the node died meanwhile.
@@ -663,7 +663,7 @@ func (n *simNode) track(f *simFlight) {
 	n.w.chk.publishing(n.id, f)
 }
 
-// sendBatch publishes ps as one atomic batch, as Router.publishBatch: cb
+// sendBatch publishes ps as one atomic batch, as publisher.publishBatch: cb
 // gets nil once all are stored, or an error (none stored, or all: an ack
 // lost), unless the node died meanwhile.
 func (n *simNode) sendBatch(ps []simPub, cb func(err error)) {
@@ -783,7 +783,7 @@ func (n *simNode) publish(a action) {
 			n.logf("publish of seq %d: %v", m.seq, err)
 		}
 		if err == nil && !a.dlq && !a.held && group != "" {
-			// Router.laneDuplicate: a duplicate of this node's staged copy
+			// publisher.laneDuplicate: a duplicate of this node's staged copy
 			// (a catch-up staged past where its lane took over after a
 			// restart) is moved onto the queue before the outcome counts
 			// (takeLaneLateCopy: only while the record names this node in
