@@ -695,9 +695,39 @@ func (h *handOver) pausedView(ctx context.Context, node string) (consumerView, b
 	return consumerView{}.observe(read, time.Now()), true
 }
 
-// scanAttempts is how many times a scan reads one message before the
-// scan fails.
-const scanAttempts = 4
+// getAgain is stream.get under readAgain.
+func getAgain(ctx context.Context, stream msgStore, seq uint64) (*jetstream.RawStreamMsg, error) {
+	var m *jetstream.RawStreamMsg
+	err := readAgain(ctx, func() (err error) {
+		m, err = stream.get(ctx, seq)
+		return err
+	})
+	return m, err
+}
+
+// readAttempts is how many times a step reads one thing of the streams
+// (a message, a subject's state, a consumer) before the step fails.
+const readAttempts = 4
+
+// readAgain runs read, a read of the streams that changes nothing, up to
+// readAttempts times while it fails (but with a message gone, which is an
+// answer), pausing 0.1 s, 0.2 s, 0.3 s between: one failed read of many (a
+// timeout, a leader changing) does not fail the whole step, whose retry
+// reads everything again from the start (a large queue's scan, thousands
+// of reads, would then seldom finish while reads fail now and then). A
+// write is never retried so: a delete whose reply was lost, sent again,
+// finds the message gone, which tells a mover the old consumer took it.
+func readAgain(ctx context.Context, read func() error) error {
+	for attempt := 1; ; attempt++ {
+		err := read()
+		if err == nil || isGone(err) || attempt == readAttempts || ctx.Err() != nil {
+			return err
+		}
+		if err := natsretry.Sleep(ctx, backoffBase*time.Duration(attempt)); err != nil {
+			return err
+		}
+	}
+}
 
 // scanWalkers bounds the walks of one old queue that run at once; each
 // walks a range of the queue stream's sequences (scanPerWalker messages of
@@ -728,13 +758,17 @@ func (h *handOver) scanQueues(ctx context.Context, stream msgStore, byNode map[s
 			qinfo, hinfo jetstream.StreamState
 		)
 		reads, rctx := errgroup.WithContext(ctx)
-		reads.Go(func() (err error) {
-			qinfo, err = stream.state(rctx, prefix+">")
-			return err
+		reads.Go(func() error {
+			return readAgain(rctx, func() (err error) {
+				qinfo, err = stream.state(rctx, prefix+">")
+				return err
+			})
 		})
-		reads.Go(func() (err error) {
-			hinfo, err = stream.state(rctx, HeldSubjectPrefix+node+".>")
-			return err
+		reads.Go(func() error {
+			return readAgain(rctx, func() (err error) {
+				hinfo, err = stream.state(rctx, HeldSubjectPrefix+node+".>")
+				return err
+			})
 		})
 		if err := reads.Wait(); err != nil {
 			return nil, err
@@ -838,27 +872,18 @@ func walkSubject(ctx context.Context, stream msgStore, filter string, first, las
 			hi = last
 		}
 		walks.Go(func() error {
-			for seq, attempt := lo, 1; seq <= hi; {
-				m, err := stream.next(wctx, seq, filter)
+			for seq := lo; seq <= hi; {
+				var m *jetstream.RawStreamMsg
+				err := readAgain(wctx, func() (err error) {
+					m, err = stream.next(wctx, seq, filter)
+					return err
+				})
 				if isGone(err) {
 					return nil
-				}
-				if err != nil && attempt < scanAttempts && wctx.Err() == nil {
-					// One read of many failed (a timeout, a leader
-					// changing): read it again after a pause rather than
-					// fail the whole step, whose retry scans again from the
-					// start: a large queue's scan, thousands of reads, would
-					// then seldom finish while reads fail now and then.
-					if err := natsretry.Sleep(wctx, backoffBase*time.Duration(attempt)); err != nil {
-						return err
-					}
-					attempt++
-					continue
 				}
 				if err != nil {
 					return err
 				}
-				attempt = 1
 				if m.Sequence > hi {
 					return nil
 				}
@@ -919,8 +944,11 @@ func (h *handOver) awaitConsumers(ctx context.Context, stream msgStore, byNode m
 			if _, ok := views[node]; ok && first {
 				continue // read just before the queues were
 			}
-			read, err := h.readConsumer(ctx, node)
-			if err != nil {
+			var read consumerView
+			if err := readAgain(ctx, func() (err error) {
+				read, err = h.readConsumer(ctx, node)
+				return err
+			}); err != nil {
 				return err
 			}
 			views[node] = views[node].observe(read, time.Now())
@@ -948,7 +976,7 @@ func (h *handOver) awaitConsumers(ctx context.Context, stream msgStore, byNode m
 					break
 				}
 				budget--
-				_, err := stream.get(ctx, m.seq)
+				_, err := getAgain(ctx, stream, m.seq)
 				if err != nil && !isGone(err) {
 					return err
 				}
@@ -1140,7 +1168,7 @@ func (h *handOver) moveGroup(ctx context.Context, stream msgStore, found []queue
 // this drain looked there: it is moved here (takeLateCopy) before the
 // original is deleted. One that is gone was processed by its consumer.
 func (h *handOver) otherCopy(ctx context.Context, stream msgStore, q queued, route kvbinding.Binding, sent *nats.Msg, seq uint64) (mine bool, err error) {
-	m, err := stream.get(ctx, seq)
+	m, err := getAgain(ctx, stream, seq)
 	if isGone(err) {
 		h.log.Info("a message to move was copied by an earlier mover, whose copy was processed; the original is deleted",
 			"group", logagg.Short(q.group), "ingress_seq", q.ingressSeq, "from", q.from, "copy_seq", seq)
@@ -1551,7 +1579,7 @@ func (h *handOver) pinnedCheckpoints(ctx context.Context, routes map[string]kvbi
 // is moved here now, as the drain moves (waiting while that consumer holds
 // it unacked), before the group's next message is routed.
 func (h *handOver) takeLateCopy(ctx context.Context, stream msgStore, group string, route kvbinding.Binding, sent *nats.Msg, seq uint64) error {
-	m, err := stream.get(ctx, seq)
+	m, err := getAgain(ctx, stream, seq)
 	if isGone(err) {
 		return nil // acked (or moved) already
 	}
@@ -1701,7 +1729,11 @@ func (h *handOver) ingressEndsBefore(ctx context.Context, next, hi uint64) (bool
 	if err != nil {
 		return false, err
 	}
-	m, err := st.next(ctx, next, ">")
+	var m *jetstream.RawStreamMsg
+	err = readAgain(ctx, func() (err error) {
+		m, err = st.next(ctx, next, ">")
+		return err
+	})
 	if errors.Is(err, jetstream.ErrMsgNotFound) {
 		return true, nil
 	}

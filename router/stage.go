@@ -328,7 +328,7 @@ func (h *handOver) readIngressSpan(ctx context.Context, lo, hi uint64, fn func(s
 // node's staged copy of it: false when it is another node's (the old
 // node routed it) or gone (consumed, or moved by an earlier catch-up).
 func (h *handOver) ownHeld(ctx context.Context, stream msgStore, seq, is uint64) (bool, error) {
-	m, err := stream.get(ctx, seq)
+	m, err := getAgain(ctx, stream, seq)
 	if isGone(err) {
 		return false, nil
 	}
@@ -355,7 +355,7 @@ func (h *handOver) needsStaging(g string, route kvbinding.Binding) bool {
 // was moved: false when the staged copy is gone (moved before this
 // retry, or by a successor that took the group).
 func (h *handOver) moveStaged(ctx context.Context, stream msgStore, group string, route kvbinding.Binding, seq, is uint64) (bool, error) {
-	m, err := stream.get(ctx, seq)
+	m, err := getAgain(ctx, stream, seq)
 	if isGone(err) {
 		return false, nil
 	}
