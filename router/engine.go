@@ -891,6 +891,13 @@ func (e *engine) inFlight(ln *lane, seq uint64) *msgRec {
 	return nil
 }
 
+// held reports whether m is among ln's held messages (an ungrouped
+// message leaves them when it is published).
+func (ln *lane) held(m *msgRec) bool {
+	i, ok := slices.BinarySearchFunc(ln.msgs, m.seq, func(m *msgRec, seq uint64) int { return cmp.Compare(m.seq, seq) })
+	return ok && ln.msgs[i] == m
+}
+
 // acked takes the outcome of a publish the engine asked for.
 func (e *engine) acked(ln *lane, m *msgRec, dlq bool, reason string, err error, qseq uint64, now time.Time) {
 	if err != nil {
@@ -925,7 +932,10 @@ func (e *engine) acked(ln *lane, m *msgRec, dlq bool, reason string, err error, 
 	}
 	ln.inflight--
 	e.inflight--
-	if ln.deadLettering {
+	if ln.deadLettering && dlq && ln.held(m) {
+		// One of the copies startDeadLetter published. The ungrouped
+		// lane's earlier publishes, out of the lane when they were sent,
+		// may still come back meanwhile: they end as any publish does.
 		e.stats.deadLettered++
 		ln.dlqPending--
 		if ln.dlqPending == 0 {

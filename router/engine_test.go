@@ -305,3 +305,88 @@ func TestEngineOutcomesFindTheirMessages(t *testing.T) {
 		t.Fatalf("dead-lettered %d, pending %d, stray %d; want 3, 0 and the 4 strays before", e.stats.deadLettered, ln.dlqPending, e.stats.strayOutcomes)
 	}
 }
+
+// The ungrouped lane publishes its messages all at once, so a binding it
+// needs again (its record ended) can fail past MaxAttempts while earlier
+// messages of it are still in flight as ordinary publishes. Their outcomes
+// are not the dead-letter copies': the dead-letter record is asked for
+// only once every held message is on the dead-letter stream, and each
+// message in flight is released (memory, the resolved position) when its
+// publish is done.
+func TestUngroupedDeadLetterWaitsForItsOwnCopies(t *testing.T) {
+	for _, node := range []string{"n1", "n2"} {
+		recs := mapRecords{"": {State: kvbinding.StateBound, Node: node, FromSeq: 1, Revision: 2, Epoch: 2}}
+		e := newTestEngine(node, recs)
+		if !e.isProposer("") {
+			continue
+		}
+		e.cfg.maxAttempts = 1
+		for seq := uint64(1); seq <= 2; seq++ {
+			e.step(inMsg{group: "", m: &msgRec{seq: seq, size: 10}}, testNow)
+		}
+		pubs := map[uint64]action{}
+		for _, a := range e.take() {
+			if a.kind == actPublish {
+				pubs[a.msg.seq] = a
+			}
+		}
+		if len(pubs) != 2 {
+			t.Fatalf("%d publishes of the ungrouped messages, want 2", len(pubs))
+		}
+		// The ungrouped binding ends through 2: message 3 needs a new one,
+		// and its one attempt fails.
+		recs[""] = kvbinding.Binding{State: kvbinding.StateReleased, PrevNode: node, ThroughSeq: 2, Revision: 3, Epoch: 2}
+		e.step(inChanged{refs: []string{""}}, testNow)
+		e.step(inMsg{group: "", m: &msgRec{seq: 3, size: 10}}, testNow)
+		e.take()
+		asks := e.askBatch(10, testNow)
+		if len(asks) != 1 {
+			t.Fatalf("%d asks, want the ungrouped binding's", len(asks))
+		}
+		e.step(inReplied{batch: asks, err: proposals.ErrNoHandler}, testNow)
+		var dlq action
+		for _, a := range e.take() {
+			if a.kind == actPublish && a.dlq {
+				dlq = a
+			}
+		}
+		if dlq.msg.seq != 3 {
+			t.Fatalf("message 3 not dead-lettered after its failed attempt (got %+v)", dlq)
+		}
+		for _, seq := range []uint64{1, 2} {
+			a := pubs[seq]
+			o := a.outcome()
+			o.seq = seq
+			e.step(inOutcomes{batch: []outcome{o}}, testNow)
+			for _, a := range e.take() {
+				if a.kind == actDeadLettered {
+					t.Fatalf("node %s: the dead-letter record asked for when ordinary message %d was stored, before message 3's dead-letter copy", node, seq)
+				}
+			}
+		}
+		if e.stats.deadLettered != 0 {
+			t.Fatalf("node %s: %d counted dead-lettered, want 0 (only ordinary publishes are done)", node, e.stats.deadLettered)
+		}
+		e.step(inOutcomes{batch: []outcome{dlq.outcome()}}, testNow)
+		told := false
+		for _, a := range e.take() {
+			told = told || a.kind == actDeadLettered
+		}
+		if !told || e.stats.deadLettered != 1 {
+			t.Fatalf("node %s: after the dead-letter copy: record asked %v, %d dead-lettered; want true, 1", node, told, e.stats.deadLettered)
+		}
+		// Message 3 is held until the record is written (every node drops
+		// it then); the ordinary ones are done.
+		if e.mem.heldMsgs != 1 || e.inflight != 0 {
+			t.Fatalf("node %s: %d held, %d in flight; want message 3 held, nothing in flight", node, e.mem.heldMsgs, e.inflight)
+		}
+		recs[""] = kvbinding.Binding{State: kvbinding.StateDeadLettered, ThroughSeq: 3, Revision: 4, Epoch: 2}
+		e.step(inChanged{refs: []string{""}}, testNow)
+		e.take()
+		if e.mem.heldMsgs != 0 || e.position() != 4 {
+			t.Fatalf("node %s: after the dead-letter record, %d held, position %d; want 0, 4", node, e.mem.heldMsgs, e.position())
+		}
+		return
+	}
+	t.Fatal("neither n1 nor n2 proposes the ungrouped binding")
+}
