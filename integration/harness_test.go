@@ -72,7 +72,10 @@ func startNode(t testing.TB, url string, cfg router.Config) *node {
 func (n *node) start() {
 	n.t.Helper()
 	n.launch()
-	n.waitReady(30 * time.Second)
+	// A deadline, not a measure: beside another test and two busy loops,
+	// a fresh cluster's JetStream can take most of 30 s to answer a
+	// node's first announcement.
+	n.waitReady(time.Minute)
 }
 
 // launch starts the node without waiting for it to route.
