@@ -84,12 +84,14 @@ func TestStatusPageInBrowser(t *testing.T) {
 	srv := natstest.RunServer(t)
 	// The nodes as users run them, each serving its operator endpoints
 	// (--http); n0's status page is the one loaded. A killed node is gone
-	// with its groups for the grace: long enough for two samples of the
-	// history.
+	// with its groups from 3 heartbeats (1 s each) after its last
+	// announcement until the grace ends and its groups move: with a grace
+	// of 10 s, about 7 s, three samples of the history (one every 2 s). A
+	// grace of 5 s left 2 s, one sample or none (CI missed it once).
 	var col collector
 	procs, _ := startProcNodes(t, buildRelease(t, ""), srv.URL(), &col,
 		[]procNode{{"n0", "LOCAL"}, {"n1", "REMOTE"}, {"n2", "REMOTE"}},
-		"--rebalance=false", "--node-grace", "5s", "--http", "127.0.0.1:0", "--log-level", "debug")
+		"--rebalance=false", "--node-grace", "10s", "--http", "127.0.0.1:0", "--log-level", "debug")
 	admin := natstest.Connect(t, srv.URL(), nats.Name("test-admin"))
 	// No request reaches n0's page before the browser's.
 	pageURL := "http://" + procs["n0"].httpAddr(t)
