@@ -881,22 +881,24 @@ func (e *engine) inFlight(ln *lane, seq uint64) *msgRec {
 	if ln.group == "" {
 		return e.ungrouped.take(seq)
 	}
-	msgs := ln.msgs
-	if len(msgs) > 0 && msgs[0].seq == seq {
-		return msgs[0]
+	if len(ln.msgs) > 0 && ln.msgs[0].seq == seq {
+		return ln.msgs[0]
 	}
-	if i, ok := slices.BinarySearchFunc(msgs, seq, func(m *msgRec, seq uint64) int { return cmp.Compare(m.seq, seq) }); ok {
-		return msgs[i]
+	return ln.find(seq)
+}
+
+// find returns ln's held message at ingress sequence seq (nil: none);
+// the lane holds its messages in ingress order.
+func (ln *lane) find(seq uint64) *msgRec {
+	if i, ok := slices.BinarySearchFunc(ln.msgs, seq, func(m *msgRec, seq uint64) int { return cmp.Compare(m.seq, seq) }); ok {
+		return ln.msgs[i]
 	}
 	return nil
 }
 
 // held reports whether m is among ln's held messages (an ungrouped
 // message leaves them when it is published).
-func (ln *lane) held(m *msgRec) bool {
-	i, ok := slices.BinarySearchFunc(ln.msgs, m.seq, func(m *msgRec, seq uint64) int { return cmp.Compare(m.seq, seq) })
-	return ok && ln.msgs[i] == m
-}
+func (ln *lane) held(m *msgRec) bool { return ln.find(m.seq) == m }
 
 // acked takes the outcome of a publish the engine asked for.
 func (e *engine) acked(ln *lane, m *msgRec, dlq bool, reason string, err error, qseq uint64, now time.Time) {
