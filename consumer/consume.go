@@ -482,6 +482,9 @@ func (r *runner) message(l *lane, d *delivery, attempt int) *Message {
 	if meta, err := d.msg.Metadata(); err == nil {
 		msg.Redelivered = meta.NumDelivered > 1
 	}
+	// A copy moved from a node whose consumer had been delivered the
+	// message and stalled: that consumer may have processed it.
+	msg.Redelivered = msg.Redelivered || hdr.Get(wire.HeaderDeliveredBefore) != ""
 	return msg
 }
 

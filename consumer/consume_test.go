@@ -512,6 +512,37 @@ func TestStaleEpochDropped(t *testing.T) {
 	}
 }
 
+// TestMovedAfterDeliveryIsRedelivered: a copy a move made of a message
+// the old node's consumer had been delivered (wire.HeaderDeliveredBefore)
+// reaches the handler flagged Redelivered, though this queue delivers it
+// for the first time; its neighbours are not flagged.
+func TestMovedAfterDeliveryIsRedelivered(t *testing.T) {
+	q := newQueue(t, true, 30*time.Second)
+	rec := newRecord()
+	start(t, q, func(ctx context.Context, m *consumer.Message) error {
+		rec.end(m, true)
+		return nil
+	})
+	q.put("g", 1, 5)
+	m := nats.NewMsg(wire.QueueSubject(node, "orders.x"))
+	m.Header.Set("Group-Id", "g")
+	m.Header.Set(wire.HeaderIngressSeq, "2")
+	m.Header.Set(wire.HeaderEpoch, "5")
+	m.Header.Set(wire.HeaderDeliveredBefore, "n9")
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if _, err := q.js.PublishMsg(ctx, m); err != nil {
+		t.Fatal(err)
+	}
+	q.put("g", 3, 5)
+	waitFor(t, "three processed", func() bool { return rec.count() == 3 })
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	if !rec.redeliv[2] || rec.redeliv[1] || rec.redeliv[3] {
+		t.Errorf("flagged Redelivered: %v, want only 2", rec.redeliv)
+	}
+}
+
 func gaugeNamed(t testing.TB, reg *prometheus.Registry, name string) prometheus.Collector {
 	t.Helper()
 	mfs, err := reg.Gather()

@@ -37,7 +37,9 @@ type Message struct {
 	// store it with the effect and write only if the stored one is lower.
 	Fence Fence
 	// Redelivered is true when JetStream delivered the message before,
-	// to this process or another (that one may have processed it in part).
+	// to this process or another (that one may have processed it in part),
+	// and on a copy moved from a node whose consumer had been delivered it
+	// and stalled (wire.HeaderDeliveredBefore).
 	Redelivered bool
 	// Attempt counts this process's tries of the message, from 1.
 	Attempt int

@@ -110,6 +110,9 @@ type drainMsg struct {
 	// held: it waits on the old node's held subject (fairshare.go),
 	// which no consumer reads: never delivered.
 	held bool
+	// lapsed: planDrain moves it although its old consumer was delivered
+	// it (fateLapsed).
+	lapsed bool
 	// ref is the caller's index of the message.
 	ref int
 }
@@ -177,6 +180,7 @@ func planDrain(msgs []drainMsg, views map[string]consumerView, now time.Time) dr
 			p.awaited++
 		case fateLapsed:
 			p.lapsed++
+			m.lapsed = true
 			p.move = append(p.move, m)
 		case fateMove:
 			p.move = append(p.move, m)

@@ -111,8 +111,15 @@ func TestPlanDrain(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			p := planDrain(tt.msgs, tt.views, now)
 			var move []uint64
+			flagged := 0
 			for _, m := range p.move {
 				move = append(move, m.seq)
+				if m.lapsed {
+					flagged++
+				}
+			}
+			if flagged != p.lapsed {
+				t.Fatalf("planDrain flags %d moved messages lapsed, counts %d", flagged, p.lapsed)
 			}
 			if p.ready != tt.ready || p.awaited != tt.awaited || p.lapsed != tt.lapsed || !equalSeqs(move, tt.move) {
 				t.Fatalf("planDrain = ready %v move %v awaited %d lapsed %d; want ready %v move %v awaited %d lapsed %d",

@@ -1,10 +1,12 @@
 package router
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"slices"
 	"sort"
 	"strconv"
@@ -18,7 +20,6 @@ import (
 
 	"github.com/grouprouter/grouprouter/internal/jsack"
 	"github.com/grouprouter/grouprouter/internal/logagg"
-	natsretry "github.com/grouprouter/grouprouter/internal/retry"
 	"github.com/grouprouter/grouprouter/kvbinding"
 	"github.com/grouprouter/grouprouter/proposals"
 )
@@ -53,6 +54,7 @@ type handOver struct {
 	groupHeader string
 	log         *slog.Logger
 	io          queueIO    // the streams (msgstore.go)
+	clock       clock      // the time, and its timers (clock.go)
 	nc          *nats.Conn // the progress events (progress.go)
 	duties      *dutyQueue
 	warn        struct {
@@ -83,7 +85,7 @@ type handOver struct {
 // binding cache, the registry and the handler's client.
 func (r *Router) newHandOver() *handOver {
 	h := &handOver{
-		node: r.cfg.Node, groupHeader: r.cfg.GroupHeader, log: r.log, io: jsQueueIO(r.js, r.side), nc: r.nc, duties: newDutyQueue(),
+		node: r.cfg.Node, groupHeader: r.cfg.GroupHeader, log: r.log, io: jsQueueIO(r.js, r.side), clock: sysClock{}, nc: r.nc, duties: newDutyQueue(),
 		step:      r.step,
 		fencedNow: r.fencedNow,
 		takeoverFrom: func(group string) uint64 {
@@ -190,9 +192,9 @@ func (h *handOver) run(ctx context.Context) {
 		// of them. A few records (a rebalancing tick's, an operator's move)
 		// go after handOverQuick: the old queue is paused meanwhile, which
 		// holds back every group of its node.
-		quick := time.NewTimer(handOverQuick)
-		settle := time.NewTimer(handOverSettle)
-		limit := time.NewTimer(handOverLimit)
+		quick := h.clock.NewTimer(handOverQuick)
+		settle := h.clock.NewTimer(handOverSettle)
+		limit := h.clock.NewTimer(handOverLimit)
 	gather:
 		for {
 			select {
@@ -203,13 +205,13 @@ func (h *handOver) run(ctx context.Context) {
 				return
 			case <-h.duties.wake:
 				settle.Reset(handOverSettle)
-			case <-quick.C:
+			case <-quick.C():
 				if h.duties.pending() <= handOverFew {
 					break gather
 				}
-			case <-settle.C:
+			case <-settle.C():
 				break gather
-			case <-limit.C:
+			case <-limit.C():
 				break gather
 			}
 		}
@@ -270,10 +272,11 @@ func (h *handOver) forgetDuty(group string, rev uint64) {
 
 // runSteps runs one batch of drain or catch-up steps and reports them.
 func (h *handOver) runSteps(ctx context.Context, jobs map[string]dutyJob) {
-	start := time.Now()
+	start := h.clock.Now()
 	routes := map[string]kvbinding.Binding{}
 	var duty proposals.Duty
-	for g, j := range jobs {
+	for _, g := range sortedKeys(jobs) {
+		j := jobs[g]
 		route, ok := h.lookup(g)
 		if !ok || route.Revision != j.rev || proposals.DutyOf(route, h.node) != j.duty {
 			// The record moved on since splitDuties looked (a batch may
@@ -343,7 +346,7 @@ func (h *handOver) runSteps(ctx context.Context, jobs map[string]dutyJob) {
 			}
 			h.log.Debug("hand-over drain: the old queues hold nothing of these groups; reported at once", "groups", len(none))
 			early.Go(func() {
-				for g := range h.report(ctx, ps) {
+				for _, g := range sortedKeys(h.report(ctx, ps)) {
 					h.forgetDuty(g, revs[g])
 				}
 			})
@@ -375,13 +378,14 @@ func (h *handOver) runSteps(ctx context.Context, jobs map[string]dutyJob) {
 		}
 	}
 	ps := make([]proposals.Proposal, 0, len(jobs))
-	for g, j := range jobs {
-		ps = append(ps, proposals.Proposal{Op: op, Group: g, Rev: j.rev, Count: counts[g]})
+	groups := sortedKeys(jobs)
+	for _, g := range groups {
+		ps = append(ps, proposals.Proposal{Op: op, Group: g, Rev: jobs[g].rev, Count: counts[g]})
 	}
 	refused := h.report(ctx, ps)
-	for g, j := range jobs {
+	for _, g := range groups {
 		if refused[g] {
-			h.forgetDuty(g, j.rev)
+			h.forgetDuty(g, jobs[g].rev)
 		}
 	}
 	if op == proposals.OpCaughtUp {
@@ -392,7 +396,7 @@ func (h *handOver) runSteps(ctx context.Context, jobs map[string]dutyJob) {
 		}
 		h.duties.mu.Unlock()
 	}
-	h.log.Info("hand-over step done", "step", op, "groups", len(jobs), "messages", sum(counts), "took", time.Since(start))
+	h.log.Info("hand-over step done", "step", op, "groups", len(jobs), "messages", sum(counts), "took", since(h.clock, start))
 }
 
 // stepFailed logs a failed step and hands it back after a pause (the
@@ -414,7 +418,7 @@ func (h *handOver) retrySteps(ctx context.Context, jobs map[string]dutyJob) {
 	select {
 	case <-ctx.Done():
 		return
-	case <-time.After(time.Second):
+	case <-after(h.clock, time.Second):
 	}
 	for g, j := range jobs {
 		h.duties.add(g, j.duty, j.rev)
@@ -460,7 +464,7 @@ func (h *handOver) report(ctx context.Context, ps []proposals.Proposal) map[stri
 			select {
 			case <-ctx.Done():
 				return refused
-			case <-time.After(backoffBase * time.Duration(min(attempt, 20))):
+			case <-after(h.clock, backoffBase*time.Duration(min(attempt, 20))):
 			}
 		}
 	}
@@ -488,6 +492,13 @@ func sortReports(sent []proposals.Proposal, ds []proposals.Decision, seen func(g
 	return again, notTaken
 }
 
+// sortedKeys returns m's keys in order: what a step does one after
+// another, it does in the same order every time (its logs read alike, and
+// the simulation replays a seed exactly).
+func sortedKeys[K cmp.Ordered, V any](m map[K]V) []K {
+	return slices.Sorted(maps.Keys(m))
+}
+
 func sum(m map[string]int) int {
 	n := 0
 	for _, v := range m {
@@ -504,6 +515,9 @@ type queued struct {
 	group      string
 	// held: found on the old node's held subject, not its queue.
 	held bool
+	// lapsed: moved although its old consumer was delivered it (its copy
+	// says so: HeaderDeliveredBefore).
+	lapsed bool
 }
 
 // ingressSubject returns the ingress subject of a message found on an old
@@ -576,18 +590,18 @@ func (h *handOver) moveFound(ctx context.Context, stream msgStore, byNode map[st
 	// for long enough (its leader applied it) stands for this node's first
 	// renewal and for the drain's first readings (quiet at once), instead
 	// of a pause call and a second reading after it.
-	began := time.Now()
+	began := h.clock.Now()
 	holdCtx, release := context.WithCancel(ctx)
 	var holding sync.WaitGroup
 	defer func() { release(); holding.Wait() }()
 	views := map[string]consumerView{}
-	for node := range byNode {
+	for _, node := range sortedKeys(byNode) {
 		first := drainPause / 3
 		if v, ok := h.pausedView(ctx, node); ok {
 			views[node] = v
 			// Renewed while a third of drainPause at least is left of the
 			// pause found, as of this node's own.
-			first = min(first, v.pauseLeft-drainPause/3-time.Since(v.progress))
+			first = min(first, v.pauseLeft-drainPause/3-since(h.clock, v.progress))
 		} else {
 			h.pauseQueue(ctx, node)
 		}
@@ -597,13 +611,13 @@ func (h *handOver) moveFound(ctx context.Context, stream msgStore, byNode map[st
 			h.holdPaused(holdCtx, node, first)
 		}()
 	}
-	read := time.Now()
+	read := h.clock.Now()
 	byGroup, err := find(ctx)
 	if err != nil {
 		return nil, err
 	}
 	h.log.Debug("hand-over drain: old queues read", "nodes", len(byNode), "found", countFound(byGroup),
-		"paused_in", read.Sub(began).Round(time.Microsecond), "read_in", time.Since(read).Round(time.Microsecond))
+		"paused_in", read.Sub(began).Round(time.Microsecond), "read_in", since(h.clock, read).Round(time.Microsecond))
 	progressOf(ctx).found(countFound(byGroup))
 	if scanned != nil {
 		var none, some []string
@@ -644,6 +658,7 @@ func (h *handOver) moveFound(ctx context.Context, stream msgStore, byNode map[st
 		todo := make([]queued, len(plan.move))
 		for i, m := range plan.move {
 			todo[i] = found[m.ref]
+			todo[i].lapsed = m.lapsed
 		}
 		route := routes[g]
 		if plan.lapsed > 0 {
@@ -692,13 +707,13 @@ func (h *handOver) pausedView(ctx context.Context, node string) (consumerView, b
 	if err != nil || !read.exists || !read.paused || read.pauseLeft < drainPause/2 {
 		return consumerView{}, false
 	}
-	return consumerView{}.observe(read, time.Now()), true
+	return consumerView{}.observe(read, h.clock.Now()), true
 }
 
 // getAgain is stream.get under readAgain.
-func getAgain(ctx context.Context, stream msgStore, seq uint64) (*jetstream.RawStreamMsg, error) {
+func (h *handOver) getAgain(ctx context.Context, stream msgStore, seq uint64) (*jetstream.RawStreamMsg, error) {
 	var m *jetstream.RawStreamMsg
-	err := readAgain(ctx, func() (err error) {
+	err := h.readAgain(ctx, func() (err error) {
 		m, err = stream.get(ctx, seq)
 		return err
 	})
@@ -717,13 +732,13 @@ const readAttempts = 4
 // of reads, would then seldom finish while reads fail now and then). A
 // write is never retried so: a delete whose reply was lost, sent again,
 // finds the message gone, which tells a mover the old consumer took it.
-func readAgain(ctx context.Context, read func() error) error {
+func (h *handOver) readAgain(ctx context.Context, read func() error) error {
 	for attempt := 1; ; attempt++ {
 		err := read()
 		if err == nil || isGone(err) || attempt == readAttempts || ctx.Err() != nil {
 			return err
 		}
-		if err := natsretry.Sleep(ctx, backoffBase*time.Duration(attempt)); err != nil {
+		if err := h.clock.Sleep(ctx, backoffBase*time.Duration(attempt)); err != nil {
 			return err
 		}
 	}
@@ -752,20 +767,21 @@ const (
 // read: past it, the scan fails with errScanLimit.
 func (h *handOver) scanQueues(ctx context.Context, stream msgStore, byNode map[string]map[string]bool, routes map[string]kvbinding.Binding, limit int) (map[string][]queued, error) {
 	byGroup := map[string][]queued{}
-	for node, groups := range byNode {
+	for _, node := range sortedKeys(byNode) {
+		groups := byNode[node]
 		prefix := QueueSubjectPrefix + node + "."
 		var (
 			qinfo, hinfo jetstream.StreamState
 		)
 		reads, rctx := errgroup.WithContext(ctx)
 		reads.Go(func() error {
-			return readAgain(rctx, func() (err error) {
+			return h.readAgain(rctx, func() (err error) {
 				qinfo, err = stream.state(rctx, prefix+">")
 				return err
 			})
 		})
 		reads.Go(func() error {
-			return readAgain(rctx, func() (err error) {
+			return h.readAgain(rctx, func() (err error) {
 				hinfo, err = stream.state(rctx, HeldSubjectPrefix+node+".>")
 				return err
 			})
@@ -783,7 +799,7 @@ func (h *handOver) scanQueues(ctx context.Context, stream msgStore, byNode map[s
 		var msgs []*jetstream.RawStreamMsg
 		if waiting > 0 {
 			var err error
-			msgs, err = walkSubject(ctx, stream, prefix+">", qinfo.FirstSeq, qinfo.LastSeq, waiting)
+			msgs, err = h.walkSubject(ctx, stream, prefix+">", qinfo.FirstSeq, qinfo.LastSeq, waiting)
 			if err != nil {
 				return nil, err
 			}
@@ -812,7 +828,7 @@ func (h *handOver) scanQueues(ctx context.Context, stream msgStore, byNode map[s
 				heldSubjects = append(heldSubjects, subj)
 			}
 		}
-		for g := range groups {
+		for _, g := range sortedKeys(groups) {
 			key, err := kvbinding.Key(g)
 			if err != nil {
 				continue
@@ -821,7 +837,7 @@ func (h *handOver) scanQueues(ctx context.Context, stream msgStore, byNode map[s
 			if !slices.ContainsFunc(heldSubjects, func(subj string) bool { return strings.HasPrefix(subj, keyPrefix) }) {
 				continue
 			}
-			held, err := walkSubject(ctx, stream, HeldFilter(node, key), hinfo.FirstSeq, hinfo.LastSeq, 1)
+			held, err := h.walkSubject(ctx, stream, HeldFilter(node, key), hinfo.FirstSeq, hinfo.LastSeq, 1)
 			if err != nil {
 				return nil, err
 			}
@@ -855,7 +871,7 @@ func (h *handOver) ownStep(node string, m *jetstream.RawStreamMsg, route kvbindi
 // filter from a sequence). n is about how many there are: the range is
 // split into up to scanWalkers parts, of scanPerWalker of them at least,
 // walked at once.
-func walkSubject(ctx context.Context, stream msgStore, filter string, first, last uint64, n int) ([]*jetstream.RawStreamMsg, error) {
+func (h *handOver) walkSubject(ctx context.Context, stream msgStore, filter string, first, last uint64, n int) ([]*jetstream.RawStreamMsg, error) {
 	if first == 0 || last < first {
 		return nil, nil
 	}
@@ -874,7 +890,7 @@ func walkSubject(ctx context.Context, stream msgStore, filter string, first, las
 		walks.Go(func() error {
 			for seq := lo; seq <= hi; {
 				var m *jetstream.RawStreamMsg
-				err := readAgain(wctx, func() (err error) {
+				err := h.readAgain(wctx, func() (err error) {
 					m, err = stream.next(wctx, seq, filter)
 					return err
 				})
@@ -931,34 +947,38 @@ func (h *handOver) awaitConsumers(ctx context.Context, stream msgStore, byNode m
 	checked := map[string]time.Time{} // per group: when its awaited messages were last looked at
 	logged := map[string]bool{}
 	poll := drainFirstPoll
-	for first := true; len(plans) > 0; first = false {
+	nodes := sortedKeys(byNode)
+	for round, first := 0, true; len(plans) > 0; round, first = round+1, false {
 		if !first {
 			select {
 			case <-ctx.Done():
 				return ctx.Err()
-			case <-time.After(poll):
+			case <-after(h.clock, poll):
 			}
 			poll = min(2*poll, drainPoll)
 		}
-		for node := range byNode {
+		for _, node := range nodes {
 			if _, ok := views[node]; ok && first {
 				continue // read just before the queues were
 			}
 			var read consumerView
-			if err := readAgain(ctx, func() (err error) {
+			if err := h.readAgain(ctx, func() (err error) {
 				read, err = h.readConsumer(ctx, node)
 				return err
 			}); err != nil {
 				return err
 			}
-			views[node] = views[node].observe(read, time.Now())
+			views[node] = views[node].observe(read, h.clock.Now())
 		}
-		now := time.Now()
+		now := h.clock.Now()
 		// Looking at messages costs a request each: at most
-		// drainLookups a round, spread over the groups (a map's order
-		// changes from one round to the next).
+		// drainLookups a round, spread over the groups: each round starts
+		// one group further on.
 		budget := drainLookups
-		for g, msgs := range plans {
+		groups := sortedKeys(plans)
+		for i := range groups {
+			g := groups[(i+round)%len(groups)]
+			msgs := plans[g]
 			route := routes[g]
 			if !h.current(g, route.Revision) {
 				return errSuperseded
@@ -976,7 +996,7 @@ func (h *handOver) awaitConsumers(ctx context.Context, stream msgStore, byNode m
 					break
 				}
 				budget--
-				_, err := getAgain(ctx, stream, m.seq)
+				_, err := h.getAgain(ctx, stream, m.seq)
 				if err != nil && !isGone(err) {
 					return err
 				}
@@ -1005,7 +1025,7 @@ func (h *handOver) awaitConsumers(ctx context.Context, stream msgStore, byNode m
 				if len(plan.move) > 0 {
 					attrs = append(attrs, "first_seq", plan.move[0].seq, "last_seq", plan.move[len(plan.move)-1].seq)
 				}
-				for node := range byNode {
+				for _, node := range nodes {
 					attrs = append(attrs, views[node].logAttr(node, now))
 				}
 				h.log.Debug("hand-over: the old consumer is done with the group", attrs...)
@@ -1047,7 +1067,7 @@ func (h *handOver) readConsumer(ctx context.Context, node string) (consumerView,
 		// of this process's clock with theirs. The consumer's first leader
 		// (elected as it was created) had no predecessor.
 		if age := info.TimeStamp.Sub(*c.LeaderSince); age < wait {
-			v.unsure = time.Now().Add(wait - age)
+			v.unsure = h.clock.Now().Add(wait - age)
 		}
 	}
 	return v, nil
@@ -1106,6 +1126,9 @@ func (h *handOver) moveGroup(ctx context.Context, stream msgStore, found []queue
 			dropBatchHeaders(out.Header)
 			out.Header.Set(jetstream.MsgIDHeader, movedID(q.msg.Sequence))
 			out.Header.Set(HeaderMovedFrom, q.from)
+			if q.lapsed {
+				out.Header.Set(HeaderDeliveredBefore, q.from)
+			}
 			out.Header.Set(jetstream.ExpectedStreamHeader, QueueStream)
 			out.Header[HeaderEpoch] = epochHdr
 			ack, err := h.publishSync(ctx, out, func() bool { return h.current(q.group, route.Revision) })
@@ -1168,7 +1191,7 @@ func (h *handOver) moveGroup(ctx context.Context, stream msgStore, found []queue
 // this drain looked there: it is moved here (takeLateCopy) before the
 // original is deleted. One that is gone was processed by its consumer.
 func (h *handOver) otherCopy(ctx context.Context, stream msgStore, q queued, route kvbinding.Binding, sent *nats.Msg, seq uint64) (mine bool, err error) {
-	m, err := getAgain(ctx, stream, seq)
+	m, err := h.getAgain(ctx, stream, seq)
 	if isGone(err) {
 		h.log.Info("a message to move was copied by an earlier mover, whose copy was processed; the original is deleted",
 			"group", logagg.Short(q.group), "ingress_seq", q.ingressSeq, "from", q.from, "copy_seq", seq)
@@ -1238,13 +1261,13 @@ const drainPause = 10 * time.Second
 // holdPaused keeps node's queue consumer paused until ctx ends, renewing
 // the pause after first, then every third of drainPause.
 func (h *handOver) holdPaused(ctx context.Context, node string, first time.Duration) {
-	t := time.NewTimer(max(first, 0))
+	t := h.clock.NewTimer(max(first, 0))
 	defer t.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return
-		case <-t.C:
+		case <-t.C():
 		}
 		h.pauseQueue(ctx, node)
 		t.Reset(drainPause / 3)
@@ -1253,7 +1276,7 @@ func (h *handOver) holdPaused(ctx context.Context, node string, first time.Durat
 
 // pauseQueue pauses node's queue consumer for drainPause.
 func (h *handOver) pauseQueue(ctx context.Context, node string) {
-	if err := h.io.pause(ctx, node, time.Now().Add(drainPause)); err != nil &&
+	if err := h.io.pause(ctx, node, h.clock.Now().Add(drainPause)); err != nil &&
 		ctx.Err() == nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
 		h.log.Debug("cannot renew the pause of a queue being drained", "node", node, "err", err)
 	}
@@ -1360,8 +1383,8 @@ func (h *handOver) catchUp(ctx context.Context, routes map[string]kvbinding.Bind
 	if err != nil {
 		return nil, err
 	}
-	for g, st := range staged {
-		if err := h.dropStaged(ctx, stream, g, st, spans[g].from); err != nil {
+	for _, g := range sortedKeys(staged) {
+		if err := h.dropStaged(ctx, stream, g, staged[g], spans[g].from); err != nil {
 			return nil, err
 		}
 	}
@@ -1422,7 +1445,8 @@ func (h *handOver) catchUp(ctx context.Context, routes map[string]kvbinding.Bind
 	var mu sync.Mutex
 	work, wctx := errgroup.WithContext(ctx)
 	work.SetLimit(128)
-	for g, steps := range byGroup {
+	for _, g := range sortedKeys(byGroup) {
+		steps := byGroup[g]
 		work.Go(func() (err error) {
 			n := 0
 			// through: the last of the group's messages stored, in order.
@@ -1538,7 +1562,8 @@ func (h *handOver) pinnedCheckpoints(ctx context.Context, routes map[string]kvbi
 	}
 	read := map[at]*kvbinding.Checkpoint{}
 	pins := map[string]kvbinding.Checkpoint{}
-	for g, route := range routes {
+	for _, g := range sortedKeys(routes) {
+		route := routes[g]
 		if route.Ckpt == 0 || route.PrevNode == "" {
 			continue
 		}
@@ -1579,7 +1604,7 @@ func (h *handOver) pinnedCheckpoints(ctx context.Context, routes map[string]kvbi
 // is moved here now, as the drain moves (waiting while that consumer holds
 // it unacked), before the group's next message is routed.
 func (h *handOver) takeLateCopy(ctx context.Context, stream msgStore, group string, route kvbinding.Binding, sent *nats.Msg, seq uint64) error {
-	m, err := getAgain(ctx, stream, seq)
+	m, err := h.getAgain(ctx, stream, seq)
 	if isGone(err) {
 		return nil // acked (or moved) already
 	}
@@ -1650,7 +1675,7 @@ func (h *handOver) readIngress(ctx context.Context, lo, hi uint64, fn func(seq u
 				}
 				attempt++
 				h.log.Debug("catch-up: ingress consumer not created; retrying", "err", err, "from", next)
-				if err := natsretry.Sleep(ctx, backoffBase*time.Duration(attempt)); err != nil {
+				if err := h.clock.Sleep(ctx, backoffBase*time.Duration(attempt)); err != nil {
 					return err
 				}
 				continue
@@ -1664,7 +1689,7 @@ func (h *handOver) readIngress(ctx context.Context, lo, hi uint64, fn func(seq u
 			cons = nil
 			attempt++
 			h.log.Debug("catch-up: ingress not read; reading again", "err", err, "from", next, "attempt", attempt)
-			if err := natsretry.Sleep(ctx, backoffBase*time.Duration(min(attempt, 20))); err != nil {
+			if err := h.clock.Sleep(ctx, backoffBase*time.Duration(min(attempt, 20))); err != nil {
 				return err
 			}
 			continue
@@ -1711,7 +1736,7 @@ func (h *handOver) readIngress(ctx context.Context, lo, hi uint64, fn func(seq u
 				return fmt.Errorf("catch-up: the ingress delivered nothing from %d, and holds messages before %d (%v)", next, hi, err)
 			}
 			h.log.Debug("catch-up: the ingress delivered nothing yet; reading again", "from", next, "until", hi, "err", err, "attempt", attempt)
-			if err := natsretry.Sleep(ctx, backoffBase*time.Duration(min(attempt, 20))); err != nil {
+			if err := h.clock.Sleep(ctx, backoffBase*time.Duration(min(attempt, 20))); err != nil {
 				return err
 			}
 		}
@@ -1730,7 +1755,7 @@ func (h *handOver) ingressEndsBefore(ctx context.Context, next, hi uint64) (bool
 		return false, err
 	}
 	var m *jetstream.RawStreamMsg
-	err = readAgain(ctx, func() (err error) {
+	err = h.readAgain(ctx, func() (err error) {
 		m, err = st.next(ctx, next, ">")
 		return err
 	})
@@ -1774,7 +1799,7 @@ func (h *handOver) publishSync(ctx context.Context, m *nats.Msg, still func() bo
 		select {
 		case <-ctx.Done():
 			return nil, ctx.Err()
-		case <-time.After(backoffBase):
+		case <-after(h.clock, backoffBase):
 		}
 	}
 }
@@ -1789,7 +1814,7 @@ func (h *handOver) waitUnfenced(ctx context.Context) error {
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
-		case <-time.After(20 * time.Millisecond):
+		case <-after(h.clock, 20*time.Millisecond):
 		}
 	}
 }

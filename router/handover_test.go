@@ -299,7 +299,7 @@ func TestScanQueuesFindsTheGroupsAmongMany(t *testing.T) {
 		t.Errorf("found groups %d, want 2", len(found))
 	}
 	for _, n := range []int{1, 7, 64, 1000} {
-		msgs, err := walkSubject(ctx, jsStore{stream}, QueueSubjectPrefix+"n9.>", 1, 300, n)
+		msgs, err := (&handOver{clock: sysClock{}}).walkSubject(ctx, jsStore{stream}, QueueSubjectPrefix+"n9.>", 1, 300, n)
 		if err != nil {
 			t.Fatal(err)
 		}

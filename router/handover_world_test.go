@@ -433,7 +433,7 @@ func hoRun(seed uint64) (problems []string, fails, excused int) {
 		b.Group, b.Revision, b.Epoch = g, rev[g], 5
 		cache.Apply(b)
 	}
-	h := &handOver{node: "n1", groupHeader: DefaultGroupHeader, log: log, io: w.io(), duties: newDutyQueue(),
+	h := &handOver{node: "n1", groupHeader: DefaultGroupHeader, log: log, io: w.io(), clock: sysClock{}, duties: newDutyQueue(),
 		fencedNow:            func() bool { return false },
 		takeoverFrom:         func(string) uint64 { return uint64(n + 1) },
 		ungroupedDestination: func() string { return "n1" },

@@ -53,7 +53,7 @@ type progressKey struct{}
 // counter for drainQueues, moveGroup and catchUp (progressOf). The caller
 // calls end once the step returned.
 func (h *handOver) startProgress(ctx context.Context, duty proposals.Duty, routes map[string]kvbinding.Binding) (context.Context, *stepProgress) {
-	p := &stepProgress{h: h, step: kvbinding.StepCatchUp, groups: len(routes), start: time.Now(), stop: make(chan struct{})}
+	p := &stepProgress{h: h, step: kvbinding.StepCatchUp, groups: len(routes), start: h.clock.Now(), stop: make(chan struct{})}
 	if duty == proposals.DutyDrain {
 		p.step = kvbinding.StepDrain
 	}
@@ -62,8 +62,10 @@ func (h *handOver) startProgress(ctx context.Context, duty proposals.Duty, route
 			p.group, p.prev = g, route.PrevNode
 		}
 	}
-	p.wg.Add(1)
-	go p.tick()
+	if h.nc != nil { // nothing to send events on (the simulation's shells)
+		p.wg.Add(1)
+		go p.tick()
+	}
 	return context.WithValue(ctx, progressKey{}, p), p
 }
 
@@ -89,7 +91,7 @@ func (p *stepProgress) add(n int) {
 	d := p.done.Add(int64(n))
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if d-p.lastDone >= progressEvery && time.Since(p.lastSent) >= progressMinGap {
+	if d-p.lastDone >= progressEvery && since(p.h.clock, p.lastSent) >= progressMinGap {
 		p.sendLocked("", false)
 	}
 }
@@ -97,13 +99,14 @@ func (p *stepProgress) add(n int) {
 // tick sends a progress event every progressInterval until end.
 func (p *stepProgress) tick() {
 	defer p.wg.Done()
-	t := time.NewTicker(progressInterval)
+	t := p.h.clock.NewTimer(progressInterval)
 	defer t.Stop()
 	for {
 		select {
 		case <-p.stop:
 			return
-		case <-t.C:
+		case <-t.C():
+			t.Reset(progressInterval)
 			p.mu.Lock()
 			p.sendLocked("", true)
 			p.mu.Unlock()
@@ -137,13 +140,15 @@ func (p *stepProgress) end(err error) {
 // p.mu is held.
 func (p *stepProgress) sendLocked(reason string, log bool) {
 	done, total := p.done.Load(), p.total.Load()
-	p.lastSent, p.lastDone = time.Now(), done
+	p.lastSent, p.lastDone = p.h.clock.Now(), done
 	p.sent++
-	proposals.Event{Kind: proposals.EventProgress, Group: p.group, Node: p.h.node, PrevNode: p.prev, By: p.h.node,
-		Step: string(p.step), Count: int(done), Total: int(total), Groups: p.groups, Reason: reason}.Publish(p.h.nc)
+	if p.h.nc != nil {
+		proposals.Event{Kind: proposals.EventProgress, Group: p.group, Node: p.h.node, PrevNode: p.prev, By: p.h.node,
+			Step: string(p.step), Count: int(done), Total: int(total), Groups: p.groups, Reason: reason}.Publish(p.h.nc)
+	}
 	if log {
 		p.h.log.Info("hand-over step in progress", "step", p.step, "groups", p.groups, "messages", done, "found", total,
-			"took", time.Since(p.start).Round(time.Millisecond))
+			"took", since(p.h.clock, p.start).Round(time.Millisecond))
 	}
 }
 

@@ -1,7 +1,6 @@
 package router
 
 import (
-	"cmp"
 	"container/heap"
 	"fmt"
 	"math/rand/v2"
@@ -816,16 +815,6 @@ func (w *simWorld) runAll() {
 		}
 	}
 	w.chk.final()
-}
-
-// sortedKeys returns a map's keys in order.
-func sortedKeys[K cmp.Ordered, V any](m map[K]V) []K {
-	out := make([]K, 0, len(m))
-	for k := range m {
-		out = append(out, k)
-	}
-	slices.Sort(out)
-	return out
 }
 
 // tail returns the last n lines of the trace.

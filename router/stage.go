@@ -328,7 +328,7 @@ func (h *handOver) readIngressSpan(ctx context.Context, lo, hi uint64, fn func(s
 // node's staged copy of it: false when it is another node's (the old
 // node routed it) or gone (consumed, or moved by an earlier catch-up).
 func (h *handOver) ownHeld(ctx context.Context, stream msgStore, seq, is uint64) (bool, error) {
-	m, err := getAgain(ctx, stream, seq)
+	m, err := h.getAgain(ctx, stream, seq)
 	if isGone(err) {
 		return false, nil
 	}
@@ -355,7 +355,7 @@ func (h *handOver) needsStaging(g string, route kvbinding.Binding) bool {
 // was moved: false when the staged copy is gone (moved before this
 // retry, or by a successor that took the group).
 func (h *handOver) moveStaged(ctx context.Context, stream msgStore, group string, route kvbinding.Binding, seq, is uint64) (bool, error) {
-	m, err := getAgain(ctx, stream, seq)
+	m, err := h.getAgain(ctx, stream, seq)
 	if isGone(err) {
 		return false, nil
 	}
@@ -371,7 +371,8 @@ func (h *handOver) moveStaged(ctx context.Context, stream msgStore, group string
 // later message of the group on an old queue, so the old node routed
 // them (the window had lost their ids).
 func (h *handOver) dropStaged(ctx context.Context, stream msgStore, group string, s *stagedSpan, from uint64) error {
-	for is, c := range s.copies {
+	for _, is := range sortedKeys(s.copies) {
+		c := s.copies[is]
 		if is >= from {
 			continue
 		}

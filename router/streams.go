@@ -51,6 +51,8 @@ const (
 	HeaderEpoch = wire.HeaderEpoch
 	// HeaderGroupSeq is wire.HeaderGroupSeq.
 	HeaderGroupSeq = wire.HeaderGroupSeq
+	// HeaderDeliveredBefore is wire.HeaderDeliveredBefore.
+	HeaderDeliveredBefore = wire.HeaderDeliveredBefore
 	// HeaderMovedFrom is set on a message moved from another node's queue
 	// when its group changed node.
 	HeaderMovedFrom = "Grouping-Moved-From"

@@ -33,6 +33,13 @@ const (
 	// HeaderGroupSeq set to -1 on a message closes its group after it (the
 	// JMS JMSXGroupSeq convention): the binding is released cluster-wide.
 	HeaderGroupSeq = "Group-Seq"
+	// HeaderDeliveredBefore is set, to the old node, on a copy a move made
+	// of a message that node's consumer had been delivered and not acked
+	// when the move took it: that consumer made no progress for its ack
+	// wait, so the move went on without it, and it may still have
+	// processed the message (at-least-once, as JetStream's own
+	// redeliveries; docs/protocol.md, "Hand-over and epochs").
+	HeaderDeliveredBefore = "Grouping-Delivered-Before"
 )
 
 // QueueSubject returns the queue subject of a message for node.

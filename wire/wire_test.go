@@ -22,6 +22,7 @@ func TestNames(t *testing.T) {
 		wire.HeaderIngressSeq:               "Grouping-Ingress-Seq",
 		wire.HeaderEpoch:                    "Grouping-Epoch",
 		wire.HeaderGroupSeq:                 "Group-Seq",
+		wire.HeaderDeliveredBefore:          "Grouping-Delivered-Before",
 		wire.DefaultGroupHeader:             "Group-Id",
 		wire.ParkedStream:                   "GROUPING_PARKED",
 		wire.ParkedSubjectPrefix:            "grouping.parked.",
