@@ -10,8 +10,8 @@ import (
 // The drain's decisions, with no I/O and no clock: which of a moving
 // group's messages on the old queues its new node may move now, which it
 // must leave to the old queue's consumer, and when the wait for that
-// consumer ends. The hand-over shell (handover.go) and the simulation
-// (sim_handover_test.go) both decide with these functions.
+// consumer ends. The hand-over shell (handover.go) decides with these
+// functions, in production and in the simulation, which runs it.
 //
 // A message the old consumer was delivered belongs to that consumer until
 // it acks it: moving it earlier gives two consumers the group at once, and

@@ -1264,3 +1264,32 @@ func TestIngressEndsBefore(t *testing.T) {
 		}
 	}
 }
+
+// TestStagingKeptOverNothingStaged: what a staging learned replaces a
+// record that the take-over staged nothing (notStaged, written by another
+// step of it meanwhile), and is merged into an earlier staging of the same
+// take-over. Merging into the empty record panicked, which ends the
+// process (the simulation's seed 40433, once it ran the real shell: a
+// drain step retried for the record's older revision found the old queue
+// empty, and said so, while the take-over's catch-up step, run beside it,
+// staged the group).
+func TestStagingKeptOverNothingStaged(t *testing.T) {
+	q := newDutyQueue()
+	q.notStaged("g", 7)
+	learned := &stagedSpan{epoch: 7, from: 3, until: 9, whole: true, copies: map[uint64]stagedCopy{4: {at: 40}},
+		routed: map[uint64]bool{5: true}, rest: map[uint64]*nats.Msg{}}
+	q.mu.Lock()
+	kept := q.keepStagedLocked("g", learned)
+	q.mu.Unlock()
+	if kept != learned || q.stagedOf("g", 7) != learned {
+		t.Fatalf("kept %+v, want the staging", kept)
+	}
+	more := &stagedSpan{epoch: 7, from: 9, until: 12, whole: true, copies: map[uint64]stagedCopy{10: {at: 41}},
+		routed: map[uint64]bool{}, rest: map[uint64]*nats.Msg{11: {}}}
+	q.mu.Lock()
+	kept = q.keepStagedLocked("g", more)
+	q.mu.Unlock()
+	if kept != learned || len(kept.copies) != 2 || !kept.routed[5] || kept.rest[11] == nil || kept.until != 12 || !kept.whole {
+		t.Fatalf("merged %+v, want the two stagings' copies, routed and rest through 12, whole", kept)
+	}
+}

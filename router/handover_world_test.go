@@ -28,9 +28,10 @@ import (
 // is given (msgStore, queueIO, the binding cache, the handler), inside a
 // testing/synctest bubble: its pauses, timers and retries run on the
 // bubble's virtual clock, so a seed's whole take-over, faults and all,
-// takes milliseconds. It is the first shell the simulation's way of
-// working runs for real (issue 33); the simulation's own hand-over
-// (sim_handover_test.go) still restates this one.
+// takes milliseconds. The simulation runs the same shell among its other
+// faults (sim_shell_test.go); this world fails its calls after their
+// effect too, and loses the queue stream's duplicate window in half its
+// seeds.
 //
 // One seed: node n9 routed the first k of n ingress messages, of one to
 // three groups, onto its queue, whose consumer processes them meanwhile;

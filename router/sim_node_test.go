@@ -1,12 +1,15 @@
 package router
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"math/rand/v2"
 	"slices"
 	"strconv"
 	"time"
+
+	"github.com/nats-io/nats.go"
 
 	"github.com/grouprouter/grouprouter/kvbinding"
 	"github.com/grouprouter/grouprouter/proposals"
@@ -75,11 +78,13 @@ type simNode struct {
 	changeQ    []string
 	changeBusy bool
 
-	duties       map[string]dutyJob
-	dutyWake     bool
-	movedThrough map[string]uint64
-	moving       map[uint64]bool // messages whose copy is published and original not yet deleted
-	staged       map[string]*simStaging
+	// The real hand-over shell (sim_shell_test.go), its context's end
+	// (nil once ended) and the calls it waits on.
+	ho       *handOver
+	shellCtx context.Context
+	shellEnd context.CancelFunc
+	pending  map[*simPending]bool
+	moving   map[uint64]bool // messages whose copy is published and original not yet deleted
 
 	flights     []*simFlight
 	hasConsumer bool
@@ -90,6 +95,9 @@ type simNode struct {
 	// liveUntil: until when the last stored announcement keeps the
 	// liveness record sure to exist (liveness.until).
 	liveUntil time.Time
+	// renewedAt: when the announcement that renewed the node's liveness
+	// after its last lapse was stored (-1: none yet).
+	renewedAt time.Duration
 }
 
 // simFlight is a publish on its way to the server.
@@ -176,8 +184,7 @@ func (b *simBatch) land(n *simNode) bool {
 }
 
 func newSimNode(w *simWorld, id string, local bool) *simNode {
-	return &simNode{w: w, id: id, local: local, duties: map[string]dutyJob{}, movedThrough: map[string]uint64{},
-		moving: map[uint64]bool{}, staged: map[string]*simStaging{}}
+	return &simNode{w: w, id: id, local: local, moving: map[uint64]bool{}, renewedAt: -1}
 }
 
 // up: running (not stopping, not dead). alive: the process exists.
@@ -207,6 +214,7 @@ func (n *simNode) start() {
 	n.onLiveChange()
 	n.readPos = max(n.eng.resume.start(), 1)
 	n.logf("starts (resume at %d, checkpoint %v)", n.readPos, ckpt)
+	n.startShells()
 	n.heartbeat()
 	if n.local {
 		n.every(simLeaseTick/2, n.standbyTick)
@@ -279,7 +287,8 @@ func (n *simNode) perform(a action) {
 		// armTimer, after every engine call, covers it.
 	case actDuty:
 		n.logf("duty %v for %q at rev %d", a.duty, a.group, a.rev)
-		n.addDuty(a.group, a.duty, a.rev)
+		ho := n.ho
+		n.w.wake(func() { ho.duties.add(a.group, a.duty, a.rev) })
 	case actDeadLettered:
 		n.logf("dead-lettered %d messages of %q through %d: %s", a.count, a.group, a.rev, a.reason)
 	case actFailure:
@@ -601,7 +610,7 @@ func (n *simNode) propose(ps []proposals.Proposal, cb func([]proposals.Decision,
 
 // send publishes p; cb gets the stream sequence (the first copy's for a
 // duplicate) or an error, unless the node died meanwhile.
-func (n *simNode) send(p simPub, cb func(sseq uint64, err error)) {
+func (n *simNode) send(p simPub, cb func(sseq uint64, dup bool, err error)) {
 	w := n.w
 	if r, ok := n.cache.Lookup(p.group); ok {
 		p.view = r.Revision
@@ -611,21 +620,21 @@ func (n *simNode) send(p simPub, cb func(sseq uint64, err error)) {
 	// The answer is the PubAck, an error, or the client's timeout,
 	// whichever comes first; a publish the link holds lands at its heal.
 	replied := false
-	reply := func(sseq uint64, err error) {
+	reply := func(sseq uint64, dup bool, err error) {
 		if replied || !n.alive() {
 			return
 		}
 		replied = true
-		cb(sseq, err)
+		cb(sseq, dup, err)
 	}
-	w.after(simPubTimeout, func() { reply(0, errSimTimeout) })
+	w.after(simPubTimeout, func() { reply(0, false, errSimTimeout) })
 	if w.chance(w.p.pPubFail) {
 		w.hop(n.id, w.lat(), func() {
 			if f.landed || f.dropped {
 				return
 			}
 			f.dropped = true
-			reply(0, errSimPublish)
+			reply(0, false, errSimPublish)
 		})
 		return
 	}
@@ -640,9 +649,9 @@ func (n *simNode) send(p simPub, cb func(sseq uint64, err error)) {
 			return
 		}
 		f.landed = true
-		sseq, _ := w.q.store(n.id, p)
+		sseq, dup := w.q.store(n.id, p)
 		if !lost {
-			w.hop(n.id, w.lat(), func() { reply(sseq, nil) })
+			w.hop(n.id, w.lat(), func() { reply(sseq, dup, nil) })
 		}
 	})
 }
@@ -778,7 +787,7 @@ func (n *simNode) publish(a action) {
 		n.logf("publishes seq %d of %q to %q (dlq %v)", m.seq, group, p.node, a.dlq)
 	}
 	o := a.outcome()
-	n.send(p, func(sseq uint64, err error) {
+	n.send(p, func(sseq uint64, _ bool, err error) {
 		if n.w.tracing {
 			n.logf("publish of seq %d: %v", m.seq, err)
 		}
@@ -792,7 +801,10 @@ func (n *simNode) publish(a action) {
 			if c := n.w.q.all[sseq-1]; ok && route.PrevNode != "" && route.PrevNode != n.id && route.Node == n.id &&
 				route.Epoch == p.epoch && c.node == simHeld(n.id) && !c.removed && c.seq == m.seq {
 				n.logf("lane: seq %d of %q has a staged copy %v: moved onto the queue", m.seq, group, c)
-				n.moveGroup(group, []simFound{{e: c, from: n.id, held: true}}, route, func() bool { return false }, func(_ int, _ uint64, err error) {
+				sent := &nats.Msg{Header: nats.Header{HeaderIngressSeq: []string{strconv.FormatUint(m.seq, 10)}}}
+				n.shellGo(fmt.Sprintf("late copy of %d", m.seq), func(ctx context.Context) error {
+					return n.ho.takeLateCopy(ctx, simStore{n}, group, route, sent, sseq)
+				}, func(err error) {
 					o.err = err
 					n.step(inOutcomes{batch: []outcome{o}})
 				})
@@ -802,41 +814,6 @@ func (n *simNode) publish(a action) {
 		o.err = err
 		n.step(inOutcomes{batch: []outcome{o}})
 	})
-}
-
-// publishSync is handOver.publishSync: retried until it succeeds or the
-// step is canceled.
-func (n *simNode) publishSync(p simPub, canceled func() bool, cb func(sseq uint64, err error)) {
-	var try func()
-	try = func() {
-		if !n.up() {
-			return
-		}
-		if n.eng.fenced(n.w.now()) {
-			// Router.waitUnfenced: not while this node may not publish.
-			n.w.after(20*time.Millisecond, try)
-			return
-		}
-		if canceled() {
-			cb(0, errSimCancel)
-			return
-		}
-		n.send(p, func(sseq uint64, err error) {
-			if !n.up() {
-				return
-			}
-			if err == nil {
-				cb(sseq, nil)
-				return
-			}
-			if canceled() {
-				cb(0, err)
-				return
-			}
-			n.w.after(backoffBase, try)
-		})
-	}
-	try()
 }
 
 // Liveness, checkpoints, the reaper.
@@ -858,6 +835,7 @@ func (n *simNode) heartbeat() {
 			return
 		}
 		w.reg.announce(n.id, has)
+		announced := w.clock
 		stored := len(w.kv.log.entries) // the records stored before it
 		// liveness.announce: the node routes until its record may lapse;
 		// after a lapse, only once its cache holds every record stored
@@ -883,7 +861,7 @@ func (n *simNode) heartbeat() {
 				}
 				if n.kvSub.pos >= stored {
 					n.logf("caught up with the records; publishing again")
-					n.liveUntil = until
+					n.liveUntil, n.renewedAt = until, announced
 					n.step(inAlive{until: until})
 					return
 				}
@@ -902,9 +880,9 @@ func (n *simNode) checkpointTick() {
 	if n.ckptBusy {
 		return
 	}
-	c := n.eng.track.checkpoint()
+	c := n.checkpoint()
 	last := n.lastCkpt
-	if c.Next == 0 || (c.Next == last.Next && len(c.Pending) == 0 && len(last.Pending) == 0) {
+	if c.Next == 0 || (c.Next == last.Next && len(c.Pending) == 0 && len(last.Pending) == 0 && len(c.Caught) == 0 && len(last.Caught) == 0) {
 		return
 	}
 	n.ckptBusy = true
@@ -960,6 +938,7 @@ func (n *simNode) kill() {
 		}
 	}
 	n.dead, n.stopping = true, false
+	n.endShells()
 	n.kvSub.stopped = true
 	n.view.sub.stopped = true
 	if n.term != nil {
@@ -1012,6 +991,7 @@ func (n *simNode) stop(then func()) {
 	n.logf("stops (SIGTERM)")
 	n.stopping = true
 	n.eng.closing = true
+	n.endShells()
 	if n.term != nil {
 		n.term.standDown("stopped")
 		n.term = nil
@@ -1026,7 +1006,7 @@ func (n *simNode) stop(then func()) {
 			w.after(10*time.Millisecond, wait)
 			return
 		}
-		c := n.eng.track.checkpoint()
+		c := n.checkpoint()
 		w.hop(n.id, w.lat(), func() {
 			if c.Next > 0 && !w.chance(w.p.pKVFail) {
 				w.reg.saveCheckpoint(n.id, c)

@@ -5,6 +5,8 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/nats-io/nats.go"
+
 	"github.com/grouprouter/grouprouter/kvbinding"
 )
 
@@ -66,6 +68,8 @@ type simEntry struct {
 	// lapsedMove: a copy the drain made of a delivered message because its
 	// consumer made no progress for its ack wait (simPub.lapsedMove).
 	lapsedMove bool
+	// msg: what was published (nil for a lane's publish: raw makes it).
+	msg *nats.Msg
 }
 
 func (e *simEntry) String() string {
@@ -112,8 +116,10 @@ type simPub struct {
 	epoch  uint64 // HeaderEpoch
 	// lapsedMove: a drain's copy of a message its old consumer had been
 	// delivered and not acked, moved because that consumer made no
-	// progress for its ack wait.
+	// progress for its ack wait (HeaderDeliveredBefore).
 	lapsedMove bool
+	// msg: the message the hand-over published (nil for a lane's).
+	msg *nats.Msg
 }
 
 // store stores a publish that reached the server; it returns the stream
@@ -134,7 +140,7 @@ func (q *simQueues) store(by string, p simPub) (uint64, bool) {
 		return r.sseq, true
 	}
 	e := &simEntry{node: p.node, seq: p.seq, group: p.group, id: p.id, kind: p.kind, by: by, origin: p.origin, stored: w.clock,
-		rec: w.kv.recs[p.group], view: p.view, lapsedMove: p.lapsedMove, epoch: p.epoch}
+		rec: w.kv.recs[p.group], view: p.view, lapsedMove: p.lapsedMove, epoch: p.epoch, msg: p.msg}
 	switch {
 	case known:
 		e.excuse = "the first copy's id had left the queue stream's 2 min duplicate window"
@@ -148,6 +154,9 @@ func (q *simQueues) store(by string, p simPub) (uint64, bool) {
 	q.ids[p.id] = simIDRec{sseq: e.sseq, at: w.clock}
 	delete(q.lostIDs, p.id)
 	w.logf("queue", "stored %v", e)
+	if e.kind == simStaged {
+		w.chk.stats.staged++
+	}
 	w.chk.stored(e)
 	q.consumer(p.node).kick()
 	return e.sseq, false

@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/grouprouter/grouprouter/proposals"
@@ -19,50 +20,55 @@ import (
 // random source drives everything: latencies (and so the order in which
 // messages, records and replies arrive), losses, failures, crashes,
 // partitions (a node's link black-holed, what it held delivered at the
-// heal: simCut) and the operator's moves. There are no goroutines and no
-// wall clock: a seed replays exactly. The files:
+// heal: simCut) and the operator's moves. There is no wall clock, and the
+// only goroutines are the real shells', which run between the world's
+// instants (sim_shell_test.go): a seed replays exactly. The files:
 //
 //	sim_world_test.go     the clock, the agenda of events, a run's profile, the faults
 //	sim_state_test.go     the bindings bucket and its watched caches, the node registry
 //	sim_queue_test.go     the queue stream, the dead-letter stream, the queue consumers
 //	sim_node_test.go      a router node: the real engine in simulated shells
-//	sim_handover_test.go  the hand-over shell: drain and catch-up
+//	sim_shell_test.go     the real hand-over shell, on stand-ins of its streams and clock
 //	sim_handler_test.go   the LOCAL handler: decisions, the monitor, pauses, the lease
 //	sim_check_test.go     the invariants
 //	sim_test.go           TestSimulation, TestSimulationRegressions
 //
-// The engine (engine.go), the record state machine (proposals.Transition),
-// the node-choice rules (proposals/choose.go, route.go), the tracker and
-// the report rule (sortReports) and the handler's authority rule
-// (proposals.AuthorityEnd) are the real code. The shells around them are
-// models written after router.go, ingest.go, ask.go, handover.go,
-// liveness.go and proposals/handler.go, apply.go, monitor.go, call for
-// call: they must be kept in step with those files. What the simulation
+// The engine (engine.go), the hand-over shell (handover.go, stage.go: its
+// drain, staging and catch-up steps, reports and retries), the record
+// state machine (proposals.Transition), the node-choice rules
+// (proposals/choose.go, route.go), the tracker and the handler's
+// authority rule (proposals.AuthorityEnd) are the real code. The other
+// shells around them are models written after router.go, ingest.go,
+// ask.go, publish.go, liveness.go and proposals/handler.go, apply.go,
+// monitor.go, call for call: they must be kept in step with those files.
+// What the simulation
 // does not model: a partition between the servers (only a node's link is
 // cut: the servers stay one side); the handler's worker
-// limit and busy replies, the asker's 8 requests in flight and the
-// hand-over shell's 4 batches at once; priority-group pinning (one consumer
-// process per queue, which may leave and come back); subjects too long to
-// republish; gaps in the ingress sequence (deleted or expired messages);
-// an invalid or unreadable checkpoint; events and the inspect views; KV
-// watch restarts replaying history; clock skew (one virtual clock); and
-// JetStream itself beyond what is listed: stores with a duplicate window,
-// work-queue acks, deletes, direct gets, consumer pauses, per-message TTLs
-// with delete markers, delivery with an ack wait.
+// limit and busy replies, and the asker's 8 requests in flight;
+// priority-group pinning (one consumer process per queue, which may leave
+// and come back); the fair share's held messages (the engine holds none
+// back; the hand-over stages on held subjects all the same); the lost
+// book (lost.go); subjects too long to republish; gaps in the ingress
+// sequence (deleted or expired messages); an invalid or unreadable
+// checkpoint; events and the inspect views; KV watch restarts replaying
+// history; clock skew (one virtual clock); and JetStream itself beyond
+// what is listed: stores with a duplicate window, work-queue acks,
+// deletes, direct gets, subject-filtered reads and states, ordered
+// consumers' fetches, consumer pauses and infos, per-message TTLs with
+// delete markers, delivery with an ack wait.
 
 // simEpoch is where the virtual clock starts.
 func simEpoch() time.Time { return time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC) }
 
 // Constants of the simulated deployment, as in the real one.
 const (
-	simHeartbeat    = DefaultHeartbeat
-	simCheckpoint   = DefaultCheckpoint
-	simLeaseTTL     = DefaultLeaseTTL
-	simLeaseTick    = simLeaseTTL / 4 // the handler's lease loop (proposals.Handler.Run)
-	simPubTimeout   = 5 * time.Second // jspub.New(nc, 5*time.Second) in Router.Run
-	simPauseWindow  = 10 * time.Second
-	simHandoverWait = 20 * time.Millisecond // handOver.run lets a burst of records arrive
-	simMaxSteps     = 3_000_000
+	simHeartbeat   = DefaultHeartbeat
+	simCheckpoint  = DefaultCheckpoint
+	simLeaseTTL    = DefaultLeaseTTL
+	simLeaseTick   = simLeaseTTL / 4 // the handler's lease loop (proposals.Handler.Run)
+	simPubTimeout  = 5 * time.Second // jspub.New(nc, 5*time.Second) in Router.Run
+	simPauseWindow = 10 * time.Second
+	simMaxSteps    = 3_000_000
 )
 
 // simProfile is one run's shape: sizes, settings and how faulty it is.
@@ -292,6 +298,13 @@ type simWorld struct {
 	// cuts: the nodes whose link is black-holed now (faultPartition).
 	cuts map[string]*simCut
 	chk  *simChecker
+
+	// The real shells' calls and log lines, queued by their goroutines,
+	// and what wakes them at the next settle (sim_shell_test.go).
+	callMu     sync.Mutex
+	calls      []simCall
+	shellLines []string
+	wakes      []func()
 }
 
 func newSimWorld(seed uint64, tracing, strict bool) *simWorld {
@@ -344,7 +357,9 @@ func (w *simWorld) after(d time.Duration, fn func()) {
 }
 
 // run carries out the events due up to until, then sets the clock there.
+// After each instant's events the shells' goroutines run (settle).
 func (w *simWorld) run(until time.Duration) {
+	w.settle()
 	for len(w.agenda) > 0 && !w.stopped && w.agenda[0].at <= until {
 		ev := heap.Pop(&w.agenda).(simEvent)
 		w.clock = ev.at
@@ -354,6 +369,9 @@ func (w *simWorld) run(until time.Duration) {
 			return
 		}
 		ev.fn()
+		if len(w.agenda) == 0 || w.agenda[0].at > w.clock {
+			w.settle()
+		}
 	}
 	if w.clock < until {
 		w.clock = until
@@ -784,6 +802,7 @@ func (w *simWorld) ensureLocal() {
 
 // runAll runs the whole simulation and the final checks.
 func (w *simWorld) runAll() {
+	defer w.shutdown()
 	w.setup()
 	w.run(w.p.active)
 	if w.stopped {

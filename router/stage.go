@@ -104,6 +104,30 @@ func toStage(routes map[string]kvbinding.Binding, none, some []string) (stage ma
 	return stage, append(not, none...)
 }
 
+// keepStagedLocked keeps s, what a staging learned of group, merged into
+// what an earlier staging of the same take-over learned (a retry stages
+// past it), and returns what is kept. A record of nothing staged
+// (notStaged: another step of the take-over, at another revision, found
+// the old queues empty meanwhile) is replaced. q.mu is held.
+func (q *dutyQueue) keepStagedLocked(group string, s *stagedSpan) *stagedSpan {
+	if old := q.staged[group]; old != nil && old.epoch == s.epoch && old.copies != nil {
+		old.whole = old.whole && s.whole && s.from == old.until
+		for is, m := range s.rest {
+			old.rest[is] = m
+		}
+		for is, c := range s.copies {
+			old.copies[is] = c
+		}
+		for is := range s.routed {
+			old.routed[is] = true
+		}
+		old.until = max(old.until, s.until)
+		s = old
+	}
+	q.staged[group] = s
+	return s
+}
+
 // notStaged records that the drain step of group's take-over in epoch
 // staged nothing (its old queues held nothing of it, or it was not
 // evacuated): its catch-up reads the ingress and does not look for staged
@@ -242,21 +266,7 @@ func (h *handOver) stage(ctx context.Context, routes map[string]kvbinding.Bindin
 			// the retry (what this one stored comes back as its own).
 			continue
 		}
-		if old := h.duties.staged[g]; old != nil && old.epoch == s.epoch {
-			old.whole = old.whole && s.whole && s.from == old.until
-			for is, m := range s.rest {
-				old.rest[is] = m
-			}
-			for is, c := range s.copies {
-				old.copies[is] = c
-			}
-			for is := range s.routed {
-				old.routed[is] = true
-			}
-			old.until = max(old.until, s.until)
-			s = old
-		}
-		h.duties.staged[g] = s
+		s = h.duties.keepStagedLocked(g, s)
 		copies += len(s.copies)
 		routed += len(s.routed)
 	}

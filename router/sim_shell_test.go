@@ -1,0 +1,697 @@
+package router
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing/synctest"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/grouprouter/grouprouter/internal/logagg"
+	"github.com/grouprouter/grouprouter/kvbinding"
+	"github.com/grouprouter/grouprouter/proposals"
+)
+
+// The real shells in the simulated world (issue 33). A node of the
+// simulation runs the real hand-over shell (handOver: its loop, its drain
+// and catch-up steps, its staging, its reports and retries) on stand-ins
+// of what Router.newHandOver gives it: its msgStore and queueIO over the
+// simulated queue stream and ingress, its clock over the virtual one, the
+// engine's door and views, the binding cache, the handler and the
+// registry. The shell runs in goroutines; the world stays one loop that
+// owns everything simulated, and the two meet as follows:
+//
+//   - every call of the shell into the world (a request to the servers, a
+//     step of the engine, a timer) is queued as a simCall and the calling
+//     goroutine waits for its answer;
+//   - after each instant of the virtual clock, the loop wakes the
+//     goroutines whose answers or timers are due (simWorld.settle), waits
+//     until every goroutine of the bubble (testing/synctest) is blocked
+//     again, and takes the calls they made, in the order of their keys,
+//     then again until none is made;
+//   - the loop never runs while a shell's goroutine does, and takes each
+//     instant's calls in an order their content gives: a seed replays
+//     exactly (TestSimulationIsDeterministic).
+//
+// A request crosses the node's link (simWorld.hop: held while the link is
+// cut), fails now and then before or after its effect, and times out
+// after 5 s, as the clients' do.
+
+// simCall is a call a shell's goroutine makes into the world.
+type simCall struct {
+	key string // what it asks, with its arguments: the order calls made at one instant are taken in
+	run func() // run by the loop
+}
+
+// call queues a call made by a shell's goroutine.
+func (w *simWorld) call(key string, run func()) {
+	w.callMu.Lock()
+	w.calls = append(w.calls, simCall{key: key, run: run})
+	w.callMu.Unlock()
+}
+
+// wake has the loop run fn at the next settle, as it wakes goroutines:
+// fn answers a call, fires a timer or ends a context.
+func (w *simWorld) wake(fn func()) { w.wakes = append(w.wakes, fn) }
+
+// settle lets the shells' goroutines run until they are all blocked and
+// takes the calls they made, until none is made.
+func (w *simWorld) settle() {
+	for {
+		if len(w.wakes) > 0 {
+			wakes := w.wakes
+			w.wakes = nil
+			for _, fn := range wakes {
+				fn()
+			}
+			synctest.Wait()
+		}
+		w.callMu.Lock()
+		calls, lines := w.calls, w.shellLines
+		w.calls, w.shellLines = nil, nil
+		w.callMu.Unlock()
+		slices.Sort(lines)
+		for _, l := range lines {
+			w.trace = append(w.trace, l)
+		}
+		if len(calls) == 0 {
+			if len(w.wakes) == 0 {
+				return
+			}
+			continue
+		}
+		slices.SortStableFunc(calls, func(a, b simCall) int { return strings.Compare(a.key, b.key) })
+		for _, c := range calls {
+			c.run()
+		}
+	}
+}
+
+// shutdown ends every node's shells at the end of a run, so that no
+// goroutine outlives the bubble.
+func (w *simWorld) shutdown() {
+	for _, n := range w.nodes {
+		n.endShells()
+	}
+	w.settle()
+}
+
+// simPending is a call of a node's shell not answered yet.
+type simPending struct {
+	n    *simNode
+	done chan struct{}
+	over bool
+	err  error
+}
+
+// answer wakes the caller (at the next settle); what it gets was set
+// before. A second answer (a timeout after the reply) does nothing.
+func (p *simPending) answer() {
+	if p.over {
+		return
+	}
+	p.over = true
+	delete(p.n.pending, p)
+	p.n.w.wake(func() { close(p.done) })
+}
+
+// fail answers with err.
+func (p *simPending) fail(err error) {
+	if !p.over {
+		p.err = err
+	}
+	p.answer()
+}
+
+// shellCall is a call of n's shells into the world: run, in the loop,
+// starts what answers it. It returns the error it was answered with.
+func (n *simNode) shellCall(key string, run func(p *simPending)) error {
+	p := &simPending{n: n, done: make(chan struct{})}
+	n.w.call(n.id+" "+key, func() {
+		if !n.alive() || n.shellCtx.Err() != nil {
+			p.over = true
+			p.err = context.Canceled
+			n.w.wake(func() { close(p.done) })
+			return
+		}
+		n.pending[p] = true
+		run(p)
+	})
+	<-p.done
+	return p.err
+}
+
+// roundTrip is one request over n's link to the servers: serve runs
+// there, reply (with the answer's values) back here, unless the request
+// fails (before serve, or its answer is lost after), or no answer comes
+// within the client's 5 s.
+func (n *simNode) roundTrip(p *simPending, pFail float64, serve func(), reply func()) {
+	w := n.w
+	fail := w.chance(pFail)
+	lost := fail && w.rng.IntN(2) == 0
+	w.after(simPubTimeout, func() { p.fail(errSimTimeout) })
+	w.hop(n.id, w.lat(), func() {
+		if fail && !lost {
+			w.hop(n.id, w.lat(), func() { p.fail(errSimOp) })
+			return
+		}
+		serve()
+		w.hop(n.id, w.lat(), func() {
+			if lost {
+				p.fail(errSimOp)
+				return
+			}
+			if !p.over {
+				reply()
+			}
+			p.answer()
+		})
+	})
+}
+
+// endShells ends n's shells: its context is canceled and every call it
+// waits on is answered with an error.
+func (n *simNode) endShells() {
+	if n.shellEnd == nil {
+		return
+	}
+	end := n.shellEnd
+	n.shellEnd = nil
+	n.w.wake(end)
+	for p := range n.pending { // answered together, at the next settle
+		p.fail(context.Canceled)
+	}
+}
+
+// shellGo runs fn, a part of n's shells the simulated node starts (a
+// lane's move of a late copy), in a goroutine of its own, and done with
+// its error in the loop once it returns.
+func (n *simNode) shellGo(key string, fn func(ctx context.Context) error, done func(error)) {
+	w, ctx := n.w, n.shellCtx
+	w.wake(func() {
+		go func() {
+			err := fn(ctx)
+			w.call(n.id+" "+key+" returns", func() { done(err) })
+		}()
+	})
+}
+
+// simClock is a node's clock in the simulation: the virtual one, whose
+// timers are events of the world.
+type simClock struct{ n *simNode }
+
+func (c simClock) Now() time.Time { return c.n.w.now() }
+
+func (c simClock) NewTimer(d time.Duration) clockTimer {
+	t := &simTimer{w: c.n.w, ch: make(chan time.Time, 1)}
+	t.Reset(d)
+	return t
+}
+
+func (c simClock) Sleep(ctx context.Context, d time.Duration) error {
+	t := c.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C():
+		return nil
+	}
+}
+
+// simTimer is a timer of simClock: Reset queues a call that schedules the
+// firing; Stop (or another Reset) makes a scheduled one do nothing.
+type simTimer struct {
+	w     *simWorld
+	ch    chan time.Time
+	mu    sync.Mutex
+	gen   uint64
+	armed bool
+}
+
+func (t *simTimer) C() <-chan time.Time { return t.ch }
+
+func (t *simTimer) Stop() bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	was := t.armed
+	t.armed = false
+	t.gen++
+	return was
+}
+
+func (t *simTimer) Reset(d time.Duration) bool {
+	t.mu.Lock()
+	was := t.armed
+	t.armed = true
+	t.gen++
+	gen := t.gen
+	t.mu.Unlock()
+	w := t.w
+	w.call(fmt.Sprintf("timer %v", d), func() {
+		w.after(d, func() {
+			t.mu.Lock()
+			fire := t.armed && t.gen == gen
+			t.armed = t.armed && !fire
+			t.mu.Unlock()
+			if fire {
+				now := w.now()
+				w.wake(func() {
+					select {
+					case t.ch <- now:
+					default:
+					}
+				})
+			}
+		})
+	})
+	return was
+}
+
+// simLogHandler writes a shell's log lines into the step trace (when
+// tracing), sorted among those of the same settle.
+type simLogHandler struct {
+	w     *simWorld
+	node  string
+	attrs string
+}
+
+func (h simLogHandler) Enabled(context.Context, slog.Level) bool { return h.w.tracing }
+
+func (h simLogHandler) Handle(_ context.Context, r slog.Record) error {
+	var b strings.Builder
+	b.WriteString(r.Message)
+	b.WriteString(h.attrs)
+	r.Attrs(func(a slog.Attr) bool {
+		fmt.Fprintf(&b, " %s=%v", a.Key, a.Value)
+		return true
+	})
+	line := fmt.Sprintf("%9.4fs %-8s %s", h.w.clock.Seconds(), h.node, b.String())
+	h.w.callMu.Lock()
+	h.w.shellLines = append(h.w.shellLines, line)
+	h.w.callMu.Unlock()
+	return nil
+}
+
+func (h simLogHandler) WithAttrs(as []slog.Attr) slog.Handler {
+	for _, a := range as {
+		h.attrs += fmt.Sprintf(" %s=%v", a.Key, a.Value)
+	}
+	return h
+}
+
+func (h simLogHandler) WithGroup(string) slog.Handler { return h }
+
+// startShells starts n's real hand-over shell, as Router.Run does.
+func (n *simNode) startShells() {
+	w := n.w
+	ctx, cancel := context.WithCancel(context.Background())
+	n.shellCtx, n.shellEnd = ctx, cancel
+	n.pending = map[*simPending]bool{}
+	log := slog.New(simLogHandler{w: w, node: n.id})
+	h := &handOver{
+		node: n.id, groupHeader: DefaultGroupHeader, log: log, io: n.queueIO(), clock: simClock{n}, duties: newDutyQueue(),
+		step: func(in input) {
+			_ = n.shellCall(fmt.Sprintf("step %T%+v", in, in), func(p *simPending) {
+				n.step(in)
+				p.answer()
+			})
+		},
+		fencedNow:    func() bool { return n.eng.fenced(w.now()) },
+		takeoverFrom: n.eng.takeoverFrom,
+		ungroupedDestination: func() string {
+			var dest string
+			_ = n.shellCall("ungrouped destination", func(p *simPending) {
+				dest = n.eng.ungroupedDestination()
+				p.answer()
+			})
+			return dest
+		},
+		// The simulated engine holds nothing back on a held subject (no
+		// fair share), but the hand-over stages on one, as a node whose
+		// queue stream takes held subjects does.
+		holds:  true,
+		lookup: n.cache.Lookup,
+		propose: func(ctx context.Context, ps []proposals.Proposal) ([]proposals.Decision, error) {
+			var ds []proposals.Decision
+			err := n.shellCall("propose "+simProposals(ps), func(p *simPending) {
+				n.propose(ps, func(got []proposals.Decision, err error) {
+					ds = got
+					p.fail(err)
+				})
+			})
+			return ds, err
+		},
+		loadCheckpointAt: func(ctx context.Context, node string, rev uint64) (c kvbinding.Checkpoint, ok bool, err error) {
+			err = n.shellCall(fmt.Sprintf("checkpoint of %s at %d", node, rev), func(p *simPending) {
+				var got kvbinding.Checkpoint
+				var found bool
+				n.roundTrip(p, w.p.pKVFail, func() { got, found = w.reg.checkpointAt(node, rev) }, func() { c, ok = got, found })
+			})
+			return c, ok, err
+		},
+		saveCheckpoint: func(ctx context.Context) error {
+			return n.shellCall("save checkpoint", func(p *simPending) {
+				c := n.checkpoint()
+				n.roundTrip(p, w.p.pKVFail, func() { w.reg.saveCheckpoint(n.id, c) }, func() {})
+			})
+		},
+		// The lost book (lost.go) is not simulated: no checkpoint says
+		// what an evacuated node could not save.
+		lostThrough: func(context.Context, map[string]kvbinding.Binding) map[string]uint64 { return nil },
+		stored:      func(uint64, string) {},
+		classify: func(hdr nats.Header, _ string) (string, string) {
+			seq, _ := strconv.ParseUint(hdr.Get(simSeqHeader), 10, 64)
+			m := w.ingress[seq-1]
+			return m.group, m.invalid
+		},
+		toDeadLetter: (&publisher{groupHeader: DefaultGroupHeader}).toDeadLetter,
+	}
+	h.warn.late = logagg.New(log, "late copy moved", logagg.DefaultEvery)
+	h.warn.lapsed = logagg.New(log, "lapsed messages moved", logagg.DefaultEvery)
+	n.ho = h
+	go h.run(ctx)
+}
+
+// checkpoint is Router.checkpoint: the tracker's, with the catch-ups'
+// progress.
+func (n *simNode) checkpoint() kvbinding.Checkpoint {
+	c := n.eng.track.checkpoint()
+	if n.ho == nil {
+		return c
+	}
+	n.ho.duties.mu.Lock()
+	defer n.ho.duties.mu.Unlock()
+	if len(n.ho.duties.caught) > 0 {
+		c.Caught = make(map[string]uint64, len(n.ho.duties.caught))
+		for g, seq := range n.ho.duties.caught {
+			c.Caught[g] = seq
+		}
+	}
+	return c
+}
+
+// simSeqHeader carries an ingress message's sequence in the simulation, so
+// that a stand-in can tell what it is (classify).
+const simSeqHeader = "Sim-Seq"
+
+// ingressMsg returns ingress message seq as the servers deliver it.
+func (w *simWorld) ingressMsg(seq uint64) *nats.Msg {
+	m := w.ingress[seq-1]
+	hdr := nats.Header{simSeqHeader: []string{strconv.FormatUint(seq, 10)}}
+	if m.group != "" {
+		hdr.Set(DefaultGroupHeader, m.group)
+	}
+	if m.close {
+		hdr.Set(HeaderGroupSeq, "-1")
+	}
+	return &nats.Msg{Subject: "jms.sim", Header: hdr}
+}
+
+// raw returns queue entry e as a stream read returns it: what was
+// published, or, for a lane's publish (which the simulation's publisher
+// makes without a message), what the lane would have put there.
+func (e *simEntry) raw() *jetstream.RawStreamMsg {
+	m := e.msg
+	if m == nil {
+		hdr := nats.Header{
+			jetstream.MsgIDHeader: []string{e.id},
+			HeaderIngressSeq:      []string{strconv.FormatUint(e.seq, 10)},
+			simSeqHeader:          []string{strconv.FormatUint(e.seq, 10)},
+		}
+		if e.group != "" {
+			hdr.Set(DefaultGroupHeader, e.group)
+		}
+		if e.epoch != 0 {
+			hdr.Set(HeaderEpoch, strconv.FormatUint(e.epoch, 10))
+		}
+		m = &nats.Msg{Subject: QueueSubject(e.node, "jms.sim"), Header: hdr}
+		e.msg = m
+	}
+	return &jetstream.RawStreamMsg{Subject: m.Subject, Sequence: e.sseq, Header: cloneHeader(m.Header), Data: m.Data}
+}
+
+// subject returns entry e's subject.
+func (e *simEntry) subject() string {
+	if e.msg != nil {
+		return e.msg.Subject
+	}
+	return QueueSubject(e.node, "jms.sim")
+}
+
+// simPubOf returns what n publishes as m, for the simulated stores and the
+// checker.
+func (n *simNode) simPubOf(m *nats.Msg) simPub {
+	w := n.w
+	seq, _ := strconv.ParseUint(m.Header.Get(HeaderIngressSeq), 10, 64)
+	epoch, _ := strconv.ParseUint(m.Header.Get(HeaderEpoch), 10, 64)
+	group, _ := GroupOf(m.Header, DefaultGroupHeader)
+	p := simPub{seq: seq, group: group, id: m.Header.Get(jetstream.MsgIDHeader), epoch: epoch, msg: m,
+		lapsedMove: m.Header.Get(HeaderDeliveredBefore) != ""}
+	if strings.HasPrefix(m.Subject, DeadLetterSubjectPrefix) || m.Subject == DeadLetterTooLong {
+		p.dlq, p.reason = true, m.Header.Get(HeaderDeadReason)
+		return p
+	}
+	node, held, _ := queueOwner(m.Subject)
+	p.node, p.kind = node, simCaught
+	if held {
+		p.node, p.kind = simHeld(node), simStaged
+	}
+	if s, ok := strings.CutPrefix(p.id, "moved:"); ok {
+		at, _ := strconv.ParseUint(s, 10, 64)
+		if at >= 1 && at <= uint64(len(w.q.all)) {
+			p.kind, p.origin = simCopy, w.q.all[at-1]
+		}
+	}
+	return p
+}
+
+// queueIO returns the hand-over's queueIO on the simulated streams.
+func (n *simNode) queueIO() queueIO {
+	w := n.w
+	return queueIO{
+		publish: func(ctx context.Context, m *nats.Msg) (ack *jetstream.PubAck, err error) {
+			err = n.shellCall(fmt.Sprintf("publish %s %s", m.Subject, m.Header.Get(jetstream.MsgIDHeader)), func(p *simPending) {
+				sp := n.simPubOf(m)
+				if sp.kind == simCopy {
+					// Should this node crash before the original is
+					// deleted, the message may be on two queues (the
+					// checker names the window).
+					n.moving[sp.seq] = true
+				}
+				n.send(sp, func(sseq uint64, dup bool, err error) {
+					if err == nil {
+						stream := QueueStream
+						if sp.dlq {
+							stream = DeadLetterStream
+						}
+						ack = &jetstream.PubAck{Stream: stream, Sequence: sseq, Duplicate: dup}
+					}
+					p.fail(err)
+				})
+			})
+			return ack, err
+		},
+		pause: func(ctx context.Context, node string, until time.Time) error {
+			return n.shellCall(fmt.Sprintf("pause %s until %v", node, until.Sub(simEpoch())), func(p *simPending) {
+				n.roundTrip(p, w.p.pOpFail, func() {
+					c := w.q.consumer(node)
+					c.pausedUntil = max(c.pausedUntil, until.Sub(simEpoch()))
+				}, func() {})
+			})
+		},
+		consumer: func(ctx context.Context, node string) (info *jetstream.ConsumerInfo, err error) {
+			err = n.shellCall("consumer info "+node, func(p *simPending) {
+				var got *jetstream.ConsumerInfo
+				n.roundTrip(p, w.p.pOpFail, func() {
+					c := w.q.consumer(node)
+					v := c.view()
+					left := max(c.pausedUntil-w.clock, 0)
+					got = &jetstream.ConsumerInfo{Stream: QueueStream, Name: QueueConsumer(node), TimeStamp: w.now(),
+						Delivered: jetstream.SequenceInfo{Stream: v.delivered}, AckFloor: jetstream.SequenceInfo{Stream: v.ackFloor},
+						NumAckPending: v.pending, Config: jetstream.ConsumerConfig{AckWait: v.ackWait},
+						Paused: left > 0, PauseRemaining: left}
+				}, func() { info = got })
+			})
+			return info, err
+		},
+		ingress: func(ctx context.Context, seq uint64) (jetstream.Consumer, error) {
+			err := n.shellCall(fmt.Sprintf("ingress consumer from %d", seq), func(p *simPending) {
+				n.roundTrip(p, w.p.pOpFail, func() {}, func() {})
+			})
+			if err != nil {
+				return nil, err
+			}
+			return &simReader{n: n, next: seq}, nil
+		},
+		queue: func(context.Context) (msgStore, error) { return simStore{n}, nil },
+		side: func(_ context.Context, stream string) (msgStore, error) {
+			if stream != IngressStream {
+				return nil, fmt.Errorf("sim: no side reads of %s", stream)
+			}
+			return simIngressStore{n}, nil
+		},
+	}
+}
+
+// simStore is msgStore on the simulated queue stream.
+type simStore struct{ n *simNode }
+
+func (s simStore) get(_ context.Context, seq uint64) (m *jetstream.RawStreamMsg, err error) {
+	n := s.n
+	err = n.shellCall(fmt.Sprintf("get %d", seq), func(p *simPending) {
+		var got *jetstream.RawStreamMsg
+		n.roundTrip(p, n.w.p.pOpFail, func() {
+			if seq >= 1 && seq <= uint64(len(n.w.q.all)) && !n.w.q.all[seq-1].removed {
+				got = n.w.q.all[seq-1].raw()
+			}
+		}, func() {
+			if m = got; got == nil {
+				p.err = jetstream.ErrMsgNotFound
+			}
+		})
+	})
+	return m, err
+}
+
+func (s simStore) next(_ context.Context, seq uint64, filter string) (m *jetstream.RawStreamMsg, err error) {
+	n := s.n
+	err = n.shellCall(fmt.Sprintf("next %d %s", seq, filter), func(p *simPending) {
+		var got *jetstream.RawStreamMsg
+		n.roundTrip(p, n.w.p.pOpFail, func() {
+			for _, e := range n.w.q.all[min(max(seq, 1)-1, uint64(len(n.w.q.all))):] {
+				if !e.removed && server.SubjectMatchesFilter(e.subject(), filter) {
+					got = e.raw()
+					return
+				}
+			}
+		}, func() {
+			if m = got; got == nil {
+				p.err = jetstream.ErrMsgNotFound
+			}
+		})
+	})
+	return m, err
+}
+
+func (s simStore) state(_ context.Context, filter string) (st jetstream.StreamState, err error) {
+	n := s.n
+	err = n.shellCall("state "+filter, func(p *simPending) {
+		var got jetstream.StreamState
+		n.roundTrip(p, n.w.p.pOpFail, func() {
+			got.FirstSeq, got.LastSeq = n.w.q.firstLast()
+			got.Subjects = map[string]uint64{}
+			for _, e := range n.w.q.all {
+				if subj := e.subject(); !e.removed && server.SubjectMatchesFilter(subj, filter) {
+					got.Subjects[subj]++
+				}
+			}
+		}, func() { st = got })
+	})
+	return st, err
+}
+
+func (s simStore) delete(_ context.Context, seq uint64) error {
+	n := s.n
+	return n.shellCall(fmt.Sprintf("delete %d", seq), func(p *simPending) {
+		gone := false
+		n.roundTrip(p, n.w.p.pOpFail, func() {
+			gone = !n.w.q.deleteMsg(seq)
+			if !gone {
+				delete(n.moving, n.w.q.all[seq-1].seq)
+			}
+		}, func() {
+			if gone {
+				p.err = jetstream.ErrMsgNotFound
+			}
+		})
+	})
+}
+
+// simIngressStore is msgStore on the simulated ingress, for the side
+// reads (next only).
+type simIngressStore struct{ n *simNode }
+
+func (s simIngressStore) get(ctx context.Context, seq uint64) (*jetstream.RawStreamMsg, error) {
+	return s.next(ctx, seq, ">")
+}
+
+func (s simIngressStore) next(_ context.Context, seq uint64, _ string) (m *jetstream.RawStreamMsg, err error) {
+	n := s.n
+	err = n.shellCall(fmt.Sprintf("ingress next %d", seq), func(p *simPending) {
+		var got *jetstream.RawStreamMsg
+		n.roundTrip(p, n.w.p.pOpFail, func() {
+			if seq = max(seq, 1); seq <= uint64(len(n.w.ingress)) {
+				msg := n.w.ingressMsg(seq)
+				got = &jetstream.RawStreamMsg{Subject: msg.Subject, Sequence: seq, Header: msg.Header}
+			}
+		}, func() {
+			if m = got; got == nil {
+				p.err = jetstream.ErrMsgNotFound
+			}
+		})
+	})
+	return m, err
+}
+
+func (simIngressStore) state(context.Context, string) (jetstream.StreamState, error) {
+	return jetstream.StreamState{}, errors.New("sim: not read")
+}
+
+func (simIngressStore) delete(context.Context, uint64) error { return errors.New("sim: not deleted") }
+
+// simReader is the ordered consumer of the ingress a catch-up reads: a
+// fetch answers with what the ingress holds from next on, or, when it
+// holds nothing yet, after the fetch's wait (1 s) with what came.
+type simReader struct {
+	jetstream.Consumer // what is not stood in for: not called
+	n                  *simNode
+	next               uint64
+}
+
+func (r *simReader) Fetch(limit int, _ ...jetstream.FetchOpt) (jetstream.MessageBatch, error) {
+	n, w := r.n, r.n.w
+	b := &hoBatch{ch: make(chan jetstream.Msg, limit)}
+	take := func() {
+		for ; limit > 0 && r.next <= uint64(len(w.ingress)); limit-- {
+			b.ch <- &hoMsg{seq: r.next, msg: w.ingressMsg(r.next)}
+			r.next++
+		}
+	}
+	err := n.shellCall(fmt.Sprintf("fetch %d from %d", limit, r.next), func(p *simPending) {
+		fail := w.chance(w.p.pOpFail)
+		w.after(simPubTimeout, func() { p.fail(errSimTimeout) })
+		w.hop(n.id, w.lat(), func() {
+			if fail {
+				w.hop(n.id, w.lat(), func() { p.fail(errSimOp) })
+				return
+			}
+			serve := func() {
+				if p.over {
+					return
+				}
+				take()
+				w.hop(n.id, w.lat(), p.answer)
+			}
+			if r.next > uint64(len(w.ingress)) {
+				w.after(time.Second, serve) // the fetch's wait for messages
+				return
+			}
+			serve()
+		})
+	})
+	close(b.ch)
+	if err != nil {
+		return nil, err
+	}
+	return b, nil
+}
