@@ -32,7 +32,7 @@ type asker struct {
 	pull func(max int) []sentAsk
 	step func(input)
 	// markClean says clean on the fences whose group this node's queue
-	// stores nothing of (Router.markClean).
+	// stores nothing of (handOver.markClean).
 	markClean func(ctx context.Context, ps []proposals.Proposal)
 	// propose sends one request to the active LOCAL handler.
 	propose func(ctx context.Context, ps []proposals.Proposal) ([]proposals.Decision, error)
@@ -49,7 +49,7 @@ func (r *Router) newAsker() *asker {
 			return r.eng.askBatch(max, time.Now())
 		},
 		step:      r.step,
-		markClean: r.markClean,
+		markClean: r.ho.markClean,
 		propose:   r.dec.client.Propose,
 		log:       r.log,
 	}
@@ -124,7 +124,7 @@ var errScanLimit = errors.New("the queue stores more messages than the scan read
 // network past its timeout) is the "fenced while alive" window a drain
 // has too (docs/protocol.md). On any error, or a queue storing more than
 // cleanScanMax messages, no fence says clean.
-func (r *Router) markClean(ctx context.Context, ps []proposals.Proposal) {
+func (h *handOver) markClean(ctx context.Context, ps []proposals.Proposal) {
 	groups := map[string]bool{}
 	for _, p := range ps {
 		if p.Op == proposals.OpFence && p.Group != "" {
@@ -136,17 +136,17 @@ func (r *Router) markClean(ctx context.Context, ps []proposals.Proposal) {
 	}
 	routes := make(map[string]kvbinding.Binding, len(groups))
 	for g := range groups {
-		routes[g], _ = r.cache.Lookup(g)
+		routes[g], _ = h.lookup(g)
 	}
 	sctx, cancel := context.WithTimeout(ctx, cleanScanWait)
 	defer cancel()
-	stream, err := r.side.stream(sctx, QueueStream)
+	stream, err := h.io.side(sctx, QueueStream)
 	var found map[string][]queued
 	if err == nil {
-		found, err = r.ho.scanQueues(sctx, jsStore{stream}, map[string]map[string]bool{r.cfg.Node: groups}, routes, cleanScanMax)
+		found, err = h.scanQueues(sctx, stream, map[string]map[string]bool{h.node: groups}, routes, cleanScanMax)
 	}
 	if err != nil {
-		r.log.Debug("fences sent without looking at this node's queue: the next nodes drain it", "groups", len(groups), "err", err)
+		h.log.Debug("fences sent without looking at this node's queue: the next nodes drain it", "groups", len(groups), "err", err)
 		return
 	}
 	clean := 0
@@ -156,7 +156,7 @@ func (r *Router) markClean(ctx context.Context, ps []proposals.Proposal) {
 			clean++
 		}
 	}
-	r.log.Debug("fences: this node's queue looked at", "fences", len(groups), "clean", clean)
+	h.log.Debug("fences: this node's queue looked at", "fences", len(groups), "clean", clean)
 }
 
 // cleanScanWait bounds markClean's reads: a fence waits for them.

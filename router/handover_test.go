@@ -495,7 +495,7 @@ func TestMarkCleanLooksAtThisNodesQueue(t *testing.T) {
 	}
 	ps := []proposals.Proposal{fence("waits"), fence("elsewhere"), fence("held"), fence("none"), fence("routed"),
 		{Group: "new", Node: "n1", Seq: 9}}
-	r.markClean(ctx, ps)
+	r.ho.markClean(ctx, ps)
 	got := map[string]bool{}
 	for _, p := range ps {
 		got[p.Group] = p.Clean
@@ -509,7 +509,7 @@ func TestMarkCleanLooksAtThisNodesQueue(t *testing.T) {
 		publishQueued(t, js, "n1", "busy", seq)
 	}
 	ps = []proposals.Proposal{fence("none")}
-	r.markClean(ctx, ps)
+	r.ho.markClean(ctx, ps)
 	if ps[0].Clean {
 		t.Fatalf("a fence said clean with %d messages on the queue, past the %d it reads", cleanScanMax+1, cleanScanMax)
 	}

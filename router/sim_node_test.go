@@ -70,7 +70,7 @@ type simNode struct {
 	readIdle    bool // waits for the ingress to grow
 	readBlocked bool // waits for the engine to have room
 
-	askWake    bool
+	askWake    chan struct{} // the real asker's wake (actAsk)
 	timerArmed bool
 	timerAt    time.Duration
 	timerGen   uint64
@@ -282,7 +282,7 @@ func (n *simNode) perform(a action) {
 	case actBatch:
 		n.publishBatch(a)
 	case actAsk:
-		n.wakeAsker()
+		n.w.wake(func() { wake(n.askWake) })
 	case actRetry:
 		// armTimer, after every engine call, covers it.
 	case actDuty:
@@ -436,85 +436,6 @@ func (n *simNode) armTimer() {
 		}
 		n.timerArmed = false
 		n.step(inTick{})
-	})
-}
-
-// The asker (asker.run and asker.send).
-
-func (n *simNode) wakeAsker() {
-	w := n.w
-	if n.askWake || !n.up() {
-		return
-	}
-	n.askWake = true
-	w.after(w.between(10*time.Microsecond, 300*time.Microsecond), func() {
-		n.askWake = false
-		if !n.up() {
-			return
-		}
-		for {
-			batch := n.eng.askBatch(maxBatch, w.now())
-			if len(batch) == 0 {
-				break
-			}
-			n.sendAsks(batch)
-		}
-		n.armTimer()
-	})
-}
-
-func (n *simNode) sendAsks(batch []sentAsk) {
-	ps := make([]proposals.Proposal, len(batch))
-	for i, a := range batch {
-		ps[i] = a.p
-	}
-	n.markClean(ps, func() { n.sendProposals(batch, ps) })
-}
-
-// markClean is Router.markClean: a fence says clean when the node's queue
-// stores no message of its group (waiting or unacknowledged), read in one
-// hop; a failed read says nothing.
-func (n *simNode) markClean(ps []proposals.Proposal, then func()) {
-	w := n.w
-	fences := false
-	for _, p := range ps {
-		fences = fences || (p.Op == proposals.OpFence && p.Group != "")
-	}
-	if !fences {
-		then()
-		return
-	}
-	fail := w.chance(w.p.pOpFail)
-	w.hop(n.id, w.lat(), func() {
-		if !n.up() {
-			return
-		}
-		if !fail {
-			stored := map[string]bool{}
-			for _, e := range w.q.byNode[n.id] {
-				if !e.removed {
-					stored[e.group] = true
-				}
-			}
-			for i := range ps {
-				if ps[i].Op == proposals.OpFence && ps[i].Group != "" && !stored[ps[i].Group] {
-					ps[i].Clean = true
-				}
-			}
-		}
-		then()
-	})
-}
-
-func (n *simNode) sendProposals(batch []sentAsk, ps []proposals.Proposal) {
-	if n.w.tracing {
-		n.logf("asks %s", simProposals(ps))
-	}
-	n.propose(ps, func(ds []proposals.Decision, err error) {
-		if n.w.tracing {
-			n.logf("answers to %s: %s", simProposals(ps), simDecisions(ds, err))
-		}
-		n.step(inReplied{batch: batch, ds: ds, err: err})
 	})
 }
 

@@ -23,21 +23,22 @@ import (
 
 // The real shells in the simulated world (issue 33). A node of the
 // simulation runs the real hand-over shell (handOver: its loop, its drain
-// and catch-up steps, its staging, its reports and retries) on stand-ins
-// of what Router.newHandOver gives it: its msgStore and queueIO over the
-// simulated queue stream and ingress, its clock over the virtual one, the
-// engine's door and views, the binding cache, the handler and the
-// registry. The shell runs in goroutines; the world stays one loop that
+// and catch-up steps, its staging, its reports and retries) and the real
+// asker (asker: its loop, its requests in flight, a fence's look at its
+// node's queue) on stand-ins of what Router.newHandOver and newAsker give
+// them: msgStore and queueIO over the simulated queue stream and ingress,
+// a clock over the virtual one, the engine's door and views, the binding
+// cache, the handler and the registry. The shell runs in goroutines; the world stays one loop that
 // owns everything simulated, and the two meet as follows:
 //
 //   - every call of the shell into the world (a request to the servers, a
 //     step of the engine, a timer) is queued as a simCall and the calling
 //     goroutine waits for its answer;
 //   - after each instant of the virtual clock, the loop wakes the
-//     goroutines whose answers or timers are due (simWorld.settle), waits
-//     until every goroutine of the bubble (testing/synctest) is blocked
-//     again, and takes the calls they made, in the order of their keys,
-//     then again until none is made;
+//     goroutines whose answers or timers are due (simWorld.settle), one
+//     at a time, each time waiting until every goroutine of the bubble
+//     (testing/synctest) is blocked again, then takes the calls they made,
+//     in the order of their keys, and again until none is made;
 //   - the loop never runs while a shell's goroutine does, and takes each
 //     instant's calls in an order their content gives: a seed replays
 //     exactly (TestSimulationIsDeterministic).
@@ -67,12 +68,14 @@ func (w *simWorld) wake(fn func()) { w.wakes = append(w.wakes, fn) }
 // takes the calls they made, until none is made.
 func (w *simWorld) settle() {
 	for {
-		if len(w.wakes) > 0 {
-			wakes := w.wakes
-			w.wakes = nil
-			for _, fn := range wakes {
-				fn()
-			}
+		// One wake at a time, each followed by the goroutines' run: a
+		// goroutine woken twice at one instant (a timer and a channel it
+		// selects on) sees them in the order they came, not in select's
+		// random one.
+		for len(w.wakes) > 0 {
+			fn := w.wakes[0]
+			w.wakes = w.wakes[1:]
+			fn()
 			synctest.Wait()
 		}
 		w.callMu.Lock()
@@ -320,37 +323,20 @@ func (n *simNode) startShells() {
 	log := slog.New(simLogHandler{w: w, node: n.id})
 	h := &handOver{
 		node: n.id, groupHeader: DefaultGroupHeader, log: log, io: n.queueIO(), clock: simClock{n}, duties: newDutyQueue(),
-		step: func(in input) {
-			_ = n.shellCall(fmt.Sprintf("step %T%+v", in, in), func(p *simPending) {
-				n.step(in)
-				p.answer()
-			})
-		},
+		step:         n.stepCall,
 		fencedNow:    func() bool { return n.eng.fenced(w.now()) },
 		takeoverFrom: n.eng.takeoverFrom,
 		ungroupedDestination: func() string {
 			var dest string
-			_ = n.shellCall("ungrouped destination", func(p *simPending) {
-				dest = n.eng.ungroupedDestination()
-				p.answer()
-			})
+			n.localCall("ungrouped destination", func() { dest = n.eng.ungroupedDestination() })
 			return dest
 		},
 		// The simulated engine holds nothing back on a held subject (no
 		// fair share), but the hand-over stages on one, as a node whose
 		// queue stream takes held subjects does.
-		holds:  true,
-		lookup: n.cache.Lookup,
-		propose: func(ctx context.Context, ps []proposals.Proposal) ([]proposals.Decision, error) {
-			var ds []proposals.Decision
-			err := n.shellCall("propose "+simProposals(ps), func(p *simPending) {
-				n.propose(ps, func(got []proposals.Decision, err error) {
-					ds = got
-					p.fail(err)
-				})
-			})
-			return ds, err
-		},
+		holds:   true,
+		lookup:  n.cache.Lookup,
+		propose: n.proposeCall,
 		loadCheckpointAt: func(ctx context.Context, node string, rev uint64) (c kvbinding.Checkpoint, ok bool, err error) {
 			err = n.shellCall(fmt.Sprintf("checkpoint of %s at %d", node, rev), func(p *simPending) {
 				var got kvbinding.Checkpoint
@@ -379,7 +365,61 @@ func (n *simNode) startShells() {
 	h.warn.late = logagg.New(log, "late copy moved", logagg.DefaultEvery)
 	h.warn.lapsed = logagg.New(log, "lapsed messages moved", logagg.DefaultEvery)
 	n.ho = h
+	n.askWake = make(chan struct{}, 1)
+	a := &asker{
+		wake: n.askWake,
+		pull: func(max int) []sentAsk {
+			var batch []sentAsk
+			n.localCall(fmt.Sprintf("pull %d asks", max), func() {
+				batch = n.eng.askBatch(max, w.now())
+				n.armTimer()
+			})
+			return batch
+		},
+		step:      n.stepCall,
+		markClean: h.markClean,
+		propose:   n.proposeCall,
+		log:       log,
+	}
 	go h.run(ctx)
+	go a.run(ctx)
+}
+
+// localCall is a call of n's shells that crosses no link (the engine's
+// door under the router's lock): fn runs in the loop, while the process
+// lives, even once its shells are stopping.
+func (n *simNode) localCall(key string, fn func()) {
+	p := &simPending{n: n, done: make(chan struct{})}
+	n.w.call(n.id+" "+key, func() {
+		if n.alive() {
+			fn()
+		}
+		p.over = true
+		n.w.wake(func() { close(p.done) })
+	})
+	<-p.done
+}
+
+// stepCall is Router.step for n's shells.
+func (n *simNode) stepCall(in input) {
+	n.localCall(fmt.Sprintf("step %T%+v", in, in), func() { n.step(in) })
+}
+
+// proposeCall is proposals.Client.Propose for n's shells (n.propose).
+func (n *simNode) proposeCall(_ context.Context, ps []proposals.Proposal) (ds []proposals.Decision, err error) {
+	err = n.shellCall("propose "+simProposals(ps), func(p *simPending) {
+		if n.w.tracing {
+			n.logf("proposes %s", simProposals(ps))
+		}
+		n.propose(ps, func(got []proposals.Decision, err error) {
+			if n.w.tracing {
+				n.logf("answers to %s: %s", simProposals(ps), simDecisions(got, err))
+			}
+			ds = got
+			p.fail(err)
+		})
+	})
+	return ds, err
 }
 
 // checkpoint is Router.checkpoint: the tracker's, with the catch-ups'
@@ -535,10 +575,13 @@ func (n *simNode) queueIO() queueIO {
 		},
 		queue: func(context.Context) (msgStore, error) { return simStore{n}, nil },
 		side: func(_ context.Context, stream string) (msgStore, error) {
-			if stream != IngressStream {
-				return nil, fmt.Errorf("sim: no side reads of %s", stream)
+			switch stream {
+			case IngressStream:
+				return simIngressStore{n}, nil
+			case QueueStream:
+				return simStore{n}, nil // a fence's look at its node's queue (markClean)
 			}
-			return simIngressStore{n}, nil
+			return nil, fmt.Errorf("sim: no side reads of %s", stream)
 		},
 	}
 }
