@@ -138,7 +138,7 @@ func (h *handOver) markClean(ctx context.Context, ps []proposals.Proposal) {
 	for g := range groups {
 		routes[g], _ = h.lookup(g)
 	}
-	sctx, cancel := context.WithTimeout(ctx, cleanScanWait)
+	sctx, cancel := h.clock.WithTimeout(ctx, cleanScanWait)
 	defer cancel()
 	stream, err := h.io.side(sctx, QueueStream)
 	var found map[string][]queued

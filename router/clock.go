@@ -7,16 +7,18 @@ import (
 	natsretry "github.com/grouprouter/grouprouter/internal/retry"
 )
 
-// clock is where the hand-over shell reads the time and waits: the
-// system's in production (sysClock), the simulation's virtual one in its
-// tests, where every timer the shell sets is an event of the simulated
-// world and so fires in the same order on every replay of a seed.
+// clock is where the hand-over shell and liveness read the time and wait:
+// the system's in production (sysClock), the simulation's virtual one in
+// its tests, where every timer they set is an event of the simulated world
+// and so fires in the same order on every replay of a seed.
 type clock interface {
 	Now() time.Time
 	// NewTimer returns a timer that fires once, d from now.
 	NewTimer(d time.Duration) clockTimer
 	// Sleep waits d, or until ctx ends (its error).
 	Sleep(ctx context.Context, d time.Duration) error
+	// WithTimeout is context.WithTimeout on this clock.
+	WithTimeout(ctx context.Context, d time.Duration) (context.Context, context.CancelFunc)
 }
 
 // clockTimer is a timer of a clock, as time.Timer: C delivers the time
@@ -41,6 +43,10 @@ func (sysClock) Now() time.Time { return time.Now() }
 func (sysClock) NewTimer(d time.Duration) clockTimer { return sysTimer{time.NewTimer(d)} }
 
 func (sysClock) Sleep(ctx context.Context, d time.Duration) error { return natsretry.Sleep(ctx, d) }
+
+func (sysClock) WithTimeout(ctx context.Context, d time.Duration) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(ctx, d)
+}
 
 type sysTimer struct{ t *time.Timer }
 

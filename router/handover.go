@@ -1781,7 +1781,7 @@ func (h *handOver) publishSync(ctx context.Context, m *nats.Msg, still func() bo
 		if !still() {
 			return nil, errSuperseded
 		}
-		pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		pctx, cancel := h.clock.WithTimeout(ctx, 5*time.Second)
 		ack, err := h.io.publish(pctx, m)
 		cancel()
 		if err == nil {

@@ -19,8 +19,9 @@ import (
 // groups may have moved). It owns what it last announced and reaches the
 // rest of the node only through the functions it is given.
 type liveness struct {
-	reg   *kvbinding.Registry // opened by setup
-	every time.Duration       // Config.Heartbeat
+	reg   announcer     // the registry, opened by setup
+	every time.Duration // Config.Heartbeat
+	clock clock
 	log   *slog.Logger
 	warn  *logagg.Warner // failed announcements, one line per interval
 	// yielded: the node id is another process's, whose record this is.
@@ -33,10 +34,10 @@ type liveness struct {
 	// consumerChanged hands the engine the queue consumer's presence
 	// when it changed.
 	consumerChanged func(has bool)
-	// catchUp waits until the binding cache holds every record stored
-	// before it was called; records says how far it holds them.
-	catchUp func(ctx context.Context) error
-	records func() uint64
+	// lastRevision reads the bindings bucket's last revision; records
+	// says how far the binding cache holds the records (catchUp).
+	lastRevision func(ctx context.Context) (uint64, error)
+	records      func() uint64
 	// alive hands the engine until when the record surely exists.
 	alive func(until time.Time)
 
@@ -44,6 +45,11 @@ type liveness struct {
 	// until is until when the last stored announcement keeps the record
 	// sure to exist (announce's alone: the first announcement, then run).
 	until time.Time
+}
+
+// announcer stores a node's liveness record (kvbinding.Registry).
+type announcer interface {
+	Announce(ctx context.Context, info kvbinding.NodeInfo, ttl time.Duration) error
 }
 
 // presencePoll is how often a node without a queue consumer looks for one
@@ -54,33 +60,47 @@ const presencePoll = 100 * time.Millisecond
 // run announces the node every heartbeat, with whether its queue consumer
 // has an active puller; while it has none, it looks every presencePoll and
 // announces at once when one appears (the handler then counts the node
-// eligible for new groups and rebalancing).
+// eligible for new groups and rebalancing). With one, it wakes only for
+// the heartbeat.
 func (l *liveness) run(ctx context.Context, cons jetstream.Consumer) {
 	tick := min(presencePoll, l.every)
 	var last time.Time
-	every(ctx, tick, func() {
-		now := time.Now()
+	t := l.clock.NewTimer(tick)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C():
+		}
+		now := l.clock.Now()
 		due := last.IsZero() || now.Sub(last)+tick/2 >= l.every
 		if !due && !l.hasConsumer.Load() {
 			due = l.consumerAppeared(ctx, cons)
 		}
-		if !due {
-			return
+		if due {
+			last = now
+			if err := l.announce(ctx, cons); err != nil && ctx.Err() == nil {
+				l.warn.Warn("", "err", err)
+			}
 		}
-		last = now
-		if err := l.announce(ctx, cons); err != nil && ctx.Err() == nil {
-			l.warn.Warn("", "err", err)
+		// With a consumer, nothing is looked at before the next
+		// heartbeat; without one, every tick.
+		next := tick - since(l.clock, now)
+		if l.hasConsumer.Load() {
+			next = l.every - since(l.clock, last)
 		}
-	})
+		t.Reset(max(next, 0))
+	}
 }
 
 // consumerAppeared reports whether the node's queue, which had no consumer
 // at the last announcement, has one now.
 func (l *liveness) consumerAppeared(ctx context.Context, cons jetstream.Consumer) bool {
-	ctx, cancel := context.WithTimeout(ctx, presencePoll)
+	ctx, cancel := l.clock.WithTimeout(ctx, presencePoll)
 	defer cancel()
 	info, err := cons.Info(ctx)
-	if err != nil || !consumerPresent(info, time.Now()) {
+	if err != nil || !consumerPresent(info, l.clock.Now()) {
 		return false
 	}
 	l.log.Debug("queue consumer appeared; announcing now")
@@ -94,21 +114,21 @@ func (l *liveness) announce(ctx context.Context, cons jetstream.Consumer) error 
 	if l.yielded.Load() {
 		return nil // the record is the other process's
 	}
-	ctx, cancel := context.WithTimeout(ctx, l.every)
+	ctx, cancel := l.clock.WithTimeout(ctx, l.every)
 	defer cancel()
 	var pending, unacked uint64
 	if info, err := cons.Info(ctx); err == nil {
 		pending, unacked = info.NumPending, uint64(info.NumAckPending)
-		has := consumerPresent(info, time.Now())
+		has := consumerPresent(info, l.clock.Now())
 		if l.hasConsumer.Swap(has) != has {
 			l.consumerChanged(has)
 		}
 	}
-	now := time.Now().UTC()
+	now := l.clock.Now().UTC()
 	info := l.report(now)
 	info.HasConsumer, info.Heartbeat, info.Every = l.hasConsumer.Load(), now, l.every
 	info.QueuePending, info.QueueUnacked = pending, unacked
-	sent := time.Now()
+	sent := l.clock.Now()
 	// Lapsed: the last stored announcement is too old for the record to be
 	// sure to exist; the engine publishes nothing (fenced).
 	lapsed := !l.until.IsZero() && !sent.Before(l.until)
@@ -136,5 +156,21 @@ func (l *liveness) announce(ctx context.Context, cons jetstream.Consumer) error 
 	}
 	l.until = until
 	l.alive(until)
+	return nil
+}
+
+// catchUp waits until the binding cache holds every record stored before
+// it was called: the bucket's last record, as its stream leader says, has
+// reached the cache through the watch.
+func (l *liveness) catchUp(ctx context.Context) error {
+	last, err := l.lastRevision(ctx)
+	if err != nil {
+		return err
+	}
+	for l.records() < last {
+		if err := l.clock.Sleep(ctx, 5*time.Millisecond); err != nil {
+			return fmt.Errorf("the cache has records through %d, the bucket through %d: %w", l.records(), last, err)
+		}
+	}
 	return nil
 }

@@ -221,12 +221,13 @@ func New(nc *nats.Conn, cfg Config) (*Router, error) {
 	r.room.cond = sync.NewCond(&r.mu)
 	r.wake.ask, r.wake.timer, r.wake.fair = make(chan struct{}, 1), make(chan struct{}, 1), make(chan struct{}, 1)
 	r.qcheck = newQueueCheck(js, nc, cfg.Node, r.log)
-	r.live = &liveness{every: cfg.Heartbeat, log: r.log, yielded: &r.proc.yielded,
+	r.live = &liveness{every: cfg.Heartbeat, clock: sysClock{}, log: r.log, yielded: &r.proc.yielded,
 		warn:            logagg.New(r.log, "announce failed", logagg.DefaultEvery),
 		report:          r.announcement,
 		consumerChanged: func(has bool) { r.step(inConsumer{has: has}) },
-		catchUp:         r.catchUpRecords, records: func() uint64 { return r.cache.Delivered() },
-		alive: func(until time.Time) { r.step(inAlive{until: until}) },
+		lastRevision:    func(ctx context.Context) (uint64, error) { return r.store.LastRevision(ctx) },
+		records:         func() uint64 { return r.cache.Delivered() },
+		alive:           func(until time.Time) { r.step(inAlive{until: until}) },
 	}
 	r.warn = warners{
 		noDecision:   logagg.New(r.log, "no routing decision; the group waits and is retried", logagg.DefaultEvery),
@@ -769,26 +770,6 @@ func (r *Router) announcement(now time.Time) kvbinding.NodeInfo {
 	info.HeldBack, info.HeldBackGroups = r.eng.heldBack()
 	r.mu.Unlock()
 	return info
-}
-
-// catchUpRecords waits until the cache holds every binding record stored
-// before it was called: the bucket's last record, as its stream leader
-// says, has reached the cache through the watch.
-func (r *Router) catchUpRecords(ctx context.Context) error {
-	last, err := r.store.LastRevision(ctx)
-	if err != nil {
-		return err
-	}
-	t := time.NewTicker(5 * time.Millisecond)
-	defer t.Stop()
-	for r.cache.Delivered() < last {
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("the cache has records through %d, the bucket through %d: %w", r.cache.Delivered(), last, ctx.Err())
-		case <-t.C:
-		}
-	}
-	return nil
 }
 
 // consumerPresent reports whether a node's queue has a consumer: one is

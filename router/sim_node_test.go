@@ -81,23 +81,24 @@ type simNode struct {
 	// The real hand-over shell (sim_shell_test.go), its context's end
 	// (nil once ended) and the calls it waits on.
 	ho       *handOver
+	live     *liveness
 	shellCtx context.Context
 	shellEnd context.CancelFunc
 	pending  map[*simPending]bool
 	moving   map[uint64]bool // messages whose copy is published and original not yet deleted
 
-	flights     []*simFlight
-	hasConsumer bool
-	lastCkpt    kvbinding.Checkpoint
-	ckptBusy    bool
+	flights  []*simFlight
+	lastCkpt kvbinding.Checkpoint
+	ckptBusy bool
 
 	announceFailUntil time.Duration
 	// liveUntil: until when the last stored announcement keeps the
 	// liveness record sure to exist (liveness.until).
 	liveUntil time.Time
 	// renewedAt: when the announcement that renewed the node's liveness
-	// after its last lapse was stored (-1: none yet).
-	renewedAt time.Duration
+	// after its last lapse was stored (-1: none yet); lastAnnounced: when
+	// its last announcement was.
+	renewedAt, lastAnnounced time.Duration
 }
 
 // simFlight is a publish on its way to the server.
@@ -215,7 +216,6 @@ func (n *simNode) start() {
 	n.readPos = max(n.eng.resume.start(), 1)
 	n.logf("starts (resume at %d, checkpoint %v)", n.readPos, ckpt)
 	n.startShells()
-	n.heartbeat()
 	if n.local {
 		n.every(simLeaseTick/2, n.standbyTick)
 	}
@@ -226,7 +226,6 @@ func (n *simNode) start() {
 		}
 	}
 	n.step(inChanged{refs: todo})
-	n.every(simHeartbeat, n.heartbeat)
 	n.every(simCheckpoint, n.checkpointTick)
 	if p.groupTimeout > 0 {
 		n.every(p.reaperPeriod, n.reapTick)
@@ -723,7 +722,7 @@ func (n *simNode) publish(a action) {
 				route.Epoch == p.epoch && c.node == simHeld(n.id) && !c.removed && c.seq == m.seq {
 				n.logf("lane: seq %d of %q has a staged copy %v: moved onto the queue", m.seq, group, c)
 				sent := &nats.Msg{Header: nats.Header{HeaderIngressSeq: []string{strconv.FormatUint(m.seq, 10)}}}
-				n.shellGo(fmt.Sprintf("late copy of %d", m.seq), func(ctx context.Context) error {
+				n.shellGo(simKey{"late copy of", m.seq}, func(ctx context.Context) error {
 					return n.ho.takeLateCopy(ctx, simStore{n}, group, route, sent, sseq)
 				}, func(err error) {
 					o.err = err
@@ -738,63 +737,6 @@ func (n *simNode) publish(a action) {
 }
 
 // Liveness, checkpoints, the reaper.
-
-func (n *simNode) heartbeat() {
-	w := n.w
-	has := w.q.consumer(n.id).hasConsumer()
-	if has != n.hasConsumer {
-		n.hasConsumer = has
-		n.eng.consumerPresent(has)
-	}
-	if w.clock < n.announceFailUntil {
-		return
-	}
-	sent := w.now()
-	lapsed := !n.liveUntil.IsZero() && !sent.Before(n.liveUntil)
-	w.hop(n.id, w.lat(), func() {
-		if !n.up() || w.chance(w.p.pKVFail) {
-			return
-		}
-		w.reg.announce(n.id, has)
-		announced := w.clock
-		stored := len(w.kv.log.entries) // the records stored before it
-		// liveness.announce: the node routes until its record may lapse;
-		// after a lapse, only once its cache holds every record stored
-		// before the announcement (its view was its side's).
-		until := sent.Add(kvbinding.NodeTTL(simHeartbeat) - simHeartbeat)
-		w.hop(n.id, w.lat(), func() {
-			// The announcement and the catch-up after it share one
-			// timeout of a heartbeat: a late answer is a failed one.
-			deadline := sent.Add(simHeartbeat).Sub(simEpoch())
-			if w.clock >= deadline {
-				return
-			}
-			if !lapsed {
-				n.liveUntil = until
-				n.step(inAlive{until: until})
-				return
-			}
-			n.logf("liveness renewed after it may have lapsed: catching up with the records (through %d)", stored)
-			var wait func()
-			wait = func() {
-				if !n.up() {
-					return
-				}
-				if n.kvSub.pos >= stored {
-					n.logf("caught up with the records; publishing again")
-					n.liveUntil, n.renewedAt = until, announced
-					n.step(inAlive{until: until})
-					return
-				}
-				if w.clock >= deadline {
-					return // the next announcement tries again
-				}
-				w.after(time.Millisecond, wait)
-			}
-			wait()
-		})
-	})
-}
 
 func (n *simNode) checkpointTick() {
 	w := n.w

@@ -5,10 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"reflect"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing/synctest"
 	"time"
 
@@ -23,12 +25,13 @@ import (
 
 // The real shells in the simulated world (issue 33). A node of the
 // simulation runs the real hand-over shell (handOver: its loop, its drain
-// and catch-up steps, its staging, its reports and retries) and the real
+// and catch-up steps, its staging, its reports and retries), the real
 // asker (asker: its loop, its requests in flight, a fence's look at its
-// node's queue) on stand-ins of what Router.newHandOver and newAsker give
-// them: msgStore and queueIO over the simulated queue stream and ingress,
-// a clock over the virtual one, the engine's door and views, the binding
-// cache, the handler and the registry. The shell runs in goroutines; the world stays one loop that
+// node's queue) and the real liveness (its heartbeat, the consumer's
+// presence, the catch-up with the records after a lapse) on stand-ins of
+// what Router gives them: msgStore and queueIO over the simulated queue
+// stream and ingress, a clock over the virtual one, the engine's door and
+// views, the binding cache, the handler and the registry. The shell runs in goroutines; the world stays one loop that
 // owns everything simulated, and the two meet as follows:
 //
 //   - every call of the shell into the world (a request to the servers, a
@@ -49,12 +52,18 @@ import (
 
 // simCall is a call a shell's goroutine makes into the world.
 type simCall struct {
-	key string // what it asks, with its arguments: the order calls made at one instant are taken in
+	key simKey // what it asks, with its arguments: the order calls made at one instant are taken in
 	run func() // run by the loop
 }
 
+// simKey names a call: its words are formatted only when calls made at
+// one instant need an order.
+type simKey []any
+
+func (k simKey) String() string { return fmt.Sprintf("%+v", []any(k)) }
+
 // call queues a call made by a shell's goroutine.
-func (w *simWorld) call(key string, run func()) {
+func (w *simWorld) call(key simKey, run func()) {
 	w.callMu.Lock()
 	w.calls = append(w.calls, simCall{key: key, run: run})
 	w.callMu.Unlock()
@@ -92,7 +101,20 @@ func (w *simWorld) settle() {
 			}
 			continue
 		}
-		slices.SortStableFunc(calls, func(a, b simCall) int { return strings.Compare(a.key, b.key) })
+		if len(calls) > 1 {
+			type keyed struct {
+				key string
+				c   simCall
+			}
+			ks := make([]keyed, len(calls))
+			for i, c := range calls {
+				ks[i] = keyed{c.key.String(), c}
+			}
+			slices.SortStableFunc(ks, func(a, b keyed) int { return strings.Compare(a.key, b.key) })
+			for i := range ks {
+				calls[i] = ks[i].c
+			}
+		}
 		for _, c := range calls {
 			c.run()
 		}
@@ -136,10 +158,14 @@ func (p *simPending) fail(err error) {
 }
 
 // shellCall is a call of n's shells into the world: run, in the loop,
-// starts what answers it. It returns the error it was answered with.
-func (n *simNode) shellCall(key string, run func(p *simPending)) error {
+// starts what answers it. It returns the error it was answered with, or
+// ctx's once ctx ends first (the answer, when it comes, is dropped).
+func (n *simNode) shellCall(ctx context.Context, key simKey, run func(p *simPending)) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
 	p := &simPending{n: n, done: make(chan struct{})}
-	n.w.call(n.id+" "+key, func() {
+	n.w.call(append(simKey{n.id}, key...), func() {
 		if !n.alive() || n.shellCtx.Err() != nil {
 			p.over = true
 			p.err = context.Canceled
@@ -149,8 +175,12 @@ func (n *simNode) shellCall(key string, run func(p *simPending)) error {
 		n.pending[p] = true
 		run(p)
 	})
-	<-p.done
-	return p.err
+	select {
+	case <-p.done:
+		return p.err
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
 
 // roundTrip is one request over n's link to the servers: serve runs
@@ -198,12 +228,12 @@ func (n *simNode) endShells() {
 // shellGo runs fn, a part of n's shells the simulated node starts (a
 // lane's move of a late copy), in a goroutine of its own, and done with
 // its error in the loop once it returns.
-func (n *simNode) shellGo(key string, fn func(ctx context.Context) error, done func(error)) {
+func (n *simNode) shellGo(key simKey, fn func(ctx context.Context) error, done func(error)) {
 	w, ctx := n.w, n.shellCtx
 	w.wake(func() {
 		go func() {
 			err := fn(ctx)
-			w.call(n.id+" "+key+" returns", func() { done(err) })
+			w.call(append(simKey{n.id, "returns"}, key...), func() { done(err) })
 		}()
 	})
 }
@@ -218,6 +248,16 @@ func (c simClock) NewTimer(d time.Duration) clockTimer {
 	t := &simTimer{w: c.n.w, ch: make(chan time.Time, 1)}
 	t.Reset(d)
 	return t
+}
+
+func (c simClock) WithTimeout(ctx context.Context, d time.Duration) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancel(ctx)
+	t := &simTimer{w: c.n.w, fire: cancel}
+	t.Reset(d)
+	return ctx, func() {
+		t.Stop()
+		cancel()
+	}
 }
 
 func (c simClock) Sleep(ctx context.Context, d time.Duration) error {
@@ -236,6 +276,7 @@ func (c simClock) Sleep(ctx context.Context, d time.Duration) error {
 type simTimer struct {
 	w     *simWorld
 	ch    chan time.Time
+	fire  func() // instead of a send on ch (WithTimeout's cancel)
 	mu    sync.Mutex
 	gen   uint64
 	armed bool
@@ -260,14 +301,16 @@ func (t *simTimer) Reset(d time.Duration) bool {
 	gen := t.gen
 	t.mu.Unlock()
 	w := t.w
-	w.call(fmt.Sprintf("timer %v", d), func() {
+	w.call(simKey{"timer", d}, func() {
 		w.after(d, func() {
 			t.mu.Lock()
 			fire := t.armed && t.gen == gen
 			t.armed = t.armed && !fire
 			t.mu.Unlock()
-			if fire {
-				now := w.now()
+			switch now := w.now(); {
+			case fire && t.fire != nil:
+				w.wake(t.fire)
+			case fire:
 				w.wake(func() {
 					select {
 					case t.ch <- now:
@@ -328,7 +371,7 @@ func (n *simNode) startShells() {
 		takeoverFrom: n.eng.takeoverFrom,
 		ungroupedDestination: func() string {
 			var dest string
-			n.localCall("ungrouped destination", func() { dest = n.eng.ungroupedDestination() })
+			n.localCall(simKey{"ungrouped destination"}, func() { dest = n.eng.ungroupedDestination() })
 			return dest
 		},
 		// The simulated engine holds nothing back on a held subject (no
@@ -338,7 +381,7 @@ func (n *simNode) startShells() {
 		lookup:  n.cache.Lookup,
 		propose: n.proposeCall,
 		loadCheckpointAt: func(ctx context.Context, node string, rev uint64) (c kvbinding.Checkpoint, ok bool, err error) {
-			err = n.shellCall(fmt.Sprintf("checkpoint of %s at %d", node, rev), func(p *simPending) {
+			err = n.shellCall(ctx, simKey{"checkpoint of", node, rev}, func(p *simPending) {
 				var got kvbinding.Checkpoint
 				var found bool
 				n.roundTrip(p, w.p.pKVFail, func() { got, found = w.reg.checkpointAt(node, rev) }, func() { c, ok = got, found })
@@ -346,7 +389,7 @@ func (n *simNode) startShells() {
 			return c, ok, err
 		},
 		saveCheckpoint: func(ctx context.Context) error {
-			return n.shellCall("save checkpoint", func(p *simPending) {
+			return n.shellCall(ctx, simKey{"save checkpoint"}, func(p *simPending) {
 				c := n.checkpoint()
 				n.roundTrip(p, w.p.pKVFail, func() { w.reg.saveCheckpoint(n.id, c) }, func() {})
 			})
@@ -370,7 +413,7 @@ func (n *simNode) startShells() {
 		wake: n.askWake,
 		pull: func(max int) []sentAsk {
 			var batch []sentAsk
-			n.localCall(fmt.Sprintf("pull %d asks", max), func() {
+			n.localCall(simKey{"pull asks", max}, func() {
 				batch = n.eng.askBatch(max, w.now())
 				n.armTimer()
 			})
@@ -381,16 +424,86 @@ func (n *simNode) startShells() {
 		propose:   n.proposeCall,
 		log:       log,
 	}
-	go h.run(ctx)
-	go a.run(ctx)
+	l := &liveness{reg: simAnnouncer{n}, every: simHeartbeat, clock: simClock{n}, log: log, yielded: new(atomic.Bool),
+		warn:            logagg.New(log, "announce failed", logagg.DefaultEvery),
+		report:          func(time.Time) kvbinding.NodeInfo { return kvbinding.NodeInfo{Node: n.id} },
+		consumerChanged: func(has bool) { n.stepCall(inConsumer{has: has}) },
+		lastRevision: func(ctx context.Context) (last uint64, err error) {
+			err = n.shellCall(ctx, simKey{"last revision"}, func(p *simPending) {
+				var got uint64
+				n.roundTrip(p, w.p.pKVFail, func() { got = uint64(len(w.kv.log.entries)) }, func() { last = got })
+			})
+			return last, err
+		},
+		records: func() uint64 { return uint64(n.kvSub.pos) },
+		alive: func(until time.Time) {
+			n.localCall(simKey{"alive", until}, func() {
+				if !n.liveUntil.IsZero() && !w.now().Before(n.liveUntil) {
+					n.renewedAt = n.lastAnnounced // renewed after a lapse
+				}
+				n.liveUntil = until
+				n.step(inAlive{until: until})
+			})
+		},
+	}
+	n.live = l
+	cons := simQueueConsumer{n: n}
+	// Started as the world wakes goroutines: none runs beside the loop.
+	w.wake(func() {
+		go h.run(ctx)
+		go a.run(ctx)
+		go func() {
+			// Router.setup's first announcement, then the heartbeat.
+			_ = l.announce(ctx, cons)
+			l.run(ctx, cons)
+		}()
+	})
+}
+
+// simAnnouncer is the registry's Announce for n's liveness.
+type simAnnouncer struct{ n *simNode }
+
+func (a simAnnouncer) Announce(ctx context.Context, info kvbinding.NodeInfo, _ time.Duration) error {
+	n, w := a.n, a.n.w
+	return n.shellCall(ctx, simKey{"announce", info.HasConsumer}, func(p *simPending) {
+		if w.clock < n.announceFailUntil {
+			w.hop(n.id, w.lat(), func() { p.fail(errSimOp) })
+			return
+		}
+		n.roundTrip(p, w.p.pKVFail, func() {
+			w.reg.announce(n.id, info.HasConsumer)
+			n.lastAnnounced = w.clock
+		}, func() {})
+	})
+}
+
+// simQueueConsumer is n's queue consumer as liveness reads it (Info): it
+// has a puller while the simulated consumer is present.
+type simQueueConsumer struct {
+	jetstream.Consumer // what is not stood in for: not called
+	n                  *simNode
+}
+
+func (c simQueueConsumer) Info(ctx context.Context) (info *jetstream.ConsumerInfo, err error) {
+	n, w := c.n, c.n.w
+	err = n.shellCall(ctx, simKey{"queue consumer info"}, func(p *simPending) {
+		var got *jetstream.ConsumerInfo
+		n.roundTrip(p, w.p.pOpFail, func() {
+			got = &jetstream.ConsumerInfo{Stream: QueueStream, Name: QueueConsumer(n.id), Config: jetstream.ConsumerConfig{AckWait: w.p.ackWait}}
+			if w.q.consumer(n.id).hasConsumer() {
+				got.NumWaiting = 1
+			}
+		}, func() { info = got })
+	})
+	return info, err
 }
 
 // localCall is a call of n's shells that crosses no link (the engine's
 // door under the router's lock): fn runs in the loop, while the process
 // lives, even once its shells are stopping.
-func (n *simNode) localCall(key string, fn func()) {
+func (n *simNode) localCall(key simKey, fn func()) {
 	p := &simPending{n: n, done: make(chan struct{})}
-	n.w.call(n.id+" "+key, func() {
+	n.w.call(append(simKey{n.id}, key...), func() {
 		if n.alive() {
 			fn()
 		}
@@ -402,12 +515,12 @@ func (n *simNode) localCall(key string, fn func()) {
 
 // stepCall is Router.step for n's shells.
 func (n *simNode) stepCall(in input) {
-	n.localCall(fmt.Sprintf("step %T%+v", in, in), func() { n.step(in) })
+	n.localCall(simKey{"step", reflect.TypeOf(in), in}, func() { n.step(in) })
 }
 
 // proposeCall is proposals.Client.Propose for n's shells (n.propose).
-func (n *simNode) proposeCall(_ context.Context, ps []proposals.Proposal) (ds []proposals.Decision, err error) {
-	err = n.shellCall("propose "+simProposals(ps), func(p *simPending) {
+func (n *simNode) proposeCall(ctx context.Context, ps []proposals.Proposal) (ds []proposals.Decision, err error) {
+	err = n.shellCall(ctx, simKey{"propose", ps}, func(p *simPending) {
 		if n.w.tracing {
 			n.logf("proposes %s", simProposals(ps))
 		}
@@ -520,7 +633,7 @@ func (n *simNode) queueIO() queueIO {
 	w := n.w
 	return queueIO{
 		publish: func(ctx context.Context, m *nats.Msg) (ack *jetstream.PubAck, err error) {
-			err = n.shellCall(fmt.Sprintf("publish %s %s", m.Subject, m.Header.Get(jetstream.MsgIDHeader)), func(p *simPending) {
+			err = n.shellCall(ctx, simKey{"publish", m.Subject, m.Header.Get(jetstream.MsgIDHeader)}, func(p *simPending) {
 				sp := n.simPubOf(m)
 				if sp.kind == simCopy {
 					// Should this node crash before the original is
@@ -542,7 +655,7 @@ func (n *simNode) queueIO() queueIO {
 			return ack, err
 		},
 		pause: func(ctx context.Context, node string, until time.Time) error {
-			return n.shellCall(fmt.Sprintf("pause %s until %v", node, until.Sub(simEpoch())), func(p *simPending) {
+			return n.shellCall(ctx, simKey{"pause", node, until.Sub(simEpoch())}, func(p *simPending) {
 				n.roundTrip(p, w.p.pOpFail, func() {
 					c := w.q.consumer(node)
 					c.pausedUntil = max(c.pausedUntil, until.Sub(simEpoch()))
@@ -550,7 +663,7 @@ func (n *simNode) queueIO() queueIO {
 			})
 		},
 		consumer: func(ctx context.Context, node string) (info *jetstream.ConsumerInfo, err error) {
-			err = n.shellCall("consumer info "+node, func(p *simPending) {
+			err = n.shellCall(ctx, simKey{"consumer info", node}, func(p *simPending) {
 				var got *jetstream.ConsumerInfo
 				n.roundTrip(p, w.p.pOpFail, func() {
 					c := w.q.consumer(node)
@@ -565,7 +678,7 @@ func (n *simNode) queueIO() queueIO {
 			return info, err
 		},
 		ingress: func(ctx context.Context, seq uint64) (jetstream.Consumer, error) {
-			err := n.shellCall(fmt.Sprintf("ingress consumer from %d", seq), func(p *simPending) {
+			err := n.shellCall(ctx, simKey{"ingress consumer from", seq}, func(p *simPending) {
 				n.roundTrip(p, w.p.pOpFail, func() {}, func() {})
 			})
 			if err != nil {
@@ -589,9 +702,9 @@ func (n *simNode) queueIO() queueIO {
 // simStore is msgStore on the simulated queue stream.
 type simStore struct{ n *simNode }
 
-func (s simStore) get(_ context.Context, seq uint64) (m *jetstream.RawStreamMsg, err error) {
+func (s simStore) get(ctx context.Context, seq uint64) (m *jetstream.RawStreamMsg, err error) {
 	n := s.n
-	err = n.shellCall(fmt.Sprintf("get %d", seq), func(p *simPending) {
+	err = n.shellCall(ctx, simKey{"get", seq}, func(p *simPending) {
 		var got *jetstream.RawStreamMsg
 		n.roundTrip(p, n.w.p.pOpFail, func() {
 			if seq >= 1 && seq <= uint64(len(n.w.q.all)) && !n.w.q.all[seq-1].removed {
@@ -606,9 +719,9 @@ func (s simStore) get(_ context.Context, seq uint64) (m *jetstream.RawStreamMsg,
 	return m, err
 }
 
-func (s simStore) next(_ context.Context, seq uint64, filter string) (m *jetstream.RawStreamMsg, err error) {
+func (s simStore) next(ctx context.Context, seq uint64, filter string) (m *jetstream.RawStreamMsg, err error) {
 	n := s.n
-	err = n.shellCall(fmt.Sprintf("next %d %s", seq, filter), func(p *simPending) {
+	err = n.shellCall(ctx, simKey{"next", seq, filter}, func(p *simPending) {
 		var got *jetstream.RawStreamMsg
 		n.roundTrip(p, n.w.p.pOpFail, func() {
 			for _, e := range n.w.q.all[min(max(seq, 1)-1, uint64(len(n.w.q.all))):] {
@@ -626,9 +739,9 @@ func (s simStore) next(_ context.Context, seq uint64, filter string) (m *jetstre
 	return m, err
 }
 
-func (s simStore) state(_ context.Context, filter string) (st jetstream.StreamState, err error) {
+func (s simStore) state(ctx context.Context, filter string) (st jetstream.StreamState, err error) {
 	n := s.n
-	err = n.shellCall("state "+filter, func(p *simPending) {
+	err = n.shellCall(ctx, simKey{"state", filter}, func(p *simPending) {
 		var got jetstream.StreamState
 		n.roundTrip(p, n.w.p.pOpFail, func() {
 			got.FirstSeq, got.LastSeq = n.w.q.firstLast()
@@ -643,9 +756,9 @@ func (s simStore) state(_ context.Context, filter string) (st jetstream.StreamSt
 	return st, err
 }
 
-func (s simStore) delete(_ context.Context, seq uint64) error {
+func (s simStore) delete(ctx context.Context, seq uint64) error {
 	n := s.n
-	return n.shellCall(fmt.Sprintf("delete %d", seq), func(p *simPending) {
+	return n.shellCall(ctx, simKey{"delete", seq}, func(p *simPending) {
 		gone := false
 		n.roundTrip(p, n.w.p.pOpFail, func() {
 			gone = !n.w.q.deleteMsg(seq)
@@ -668,9 +781,9 @@ func (s simIngressStore) get(ctx context.Context, seq uint64) (*jetstream.RawStr
 	return s.next(ctx, seq, ">")
 }
 
-func (s simIngressStore) next(_ context.Context, seq uint64, _ string) (m *jetstream.RawStreamMsg, err error) {
+func (s simIngressStore) next(ctx context.Context, seq uint64, _ string) (m *jetstream.RawStreamMsg, err error) {
 	n := s.n
-	err = n.shellCall(fmt.Sprintf("ingress next %d", seq), func(p *simPending) {
+	err = n.shellCall(ctx, simKey{"ingress next", seq}, func(p *simPending) {
 		var got *jetstream.RawStreamMsg
 		n.roundTrip(p, n.w.p.pOpFail, func() {
 			if seq = max(seq, 1); seq <= uint64(len(n.w.ingress)) {
@@ -710,7 +823,8 @@ func (r *simReader) Fetch(limit int, _ ...jetstream.FetchOpt) (jetstream.Message
 			r.next++
 		}
 	}
-	err := n.shellCall(fmt.Sprintf("fetch %d from %d", limit, r.next), func(p *simPending) {
+	// A fetch takes no context: it ends by its own wait.
+	err := n.shellCall(context.Background(), simKey{"fetch", limit, r.next}, func(p *simPending) {
 		fail := w.chance(w.p.pOpFail)
 		w.after(simPubTimeout, func() { p.fail(errSimTimeout) })
 		w.hop(n.id, w.lat(), func() {

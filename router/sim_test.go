@@ -2,6 +2,7 @@ package router
 
 import (
 	"os"
+	"runtime"
 	"strconv"
 	"strings"
 	"testing"
@@ -10,8 +11,13 @@ import (
 )
 
 // simDefaultSeeds is how many seeds TestSimulation runs;
-// GROUPROUTER_SIM_SEEDS asks for more (or fewer).
-const simDefaultSeeds = 5000
+// GROUPROUTER_SIM_SEEDS asks for more (or fewer). Under the race detector
+// (as CI runs the tests) the default is simRaceSeeds: the shells'
+// goroutines and their hand-overs cost about eight times as much there.
+const (
+	simDefaultSeeds = 5000
+	simRaceSeeds    = 2000
+)
 
 // TestSimulation runs the deterministic simulation (sim_world_test.go) over
 // many seeds and checks the invariants (sim_check_test.go) in each. A
@@ -23,6 +29,7 @@ const simDefaultSeeds = 5000
 // 1). Known issues (simKnown*) are counted and reported; with
 // GROUPROUTER_SIM_STRICT=1 they fail the seed.
 func TestSimulation(t *testing.T) {
+	oneProcessor(t)
 	strict := os.Getenv("GROUPROUTER_SIM_STRICT") == "1"
 	if s := os.Getenv("GROUPROUTER_SIM_SEED"); s != "" {
 		seed, err := strconv.ParseUint(s, 10, 64)
@@ -42,7 +49,11 @@ func TestSimulation(t *testing.T) {
 		}
 		return
 	}
-	seeds := envUint(t, "GROUPROUTER_SIM_SEEDS", simDefaultSeeds)
+	def := uint64(simDefaultSeeds)
+	if raceDetector {
+		def = simRaceSeeds
+	}
+	seeds := envUint(t, "GROUPROUTER_SIM_SEEDS", def)
 	if testing.Short() {
 		seeds = min(seeds, 200)
 	}
@@ -89,6 +100,15 @@ func TestSimulation(t *testing.T) {
 
 // runSim runs one seed in a bubble of its own (testing/synctest), where
 // the real shells' goroutines run (sim_shell_test.go).
+// oneProcessor runs the rest of a simulation test on one processor: the
+// shells' goroutines run one at a time at most (settle), and handing over
+// to them then wakes no other thread (a third of the time). The
+// simulation's tests are not parallel: nothing else runs meanwhile.
+func oneProcessor(t *testing.T) {
+	prev := runtime.GOMAXPROCS(1)
+	t.Cleanup(func() { runtime.GOMAXPROCS(prev) })
+}
+
 func runSim(t *testing.T, seed uint64, tracing, strict bool) *simWorld {
 	var w *simWorld
 	synctest.Test(t, func(*testing.T) {
@@ -148,6 +168,7 @@ var simRegressions = []struct {
 // tied to the model: a change of the model may send it down another path,
 // where a known issue may show; only unexplained violations fail here.)
 func TestSimulationRegressions(t *testing.T) {
+	oneProcessor(t)
 	for _, r := range simRegressions {
 		w := runSim(t, r.seed, false, false)
 		for _, v := range w.chk.violations {
@@ -161,6 +182,7 @@ func TestSimulationRegressions(t *testing.T) {
 // into the order of a node's publishes: seed 4168 differed at its 91st
 // step).
 func TestSimulationIsDeterministic(t *testing.T) {
+	oneProcessor(t)
 	for seed := uint64(4100); seed < 4300; seed++ {
 		a, b := runSim(t, seed, true, false), runSim(t, seed, true, false)
 		if a.steps == b.steps && len(a.trace) == len(b.trace) {

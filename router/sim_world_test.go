@@ -28,19 +28,21 @@ import (
 //	sim_state_test.go     the bindings bucket and its watched caches, the node registry
 //	sim_queue_test.go     the queue stream, the dead-letter stream, the queue consumers
 //	sim_node_test.go      a router node: the real engine in simulated shells
-//	sim_shell_test.go     the real hand-over shell and asker, on stand-ins of their streams and clock
+//	sim_shell_test.go     the real hand-over shell, asker and liveness, on stand-ins of their streams and clock
 //	sim_handler_test.go   the LOCAL handler: decisions, the monitor, pauses, the lease
 //	sim_check_test.go     the invariants
 //	sim_test.go           TestSimulation, TestSimulationRegressions
 //
 // The engine (engine.go), the hand-over shell (handover.go, stage.go: its
 // drain, staging and catch-up steps, reports and retries), the asker
-// (ask.go: its requests in flight, a fence's look at its queue), the record
+// (ask.go: its requests in flight, a fence's look at its queue), liveness
+// (liveness.go: the heartbeat, the consumer's presence, the catch-up with
+// the records after a lapse), the record
 // state machine (proposals.Transition), the node-choice rules
 // (proposals/choose.go, route.go), the tracker and the handler's
 // authority rule (proposals.AuthorityEnd) are the real code. The other
 // shells around them are models written after router.go, ingest.go,
-// publish.go, liveness.go and proposals/handler.go, apply.go,
+// publish.go and proposals/handler.go, apply.go,
 // monitor.go, call for call: they must be kept in step with those files.
 // What the simulation
 // does not model: a partition between the servers (only a node's link is
