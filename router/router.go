@@ -717,25 +717,33 @@ func (s *suspectSet) counted(node string, seen time.Time) bool {
 // timers runs what the engine has due: publish retries, ask retries,
 // replies whose record did not come.
 func (r *Router) timers(ctx context.Context) {
-	t := time.NewTimer(time.Hour)
+	runTimers(ctx, sysClock{}, r.wake.timer, func() time.Time {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		return r.eng.nextDue()
+	}, func() { r.step(inTick{}) })
+}
+
+// runTimers calls tick whenever the engine's next due time (nextDue)
+// comes, on c, until ctx ends; a wake (actRetry) makes it look again.
+func runTimers(ctx context.Context, c clock, wake <-chan struct{}, nextDue func() time.Time, tick func()) {
+	t := c.NewTimer(time.Hour)
 	defer t.Stop()
 	for {
-		r.mu.Lock()
-		next := r.eng.nextDue()
-		r.mu.Unlock()
+		next := nextDue()
 		d := time.Hour
 		if !next.IsZero() {
-			d = max(time.Until(next), time.Millisecond)
+			d = max(next.Sub(c.Now()), time.Millisecond)
 		}
 		t.Reset(d)
 		select {
 		case <-ctx.Done():
 			return
-		case <-r.wake.timer:
+		case <-wake:
 			continue
-		case <-t.C:
+		case <-t.C():
 		}
-		r.step(inTick{})
+		tick()
 	}
 }
 

@@ -70,10 +70,8 @@ type simNode struct {
 	readIdle    bool // waits for the ingress to grow
 	readBlocked bool // waits for the engine to have room
 
-	askWake    chan struct{} // the real asker's wake (actAsk)
-	timerArmed bool
-	timerAt    time.Duration
-	timerGen   uint64
+	askWake   chan struct{} // the real asker's wake (actAsk)
+	timerWake chan struct{} // the real timers' wake (actRetry)
 
 	changeQ    []string
 	changeBusy bool
@@ -271,7 +269,6 @@ func (n *simNode) performTaken() {
 		n.readBlocked = false
 		n.scheduleRead()
 	}
-	n.armTimer()
 }
 
 func (n *simNode) perform(a action) {
@@ -283,7 +280,7 @@ func (n *simNode) perform(a action) {
 	case actAsk:
 		n.w.wake(func() { wake(n.askWake) })
 	case actRetry:
-		// armTimer, after every engine call, covers it.
+		n.w.wake(func() { wake(n.timerWake) })
 	case actDuty:
 		n.logf("duty %v for %q at rev %d", a.duty, a.group, a.rev)
 		ho := n.ho
@@ -413,29 +410,6 @@ func (n *simNode) ingressGrew() {
 		n.readIdle = false
 		n.scheduleRead()
 	}
-}
-
-// armTimer is Router.timers: wake at the engine's next due time.
-func (n *simNode) armTimer() {
-	w := n.w
-	next := n.eng.nextDue()
-	if next.IsZero() || !n.up() {
-		return
-	}
-	at := next.Sub(simEpoch())
-	if n.timerArmed && n.timerAt <= at {
-		return
-	}
-	n.timerArmed, n.timerAt = true, at
-	n.timerGen++
-	gen := n.timerGen
-	w.after(max(at-w.clock, time.Millisecond), func() {
-		if gen != n.timerGen || !n.up() {
-			return
-		}
-		n.timerArmed = false
-		n.step(inTick{})
-	})
 }
 
 func simProposals(ps []proposals.Proposal) string {

@@ -27,8 +27,9 @@ import (
 // simulation runs the real hand-over shell (handOver: its loop, its drain
 // and catch-up steps, its staging, its reports and retries), the real
 // asker (asker: its loop, its requests in flight, a fence's look at its
-// node's queue) and the real liveness (its heartbeat, the consumer's
-// presence, the catch-up with the records after a lapse) on stand-ins of
+// node's queue), the real liveness (its heartbeat, the consumer's
+// presence, the catch-up with the records after a lapse) and the engine's
+// real timers (runTimers, woken by actRetry only) on stand-ins of
 // what Router gives them: msgStore and queueIO over the simulated queue
 // stream and ingress, a clock over the virtual one, the engine's door and
 // views, the binding cache, the handler and the registry. The shell runs in goroutines; the world stays one loop that
@@ -408,14 +409,13 @@ func (n *simNode) startShells() {
 	h.warn.late = logagg.New(log, "late copy moved", logagg.DefaultEvery)
 	h.warn.lapsed = logagg.New(log, "lapsed messages moved", logagg.DefaultEvery)
 	n.ho = h
-	n.askWake = make(chan struct{}, 1)
+	n.askWake, n.timerWake = make(chan struct{}, 1), make(chan struct{}, 1)
 	a := &asker{
 		wake: n.askWake,
 		pull: func(max int) []sentAsk {
 			var batch []sentAsk
 			n.localCall(simKey{"pull asks", max}, func() {
 				batch = n.eng.askBatch(max, w.now())
-				n.armTimer()
 			})
 			return batch
 		},
@@ -452,6 +452,7 @@ func (n *simNode) startShells() {
 	w.wake(func() {
 		go h.run(ctx)
 		go a.run(ctx)
+		go runTimers(ctx, simClock{n}, n.timerWake, func() time.Time { return n.eng.nextDue() }, func() { n.stepCall(inTick{}) })
 		go func() {
 			// Router.setup's first announcement, then the heartbeat.
 			_ = l.announce(ctx, cons)
