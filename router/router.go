@@ -841,22 +841,28 @@ func (r *Router) checkpoint() kvbinding.Checkpoint {
 	r.mu.Lock()
 	c := r.eng.checkpoint(seen, time.Now())
 	r.mu.Unlock()
-	r.ho.duties.mu.Lock()
-	if len(r.ho.duties.caught) > 0 {
-		c.Caught = make(map[string]uint64, min(len(r.ho.duties.caught), maxCaught))
-		size := 0
-		for g, seq := range r.ho.duties.caught {
-			if len(c.Caught) == maxCaught || size+len(g) > maxCaughtBytes {
-				// Past the bound (a huge take-over), a successor re-routes
-				// what is not listed; the duplicate window absorbs it.
-				break
-			}
-			c.Caught[g] = seq
-			size += len(g) + 24
-		}
-	}
-	r.ho.duties.mu.Unlock()
+	r.ho.duties.addCaught(&c)
 	return c
+}
+
+// addCaught puts the catch-ups' progress (caught) into c.
+func (q *dutyQueue) addCaught(c *kvbinding.Checkpoint) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if len(q.caught) == 0 {
+		return
+	}
+	c.Caught = make(map[string]uint64, min(len(q.caught), maxCaught))
+	size := 0
+	for _, g := range sortedKeys(q.caught) {
+		if len(c.Caught) == maxCaught || size+len(g) > maxCaughtBytes {
+			// Past the bound (a huge take-over), a successor re-routes
+			// what is not listed; the duplicate window absorbs it.
+			break
+		}
+		c.Caught[g] = q.caught[g]
+		size += len(g) + 24
+	}
 }
 
 // Bounds of a checkpoint's catch-up progress, so that it fits the registry

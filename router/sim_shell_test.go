@@ -536,20 +536,12 @@ func (n *simNode) proposeCall(ctx context.Context, ps []proposals.Proposal) (ds 
 	return ds, err
 }
 
-// checkpoint is Router.checkpoint: the tracker's, with the catch-ups'
-// progress.
+// checkpoint is the node's checkpoint: the tracker's, with the
+// catch-ups' progress (dutyQueue.addCaught, as Router.checkpoint).
 func (n *simNode) checkpoint() kvbinding.Checkpoint {
 	c := n.eng.track.checkpoint()
-	if n.ho == nil {
-		return c
-	}
-	n.ho.duties.mu.Lock()
-	defer n.ho.duties.mu.Unlock()
-	if len(n.ho.duties.caught) > 0 {
-		c.Caught = make(map[string]uint64, len(n.ho.duties.caught))
-		for g, seq := range n.ho.duties.caught {
-			c.Caught[g] = seq
-		}
+	if n.ho != nil {
+		n.ho.duties.addCaught(&c)
 	}
 	return c
 }

@@ -316,17 +316,6 @@ func (r *simRegistry) checkpointAt(node string, rev uint64) (kvbinding.Checkpoin
 	return r.ckpt[node], true
 }
 
-// pinnedCheckpoints is Router.pinnedCheckpoints.
-func (r *simRegistry) pinnedCheckpoints(routes map[string]kvbinding.Binding) map[string]kvbinding.Checkpoint {
-	pins := map[string]kvbinding.Checkpoint{}
-	for g, route := range routes {
-		if c, ok := r.checkpointAt(route.PrevNode, route.Ckpt); ok && route.PrevNode != "" {
-			pins[g] = c
-		}
-	}
-	return pins
-}
-
 // announce stores node's liveness record (TTL: kvbinding.NodeTTL, whole
 // seconds, as Registry.Announce).
 func (r *simRegistry) announce(node string, has bool) {
