@@ -811,25 +811,38 @@ func consumerPresent(info *jetstream.ConsumerInfo, now time.Time) bool {
 
 // checkpointLoop saves the routing position every cfg.CheckpointInterval.
 func (r *Router) checkpointLoop(ctx context.Context) {
-	t := time.NewTicker(r.cfg.CheckpointInterval)
+	runCheckpoints(ctx, sysClock{}, r.cfg.CheckpointInterval, func() (kvbinding.Checkpoint, bool) {
+		return r.checkpoint(), !r.proc.yielded.Load()
+	}, func(ctx context.Context, c kvbinding.Checkpoint) error {
+		return r.reg.SaveCheckpoint(ctx, r.cfg.Node, c)
+	}, r.warn.checkpoint)
+}
+
+// runCheckpoints saves the checkpoint every interval on c until ctx ends,
+// when it changed (mine false: the node id is another process's, nothing
+// is saved), each save bounded by the interval; failures are warned of.
+func runCheckpoints(ctx context.Context, c clock, every time.Duration, checkpoint func() (kvbinding.Checkpoint, bool),
+	save func(context.Context, kvbinding.Checkpoint) error, warn *logagg.Warner) {
+	t := c.NewTimer(every)
 	defer t.Stop()
 	var last kvbinding.Checkpoint
 	for {
 		select {
 		case <-ctx.Done():
 			return
-		case <-t.C:
+		case <-t.C():
 		}
-		c := r.checkpoint()
-		if r.proc.yielded.Load() || c.Next == 0 || (c.Next == last.Next && len(c.Pending) == 0 && len(last.Pending) == 0 && len(c.Caught) == 0 && len(last.Caught) == 0 &&
-			len(c.Lost) == 0 && len(last.Lost) == 0 && c.Seen == last.Seen) {
+		t.Reset(every)
+		cp, mine := checkpoint()
+		if !mine || cp.Next == 0 || (cp.Next == last.Next && len(cp.Pending) == 0 && len(last.Pending) == 0 && len(cp.Caught) == 0 && len(last.Caught) == 0 &&
+			len(cp.Lost) == 0 && len(last.Lost) == 0 && cp.Seen == last.Seen) {
 			continue
 		}
-		sctx, cancel := context.WithTimeout(ctx, r.cfg.CheckpointInterval)
-		if err := r.reg.SaveCheckpoint(sctx, r.cfg.Node, c); err == nil {
-			last = c
+		sctx, cancel := c.WithTimeout(ctx, every)
+		if err := save(sctx, cp); err == nil {
+			last = cp
 		} else if ctx.Err() == nil {
-			r.warn.checkpoint.Warn("", "err", err)
+			warn.Warn("", "err", err)
 		}
 		cancel()
 	}

@@ -85,9 +85,7 @@ type simNode struct {
 	pending  map[*simPending]bool
 	moving   map[uint64]bool // messages whose copy is published and original not yet deleted
 
-	flights  []*simFlight
-	lastCkpt kvbinding.Checkpoint
-	ckptBusy bool
+	flights []*simFlight
 
 	announceFailUntil time.Duration
 	// liveUntil: until when the last stored announcement keeps the
@@ -224,7 +222,6 @@ func (n *simNode) start() {
 		}
 	}
 	n.step(inChanged{refs: todo})
-	n.every(simCheckpoint, n.checkpointTick)
 	if p.groupTimeout > 0 {
 		n.every(p.reaperPeriod, n.reapTick)
 	}
@@ -711,34 +708,6 @@ func (n *simNode) publish(a action) {
 }
 
 // Liveness, checkpoints, the reaper.
-
-func (n *simNode) checkpointTick() {
-	w := n.w
-	if n.ckptBusy {
-		return
-	}
-	c := n.checkpoint()
-	last := n.lastCkpt
-	if c.Next == 0 || (c.Next == last.Next && len(c.Pending) == 0 && len(last.Pending) == 0 && len(c.Caught) == 0 && len(last.Caught) == 0) {
-		return
-	}
-	n.ckptBusy = true
-	w.hop(n.id, w.lat(), func() {
-		if n.dead {
-			return
-		}
-		ok := !w.chance(w.p.pKVFail)
-		if ok {
-			w.reg.saveCheckpoint(n.id, c)
-		}
-		w.hop(n.id, w.lat(), func() {
-			n.ckptBusy = false
-			if ok {
-				n.lastCkpt = c
-			}
-		})
-	})
-}
 
 func (n *simNode) reapTick() {
 	mine := n.cache.groupsOf(n.id)

@@ -389,12 +389,7 @@ func (n *simNode) startShells() {
 			})
 			return c, ok, err
 		},
-		saveCheckpoint: func(ctx context.Context) error {
-			return n.shellCall(ctx, simKey{"save checkpoint"}, func(p *simPending) {
-				c := n.checkpoint()
-				n.roundTrip(p, w.p.pKVFail, func() { w.reg.saveCheckpoint(n.id, c) }, func() {})
-			})
-		},
+		saveCheckpoint: func(ctx context.Context) error { return n.saveCheckpoint(ctx, n.checkpoint()) },
 		// The lost book (lost.go) is not simulated: no checkpoint says
 		// what an evacuated node could not save.
 		lostThrough: func(context.Context, map[string]kvbinding.Binding) map[string]uint64 { return nil },
@@ -453,6 +448,8 @@ func (n *simNode) startShells() {
 		go h.run(ctx)
 		go a.run(ctx)
 		go runTimers(ctx, simClock{n}, n.timerWake, func() time.Time { return n.eng.nextDue() }, func() { n.stepCall(inTick{}) })
+		go runCheckpoints(ctx, simClock{n}, simCheckpoint, func() (kvbinding.Checkpoint, bool) { return n.checkpoint(), true },
+			n.saveCheckpoint, logagg.New(log, "checkpoint not saved", logagg.DefaultEvery))
 		go func() {
 			// Router.setup's first announcement, then the heartbeat.
 			_ = l.announce(ctx, cons)
@@ -534,6 +531,14 @@ func (n *simNode) proposeCall(ctx context.Context, ps []proposals.Proposal) (ds 
 		})
 	})
 	return ds, err
+}
+
+// saveCheckpoint is the registry's SaveCheckpoint of n's checkpoint c.
+func (n *simNode) saveCheckpoint(ctx context.Context, c kvbinding.Checkpoint) error {
+	w := n.w
+	return n.shellCall(ctx, simKey{"save checkpoint", c.Next}, func(p *simPending) {
+		n.roundTrip(p, w.p.pKVFail, func() { w.reg.saveCheckpoint(n.id, c) }, func() {})
+	})
 }
 
 // checkpoint is the node's checkpoint: the tracker's, with the
