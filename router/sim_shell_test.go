@@ -28,8 +28,9 @@ import (
 // and catch-up steps, its staging, its reports and retries), the real
 // asker (asker: its loop, its requests in flight, a fence's look at its
 // node's queue), the real liveness (its heartbeat, the consumer's
-// presence, the catch-up with the records after a lapse) and the engine's
-// real timers (runTimers, woken by actRetry only) on stand-ins of
+// presence, the catch-up with the records after a lapse), the engine's
+// real timers (runTimers, woken by actRetry only) and the real checkpoint
+// loop (runCheckpoints) on stand-ins of
 // what Router gives them: msgStore and queueIO over the simulated queue
 // stream and ingress, a clock over the virtual one, the engine's door and
 // views, the binding cache, the handler and the registry. The shell runs in goroutines; the world stays one loop that

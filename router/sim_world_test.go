@@ -28,7 +28,7 @@ import (
 //	sim_state_test.go     the bindings bucket and its watched caches, the node registry
 //	sim_queue_test.go     the queue stream, the dead-letter stream, the queue consumers
 //	sim_node_test.go      a router node: the real engine in simulated shells
-//	sim_shell_test.go     the real hand-over shell, asker, liveness and timers, on stand-ins of their streams and clock
+//	sim_shell_test.go     the real hand-over shell, asker, liveness, timers and checkpoint loop, on stand-ins
 //	sim_handler_test.go   the LOCAL handler: decisions, the monitor, pauses, the lease
 //	sim_check_test.go     the invariants
 //	sim_test.go           TestSimulation, TestSimulationRegressions
@@ -37,7 +37,8 @@ import (
 // drain, staging and catch-up steps, reports and retries), the asker
 // (ask.go: its requests in flight, a fence's look at its queue), liveness
 // (liveness.go: the heartbeat, the consumer's presence, the catch-up with
-// the records after a lapse), the engine's timers (runTimers), the record
+// the records after a lapse), the engine's timers (runTimers), the
+// checkpoint loop (runCheckpoints), the record
 // state machine (proposals.Transition), the node-choice rules
 // (proposals/choose.go, route.go), the tracker and the handler's
 // authority rule (proposals.AuthorityEnd) are the real code. The other
