@@ -846,8 +846,14 @@ func (h *handOver) scanQueues(ctx context.Context, stream msgStore, byNode map[s
 				if err != nil {
 					continue
 				}
-				if h.ownStep(node, m, routes[g]) {
-					continue // staged by this step (stage.go): the catch-up's
+				if h.ownStep(node, m, routes[g]) || m.Header.Get(headerStaged) != "" {
+					// Staged by this step, or by an earlier taker (stage.go):
+					// the catch-up's, in its turn. A staging can have gaps (a
+					// taker that stopped part of the way): moved now, its
+					// copies would go ahead of messages the catch-up routes
+					// after them, and seem to say that everything before them
+					// was routed (movedThrough).
+					continue
 				}
 				byGroup[g] = append(byGroup[g], queued{msg: m, from: node, ingressSeq: is, group: g, held: true})
 			}
@@ -1122,8 +1128,10 @@ func (h *handOver) moveGroup(ctx context.Context, stream msgStore, found []queue
 				out.Header[k] = v
 			}
 			// Stored by an atomic batch, it carries that batch's headers:
-			// alone it is no batch's part.
+			// alone it is no batch's part. A staged copy's mark stays on
+			// the held subject.
 			dropBatchHeaders(out.Header)
+			delete(out.Header, headerStaged)
 			out.Header.Set(jetstream.MsgIDHeader, movedID(q.msg.Sequence))
 			out.Header.Set(HeaderMovedFrom, q.from)
 			if q.lapsed {
@@ -1630,6 +1638,15 @@ func (h *handOver) takeLateCopy(ctx context.Context, stream msgStore, group stri
 		// its turn.
 		h.log.Debug("hand-over catch-up: a staged copy found by its id, moved onto the queue", "group", logagg.Short(group),
 			"ingress_seq", is, "queue_seq", seq)
+		_, _, err := h.moveGroup(ctx, stream, []queued{{msg: m, from: from, ingressSeq: is, group: group, held: true}}, route)
+		return err
+	}
+	if held && m.Header.Get(headerStaged) != "" {
+		// Staged by an earlier taker that did not finish (a drain leaves
+		// such copies to the catch-up): no consumer reads a held subject,
+		// so it is moved onto the queue now, in its turn.
+		h.log.Debug("hand-over: a copy an earlier taker staged, moved onto the queue in its turn", "group", logagg.Short(group),
+			"ingress_seq", is, "queue_seq", seq, "from", from)
 		_, _, err := h.moveGroup(ctx, stream, []queued{{msg: m, from: from, ingressSeq: is, group: group, held: true}}, route)
 		return err
 	}

@@ -1293,3 +1293,48 @@ func TestStagingKeptOverNothingStaged(t *testing.T) {
 		t.Fatalf("merged %+v, want the two stagings' copies, routed and rest through 12, whole", kept)
 	}
 }
+
+// An earlier taker of the group staged part of its catch-up on its held
+// subject and stopped (its publishes of 3 never landed); the next taker's
+// drain lists its queue. The drain leaves those staged copies to the
+// catch-up, which moves each in its turn and routes the gap from the
+// ingress: the new node's queue holds 1..5 in order. Moved by the drain,
+// they went ahead of 3 and, seeming to say that everything before 5 was
+// routed, the catch-up started after 5 and deleted its own staged copy of
+// 3: lost (the simulation's seed 16419, once it ran the real shell).
+func TestAnEarlierTakersPartialStagingIsCaughtUpInOrder(t *testing.T) {
+	r, js := testRouter(t, "n1")
+	e := newEvacuation(t, r, js, 5)
+	e.drain = record(t, r, kvbinding.Binding{Group: "g", State: kvbinding.StateBound, Node: "n1", FromSeq: 1, PrevNode: "n9",
+		Step: kvbinding.StepDrain, Drain: []string{"n3", "n9"}, Revision: 9})
+	for _, seq := range []uint64{1, 2, 4, 5} {
+		m := nats.NewMsg(HeldSubject("n3", "g", "jms.x"))
+		m.Header.Set(DefaultGroupHeader, "g")
+		m.Header.Set(HeaderIngressSeq, strconv.FormatUint(seq, 10))
+		m.Header.Set(jetstream.MsgIDHeader, IngressStream+":"+strconv.FormatUint(seq, 10))
+		m.Header.Set(headerStaged, "n3")
+		if _, err := js.PublishMsg(context.Background(), m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if s := e.stage(); s == nil || len(s.copies) != 1 || len(s.routed) != 0 || s.whole {
+		t.Fatalf("staged %+v, want a copy of 3 alone, nothing routed by the old node, not whole", s)
+	}
+	e.drainQueues()
+	if got := queuedSeqs(t, js, "n1"); len(got) != 0 {
+		t.Fatalf("the drain moved %v, want nothing (the staged copies are the catch-up's)", got)
+	}
+	route := record(t, r, kvbinding.Binding{Group: "g", State: kvbinding.StateBound, Node: "n1", FromSeq: 1, PrevNode: "n9",
+		Step: kvbinding.StepCatchUp, Revision: 10, Epoch: 9})
+	if _, err := r.ho.catchUp(context.Background(), map[string]kvbinding.Binding{"g": route}); err != nil {
+		t.Fatal(err)
+	}
+	if got := queuedSeqs(t, js, "n1"); fmt.Sprint(got) != "[1 2 3 4 5]" {
+		t.Fatalf("n1's queue holds %v, want [1 2 3 4 5]", got)
+	}
+	for _, node := range []string{"n1", "n3"} {
+		if n := heldOn(t, js, node); n != 0 {
+			t.Errorf("%s's held subject still holds %d messages", node, n)
+		}
+	}
+}

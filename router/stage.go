@@ -200,6 +200,7 @@ func (h *handOver) stage(ctx context.Context, routes map[string]kvbinding.Bindin
 			return
 		}
 		out.Subject = HeldSubject(h.node, g, msg.Subject())
+		out.Header[headerStaged] = []string{h.node}
 		byGroup[g] = append(byGroup[g], out)
 	})
 	if err != nil {
@@ -223,6 +224,7 @@ func (h *handOver) stage(ctx context.Context, routes map[string]kvbinding.Bindin
 	}
 	work, wctx := errgroup.WithContext(ctx)
 	work.SetLimit(256)
+	returned := map[string]int{} // per group, the publishes that returned
 	for g, msgs := range byGroup {
 		s := learned[g]
 		for _, m := range msgs {
@@ -232,16 +234,25 @@ func (h *handOver) stage(ctx context.Context, routes map[string]kvbinding.Bindin
 				if err != nil {
 					return err
 				}
-				mine := !ack.Duplicate
+				held := heldMine
 				if ack.Duplicate {
-					if mine, err = h.ownHeld(wctx, stream, ack.Sequence, is); err != nil {
+					if held, err = h.heldCopy(wctx, stream, ack.Sequence, is); err != nil {
 						return err
 					}
 				}
 				mu.Lock()
 				defer mu.Unlock()
-				if !mine {
+				returned[g]++
+				switch held {
+				case heldRouted:
 					s.routed[is] = true
+					return nil
+				case heldElsewhere:
+					// Staged by an earlier taker that did not finish: the
+					// catch-up reads it from the ingress and, its publish
+					// finding that copy, moves it in its turn
+					// (takeLateCopy). It is not the old node's routing.
+					s.whole = false
 					return nil
 				}
 				c := stagedCopy{at: ack.Sequence}
@@ -261,7 +272,7 @@ func (h *handOver) stage(ctx context.Context, routes map[string]kvbinding.Bindin
 	h.duties.mu.Lock()
 	copies, routed := 0, 0
 	for g, s := range learned {
-		if err != nil && len(s.copies)+len(s.routed) < len(byGroup[g]) {
+		if err != nil && returned[g] < len(byGroup[g]) {
 			// Some of its publishes did not return: staged again whole by
 			// the retry (what this one stored comes back as its own).
 			continue
@@ -333,20 +344,47 @@ func (h *handOver) readIngressSpan(ctx context.Context, lo, hi uint64, fn func(s
 	return h.readIngress(ctx, lo, hi, fn)
 }
 
-// ownHeld reports whether the queue stream's message at seq, named by the
-// ack of a duplicate of the staged copy of ingress message is, is this
-// node's staged copy of it: false when it is another node's (the old
-// node routed it) or gone (consumed, or moved by an earlier catch-up).
-func (h *handOver) ownHeld(ctx context.Context, stream msgStore, seq, is uint64) (bool, error) {
+// What the queue stream's message named by the ack of a duplicate of a
+// staged copy is (heldCopy).
+type heldKind uint8
+
+const (
+	// heldMine: this node's staged copy of the message.
+	heldMine heldKind = iota
+	// heldElsewhere: another node's staged copy (headerStaged), still
+	// stored: an earlier taker of the group staged it and did not finish.
+	heldElsewhere
+	// heldRouted: the old node routed it (its queue, or its held subject
+	// as the fair share holds back), or it is gone (consumed, or moved by
+	// an earlier catch-up).
+	heldRouted
+)
+
+// headerStaged marks a staged copy (on its taker's held subject) with the
+// node that staged it: a drain leaves it to the catch-up (scanQueues),
+// which moves it in its turn. It never reaches a queue: a copy drops it.
+const headerStaged = "Grouping-Staged"
+
+// heldCopy says what the queue stream's message at seq, named by the ack
+// of a duplicate of the staged copy of ingress message is, is.
+func (h *handOver) heldCopy(ctx context.Context, stream msgStore, seq, is uint64) (heldKind, error) {
 	m, err := h.getAgain(ctx, stream, seq)
 	if isGone(err) {
-		return false, nil
+		return heldRouted, nil
 	}
 	if err != nil {
-		return false, err
+		return heldRouted, err
 	}
 	node, held, ok := queueOwner(m.Subject)
-	return ok && held && node == h.node && m.Header.Get(HeaderIngressSeq) == strconv.FormatUint(is, 10), nil
+	switch {
+	case !ok || !held || m.Header.Get(HeaderIngressSeq) != strconv.FormatUint(is, 10):
+		return heldRouted, nil
+	case node == h.node:
+		return heldMine, nil
+	case m.Header.Get(headerStaged) != "":
+		return heldElsewhere, nil
+	}
+	return heldRouted, nil
 }
 
 // needsStaging reports whether a catch-up step's group may have been
@@ -408,6 +446,7 @@ func (h *handOver) queueCopy(m *nats.Msg, at uint64) *nats.Msg {
 	for k, v := range m.Header {
 		out.Header[k] = v
 	}
+	delete(out.Header, headerStaged)
 	out.Header.Set(jetstream.MsgIDHeader, movedID(at))
 	out.Header.Set(HeaderMovedFrom, h.node)
 	return out
