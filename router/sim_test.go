@@ -162,6 +162,7 @@ var simRegressions = []struct {
 	{116447, "a takeover step stops when its record moves on"},
 	{122426, "a takeover step stops when its record moves on"},
 	{40433, "a staging is kept over a record of nothing staged, not merged into it (a panic)"},
+	{16419, "a drain leaves an earlier taker's staged copies to the catch-up"},
 }
 
 // TestSimulationRegressions replays the seeds that found bugs. (A seed is
