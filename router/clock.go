@@ -29,6 +29,16 @@ type clockTimer interface {
 	Reset(d time.Duration) bool
 }
 
+// fired waits for t to fire (true) or ctx to end (false).
+func fired(ctx context.Context, t clockTimer) bool {
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C():
+		return true
+	}
+}
+
 // after returns a channel that delivers the time d from now on c.
 func after(c clock, d time.Duration) <-chan time.Time { return c.NewTimer(d).C() }
 

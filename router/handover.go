@@ -1271,12 +1271,7 @@ const drainPause = 10 * time.Second
 func (h *handOver) holdPaused(ctx context.Context, node string, first time.Duration) {
 	t := h.clock.NewTimer(max(first, 0))
 	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C():
-		}
+	for fired(ctx, t) {
 		h.pauseQueue(ctx, node)
 		t.Reset(drainPause / 3)
 	}
@@ -1627,26 +1622,18 @@ func (h *handOver) takeLateCopy(ctx context.Context, stream msgStore, group stri
 	if err != nil {
 		return nil
 	}
-	if from == h.node {
-		if !held {
-			return nil // an earlier attempt's copy, in place
-		}
-		// This node's staged copy, staged by a drain step this process
-		// no longer remembers (it restarted, and the drain's retry found
-		// nothing left to move, so nothing was staged again): no consumer
-		// reads the held subject, so it is moved onto the queue now, in
-		// its turn.
-		h.log.Debug("hand-over catch-up: a staged copy found by its id, moved onto the queue", "group", logagg.Short(group),
-			"ingress_seq", is, "queue_seq", seq)
-		_, _, err := h.moveGroup(ctx, stream, []queued{{msg: m, from: from, ingressSeq: is, group: group, held: true}}, route)
-		return err
+	if from == h.node && !held {
+		return nil // an earlier attempt's copy, in place
 	}
-	if held && m.Header.Get(headerStaged) != "" {
-		// Staged by an earlier taker that did not finish (a drain leaves
-		// such copies to the catch-up): no consumer reads a held subject,
-		// so it is moved onto the queue now, in its turn.
-		h.log.Debug("hand-over: a copy an earlier taker staged, moved onto the queue in its turn", "group", logagg.Short(group),
-			"ingress_seq", is, "queue_seq", seq, "from", from)
+	if held && (from == h.node || m.Header.Get(headerStaged) != "") {
+		// A staged copy: this node's, staged by a drain step this process
+		// no longer remembers (it restarted, and the drain's retry found
+		// nothing left to move, so nothing was staged again), or an
+		// earlier taker's that did not finish (a drain leaves those to the
+		// catch-up). No consumer reads a held subject: it is moved onto
+		// the queue now, in its turn.
+		h.log.Debug("hand-over: a staged copy found by its id, moved onto the queue in its turn", "group", logagg.Short(group),
+			"ingress_seq", is, "queue_seq", seq, "staged_by", from)
 		_, _, err := h.moveGroup(ctx, stream, []queued{{msg: m, from: from, ingressSeq: is, group: group, held: true}}, route)
 		return err
 	}

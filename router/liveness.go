@@ -67,12 +67,7 @@ func (l *liveness) run(ctx context.Context, cons jetstream.Consumer) {
 	var last time.Time
 	t := l.clock.NewTimer(tick)
 	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C():
-		}
+	for fired(ctx, t) {
 		now := l.clock.Now()
 		due := last.IsZero() || now.Sub(last)+tick/2 >= l.every
 		if !due && !l.hasConsumer.Load() {

@@ -826,12 +826,7 @@ func runCheckpoints(ctx context.Context, c clock, every time.Duration, checkpoin
 	t := c.NewTimer(every)
 	defer t.Stop()
 	var last kvbinding.Checkpoint
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C():
-		}
+	for fired(ctx, t) {
 		t.Reset(every)
 		cp, mine := checkpoint()
 		if !mine || cp.Next == 0 || (cp.Next == last.Next && len(cp.Pending) == 0 && len(last.Pending) == 0 && len(cp.Caught) == 0 && len(last.Caught) == 0 &&
