@@ -94,12 +94,6 @@ func jsQueueIO(js jetstream.JetStream, side *sideReads) queueIO {
 			}
 			return jsStore{s}, nil
 		},
-		side: func(ctx context.Context, stream string) (msgStore, error) {
-			s, err := side.stream(ctx, stream)
-			if err != nil {
-				return nil, err
-			}
-			return jsStore{s}, nil
-		},
+		side: side.store,
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -22,14 +23,14 @@ import (
 // the engine's publishes (a message onto a node's queue, its held subject
 // or the dead-letter stream; a group's batch), reads a spilled message
 // again first, and hands their outcomes back through step, a run of
-// PubAcks at a time. It reaches the rest of its node only through the
-// functions below; Router.newPublisher wires it, setup opens its
-// pipelined publisher.
+// PubAcks at a time. It reaches the servers through out and its side
+// reads, the rest of its node only through the functions below;
+// Router.newPublisher wires it, setup opens its sender. The simulation
+// runs it on stand-ins of both (sim_shell_test.go).
 type publisher struct {
 	node        string
 	groupHeader string
-	nc          *nats.Conn
-	pub         *jspub.Publisher // opened by setup
+	out         sender // opened by setup
 	// fast: a group's batches are fast-ingest ones, not atomic
 	// (Router.queueBatch).
 	fast bool
@@ -40,11 +41,18 @@ type publisher struct {
 	// (ackBatch).
 	pending outcomeQueue
 	routed  atomic.Uint64 // messages stored on a queue
-	side    *sideReads    // spilled bodies and late copies (sidereads.go)
 	warn    *logagg.Warner
 	// stopping is set when the engine is told to stop: publish outcomes
 	// then fail without a warning.
 	stopping *atomic.Bool
+
+	// The side reads (sidereads.go): spilled runs a read of a spilled
+	// message's body, late one of the stored copy a lane publish was
+	// taken for a duplicate of, each in a goroutine of its own, bounded
+	// per kind (maxFetches, maxLateChecks); false once the node stops.
+	// store returns a stream's stored messages.
+	spilled, late func(read func(ctx context.Context)) bool
+	store         func(ctx context.Context, stream string) (msgStore, error)
 
 	// The engine's door, and the rest of the node.
 	step         func(input)
@@ -57,11 +65,14 @@ type publisher struct {
 // by setup).
 func (r *Router) newPublisher() *publisher {
 	return &publisher{
-		node: r.cfg.Node, groupHeader: r.cfg.GroupHeader, nc: r.nc,
-		expect: []string{QueueStream}, side: r.side, warn: r.warn.publish, stopping: &r.life.stopping,
-		step:   r.step,
-		stored: func(seq uint64, id string) { r.qcheck.stored(seq, id) },
-		lookup: func(group string) (kvbinding.Binding, bool) { return r.cache.Lookup(group) },
+		node: r.cfg.Node, groupHeader: r.cfg.GroupHeader,
+		expect: []string{QueueStream}, warn: r.warn.publish, stopping: &r.life.stopping,
+		spilled: func(read func(context.Context)) bool { return r.side.run(r.side.spilled, read) },
+		late:    func(read func(context.Context)) bool { return r.side.run(r.side.late, read) },
+		store:   r.side.store,
+		step:    r.step,
+		stored:  func(seq uint64, id string) { r.qcheck.stored(seq, id) },
+		lookup:  func(group string) (kvbinding.Binding, bool) { return r.cache.Lookup(group) },
 		takeLateCopy: func(ctx context.Context, s msgStore, group string, route kvbinding.Binding, sent *nats.Msg, seq uint64) error {
 			return r.ho.takeLateCopy(ctx, s, group, route, sent, seq)
 		},
@@ -103,10 +114,28 @@ func (p *publisher) publish(a action) {
 		}
 		p.pending.add(o)
 	}
-	if err := p.pub.Publish(out, done); err != nil {
+	if err := p.out.Publish(out, done); err != nil {
 		p.publishFailed(a, refusal(err))
 	}
 }
+
+// sender is what the publisher sends with: JetStream's pipelined publisher
+// (a callback per PubAck, then the batch end, ackBatch), and the
+// connection for the messages of an atomic batch before its commit, which
+// ask for no reply.
+type sender interface {
+	Publish(m *nats.Msg, cb jspub.Callback) error
+	PublishBatch(ms []*nats.Msg, cb jspub.Callback) error
+	PublishMsg(m *nats.Msg) error
+}
+
+// jsSender is sender on a connection and its pipelined publisher.
+type jsSender struct {
+	*jspub.Publisher
+	nc *nats.Conn
+}
+
+func (s jsSender) PublishMsg(m *nats.Msg) error { return s.nc.PublishMsg(m) }
 
 // outcome is the outcome of a publish the engine asked for (action.outcome
 // makes it). Like the action, it carries copies and ids, not pointers into
@@ -226,13 +255,19 @@ const (
 	jsErrHeadersTooLarge = 10097 // header size exceeds maximum allowed of 64k
 )
 
-// toDeadLetter addresses out, the prepared copy of the ingress message at
-// seq on subject, to the dead-letter stream with reason. A stripped copy
-// (the servers refused the whole one) keeps only the group id, the
-// router's headers and the body's size: the original stays in the
-// ingress at seq for its max age.
+// toDeadLetter returns the dead-letter copy, with reason, of out, the
+// prepared copy of the ingress message at seq on subject. out itself is
+// left as it is: the engine may route the message after all (its
+// dead-letter record refused), and its queue copy keeps its own id. A
+// stripped copy (the servers refused the whole one) keeps only the group
+// id, the router's headers and the body's size: the original stays in
+// the ingress at seq for its max age.
 func (p *publisher) toDeadLetter(out *nats.Msg, subject string, seq uint64, reason string, stripped bool) *nats.Msg {
-	if stripped {
+	if !stripped {
+		h := make(nats.Header, len(out.Header)+4)
+		maps.Copy(h, out.Header)
+		out = &nats.Msg{Header: h, Data: out.Data}
+	} else {
 		h := nats.Header{}
 		for _, k := range []string{jetstream.MsgIDHeader, HeaderIngressSeq} {
 			h[k] = out.Header[k]
@@ -282,7 +317,7 @@ func spillFrom(c Config) int64 {
 // routed) goes to the dead-letter stream without its body, with the
 // reason.
 func (p *publisher) fetchSpilled(a action) {
-	started := p.side.run(p.side.spilled, func(ctx context.Context) {
+	started := p.spilled(func(ctx context.Context) {
 		ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		defer cancel()
 		msg, err := p.ingressMsg(ctx, a.msg.seq)
@@ -336,7 +371,7 @@ func (p *publisher) laneDuplicate(o outcome, sent *nats.Msg, epoch []string) {
 		p.pending.add(o)
 		return
 	}
-	started := p.side.run(p.side.late, func(ctx context.Context) {
+	started := p.late(func(ctx context.Context) {
 		if err := p.takeLaneLateCopy(ctx, o.group, sent, o.seq, epoch); err != nil {
 			o.err = fmt.Errorf("ingress message %d: the queue holds a copy this node has not moved onto its own queue yet: %w", o.ingress, err)
 		}
@@ -358,11 +393,11 @@ func (p *publisher) takeLaneLateCopy(ctx context.Context, group string, sent *na
 	if !ok || route.Node != p.node || len(epoch) != 1 || strconv.FormatUint(route.Epoch, 10) != epoch[0] {
 		return nil
 	}
-	stream, err := p.side.stream(ctx, QueueStream)
+	queue, err := p.store(ctx, QueueStream)
 	if err != nil {
 		return err
 	}
-	return p.takeLateCopy(ctx, jsStore{stream}, group, route, sent, seq)
+	return p.takeLateCopy(ctx, queue, group, route, sent, seq)
 }
 
 // publishFailed hands the engine a publish that failed before it was sent.
@@ -375,11 +410,11 @@ func (p *publisher) publishFailed(a action, err error) {
 // ingressMsg reads the ingress message at seq (STREAM.MSG.GET: the
 // stream allows no direct get), as the reader would have delivered it.
 func (p *publisher) ingressMsg(ctx context.Context, seq uint64) (*nats.Msg, error) {
-	st, err := p.side.stream(ctx, IngressStream)
+	st, err := p.store(ctx, IngressStream)
 	if err != nil {
 		return nil, err
 	}
-	raw, err := st.GetMsg(ctx, seq)
+	raw, err := st.get(ctx, seq)
 	if err != nil {
 		return nil, err
 	}
@@ -404,7 +439,7 @@ func (p *publisher) publishBatch(a action) {
 		out.Header[headerBatchID] = []string{id}
 		out.Header[headerBatchSeq] = []string{strconv.Itoa(i + 1)}
 		out.Reply = "" // only the commit is answered
-		err := p.nc.PublishMsg(out)
+		err := p.out.PublishMsg(out)
 		delete(out.Header, headerBatchID)
 		delete(out.Header, headerBatchSeq)
 		if err != nil {
@@ -427,7 +462,7 @@ func (p *publisher) publishBatch(a action) {
 	h[headerBatchSeq] = []string{strconv.Itoa(last + 1)}
 	h[headerBatchCommit] = []string{"1"}
 	commit := &nats.Msg{Subject: out.Subject, Header: h, Data: out.Data}
-	err := p.pub.Publish(commit, p.batchDone(o, h[jetstream.MsgIDHeader][0]))
+	err := p.out.Publish(commit, p.batchDone(o, h[jetstream.MsgIDHeader][0]))
 	if err != nil {
 		p.batchNotSent(o, err)
 	}
@@ -467,7 +502,7 @@ func (p *publisher) publishFastBatch(a action) {
 	for i, m := range a.batch {
 		msgs[i] = p.queueMsg(m, a)
 	}
-	if err := p.pub.PublishBatch(msgs, p.batchDone(o, msgs[len(msgs)-1].Header[jetstream.MsgIDHeader][0])); err != nil {
+	if err := p.out.PublishBatch(msgs, p.batchDone(o, msgs[len(msgs)-1].Header[jetstream.MsgIDHeader][0])); err != nil {
 		p.batchNotSent(o, err)
 	}
 }

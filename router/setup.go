@@ -144,10 +144,12 @@ func (r *Router) setup(ctx context.Context) (queueCons jetstream.Consumer, relea
 		spillFrom: spillFrom(r.cfg), maxSpilledBytes: r.cfg.MaxSpilledBytes,
 		groupShare: r.cfg.GroupShare, holds: holds,
 	}, r.cache, rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64())))
-	if r.out.pub, err = jspub.New(r.nc, 5*time.Second, jspub.WithBatchEnd(r.out.ackBatch)); err != nil {
+	pub, err := jspub.New(r.nc, 5*time.Second, jspub.WithBatchEnd(r.out.ackBatch))
+	if err != nil {
 		return nil, nil, &SetupError{Step: "queue publisher", Err: err}
 	}
-	undo = append(undo, r.out.pub.Close)
+	r.out.out = jsSender{pub, r.nc}
+	undo = append(undo, pub.Close)
 	r.dec.client = proposals.NewClient(r.nc, r.cfg.Node, r.cfg.Timeout)
 	r.ho = r.newHandOver()
 

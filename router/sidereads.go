@@ -25,7 +25,7 @@ type sideReads struct {
 	ctx    context.Context // cancelled by close
 	cancel context.CancelFunc
 
-	// handles: stream handles looked up once, by name (stream).
+	// handles: stream handles looked up once, by name (store).
 	handlesMu sync.Mutex
 	handles   map[string]jetstream.Stream
 }
@@ -70,18 +70,19 @@ func (s *sideReads) close() {
 	s.wg.Wait()
 }
 
-// stream returns a handle on the stream name, looked up once (a handle is
-// the stream's name and the client: it outlives leader changes).
-func (s *sideReads) stream(ctx context.Context, name string) (jetstream.Stream, error) {
+// store returns the stored messages of the stream name, its handle looked
+// up once (a handle is the stream's name and the client: it outlives
+// leader changes).
+func (s *sideReads) store(ctx context.Context, name string) (msgStore, error) {
 	s.handlesMu.Lock()
 	defer s.handlesMu.Unlock()
 	if st := s.handles[name]; st != nil {
-		return st, nil
+		return jsStore{st}, nil
 	}
 	st, err := s.js.Stream(ctx, name)
 	if err != nil {
 		return nil, err
 	}
 	s.handles[name] = st
-	return st, nil
+	return jsStore{st}, nil
 }

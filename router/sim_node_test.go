@@ -6,10 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"slices"
-	"strconv"
 	"time"
-
-	"github.com/nats-io/nats.go"
 
 	"github.com/grouprouter/grouprouter/kvbinding"
 	"github.com/grouprouter/grouprouter/proposals"
@@ -33,15 +30,6 @@ var (
 	// (errFencedNow).
 	errSimFenced = errors.New("sim: fenced")
 )
-
-// simActEpoch parses an action's HeaderEpoch value (0 if none).
-func simActEpoch(h []string) uint64 {
-	if len(h) == 0 {
-		return 0
-	}
-	e, _ := strconv.ParseUint(h[0], 10, 64)
-	return e
-}
 
 // simNode is one incarnation of a router node: the real lane engine
 // (engine.go), called as the Router's shells call it, with simulated I/O.
@@ -76,9 +64,10 @@ type simNode struct {
 	changeQ    []string
 	changeBusy bool
 
-	// The real hand-over shell (sim_shell_test.go), its context's end
-	// (nil once ended) and the calls it waits on.
+	// The real hand-over shell and publisher (sim_shell_test.go), its
+	// context's end (nil once ended) and the calls it waits on.
 	ho       *handOver
+	pub      *publisher
 	live     *liveness
 	shellCtx context.Context
 	shellEnd context.CancelFunc
@@ -114,6 +103,7 @@ type simFlight struct {
 type simBatch struct {
 	flights []*simFlight
 	fast    bool
+	last    uint64 // the stream sequence of the last message it stored
 }
 
 // doomed reports whether the batch, should it land now, would store
@@ -149,7 +139,9 @@ func (b *simBatch) landFast(n *simNode, cut int) bool {
 			continue
 		}
 		f.landed = true
-		n.w.q.store(n.id, f.p)
+		if sseq, dup := n.w.q.store(n.id, f.p); !dup {
+			b.last = sseq
+		}
 	}
 	if doomed {
 		n.w.logf("queue", "ended a fast batch of %d from %s at once: its first message was stored before", len(b.flights), n.id)
@@ -169,7 +161,7 @@ func (b *simBatch) land(n *simNode) bool {
 	for _, f := range b.flights {
 		if stored {
 			f.landed = true
-			q.store(n.id, f.p)
+			b.last, _ = q.store(n.id, f.p)
 		} else {
 			f.dropped = true
 		}
@@ -271,9 +263,9 @@ func (n *simNode) performTaken() {
 func (n *simNode) perform(a action) {
 	switch a.kind {
 	case actPublish:
-		n.publish(a)
+		n.pub.publish(a)
 	case actBatch:
-		n.publishBatch(a)
+		n.pub.publishBatch(a)
 	case actAsk:
 		n.w.wake(func() { wake(n.askWake) })
 	case actRetry:
@@ -397,7 +389,7 @@ func (n *simNode) read() {
 	if m.invalid != "" {
 		group, close = "", false
 	}
-	rec := &msgRec{seq: m.seq, subject: "jms.sim", size: 100, invalid: m.invalid, close: close}
+	rec := &msgRec{seq: m.seq, subject: "jms.sim", size: 100, invalid: m.invalid, close: close, payload: &held{msg: w.ingressMsg(m.seq)}}
 	n.step(inMsg{group: group, m: rec})
 	n.scheduleRead()
 }
@@ -497,7 +489,8 @@ func (n *simNode) propose(ps []proposals.Proposal, cb func([]proposals.Decision,
 	})
 }
 
-// The publisher (publisher.publish over jspub, and publishSync).
+// The servers' side of a publish (the real publisher's stand-in,
+// simSender, sends through these).
 
 // send publishes p; cb gets the stream sequence (the first copy's for a
 // duplicate) or an error, unless the node died meanwhile.
@@ -563,12 +556,14 @@ func (n *simNode) track(f *simFlight) {
 	n.w.chk.publishing(n.id, f)
 }
 
-// sendBatch publishes ps as one atomic batch, as publisher.publishBatch: cb
-// gets nil once all are stored, or an error (none stored, or all: an ack
-// lost), unless the node died meanwhile.
-func (n *simNode) sendBatch(ps []simPub, cb func(err error)) {
+// sendBatch publishes ps as one batch, an atomic or a fast-ingest one: cb
+// gets the stream sequence of the last message stored and nil once all
+// are stored, or an error (of an atomic batch none stored, or all: an ack
+// lost; of a fast-ingest one, a prefix may be), unless the node died
+// meanwhile.
+func (n *simNode) sendBatch(ps []simPub, fast bool, cb func(last uint64, err error)) {
 	w := n.w
-	b := &simBatch{fast: w.p.fastBatches}
+	b := &simBatch{fast: fast}
 	for _, p := range ps {
 		if r, ok := n.cache.Lookup(p.group); ok {
 			p.view = r.Revision
@@ -593,7 +588,7 @@ func (n *simNode) sendBatch(ps []simPub, cb func(err error)) {
 		if err != nil {
 			w.chk.stats.batchFailures++
 		}
-		cb(err)
+		cb(b.last, err)
 	}
 	w.after(simPubTimeout, func() { reply(errSimTimeout) })
 	if b.fast && w.chance(w.p.pPubFail) {
@@ -643,67 +638,6 @@ func (n *simNode) sendBatch(ps []simPub, cb func(err error)) {
 				reply(errSimDupBatch)
 			}
 		})
-	})
-}
-
-// publishBatch carries out an actBatch.
-func (n *simNode) publishBatch(a action) {
-	ps := make([]simPub, len(a.batch))
-	for i, m := range a.batch {
-		ps[i] = simPub{node: a.node, seq: m.seq, group: a.group, id: simIngressID(m.seq), kind: simRouted, epoch: simActEpoch(a.epoch)}
-	}
-	first, last := a.batch[0].seq, a.batch[len(a.batch)-1].seq
-	if n.w.tracing {
-		n.logf("publishes seqs %d..%d of %q to %q as one batch of %d", first, last, a.group, a.node, len(ps))
-	}
-	o := a.outcome()
-	n.sendBatch(ps, func(err error) {
-		if n.w.tracing {
-			n.logf("batch %d..%d: %v", first, last, err)
-		}
-		o.err = err
-		n.step(inOutcomes{batch: []outcome{o}})
-	})
-}
-
-// publish carries out an actPublish.
-func (n *simNode) publish(a action) {
-	m, group := a.msg, a.group
-	p := simPub{node: a.node, seq: m.seq, group: group, id: simIngressID(m.seq), kind: simRouted, dlq: a.dlq, reason: a.reason,
-		epoch: simActEpoch(a.epoch)}
-	if a.dlq {
-		p.node, p.id = "", "dlq:"+p.id
-	}
-	if n.w.tracing {
-		n.logf("publishes seq %d of %q to %q (dlq %v)", m.seq, group, p.node, a.dlq)
-	}
-	o := a.outcome()
-	n.send(p, func(sseq uint64, _ bool, err error) {
-		if n.w.tracing {
-			n.logf("publish of seq %d: %v", m.seq, err)
-		}
-		if err == nil && !a.dlq && !a.held && group != "" {
-			// publisher.laneDuplicate: a duplicate of this node's staged copy
-			// (a catch-up staged past where its lane took over after a
-			// restart) is moved onto the queue before the outcome counts
-			// (takeLaneLateCopy: only while the record names this node in
-			// the publish's epoch). The sim models no other late copy.
-			route, ok := n.cache.Lookup(group)
-			if c := n.w.q.all[sseq-1]; ok && route.PrevNode != "" && route.PrevNode != n.id && route.Node == n.id &&
-				route.Epoch == p.epoch && c.node == simHeld(n.id) && !c.removed && c.seq == m.seq {
-				n.logf("lane: seq %d of %q has a staged copy %v: moved onto the queue", m.seq, group, c)
-				sent := &nats.Msg{Header: nats.Header{HeaderIngressSeq: []string{strconv.FormatUint(m.seq, 10)}}}
-				n.shellGo(simKey{"late copy of", m.seq}, func(ctx context.Context) error {
-					return n.ho.takeLateCopy(ctx, simStore{n}, group, route, sent, sseq)
-				}, func(err error) {
-					o.err = err
-					n.step(inOutcomes{batch: []outcome{o}})
-				})
-				return
-			}
-		}
-		o.err = err
-		n.step(inOutcomes{batch: []outcome{o}})
 	})
 }
 

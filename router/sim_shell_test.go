@@ -18,6 +18,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/grouprouter/grouprouter/internal/jspub"
 	"github.com/grouprouter/grouprouter/internal/logagg"
 	"github.com/grouprouter/grouprouter/kvbinding"
 	"github.com/grouprouter/grouprouter/proposals"
@@ -26,15 +27,17 @@ import (
 // The real shells in the simulated world (issue 33). A node of the
 // simulation runs the real hand-over shell (handOver: its loop, its drain
 // and catch-up steps, its staging, its reports and retries), the real
-// asker (asker: its loop, its requests in flight, a fence's look at its
-// node's queue), the real liveness (its heartbeat, the consumer's
-// presence, the catch-up with the records after a lapse), the engine's
-// real timers (runTimers, woken by actRetry only) and the real checkpoint
-// loop (runCheckpoints) on stand-ins of
-// what Router gives them: msgStore and queueIO over the simulated queue
-// stream and ingress, a clock over the virtual one, the engine's door and
-// views, the binding cache, the handler and the registry. The shell runs in goroutines; the world stays one loop that
-// owns everything simulated, and the two meet as follows:
+// publisher (its publishes, batches, dead-letter copies, spilled reads
+// and lane duplicates), the real asker (its loop, its requests in
+// flight, a fence's look at its node's queue), the real liveness (its
+// heartbeat, the consumer's presence, the catch-up with the records
+// after a lapse), the engine's real timers (runTimers, woken by actRetry
+// only) and the real checkpoint loop (runCheckpoints) on stand-ins of
+// what Router gives them: msgStore, queueIO and the publisher's sender
+// over the simulated queue stream and ingress, a clock over the virtual
+// one, the engine's door and views, the binding cache, the handler and
+// the registry. The shells run in goroutines; the world stays one loop
+// that owns everything simulated, and the two meet as follows:
 //
 //   - every call of the shell into the world (a request to the servers, a
 //     step of the engine, a timer) is queued as a simCall and the calling
@@ -405,6 +408,22 @@ func (n *simNode) startShells() {
 	h.warn.late = logagg.New(log, "late copy moved", logagg.DefaultEvery)
 	h.warn.lapsed = logagg.New(log, "lapsed messages moved", logagg.DefaultEvery)
 	n.ho = h
+	n.pub = &publisher{
+		node: n.id, groupHeader: DefaultGroupHeader, out: &simSender{n: n, parts: map[string][]simPub{}},
+		fast: w.p.fastBatches, expect: []string{QueueStream}, stopping: new(atomic.Bool),
+		warn:    logagg.New(log, "publish failed", logagg.DefaultEvery),
+		spilled: n.sideRead, late: n.sideRead, store: h.io.side,
+		// The outcomes reach the engine as a call: from a PubAck's
+		// callback in the loop, or from a side read's goroutine. The
+		// publisher reuses its batch once step returns.
+		step: func(in input) {
+			batch := slices.Clone(in.(inOutcomes).batch)
+			w.call(simKey{n.id, "outcomes of", batch[0].group, batch[0].ingress}, func() { n.step(inOutcomes{batch: batch}) })
+		},
+		stored:       func(uint64, string) {},
+		lookup:       n.cache.Lookup,
+		takeLateCopy: h.takeLateCopy,
+	}
 	n.askWake, n.timerWake = make(chan struct{}, 1), make(chan struct{}, 1)
 	a := &asker{
 		wake: n.askWake,
@@ -456,6 +475,107 @@ func (n *simNode) startShells() {
 			_ = l.announce(ctx, cons)
 			l.run(ctx, cons)
 		}()
+	})
+}
+
+// sideRead runs read, a side read of n's publisher, in a goroutine of its
+// own, started as the world wakes goroutines (sideReads.run); false once
+// n's shells have ended.
+func (n *simNode) sideRead(read func(ctx context.Context)) bool {
+	ctx := n.shellCtx
+	if n.shellEnd == nil {
+		return false
+	}
+	n.w.wake(func() { go read(ctx) })
+	return true
+}
+
+// simSender is the publisher's sender on the simulated streams: each
+// publish is a call the loop takes (it may come from a side read's
+// goroutine), then crosses n's link (send, sendBatch); its PubAck comes
+// back through the callback, followed by the publisher's batch end
+// (ackBatch), as jspub gives them.
+type simSender struct {
+	n *simNode
+	// parts: an atomic batch's messages sent before its commit, by batch
+	// id.
+	parts map[string][]simPub
+}
+
+// lanePub returns what the publisher sends as m (a lane's publish).
+func (s *simSender) lanePub(m *nats.Msg) simPub {
+	p := s.n.simPubOf(m)
+	p.kind, p.msg = simRouted, nil
+	return p
+}
+
+func (s *simSender) Publish(m *nats.Msg, cb jspub.Callback) error {
+	n := s.n
+	p := s.lanePub(m)
+	if id := m.Header.Get(headerBatchID); id != "" {
+		ps := append(s.parts[id], p) // the commit
+		delete(s.parts, id)
+		s.batch(ps, false, cb)
+		return nil
+	}
+	n.w.call(simKey{n.id, "publish", p.id}, func() {
+		if !n.alive() {
+			return
+		}
+		if n.w.tracing {
+			n.logf("publishes seq %d of %q to %q (dlq %v)", p.seq, p.group, p.node, p.dlq)
+		}
+		n.send(p, func(sseq uint64, dup bool, err error) {
+			if n.w.tracing {
+				n.logf("publish of seq %d: %v", p.seq, err)
+			}
+			var ack jspub.Ack
+			switch {
+			case err == nil && p.dlq:
+				ack = jspub.Ack{Stream: DeadLetterStream, Sequence: sseq, Duplicate: dup}
+			case err == nil:
+				ack = jspub.Ack{Stream: QueueStream, Sequence: sseq, Duplicate: dup}
+			}
+			cb(ack, err)
+			n.pub.ackBatch()
+		})
+	})
+	return nil
+}
+
+func (s *simSender) PublishMsg(m *nats.Msg) error {
+	id := m.Header.Get(headerBatchID)
+	s.parts[id] = append(s.parts[id], s.lanePub(m))
+	return nil
+}
+
+func (s *simSender) PublishBatch(ms []*nats.Msg, cb jspub.Callback) error {
+	ps := make([]simPub, len(ms))
+	for i, m := range ms {
+		ps[i] = s.lanePub(m)
+	}
+	s.batch(ps, true, cb)
+	return nil
+}
+
+// batch sends ps as one batch, fast-ingest or atomic.
+func (s *simSender) batch(ps []simPub, fast bool, cb jspub.Callback) {
+	n := s.n
+	first, last := ps[0].seq, ps[len(ps)-1].seq
+	n.w.call(simKey{n.id, "publish batch", first}, func() {
+		if !n.alive() {
+			return
+		}
+		if n.w.tracing {
+			n.logf("publishes seqs %d..%d of %q to %q as one batch of %d", first, last, ps[0].group, ps[0].node, len(ps))
+		}
+		n.sendBatch(ps, fast, func(sseq uint64, err error) {
+			if n.w.tracing {
+				n.logf("batch %d..%d: %v", first, last, err)
+			}
+			cb(jspub.Ack{Stream: QueueStream, Sequence: sseq}, err)
+			n.pub.ackBatch()
+		})
 	})
 }
 

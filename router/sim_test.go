@@ -135,8 +135,9 @@ func indent(s, prefix string) string {
 }
 
 // simRegressions are seeds that failed before a fix, with the fix. The
-// engine and the hand-over shell are the real code; the fixes to the
-// handler's model are checked on a real server in proposals' tests.
+// engine, the hand-over shell and the publisher are the real code; the
+// fixes to the handler's model are checked on a real server in
+// proposals' tests.
 var simRegressions = []struct {
 	seed uint64
 	fix  string
@@ -163,6 +164,7 @@ var simRegressions = []struct {
 	{122426, "a takeover step stops when its record moves on"},
 	{40433, "a staging is kept over a record of nothing staged, not merged into it (a panic)"},
 	{16419, "a drain leaves an earlier taker's staged copies to the catch-up"},
+	{394, "a dead-letter copy leaves the held message as it is: routed after all, it keeps its own id"},
 }
 
 // TestSimulationRegressions replays the seeds that found bugs. (A seed is
