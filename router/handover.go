@@ -104,7 +104,7 @@ func (r *Router) newHandOver() *handOver {
 		saveCheckpoint: r.saveCheckpoint,
 		lostThrough:    r.lostThrough,
 		stored:         r.qcheck.stored,
-		classify:       r.classify,
+		classify:       decoder{r.cfg.GroupHeader}.classify,
 		toDeadLetter:   r.out.toDeadLetter,
 	}
 	if r.reg != nil {

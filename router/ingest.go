@@ -64,24 +64,9 @@ type ingested struct {
 // lock, waiting (lock released) while the node is full. recs is scratch
 // space, returned for reuse.
 func (r *Router) ingest(batch []ingressMsg, recs []ingested) []ingested {
+	dec := decoder{r.cfg.GroupHeader}
 	for _, in := range batch {
-		msg := in.msg
-		hdr := msg.Header
-		group, invalid := r.classify(hdr, msg.Subject)
-		hsize := headerSize(hdr)
-		if hsize >= detachHeadersFrom && hsize > len(msg.Data)/2 {
-			// The body shares its buffer with the headers as received,
-			// which are also held decoded: a long group id would be held
-			// twice, for as long as the message waits. The body alone is
-			// kept (a copy, smaller than what it frees).
-			msg.Data = slices.Clone(msg.Data)
-		}
-		m := &msgRec{seq: in.seq, subject: msg.Subject, size: len(msg.Data) + len(msg.Subject) + hsize, invalid: invalid}
-		if v := hdr[HeaderGroupSeq]; len(v) > 0 && v[0] == "-1" {
-			m.close = true
-		}
-		m.payload = &held{msg: msg}
-		recs = append(recs, ingested{group: group, m: m})
+		recs = append(recs, dec.decode(in))
 	}
 	now := time.Now()
 	r.mu.Lock()
@@ -121,12 +106,38 @@ func (r *Router) ingest(batch []ingressMsg, recs []ingested) []ingested {
 // the headers are also at least half the body's size (a long group id).
 const detachHeadersFrom = 512
 
+// decoder decodes ingress messages for the engine. groupHeader names
+// the header that carries a message's group id.
+type decoder struct{ groupHeader string }
+
+// decode returns the engine's record of in, with the group it is routed
+// under (classify).
+func (d decoder) decode(in ingressMsg) ingested {
+	msg := in.msg
+	hdr := msg.Header
+	group, invalid := d.classify(hdr, msg.Subject)
+	hsize := headerSize(hdr)
+	if hsize >= detachHeadersFrom && hsize > len(msg.Data)/2 {
+		// The body shares its buffer with the headers as received,
+		// which are also held decoded: a long group id would be held
+		// twice, for as long as the message waits. The body alone is
+		// kept (a copy, smaller than what it frees).
+		msg.Data = slices.Clone(msg.Data)
+	}
+	m := &msgRec{seq: in.seq, subject: msg.Subject, size: len(msg.Data) + len(msg.Subject) + hsize, invalid: invalid}
+	if v := hdr[HeaderGroupSeq]; len(v) > 0 && v[0] == "-1" {
+		m.close = true
+	}
+	m.payload = &held{msg: msg}
+	return ingested{group: group, m: m}
+}
+
 // classify returns the group a message is routed under and, when it
 // cannot be grouped, why: its group id is unusable (GroupOf) or its subject
 // is too long to republish. Such a message belongs to the ungrouped routing
 // binding's node, which dead-letters it.
-func (r *Router) classify(hdr nats.Header, subject string) (group, invalid string) {
-	group, invalid = GroupOf(hdr, r.cfg.GroupHeader)
+func (d decoder) classify(hdr nats.Header, subject string) (group, invalid string) {
+	group, invalid = GroupOf(hdr, d.groupHeader)
 	if invalid == "" && !fits(subject) {
 		return "", fmt.Sprintf("subject of %d bytes is too long to republish (at most %d)", len(subject), maxSubject)
 	}

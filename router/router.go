@@ -578,38 +578,44 @@ func (r *Router) drain() {
 	r.log.Info("node stopped", "position", ckpt.Next, "routed", r.out.routed.Load())
 }
 
-// changeLoop feeds the engine the refs (kvbinding.Ref) of the groups
-// whose record changed, whatever has arrived under one lock (a burst of new bindings costs one lock, not
-// one per binding).
+// changeLoop feeds the engine the refs of the groups whose record
+// changed (runChanges).
 func (r *Router) changeLoop(ctx context.Context) {
+	runChanges(ctx, r.changes, r.cache.Delivered, r.step, &r.applied)
+}
+
+// runChanges hands step the refs (kvbinding.Ref) of the groups whose
+// record changed, as the cache sends them on changes: whatever has
+// arrived, up to maxChangeBatch, in one input (a burst of new bindings
+// costs one lock, not one per binding). Once it has taken every change
+// sent, applied holds the revision the cache had delivered by then (the
+// checkpoint's Seen).
+func runChanges(ctx context.Context, changes <-chan string, delivered func() uint64, step func(input), applied *atomic.Uint64) {
 	var batch []string
 	for {
 		select {
 		case <-ctx.Done():
 			return
-		case g := <-r.changes:
+		case g := <-changes:
 			batch = append(batch[:0], g)
 		}
 		// The cache notifies a record's change before it counts the
 		// record delivered: every change up to seen is in the channel or
 		// taken by now.
-		seen, drained := r.cache.Delivered(), false
+		seen, drained := delivered(), false
 	more:
 		for len(batch) < maxChangeBatch {
 			select {
-			case g := <-r.changes:
+			case g := <-changes:
 				batch = append(batch, g)
 			default:
 				drained = true
 				break more
 			}
 		}
-		if r.eng == nil {
-			continue
-		}
-		r.step(inChanged{refs: batch})
+		step(inChanged{refs: batch})
 		if drained {
-			r.applied.Store(seen)
+			applied.Store(seen)
 		}
 		clear(batch)
 	}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"slices"
+	"sync/atomic"
 	"time"
 
 	"github.com/grouprouter/grouprouter/kvbinding"
@@ -61,8 +62,8 @@ type simNode struct {
 	askWake   chan struct{} // the real asker's wake (actAsk)
 	timerWake chan struct{} // the real timers' wake (actRetry)
 
-	changeQ    []string
-	changeBusy bool
+	changes chan string   // the cache's notifications, to the real change loop
+	applied atomic.Uint64 // the change loop's (the checkpoint's Seen; not simulated)
 
 	// The real hand-over shell and publisher (sim_shell_test.go), its
 	// context's end (nil once ended) and the calls it waits on.
@@ -190,6 +191,7 @@ func (n *simNode) start() {
 	n.started = true
 	n.suspects = suspectSet{} // a new process suspects nobody
 	n.cache = newSimCache(w.kv)
+	n.changes = make(chan string, 4096) // Router's
 	n.kvSub = w.kv.log.subscribe(n.id, n.onRecord)
 	n.view = newSimRegView(w, n.id, n.onLiveChange)
 	n.eng = newEngine(engineConfig{
@@ -305,31 +307,22 @@ func (n *simNode) applyOwn(b kvbinding.Binding) {
 	}
 }
 
-// notify queues a change for the engine: the cache's notifications reach
-// the router over a channel, in order.
+// notify sends a change to the node's real change loop (runChanges), as
+// the cache's notifications reach the router: over a channel, in order.
 func (n *simNode) notify(group string) {
-	n.changeQ = append(n.changeQ, group)
-	if n.changeBusy {
-		return
+	if r, ok := n.cache.Lookup(group); ok {
+		n.logf("sees %q: %s", group, simRoute(r))
+	} else {
+		n.logf("sees %q: no record", group)
 	}
-	n.changeBusy = true
-	var step func()
-	step = func() {
-		if !n.alive() || len(n.changeQ) == 0 {
-			n.changeBusy = false
-			return
+	ch := n.changes
+	n.w.wake(func() {
+		select {
+		case ch <- group:
+		default:
+			panic("sim: a node's change channel is full")
 		}
-		g := n.changeQ[0]
-		n.changeQ = n.changeQ[1:]
-		if r, ok := n.cache.Lookup(g); ok {
-			n.logf("sees %q: %s", g, simRoute(r))
-		} else {
-			n.logf("sees %q: no record", g)
-		}
-		n.step(inChanged{refs: []string{g}})
-		n.w.after(n.w.between(10*time.Microsecond, 200*time.Microsecond), step)
-	}
-	n.w.after(n.w.between(10*time.Microsecond, 200*time.Microsecond), step)
+	})
 }
 
 func simRoute(r kvbinding.Binding) string {
@@ -354,7 +347,8 @@ func (n *simNode) onLiveChange() {
 	n.step(inLive{state: state})
 }
 
-// The ingress reader (Router.read and Router.ingest).
+// The ingress reader (Router.read and Router.ingest, with the real
+// decoder).
 
 func (n *simNode) scheduleRead() {
 	w := n.w
@@ -385,12 +379,8 @@ func (n *simNode) read() {
 	}
 	m := w.ingress[n.readPos-1]
 	n.readPos++
-	group, close := m.group, m.close
-	if m.invalid != "" {
-		group, close = "", false
-	}
-	rec := &msgRec{seq: m.seq, subject: "jms.sim", size: 100, invalid: m.invalid, close: close, payload: &held{msg: w.ingressMsg(m.seq)}}
-	n.step(inMsg{group: group, m: rec})
+	in := decoder{DefaultGroupHeader}.decode(ingressMsg{seq: m.seq, msg: w.ingressMsg(m.seq)})
+	n.step(inMsg{group: in.group, m: in.m})
 	n.scheduleRead()
 }
 

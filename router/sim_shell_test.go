@@ -396,13 +396,9 @@ func (n *simNode) startShells() {
 		saveCheckpoint: func(ctx context.Context) error { return n.saveCheckpoint(ctx, n.checkpoint()) },
 		// The lost book (lost.go) is not simulated: no checkpoint says
 		// what an evacuated node could not save.
-		lostThrough: func(context.Context, map[string]kvbinding.Binding) map[string]uint64 { return nil },
-		stored:      func(uint64, string) {},
-		classify: func(hdr nats.Header, _ string) (string, string) {
-			seq, _ := strconv.ParseUint(hdr.Get(simSeqHeader), 10, 64)
-			m := w.ingress[seq-1]
-			return m.group, m.invalid
-		},
+		lostThrough:  func(context.Context, map[string]kvbinding.Binding) map[string]uint64 { return nil },
+		stored:       func(uint64, string) {},
+		classify:     decoder{DefaultGroupHeader}.classify,
 		toDeadLetter: (&publisher{groupHeader: DefaultGroupHeader}).toDeadLetter,
 	}
 	h.warn.late = logagg.New(log, "late copy moved", logagg.DefaultEvery)
@@ -467,6 +463,7 @@ func (n *simNode) startShells() {
 	w.wake(func() {
 		go h.run(ctx)
 		go a.run(ctx)
+		go runChanges(ctx, n.changes, func() uint64 { return uint64(n.kvSub.pos) }, n.stepCall, &n.applied)
 		go runTimers(ctx, simClock{n}, n.timerWake, func() time.Time { return n.eng.nextDue() }, func() { n.stepCall(inTick{}) })
 		go runCheckpoints(ctx, simClock{n}, simCheckpoint, func() (kvbinding.Checkpoint, bool) { return n.checkpoint(), true },
 			n.saveCheckpoint, logagg.New(log, "checkpoint not saved", logagg.DefaultEvery))
@@ -672,33 +669,39 @@ func (n *simNode) checkpoint() kvbinding.Checkpoint {
 	return c
 }
 
-// simSeqHeader carries an ingress message's sequence in the simulation, so
-// that a stand-in can tell what it is (classify).
-const simSeqHeader = "Sim-Seq"
+// simMsgSize is what an ingress message of the simulation takes
+// (msgRec.size): its body fills it up.
+const simMsgSize = 100
 
 // ingressMsg returns ingress message seq as the servers deliver it.
 func (w *simWorld) ingressMsg(seq uint64) *nats.Msg {
 	m := w.ingress[seq-1]
-	hdr := nats.Header{simSeqHeader: []string{strconv.FormatUint(seq, 10)}}
+	hdr := nats.Header{}
 	if m.group != "" {
 		hdr.Set(DefaultGroupHeader, m.group)
+	}
+	if m.invalid != "" {
+		// Two group ids: GroupOf refuses it.
+		hdr[DefaultGroupHeader] = []string{"g0", "g1"}
 	}
 	if m.close {
 		hdr.Set(HeaderGroupSeq, "-1")
 	}
-	return &nats.Msg{Subject: "jms.sim", Header: hdr}
+	const subject = "jms.sim"
+	body := make([]byte, max(simMsgSize-len(subject)-headerSize(hdr), 0))
+	return &nats.Msg{Subject: subject, Header: hdr, Data: body}
 }
 
-// raw returns queue entry e as a stream read returns it: what was
-// published, or, for a lane's publish (which the simulation's publisher
-// makes without a message), what the lane would have put there.
+// raw returns queue entry e as a stream read returns it: what the
+// hand-over published, or, for a lane's publish (whose message the
+// simulation does not keep: the publisher reuses it), its headers that
+// matter to a reader.
 func (e *simEntry) raw() *jetstream.RawStreamMsg {
 	m := e.msg
 	if m == nil {
 		hdr := nats.Header{
 			jetstream.MsgIDHeader: []string{e.id},
 			HeaderIngressSeq:      []string{strconv.FormatUint(e.seq, 10)},
-			simSeqHeader:          []string{strconv.FormatUint(e.seq, 10)},
 		}
 		if e.group != "" {
 			hdr.Set(DefaultGroupHeader, e.group)
