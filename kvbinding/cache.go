@@ -490,6 +490,20 @@ func (c *Cache) Draining() map[string]int {
 	return out
 }
 
+// CatchingUp returns, per node, how many records catch up a group taken
+// from it (their previous node).
+func (c *Cache) CatchingUp() map[string]int {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	out := map[string]int{}
+	for ref := range c.unsettled {
+		if e := c.m[ref]; e.phase == PhaseCatchingUp && c.names[e.prev] != "" {
+			out[c.names[e.prev]]++
+		}
+	}
+	return out
+}
+
 // UnsettledLen returns how many groups have a record that is moving or in
 // a hand-over step, without copying them (see Unsettled).
 func (c *Cache) UnsettledLen() int {

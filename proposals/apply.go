@@ -142,10 +142,11 @@ func (h *Handler) writeAll(ctx context.Context, plans []planned, ps []Proposal, 
 			pausing = append(pausing, pl.res.Pause...)
 		}
 	}
-	// A record written without the drain its previous revision had (a
-	// drain step reported done, an evacuation, a release) may leave a
-	// paused queue with no drain: the keeper lifts that pause now, not at
-	// its next tick (every paused moment stalls all the node's groups).
+	// A record written without the drain or the catch-up its previous
+	// revision had (a catch-up reported done, an evacuation, a release)
+	// may leave a paused queue with nothing that keeps it paused: the
+	// keeper lifts that pause now, not at its next tick (every paused
+	// moment stalls all the node's groups).
 	// Deferred first, so that it runs after this batch's pausing count
 	// is dropped.
 	lifted := false
@@ -226,7 +227,7 @@ func (h *Handler) writeAll(ctx context.Context, plans []planned, ps []Proposal, 
 		for j, r := range h.store.WriteManyThen(ctx, writes, stored) {
 			k := at[j]
 			out[k] = h.settle(plans[k], ps[k], r.Binding, r.Err)
-			if out[k].Outcome == Accepted && endsDrain(plans[k].cur, r.Binding) {
+			if out[k].Outcome == Accepted && endsPause(plans[k].cur, r.Binding) {
 				lifted = true
 			}
 			if !released[j] {
@@ -237,18 +238,25 @@ func (h *Handler) writeAll(ctx context.Context, plans []planned, ps []Proposal, 
 	return out
 }
 
-// endsDrain reports whether the record written (next) no longer names a
-// queue that its previous revision (cur) said was drained.
-func endsDrain(cur *kvbinding.Binding, next kvbinding.Binding) bool {
+// endsPause reports whether the record written (next) no longer names a
+// queue that its previous revision (cur) kept paused (PlanPauses): one it
+// drained, or the one it caught up from.
+func endsPause(cur *kvbinding.Binding, next kvbinding.Binding) bool {
 	if cur == nil {
 		return false
 	}
 	for _, n := range cur.Drain {
-		if !slices.Contains(next.Drain, n) {
+		if !slices.Contains(next.Drain, n) && !catchesUpFrom(next, n) {
 			return true
 		}
 	}
-	return false
+	return catchesUpFrom(*cur, cur.PrevNode) && !catchesUpFrom(next, cur.PrevNode)
+}
+
+// catchesUpFrom reports whether record b catches up a group taken from
+// node.
+func catchesUpFrom(b kvbinding.Binding, node string) bool {
+	return node != "" && b.State == kvbinding.StateBound && b.Step == kvbinding.StepCatchUp && b.PrevNode == node
 }
 
 // countedBound reports whether Cache.Bound counts the group of record cur

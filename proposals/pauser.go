@@ -111,8 +111,9 @@ func (h *Handler) pauseNow(ctx context.Context, node string) error {
 }
 
 // keepPausedNow is the pauser's keeper: it renews the pause of every queue
-// a record says is being drained, and resumes the queues it paused that
-// no record and no write in flight needs paused any more.
+// a record says is being drained or caught up from (PlanPauses), and
+// resumes the queues it paused that no record and no write in flight
+// needs paused any more.
 func (h *Handler) keepPausedNow(ctx context.Context) {
 	m := &h.mon
 	m.mu.Lock()
@@ -121,7 +122,7 @@ func (h *Handler) keepPausedNow(ctx context.Context) {
 	m.mu.Unlock()
 	// Read after the writes in flight were counted: a write that paused a
 	// queue and is done has its record in the cache by now.
-	in.Draining = h.cache.Draining()
+	in.Draining, in.CatchingUp = h.cache.Draining(), h.cache.CatchingUp()
 	renew, resume := PlanPauses(in)
 	for _, node := range renew {
 		if err := h.pauseNow(ctx, node); err != nil && ctx.Err() == nil {

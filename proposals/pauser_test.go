@@ -151,10 +151,11 @@ func (q *recordedQueues) Resume(ctx context.Context, node string) error {
 }
 func (q *recordedQueues) IngressLast(ctx context.Context) (uint64, error) { return 1 << 40, nil }
 
-// The write that ends the last drain of a paused queue (a drain step
-// reported done) has it resumed at once, not at the handler's next tick:
-// every moment it stays paused holds back all of its node's groups.
-func TestDrainedQueueResumedAtOnce(t *testing.T) {
+// A drained queue stays paused through the catch-up that follows its
+// drain, and the write that ends that catch-up (reported done) has it
+// resumed at once, not at the handler's next tick: every moment it stays
+// paused holds back all of its node's groups.
+func TestDrainedQueueResumedAtOnceAfterItsCatchUp(t *testing.T) {
 	s := natstest.RunServer(t)
 	q := &recordedQueues{resumed: make(chan string, 8)}
 	e := startHandler(t, s, "n0", liveNodes, func(c *HandlerConfig) {
@@ -183,39 +184,78 @@ func TestDrainedQueueResumedAtOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	c := NewClient(s.Connect(), "n2", 5*time.Second)
-	ds, err := c.Propose(ctx, []Proposal{{Op: OpDrained, Group: "g", Rev: b.Revision}})
-	if err != nil {
-		t.Fatal(err)
+	report := func(op Op, rev uint64) uint64 {
+		t.Helper()
+		ds, err := c.Propose(ctx, []Proposal{{Op: op, Group: "g", Rev: rev}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ds[0].Outcome != Accepted {
+			t.Fatalf("%s report: %+v", op, ds[0])
+		}
+		return ds[0].Revision
 	}
-	if ds[0].Outcome != Accepted {
-		t.Fatalf("drained report: %+v", ds[0])
+	rev := report(OpDrained, b.Revision)
+	// A keeper's run, as at its tick, then a pause the pauser takes after
+	// it.
+	e.h.keepPaused()
+	if err := e.h.pause(ctx, "n3"); err != nil {
+		t.Fatal(err)
 	}
 	select {
 	case node := <-q.resumed:
-		if node != "n1" {
+		t.Fatalf("%s resumed while the group is caught up from n1", node)
+	default:
+	}
+	natstest.Eventually(t, 5*time.Second, func() error {
+		if r, ok := e.h.cache.Lookup("g"); !ok || r.Revision != rev {
+			return natstest.ErrNotYet
+		}
+		return nil
+	})
+	report(OpCaughtUp, rev)
+	select {
+	case node := <-q.resumed:
+		if node != "n1" && node != "n3" {
 			t.Fatalf("resumed %s, want n1", node)
 		}
+		if node == "n3" {
+			if node = <-q.resumed; node != "n1" {
+				t.Fatalf("resumed %s, want n1", node)
+			}
+		}
 	case <-time.After(2 * time.Second):
-		t.Fatal("n1's queue not resumed within 2 s of its last drain's end")
+		t.Fatal("n1's queue not resumed within 2 s of its catch-up's end")
 	}
 }
 
-func TestEndsDrain(t *testing.T) {
-	drain := &kvbinding.Binding{Drain: []string{"n1", "n2"}}
+func TestEndsPause(t *testing.T) {
+	drain := &kvbinding.Binding{State: kvbinding.StateBound, Step: kvbinding.StepDrain, PrevNode: "n1", Drain: []string{"n1", "n2"}}
+	catchUp := func(prev string) kvbinding.Binding {
+		return kvbinding.Binding{State: kvbinding.StateBound, Step: kvbinding.StepCatchUp, PrevNode: prev}
+	}
 	for _, tt := range []struct {
+		name string
 		cur  *kvbinding.Binding
-		next []string
+		next kvbinding.Binding
 		want bool
 	}{
-		{nil, nil, false},
-		{&kvbinding.Binding{}, nil, false},
-		{drain, []string{"n1", "n2"}, false},
-		{drain, []string{"n2", "n1", "n3"}, false},
-		{drain, []string{"n1"}, true},
-		{drain, nil, true},
+		{"no record", nil, kvbinding.Binding{}, false},
+		{"nothing paused", &kvbinding.Binding{}, kvbinding.Binding{}, false},
+		{"the same drain", drain, kvbinding.Binding{Drain: []string{"n1", "n2"}}, false},
+		{"a wider drain", drain, kvbinding.Binding{Drain: []string{"n2", "n1", "n3"}}, false},
+		{"a queue left out", drain, kvbinding.Binding{Drain: []string{"n1"}}, true},
+		{"no drain", drain, kvbinding.Binding{}, true},
+		{"a catch-up from the only drained queue", &kvbinding.Binding{State: kvbinding.StateBound, Step: kvbinding.StepDrain,
+			PrevNode: "n1", Drain: []string{"n1"}}, catchUp("n1"), false},
+		{"a catch-up from one of two drained queues", drain, catchUp("n1"), true},
+		{"the catch-up done", &kvbinding.Binding{State: kvbinding.StateBound, Step: kvbinding.StepCatchUp, PrevNode: "n1"},
+			kvbinding.Binding{State: kvbinding.StateBound, PrevNode: "n1"}, true},
+		{"the catch-up goes on", &kvbinding.Binding{State: kvbinding.StateBound, Step: kvbinding.StepCatchUp, PrevNode: "n1"},
+			catchUp("n1"), false},
 	} {
-		if got := endsDrain(tt.cur, kvbinding.Binding{Drain: tt.next}); got != tt.want {
-			t.Errorf("endsDrain(%v, %v) = %v, want %v", tt.cur, tt.next, got, tt.want)
+		if got := endsPause(tt.cur, tt.next); got != tt.want {
+			t.Errorf("%s: endsPause = %v, want %v", tt.name, got, tt.want)
 		}
 	}
 }

@@ -303,22 +303,38 @@ type PauseInput struct {
 	Pausing map[string]int
 	// Draining: per node, the records whose drain lists it.
 	Draining map[string]int
+	// CatchingUp: per node, the records catching up a group taken from
+	// it (their previous node).
+	CatchingUp map[string]int
 	// Window: how long one pause lasts.
 	Window time.Duration
 }
 
 // PlanPauses returns the queue consumers to pause (again) and those to
 // resume: a queue a record drains is paused, renewed once a third of its
-// window has passed; a queue this handler paused that no record drains
-// and no write in flight is about to drain is resumed.
+// window has passed; a queue this handler paused stays paused (renewed)
+// while a record catches up a group taken from its node, so that a copy
+// that landed on it after the drain looked (a publish held by a
+// partitioned link, a client's buffer flushed after a reconnect) is
+// still there when the catch-up meets it by its id and moves it, not
+// taken by the old consumer meanwhile; a queue this handler paused that
+// no record drains or catches up from and no write in flight is about to
+// drain is resumed.
 func PlanPauses(in PauseInput) (pause, resume []string) {
 	for _, node := range sortedKeys(in.Draining) {
 		if in.Draining[node] > 0 && NeedsPause(in.Paused, node, in.Now, in.Window) {
 			pause = append(pause, node)
 		}
 	}
+	for _, node := range sortedKeys(in.CatchingUp) {
+		_, paused := in.Paused[node]
+		if in.CatchingUp[node] > 0 && in.Draining[node] == 0 && paused && NeedsPause(in.Paused, node, in.Now, in.Window) {
+			pause = append(pause, node)
+		}
+	}
+	sort.Strings(pause)
 	for _, node := range sortedKeys(in.Paused) {
-		if in.Draining[node] == 0 && in.Pausing[node] == 0 {
+		if in.Draining[node] == 0 && in.CatchingUp[node] == 0 && in.Pausing[node] == 0 {
 			resume = append(resume, node)
 		}
 	}

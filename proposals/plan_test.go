@@ -326,6 +326,12 @@ func TestPlanPauses(t *testing.T) {
 			Draining: map[string]int{"n2": 1}}, wantResume: []string{"n1"}},
 		{name: "a write in flight keeps it paused", in: PauseInput{Now: at(0), Window: w, Paused: map[string]time.Time{"n1": at(9)},
 			Pausing: map[string]int{"n1": 1}}},
+		{name: "a catch-up from its node keeps it paused", in: PauseInput{Now: at(0), Window: w, Paused: map[string]time.Time{"n1": at(9)},
+			CatchingUp: map[string]int{"n1": 1}}},
+		{name: "and renewed", in: PauseInput{Now: at(0), Window: w, Paused: map[string]time.Time{"n1": at(6), "n2": at(6)},
+			CatchingUp: map[string]int{"n1": 1}, Draining: map[string]int{"n2": 1}}, wantPause: []string{"n1", "n2"}},
+		{name: "a catch-up pauses no queue this handler did not", in: PauseInput{Now: at(0), Window: w,
+			CatchingUp: map[string]int{"n1": 1}}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

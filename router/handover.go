@@ -568,7 +568,7 @@ func (h *handOver) drainQueues(ctx context.Context, routes map[string]kvbinding.
 	}
 	return h.moveFound(ctx, stream, byNode, routes, func(ctx context.Context) (map[string][]queued, error) {
 		return h.scanQueues(ctx, stream, byNode, routes, 0)
-	}, scanned)
+	}, scanned, true)
 }
 
 // moveFound moves, group by group, the messages find returns (a group's
@@ -577,8 +577,18 @@ func (h *handOver) drainQueues(ctx context.Context, routes map[string]kvbinding.
 // as no message of the group is delivered and unacked on an old queue
 // whose consumer is alive and acknowledging. The old queues' consumers
 // are paused before find looks and stay paused until it returns.
+//
+// What a group's move put on this node's queue is remembered for the
+// catch-up (movedThrough): the whole move's, and, when scan is true (a
+// drain, whose retry scans the old queues again and finds no original it
+// deleted), a failed move's too. A late copy's move (takeLateCopy) is
+// remembered only whole: its retry meets the original again by its id,
+// and a catch-up started past it would leave on the old queue an
+// original whose deletion failed, for the old consumer to take once its
+// pause ends.
 func (h *handOver) moveFound(ctx context.Context, stream msgStore, byNode map[string]map[string]bool,
-	routes map[string]kvbinding.Binding, find func(context.Context) (map[string][]queued, error), scanned func(none, some []string)) (map[string]int, error) {
+	routes map[string]kvbinding.Binding, find func(context.Context) (map[string][]queued, error), scanned func(none, some []string),
+	scan bool) (map[string]int, error) {
 	// The handler paused the old queues before it wrote the records and
 	// renews the pauses while records say they are drained; this node
 	// renews them too while it drains, so that they hold also while no
@@ -669,8 +679,11 @@ func (h *handOver) moveFound(ctx context.Context, stream msgStore, byNode map[st
 			mu.Lock()
 			moved[g] = n
 			mu.Unlock()
-			if err == nil && len(found) > 0 {
+			switch {
+			case err == nil && len(found) > 0:
 				through = found[len(found)-1].ingressSeq
+			case err != nil && !scan:
+				through = 0
 			}
 			// Also when the move failed part of the way: what it copied is
 			// on this node's queue, and the step's retry does not find its
@@ -1348,12 +1361,14 @@ func (h *handOver) catchUp(ctx context.Context, routes map[string]kvbinding.Bind
 		}
 	}
 	h.duties.mu.Unlock()
-	// A step is a message to publish from the ingress, or (msg nil) a
-	// staged copy to move.
+	// A step is a message to publish from the ingress, (msg nil) a staged
+	// copy to move, or (late not 0) the old node's copy its staging found
+	// (stagedSpan.routed), moved here should it still be stored.
 	type step struct {
 		msg    *nats.Msg
 		seq    uint64
 		staged stagedCopy
+		late   uint64
 	}
 	byGroup := map[string][]step{}
 	for g, s := range spans {
@@ -1364,9 +1379,18 @@ func (h *handOver) catchUp(ctx context.Context, routes map[string]kvbinding.Bind
 			// Its staging knows the whole span (what the lane did not hold
 			// when it was staged; the lane holds what came since): no
 			// second ingress read.
-			for _, seq := range stagedSeqs(st, s.from, s.until) {
+			seqs := stagedSeqs(st, s.from, s.until)
+			for is, at := range st.routed {
+				if at != 0 && is >= s.from && is < s.until {
+					seqs = append(seqs, is)
+				}
+			}
+			slices.Sort(seqs)
+			for _, seq := range slices.Compact(seqs) {
 				if c, ok := st.copies[seq]; ok {
 					byGroup[g] = append(byGroup[g], step{seq: seq, staged: c})
+				} else if at := st.routed[seq]; at != 0 {
+					byGroup[g] = append(byGroup[g], step{seq: seq, late: at})
 				} else {
 					byGroup[g] = append(byGroup[g], step{seq: seq, msg: st.rest[seq]})
 				}
@@ -1416,8 +1440,12 @@ func (h *handOver) catchUp(ctx context.Context, routes map[string]kvbinding.Bind
 				byGroup[g] = append(byGroup[g], step{seq: seq, staged: c})
 				return
 			}
-			if st.routed[seq] {
-				return // the old node routed it: the window said so
+			if at, ok := st.routed[seq]; ok {
+				// The old node routed it: the window said so.
+				if at != 0 {
+					byGroup[g] = append(byGroup[g], step{seq: seq, late: at})
+				}
+				return
 			}
 		}
 		out := prepare(seq, msg.Headers(), msg.Data())
@@ -1445,6 +1473,18 @@ func (h *handOver) catchUp(ctx context.Context, routes map[string]kvbinding.Bind
 		found += len(steps)
 	}
 	progressOf(ctx).found(found)
+	var lates []uint64
+	for _, g := range sortedKeys(byGroup) {
+		for _, st := range byGroup[g] {
+			if st.late != 0 {
+				lates = append(lates, st.late)
+			}
+		}
+	}
+	stored, err := h.stillStored(ctx, stream, lates)
+	if err != nil {
+		return nil, err
+	}
 	var mu sync.Mutex
 	work, wctx := errgroup.WithContext(ctx)
 	work.SetLimit(128)
@@ -1477,6 +1517,21 @@ func (h *handOver) catchUp(ctx context.Context, routes map[string]kvbinding.Bind
 			for _, st := range steps {
 				if !h.current(g, routes[g].Revision) {
 					return errSuperseded
+				}
+				if st.late != 0 {
+					// The old node's copy, seen by the staging while the
+					// drain ran: normally moved by the drain; one that
+					// landed after the drain looked is moved here now, in
+					// its turn, while the old queue is still paused (the
+					// handler keeps it paused until the catch-up ends).
+					if stored[st.late] {
+						sent := &nats.Msg{Header: nats.Header{HeaderIngressSeq: []string{strconv.FormatUint(st.seq, 10)}}}
+						if err := h.takeLateCopy(wctx, stream, g, routes[g], sent, st.late); err != nil {
+							return err
+						}
+					}
+					through = st.seq
+					continue
 				}
 				if st.msg == nil && st.staged.msg == nil {
 					moved, err := h.moveStaged(wctx, stream, g, routes[g], st.staged.at, st.seq)
@@ -1543,6 +1598,31 @@ func (h *handOver) catchUp(ctx context.Context, routes map[string]kvbinding.Bind
 	}
 	h.duties.mu.Unlock()
 	return caught, nil
+}
+
+// stillStored returns which of the queue-stream sequences seqs are still
+// stored, reading several at once.
+func (h *handOver) stillStored(ctx context.Context, stream msgStore, seqs []uint64) (map[uint64]bool, error) {
+	var mu sync.Mutex
+	stored := map[uint64]bool{}
+	work, wctx := errgroup.WithContext(ctx)
+	work.SetLimit(32)
+	for _, seq := range seqs {
+		work.Go(func() error {
+			_, err := h.getAgain(wctx, stream, seq)
+			if isGone(err) {
+				return nil
+			}
+			if err != nil {
+				return err
+			}
+			mu.Lock()
+			stored[seq] = true
+			mu.Unlock()
+			return nil
+		})
+	}
+	return stored, work.Wait()
 }
 
 // pinnedCheckpoints returns, for the groups of routes whose record pins the
@@ -1640,7 +1720,7 @@ func (h *handOver) takeLateCopy(ctx context.Context, stream msgStore, group stri
 	h.warn.late.Warn(group, "ingress_seq", is, "queue_seq", seq, "from", from, "held", held, "revision", route.Revision)
 	q := queued{msg: m, from: from, ingressSeq: is, group: group, held: held}
 	_, err = h.moveFound(ctx, stream, map[string]map[string]bool{from: {group: true}}, map[string]kvbinding.Binding{group: route},
-		func(context.Context) (map[string][]queued, error) { return map[string][]queued{group: {q}}, nil }, nil)
+		func(context.Context) (map[string][]queued, error) { return map[string][]queued{group: {q}}, nil }, nil, false)
 	return err
 }
 

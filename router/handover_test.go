@@ -214,6 +214,82 @@ func TestCatchUpMovesACopyThatLandedLateOnTheOldQueue(t *testing.T) {
 	}
 }
 
+// A late copy the catch-up moves, whose original's deletion failed, is
+// moved by the step's retry: the copy is on this node's queue, but the
+// retry does not start past it, since nothing else would look at its
+// original on the old queue, which the old consumer takes once the pause
+// ends (the simulation's seed 27524, once it ran the real publisher).
+func TestCatchUpRetryDeletesALateCopysOriginal(t *testing.T) {
+	r, js := testRouter(t, "n1")
+	ctx := context.Background()
+	for range 4 {
+		m := &nats.Msg{Subject: "jms.x", Header: nats.Header{DefaultGroupHeader: {"g"}}}
+		if _, err := js.PublishMsg(ctx, m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	publishQueued(t, js, "n1", "g", 1)
+	publishQueued(t, js, "n9", "g", 2) // the old owner's, landed late
+	queue := r.ho.io.queue
+	fails := 1
+	r.ho.io.queue = func(ctx context.Context) (msgStore, error) {
+		s, err := queue(ctx)
+		return failingDeletes{s, &fails}, err
+	}
+	r.eng.resume = resumePoint{ckpt: kvbinding.Checkpoint{Next: 5}}
+	route := record(t, r, kvbinding.Binding{Group: "g", State: kvbinding.StateBound, Node: "n1", FromSeq: 1, PrevNode: "n9",
+		Step: kvbinding.StepCatchUp, Revision: 7, Epoch: 7})
+	if _, err := r.ho.catchUp(ctx, map[string]kvbinding.Binding{"g": route}); !errors.Is(err, errInjected) {
+		t.Fatalf("first attempt: %v, want the failed delete", err)
+	}
+	if _, err := r.ho.catchUp(ctx, map[string]kvbinding.Binding{"g": route}); err != nil {
+		t.Fatal(err)
+	}
+	if got := queuedSeqs(t, js, "n1"); fmt.Sprint(got) != "[1 2 3 4]" {
+		t.Fatalf("n1's queue holds %v, want [1 2 3 4]", got)
+	}
+	if got := queuedSeqs(t, js, "n9"); len(got) != 0 {
+		t.Errorf("n9's queue still holds %v", got)
+	}
+}
+
+// failingDeletes is a msgStore whose next *fails deletions fail.
+type failingDeletes struct {
+	msgStore
+	fails *int
+}
+
+func (f failingDeletes) delete(ctx context.Context, seq uint64) error {
+	if *f.fails > 0 {
+		*f.fails--
+		return errInjected
+	}
+	return f.msgStore.delete(ctx, seq)
+}
+
+// A copy the old node's publish landed on its queue after the drain
+// looked there (held by a partitioned link, or flushed from its client's
+// buffer after a reconnect) is moved by the catch-up, in its turn: the
+// staging, run beside the drain, met it by its id, and the catch-up looks
+// at it again. Taken for the old node's routing before, it stayed on the
+// old queue for the old consumer to take once the pause ended, behind
+// what the drain had moved (the simulation's seed 46348, once it ran the
+// real publisher).
+func TestCatchUpMovesALateCopyTheDrainMissed(t *testing.T) {
+	r, js := testRouter(t, "n1")
+	e := newEvacuation(t, r, js, 4)
+	publishQueued(t, js, "n9", "g", 1) // routed by the old node, still waiting
+	e.drainQueues()                    // moves 1
+	publishQueued(t, js, "n9", "g", 2) // lands after the drain looked
+	if s := e.stage(); s == nil || s.routed[2] == 0 || len(s.copies) != 2 {
+		t.Fatalf("staged %+v, want copies of 3 and 4, and 2 routed by n9", s)
+	}
+	e.catchUp(2, "[1 2 3 4]")
+	if got := queuedSeqs(t, js, "n9"); len(got) != 0 {
+		t.Errorf("n9's queue still holds %v", got)
+	}
+}
+
 // A group coming back to a node whose own queue still holds some of it is
 // drained from that queue too, so that the earlier messages from the other
 // queue come first; a retried drain leaves its own copies in place. (The
@@ -1277,7 +1353,7 @@ func TestStagingKeptOverNothingStaged(t *testing.T) {
 	q := newDutyQueue()
 	q.notStaged("g", 7)
 	learned := &stagedSpan{epoch: 7, from: 3, until: 9, whole: true, copies: map[uint64]stagedCopy{4: {at: 40}},
-		routed: map[uint64]bool{5: true}, rest: map[uint64]*nats.Msg{}}
+		routed: map[uint64]uint64{5: 50}, rest: map[uint64]*nats.Msg{}}
 	q.mu.Lock()
 	kept := q.keepStagedLocked("g", learned)
 	q.mu.Unlock()
@@ -1285,11 +1361,11 @@ func TestStagingKeptOverNothingStaged(t *testing.T) {
 		t.Fatalf("kept %+v, want the staging", kept)
 	}
 	more := &stagedSpan{epoch: 7, from: 9, until: 12, whole: true, copies: map[uint64]stagedCopy{10: {at: 41}},
-		routed: map[uint64]bool{}, rest: map[uint64]*nats.Msg{11: {}}}
+		routed: map[uint64]uint64{}, rest: map[uint64]*nats.Msg{11: {}}}
 	q.mu.Lock()
 	kept = q.keepStagedLocked("g", more)
 	q.mu.Unlock()
-	if kept != learned || len(kept.copies) != 2 || !kept.routed[5] || kept.rest[11] == nil || kept.until != 12 || !kept.whole {
+	if kept != learned || len(kept.copies) != 2 || kept.routed[5] != 50 || kept.rest[11] == nil || kept.until != 12 || !kept.whole {
 		t.Fatalf("merged %+v, want the two stagings' copies, routed and rest through 12, whole", kept)
 	}
 }

@@ -724,7 +724,7 @@ func (h *simHandler) stillGone(node string, seen uint64) error {
 func (h *simHandler) keepPaused() {
 	w := h.w
 	in := proposals.PauseInput{Now: w.now(), Paused: map[string]time.Time{}, Pausing: h.pausing,
-		Draining: h.host.cache.draining(), Window: simPauseWindow}
+		Draining: h.host.cache.draining(), CatchingUp: h.host.cache.catchingUp(), Window: simPauseWindow}
 	for node, until := range h.paused {
 		in.Paused[node] = simEpoch().Add(until)
 	}

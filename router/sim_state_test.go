@@ -268,6 +268,17 @@ func (c *simCache) draining() map[string]int {
 	return out
 }
 
+// catchingUp is Cache.CatchingUp.
+func (c *simCache) catchingUp() map[string]int {
+	out := map[string]int{}
+	for _, r := range c.m {
+		if r.State == kvbinding.StateBound && r.Step == kvbinding.StepCatchUp && r.PrevNode != "" {
+			out[r.PrevNode]++
+		}
+	}
+	return out
+}
+
 // simRegEntry is one change of the liveness records: an announcement or a
 // removal (withdrawn, or expired).
 type simRegEntry struct {

@@ -63,8 +63,12 @@ type stagedSpan struct {
 	// subject.
 	copies map[uint64]stagedCopy
 	// routed: ingress sequences the duplicate window showed stored by
-	// another publisher (the old node): not routed again.
-	routed map[uint64]bool
+	// another publisher (the old node): not routed again. Each maps to
+	// the queue-stream sequence of the copy the duplicate named, when it
+	// was still stored (0: gone): the catch-up looks at it again in its
+	// turn, and moves it here should the drain have missed it (it landed
+	// after the drain looked).
+	routed map[uint64]uint64
 }
 
 // stagedCopy is a staged copy: its queue-stream sequence, and the message
@@ -118,8 +122,8 @@ func (q *dutyQueue) keepStagedLocked(group string, s *stagedSpan) *stagedSpan {
 		for is, c := range s.copies {
 			old.copies[is] = c
 		}
-		for is := range s.routed {
-			old.routed[is] = true
+		for is, at := range s.routed {
+			old.routed[is] = max(old.routed[is], at)
 		}
 		old.until = max(old.until, s.until)
 		s = old
@@ -217,7 +221,7 @@ func (h *handOver) stage(ctx context.Context, routes map[string]kvbinding.Bindin
 	kept := 0
 	for g, sp := range spans {
 		learned[g] = &stagedSpan{epoch: routes[g].Epoch, from: sp.from, until: sp.until, whole: true,
-			copies: map[uint64]stagedCopy{}, routed: map[uint64]bool{}, rest: rest[g]}
+			copies: map[uint64]stagedCopy{}, routed: map[uint64]uint64{}, rest: rest[g]}
 		if learned[g].rest == nil {
 			learned[g].rest = map[uint64]*nats.Msg{}
 		}
@@ -245,7 +249,10 @@ func (h *handOver) stage(ctx context.Context, routes map[string]kvbinding.Bindin
 				returned[g]++
 				switch held {
 				case heldRouted:
-					s.routed[is] = true
+					s.routed[is] = ack.Sequence
+					return nil
+				case heldGone:
+					s.routed[is] = 0
 					return nil
 				case heldElsewhere:
 					// Staged by an earlier taker that did not finish: the
@@ -354,10 +361,12 @@ const (
 	// heldElsewhere: another node's staged copy (headerStaged), still
 	// stored: an earlier taker of the group staged it and did not finish.
 	heldElsewhere
-	// heldRouted: the old node routed it (its queue, or its held subject
-	// as the fair share holds back), or it is gone (consumed, or moved by
-	// an earlier catch-up).
+	// heldRouted: the old node routed it: the copy is stored on its queue
+	// (or its held subject, as the fair share holds back).
 	heldRouted
+	// heldGone: the copy is gone (consumed, or moved by the drain or an
+	// earlier catch-up).
+	heldGone
 )
 
 // headerStaged marks a staged copy (on its taker's held subject) with the
@@ -370,14 +379,16 @@ const headerStaged = "Grouping-Staged"
 func (h *handOver) heldCopy(ctx context.Context, stream msgStore, seq, is uint64) (heldKind, error) {
 	m, err := h.getAgain(ctx, stream, seq)
 	if isGone(err) {
-		return heldRouted, nil
+		return heldGone, nil
 	}
 	if err != nil {
-		return heldRouted, err
+		return heldGone, err
 	}
 	node, held, ok := queueOwner(m.Subject)
 	switch {
-	case !ok || !held || m.Header.Get(HeaderIngressSeq) != strconv.FormatUint(is, 10):
+	case !ok || m.Header.Get(HeaderIngressSeq) != strconv.FormatUint(is, 10):
+		return heldGone, nil
+	case !held:
 		return heldRouted, nil
 	case node == h.node:
 		return heldMine, nil
