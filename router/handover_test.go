@@ -188,68 +188,48 @@ func TestCatchUpDeadLettersWhatCannotBeGrouped(t *testing.T) {
 // group's next message: the old owner's publish was held by a partitioned
 // link and landed after the drain looked (CI: a group's message 30
 // processed from the old queue after 31..193 from the new one). A
-// duplicate of this node's own earlier attempt stays where it is.
+// duplicate of this node's own earlier attempt stays where it is. When the
+// deletion of the late copy's original fails, the step's retry moves it
+// again: the copy is on this node's queue, but the retry does not start
+// past it, since nothing else would look at the original, which the old
+// consumer takes once the pause ends (the simulation's seed 27524, once it
+// ran the real publisher).
 func TestCatchUpMovesACopyThatLandedLateOnTheOldQueue(t *testing.T) {
-	r, js := testRouter(t, "n1")
-	ctx := context.Background()
-	for range 4 {
-		m := &nats.Msg{Subject: "jms.x", Header: nats.Header{DefaultGroupHeader: {"g"}}}
-		if _, err := js.PublishMsg(ctx, m); err != nil {
-			t.Fatal(err)
-		}
-	}
-	publishQueued(t, js, "n1", "g", 1) // this node's own earlier attempt
-	publishQueued(t, js, "n9", "g", 2) // the old owner's, landed late
-	r.eng.resume = resumePoint{ckpt: kvbinding.Checkpoint{Next: 5}}
-	route := record(t, r, kvbinding.Binding{Group: "g", State: kvbinding.StateBound, Node: "n1", FromSeq: 1, PrevNode: "n9",
-		Step: kvbinding.StepCatchUp, Revision: 7, Epoch: 7})
-	if _, err := r.ho.catchUp(ctx, map[string]kvbinding.Binding{"g": route}); err != nil {
-		t.Fatal(err)
-	}
-	if got := queuedSeqs(t, js, "n1"); fmt.Sprint(got) != "[1 2 3 4]" {
-		t.Fatalf("n1's queue holds %v, want [1 2 3 4]", got)
-	}
-	if got := queuedSeqs(t, js, "n9"); len(got) != 0 {
-		t.Errorf("n9's queue still holds %v", got)
-	}
-}
-
-// A late copy the catch-up moves, whose original's deletion failed, is
-// moved by the step's retry: the copy is on this node's queue, but the
-// retry does not start past it, since nothing else would look at its
-// original on the old queue, which the old consumer takes once the pause
-// ends (the simulation's seed 27524, once it ran the real publisher).
-func TestCatchUpRetryDeletesALateCopysOriginal(t *testing.T) {
-	r, js := testRouter(t, "n1")
-	ctx := context.Background()
-	for range 4 {
-		m := &nats.Msg{Subject: "jms.x", Header: nats.Header{DefaultGroupHeader: {"g"}}}
-		if _, err := js.PublishMsg(ctx, m); err != nil {
-			t.Fatal(err)
-		}
-	}
-	publishQueued(t, js, "n1", "g", 1)
-	publishQueued(t, js, "n9", "g", 2) // the old owner's, landed late
-	queue := r.ho.io.queue
-	fails := 1
-	r.ho.io.queue = func(ctx context.Context) (msgStore, error) {
-		s, err := queue(ctx)
-		return failingDeletes{s, &fails}, err
-	}
-	r.eng.resume = resumePoint{ckpt: kvbinding.Checkpoint{Next: 5}}
-	route := record(t, r, kvbinding.Binding{Group: "g", State: kvbinding.StateBound, Node: "n1", FromSeq: 1, PrevNode: "n9",
-		Step: kvbinding.StepCatchUp, Revision: 7, Epoch: 7})
-	if _, err := r.ho.catchUp(ctx, map[string]kvbinding.Binding{"g": route}); !errors.Is(err, errInjected) {
-		t.Fatalf("first attempt: %v, want the failed delete", err)
-	}
-	if _, err := r.ho.catchUp(ctx, map[string]kvbinding.Binding{"g": route}); err != nil {
-		t.Fatal(err)
-	}
-	if got := queuedSeqs(t, js, "n1"); fmt.Sprint(got) != "[1 2 3 4]" {
-		t.Fatalf("n1's queue holds %v, want [1 2 3 4]", got)
-	}
-	if got := queuedSeqs(t, js, "n9"); len(got) != 0 {
-		t.Errorf("n9's queue still holds %v", got)
+	for _, fails := range []int{0, 1} {
+		t.Run(fmt.Sprintf("failed_deletes=%d", fails), func(t *testing.T) {
+			r, js := testRouter(t, "n1")
+			ctx := context.Background()
+			for range 4 {
+				m := &nats.Msg{Subject: "jms.x", Header: nats.Header{DefaultGroupHeader: {"g"}}}
+				if _, err := js.PublishMsg(ctx, m); err != nil {
+					t.Fatal(err)
+				}
+			}
+			publishQueued(t, js, "n1", "g", 1) // this node's own earlier attempt
+			publishQueued(t, js, "n9", "g", 2) // the old owner's, landed late
+			queue := r.ho.io.queue
+			r.ho.io.queue = func(ctx context.Context) (msgStore, error) {
+				s, err := queue(ctx)
+				return failingDeletes{s, &fails}, err
+			}
+			r.eng.resume = resumePoint{ckpt: kvbinding.Checkpoint{Next: 5}}
+			route := record(t, r, kvbinding.Binding{Group: "g", State: kvbinding.StateBound, Node: "n1", FromSeq: 1, PrevNode: "n9",
+				Step: kvbinding.StepCatchUp, Revision: 7, Epoch: 7})
+			if fails > 0 {
+				if _, err := r.ho.catchUp(ctx, map[string]kvbinding.Binding{"g": route}); !errors.Is(err, errInjected) {
+					t.Fatalf("first attempt: %v, want the failed delete", err)
+				}
+			}
+			if _, err := r.ho.catchUp(ctx, map[string]kvbinding.Binding{"g": route}); err != nil {
+				t.Fatal(err)
+			}
+			if got := queuedSeqs(t, js, "n1"); fmt.Sprint(got) != "[1 2 3 4]" {
+				t.Fatalf("n1's queue holds %v, want [1 2 3 4]", got)
+			}
+			if got := queuedSeqs(t, js, "n9"); len(got) != 0 {
+				t.Errorf("n9's queue still holds %v", got)
+			}
+		})
 	}
 }
 
