@@ -284,7 +284,7 @@ func (n *simNode) perform(a action) {
 }
 
 // onRecord takes a bindings watch delivery, as kvbinding.Cache does, and
-// feeds the change to the engine (Router.changeLoop).
+// sends the change to the node's real change loop (notify).
 func (n *simNode) onRecord(e simKVEntry) {
 	if !n.alive() {
 		return
