@@ -227,7 +227,7 @@ func (h *Handler) writeAll(ctx context.Context, plans []planned, ps []Proposal, 
 		for j, r := range h.store.WriteManyThen(ctx, writes, stored) {
 			k := at[j]
 			out[k] = h.settle(plans[k], ps[k], r.Binding, r.Err)
-			if out[k].Outcome == Accepted && endsPause(plans[k].cur, r.Binding) {
+			if out[k].Outcome == Accepted && EndsPause(plans[k].cur, r.Binding) {
 				lifted = true
 			}
 			if !released[j] {
@@ -236,27 +236,6 @@ func (h *Handler) writeAll(ctx context.Context, plans []planned, ps []Proposal, 
 		}
 	}
 	return out
-}
-
-// endsPause reports whether the record written (next) no longer names a
-// queue that its previous revision (cur) kept paused (PlanPauses): one it
-// drained, or the one it caught up from.
-func endsPause(cur *kvbinding.Binding, next kvbinding.Binding) bool {
-	if cur == nil {
-		return false
-	}
-	for _, n := range cur.Drain {
-		if !slices.Contains(next.Drain, n) && !catchesUpFrom(next, n) {
-			return true
-		}
-	}
-	return catchesUpFrom(*cur, cur.PrevNode) && !catchesUpFrom(next, cur.PrevNode)
-}
-
-// catchesUpFrom reports whether record b catches up a group taken from
-// node.
-func catchesUpFrom(b kvbinding.Binding, node string) bool {
-	return node != "" && b.State == kvbinding.StateBound && b.Step == kvbinding.StepCatchUp && b.PrevNode == node
 }
 
 // countedBound reports whether Cache.Bound counts the group of record cur

@@ -254,8 +254,8 @@ func TestEndsPause(t *testing.T) {
 		{"the catch-up goes on", &kvbinding.Binding{State: kvbinding.StateBound, Step: kvbinding.StepCatchUp, PrevNode: "n1"},
 			catchUp("n1"), false},
 	} {
-		if got := endsPause(tt.cur, tt.next); got != tt.want {
-			t.Errorf("%s: endsPause = %v, want %v", tt.name, got, tt.want)
+		if got := EndsPause(tt.cur, tt.next); got != tt.want {
+			t.Errorf("%s: EndsPause = %v, want %v", tt.name, got, tt.want)
 		}
 	}
 }

@@ -1,6 +1,7 @@
 package proposals
 
 import (
+	"slices"
 	"sort"
 	"time"
 
@@ -339,6 +340,28 @@ func PlanPauses(in PauseInput) (pause, resume []string) {
 		}
 	}
 	return pause, resume
+}
+
+// EndsPause reports whether the record written (next) no longer names a
+// queue that its previous revision (cur) kept paused (PlanPauses): one it
+// drained, or the one it caught up from. The handler runs its keeper at
+// once after such a write, not at its next tick.
+func EndsPause(cur *kvbinding.Binding, next kvbinding.Binding) bool {
+	if cur == nil {
+		return false
+	}
+	for _, n := range cur.Drain {
+		if !slices.Contains(next.Drain, n) && !catchesUpFrom(next, n) {
+			return true
+		}
+	}
+	return catchesUpFrom(*cur, cur.PrevNode) && !catchesUpFrom(next, cur.PrevNode)
+}
+
+// catchesUpFrom reports whether record b catches up a group taken from
+// node.
+func catchesUpFrom(b kvbinding.Binding, node string) bool {
+	return node != "" && b.State == kvbinding.StateBound && b.Step == kvbinding.StepCatchUp && b.PrevNode == node
 }
 
 // NeedsPause reports whether node's queue consumer must be paused now: it

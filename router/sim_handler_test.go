@@ -359,7 +359,13 @@ func (h *simHandler) carryOut(cur *kvbinding.Binding, res proposals.Result, p pr
 			}
 		}
 		h.kvWrite(*res.Write, res.Create, rev, res.Ended, stored, func(b kvbinding.Binding, err error) {
-			settle(h.settle(res, p, b, err))
+			d := h.settle(res, p, b, err)
+			settle(d)
+			if d.Outcome == proposals.Accepted && proposals.EndsPause(cur, b) {
+				// Handler.writeAll: a pause no record needs is lifted now,
+				// not at the next tick.
+				h.keepPaused()
+			}
 		})
 	}
 	pauseNext(0)
@@ -733,6 +739,9 @@ func (h *simHandler) keepPaused() {
 		h.pause(node, func(error) {})
 	}
 	for _, node := range resume {
+		if !h.holds() {
+			return // the pause lapses by itself (keepPausedNow)
+		}
 		delete(h.paused, node)
 		if w.chance(w.p.pOpFail) {
 			continue // the pause lapses by itself
