@@ -200,9 +200,16 @@ func TestCacheOwnersCountsMovesInProgress(t *testing.T) {
 	if u := c.Unsettled(); len(u) != 1 || u["b"].Step != StepDrain {
 		t.Fatalf("Unsettled = %v, want b in step drain", u)
 	}
-	c.Apply(Binding{Group: "b", State: StateBound, Node: "n3", PrevNode: "n2", FromSeq: 9, Revision: 6})
-	if d, u := c.Draining(), c.Unsettled(); len(d) != 0 || len(u) != 0 {
-		t.Fatalf("after the hand-over Draining = %v, Unsettled = %v", d, u)
+	if cu := c.CatchingUp(); len(cu) != 0 {
+		t.Fatalf("while it drains CatchingUp = %v, want none", cu)
+	}
+	c.Apply(Binding{Group: "b", State: StateBound, Node: "n3", PrevNode: "n2", FromSeq: 9, Step: StepCatchUp, Revision: 6})
+	if d, cu := c.Draining(), c.CatchingUp(); len(d) != 0 || len(cu) != 1 || cu["n2"] != 1 {
+		t.Fatalf("while it catches up Draining = %v, CatchingUp = %v, want n2: 1 catching up", d, cu)
+	}
+	c.Apply(Binding{Group: "b", State: StateBound, Node: "n3", PrevNode: "n2", FromSeq: 9, Revision: 7})
+	if d, cu, u := c.Draining(), c.CatchingUp(), c.Unsettled(); len(d) != 0 || len(cu) != 0 || len(u) != 0 {
+		t.Fatalf("after the hand-over Draining = %v, CatchingUp = %v, Unsettled = %v", d, cu, u)
 	}
 }
 
