@@ -30,17 +30,20 @@ type monitor struct {
 	// pausing: record writes in flight that paused each node's queue (the
 	// record is not in the cache yet): its pause must not be lifted.
 	pausing map[string]int
+	// catchUps: since when records catch up groups from each node that
+	// no record drains (TrackCatchUps).
+	catchUps map[string]time.Time
 }
 
 func (m *monitor) reset() {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	m.state, m.paused, m.pausing = MonitorState{}, nil, nil
+	m.state, m.paused, m.pausing, m.catchUps = MonitorState{}, nil, nil, nil
 }
 
 func (m *monitor) init() {
 	if m.paused == nil {
-		m.paused, m.pausing = map[string]time.Time{}, map[string]int{}
+		m.paused, m.pausing, m.catchUps = map[string]time.Time{}, map[string]int{}, map[string]time.Time{}
 	}
 }
 

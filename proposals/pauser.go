@@ -123,6 +123,11 @@ func (h *Handler) keepPausedNow(ctx context.Context) {
 	// Read after the writes in flight were counted: a write that paused a
 	// queue and is done has its record in the cache by now.
 	in.Draining, in.CatchingUp = h.cache.Draining(), h.cache.CatchingUp()
+	m.mu.Lock()
+	m.init()
+	TrackCatchUps(m.catchUps, in.CatchingUp, in.Draining, in.Now)
+	in.CatchUpSince = clone(m.catchUps)
+	m.mu.Unlock()
 	renew, resume := PlanPauses(in)
 	for _, node := range renew {
 		if err := h.pauseNow(ctx, node); err != nil && ctx.Err() == nil {

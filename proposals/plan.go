@@ -305,41 +305,66 @@ type PauseInput struct {
 	// Draining: per node, the records whose drain lists it.
 	Draining map[string]int
 	// CatchingUp: per node, the records catching up a group taken from
-	// it (their previous node).
-	CatchingUp map[string]int
+	// it (their previous node); CatchUpSince: since when (TrackCatchUps).
+	CatchingUp   map[string]int
+	CatchUpSince map[string]time.Time
 	// Window: how long one pause lasts.
 	Window time.Duration
 }
 
+// CatchUpHold bounds how long a queue stays paused for the catch-ups
+// from its node once no record drains it (PlanPauses): past it, a
+// catch-up that has not ended (it retries a failure, or reads a long
+// span) no longer holds back the node's other groups.
+const CatchUpHold = 3 * pauseWindow
+
 // PlanPauses returns the queue consumers to pause (again) and those to
 // resume: a queue a record drains is paused, renewed once a third of its
 // window has passed; a queue this handler paused stays paused (renewed)
-// while a record catches up a group taken from its node, so that a copy
-// that landed on it after the drain looked (a publish held by a
-// partitioned link, a client's buffer flushed after a reconnect) is
-// still there when the catch-up meets it by its id and moves it, not
-// taken by the old consumer meanwhile; a queue this handler paused that
-// no record drains or catches up from and no write in flight is about to
-// drain is resumed.
+// while a record catches up a group taken from its node, for CatchUpHold
+// at most, so that a copy that landed on it after the drain looked (a
+// publish held by a partitioned link, a client's buffer flushed after a
+// reconnect) is still there when the catch-up meets it by its id and
+// moves it, not taken by the old consumer meanwhile; a queue this
+// handler paused that nothing of these holds and no write in flight is
+// about to drain is resumed.
 func PlanPauses(in PauseInput) (pause, resume []string) {
 	for _, node := range sortedKeys(in.Draining) {
 		if in.Draining[node] > 0 && NeedsPause(in.Paused, node, in.Now, in.Window) {
 			pause = append(pause, node)
 		}
 	}
+	held := func(node string) bool {
+		since, ok := in.CatchUpSince[node]
+		return in.CatchingUp[node] > 0 && in.Draining[node] == 0 && ok && in.Now.Sub(since) < CatchUpHold
+	}
 	for _, node := range sortedKeys(in.CatchingUp) {
-		_, paused := in.Paused[node]
-		if in.CatchingUp[node] > 0 && in.Draining[node] == 0 && paused && NeedsPause(in.Paused, node, in.Now, in.Window) {
+		if _, paused := in.Paused[node]; paused && held(node) && NeedsPause(in.Paused, node, in.Now, in.Window) {
 			pause = append(pause, node)
 		}
 	}
 	sort.Strings(pause)
 	for _, node := range sortedKeys(in.Paused) {
-		if in.Draining[node] == 0 && in.CatchingUp[node] == 0 && in.Pausing[node] == 0 {
+		if in.Draining[node] == 0 && !held(node) && in.Pausing[node] == 0 {
 			resume = append(resume, node)
 		}
 	}
 	return pause, resume
+}
+
+// TrackCatchUps keeps since, per node, the time since when records catch
+// up groups taken from it while none drains it, as of now.
+func TrackCatchUps(since map[string]time.Time, catchingUp, draining map[string]int, now time.Time) {
+	for node := range since {
+		if catchingUp[node] == 0 || draining[node] > 0 {
+			delete(since, node)
+		}
+	}
+	for node, n := range catchingUp {
+		if _, ok := since[node]; !ok && n > 0 && draining[node] == 0 {
+			since[node] = now
+		}
+	}
 }
 
 // EndsPause reports whether the record written (next) no longer names a

@@ -327,11 +327,14 @@ func TestPlanPauses(t *testing.T) {
 		{name: "a write in flight keeps it paused", in: PauseInput{Now: at(0), Window: w, Paused: map[string]time.Time{"n1": at(9)},
 			Pausing: map[string]int{"n1": 1}}},
 		{name: "a catch-up from its node keeps it paused", in: PauseInput{Now: at(0), Window: w, Paused: map[string]time.Time{"n1": at(9)},
-			CatchingUp: map[string]int{"n1": 1}}},
+			CatchingUp: map[string]int{"n1": 1}, CatchUpSince: map[string]time.Time{"n1": at(-1)}}},
 		{name: "and renewed", in: PauseInput{Now: at(0), Window: w, Paused: map[string]time.Time{"n1": at(6), "n2": at(6)},
-			CatchingUp: map[string]int{"n1": 1}, Draining: map[string]int{"n2": 1}}, wantPause: []string{"n1", "n2"}},
+			CatchingUp: map[string]int{"n1": 1}, CatchUpSince: map[string]time.Time{"n1": at(-29)}, Draining: map[string]int{"n2": 1}},
+			wantPause: []string{"n1", "n2"}},
+		{name: "for CatchUpHold at most", in: PauseInput{Now: at(0), Window: w, Paused: map[string]time.Time{"n1": at(9)},
+			CatchingUp: map[string]int{"n1": 1}, CatchUpSince: map[string]time.Time{"n1": at(-30)}}, wantResume: []string{"n1"}},
 		{name: "a catch-up pauses no queue this handler did not", in: PauseInput{Now: at(0), Window: w,
-			CatchingUp: map[string]int{"n1": 1}}},
+			CatchingUp: map[string]int{"n1": 1}, CatchUpSince: map[string]time.Time{"n1": at(-1)}}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -340,6 +343,25 @@ func TestPlanPauses(t *testing.T) {
 				t.Fatalf("got pause %v resume %v, want %v %v", p, r, tt.wantPause, tt.wantResume)
 			}
 		})
+	}
+}
+
+// TrackCatchUps counts a node's catch-ups from when it first sees them
+// with no drain of the node left, and forgets the node once they end or a
+// drain comes back.
+func TestTrackCatchUps(t *testing.T) {
+	since := map[string]time.Time{}
+	TrackCatchUps(since, map[string]int{"n1": 1, "n2": 1}, map[string]int{"n2": 1}, at(0))
+	if len(since) != 1 || !since["n1"].Equal(at(0)) {
+		t.Fatalf("since %v, want n1 at 0 (n2 is still drained)", since)
+	}
+	TrackCatchUps(since, map[string]int{"n1": 2, "n2": 1}, nil, at(5))
+	if len(since) != 2 || !since["n1"].Equal(at(0)) || !since["n2"].Equal(at(5)) {
+		t.Fatalf("since %v, want n1 at 0, n2 at 5", since)
+	}
+	TrackCatchUps(since, map[string]int{"n2": 1}, map[string]int{"n2": 1}, at(6))
+	if len(since) != 0 {
+		t.Fatalf("since %v, want none: n1's catch-ups ended, n2 is drained again", since)
 	}
 }
 

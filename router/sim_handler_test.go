@@ -40,6 +40,9 @@ type simHandler struct {
 	// apiTail: per node, when this term's last pause or resume call
 	// reaches the server: calls on one connection are applied in order.
 	apiTail map[string]time.Duration
+	// catchUps: since when records catch up groups from each node no
+	// record drains (proposals.TrackCatchUps).
+	catchUps map[string]time.Time
 }
 
 // simProbeGone is how long a standby takes to find, by probing, that the
@@ -115,7 +118,7 @@ func (n *simNode) standbyTick() {
 		return // acquire failed; next tick
 	}
 	t := &simHandler{w: w, host: n, id: "grouping-handler/" + n.id, paused: map[string]time.Duration{},
-		apiTail: map[string]time.Duration{}, pausing: map[string]int{}}
+		apiTail: map[string]time.Duration{}, pausing: map[string]int{}, catchUps: map[string]time.Time{}}
 	if prev := w.lease.last; prev != "" && prev != n.id {
 		// suspectPrevious: the previous holder's node is ineligible until it
 		// announces again.
@@ -730,7 +733,8 @@ func (h *simHandler) stillGone(node string, seen uint64) error {
 func (h *simHandler) keepPaused() {
 	w := h.w
 	in := proposals.PauseInput{Now: w.now(), Paused: map[string]time.Time{}, Pausing: h.pausing,
-		Draining: h.host.cache.draining(), CatchingUp: h.host.cache.catchingUp(), Window: simPauseWindow}
+		Draining: h.host.cache.draining(), CatchingUp: h.host.cache.catchingUp(), CatchUpSince: h.catchUps, Window: simPauseWindow}
+	proposals.TrackCatchUps(h.catchUps, in.CatchingUp, in.Draining, in.Now)
 	for node, until := range h.paused {
 		in.Paused[node] = simEpoch().Add(until)
 	}
