@@ -474,7 +474,12 @@ func waitStreamMsgs(t testing.TB, js jetstream.JetStream, stream string, n int, 
 	}
 	var out []*jetstream.RawStreamMsg
 	for seq := st.FirstSeq; seq <= st.LastSeq && seq > 0; seq++ {
-		m, err := s.GetMsg(ctx, seq)
+		// A deadline per read, not one for them all: on a loaded machine
+		// an R3 stream's reads of 70 messages one by one took more than
+		// 10 s (CI, TestGroupLimit).
+		mctx, mcancel := context.WithTimeout(context.Background(), 10*time.Second)
+		m, err := s.GetMsg(mctx, seq)
+		mcancel()
 		if errors.Is(err, jetstream.ErrMsgNotFound) {
 			continue
 		}
