@@ -423,25 +423,33 @@ func (h *Handler) Run(ctx context.Context) error {
 		if term != nil {
 			h.watchNodes(ctx, term)
 		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-ticker.C:
-		case <-wake:
-		case <-authEnd.C:
-			lapsed("no renewal succeeded in time")
-		case <-probe.C:
-			if term != nil {
-				continue
+		// Each pass of the outer loop renews (or acquires) the lease: the
+		// active handler's passes are its ticker's, a wake-up and its
+		// authority's end; its monitor also runs on the probe's beat.
+	wait:
+		for {
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-ticker.C:
+			case <-wake:
+			case <-authEnd.C:
+				lapsed("no renewal succeeded in time")
+			case <-probe.C:
+				if term != nil {
+					h.watchNodes(ctx, term)
+					continue wait
+				}
+				// Two probes 50 ms apart without a responder: the active
+				// handler's process is gone (one miss may be a handler that
+				// just took the lease and is subscribing). A probe that times
+				// out is not enough (authority.go): the handler may be alive
+				// behind a link that holds its traffic.
+				if h.activeGone(ctx) && sleepCtx(ctx, 50*time.Millisecond) && h.activeGone(ctx) {
+					h.breakLease(ctx)
+				}
 			}
-			// Two probes 50 ms apart without a responder: the active
-			// handler's process is gone (one miss may be a handler that
-			// just took the lease and is subscribing). A probe that times
-			// out is not enough (authority.go): the handler may be alive
-			// behind a link that holds its traffic.
-			if h.activeGone(ctx) && sleepCtx(ctx, 50*time.Millisecond) && h.activeGone(ctx) {
-				h.breakLease(ctx)
-			}
+			break
 		}
 	}
 }
