@@ -85,7 +85,7 @@ func (p *producer) total() (map[string][]string, int) {
 func TestNodeKilledGroupsMoveAfterGrace(t *testing.T) {
 	t.Parallel() // see doc.go
 	s := natstest.RunServer(t)
-	n1, col, stop1, nc := threeNodesOnOneServer(t, s, lifecycleConfig)
+	_, n1, col, stop1, nc := threeNodesOnOneServer(t, s, lifecycleConfig)
 	handoffs := watchEvents(t, nc, proposals.EventHandoff)
 	groups := make([]string, 12)
 	for i := range groups {
@@ -150,7 +150,7 @@ func TestNodeKilledNewGroupsMoveWithoutTheGrace(t *testing.T) {
 		c.NodeGrace = 10 * time.Second
 		return c
 	}
-	n1, col, stop1, nc := threeNodesOnOneServer(t, s, cfg)
+	n0, n1, col, stop1, nc := threeNodesOnOneServer(t, s, cfg)
 	moves := watchEvents(t, nc, proposals.EventMove)
 	old := startProducer(t, s.URL(), groupNames(12), 2*time.Millisecond)
 	col.waitCount(t, 200, 20*time.Second)
@@ -178,9 +178,11 @@ func TestNodeKilledNewGroupsMoveWithoutTheGrace(t *testing.T) {
 		freshDone <- nil
 	}()
 	time.Sleep(time.Second) // new groups bound to n1 while it lives
-	stop1()
+	// The node first: a node that outlived its consumer would announce
+	// that it has none, and the handler would bind nothing new to it.
 	n1.kill()
 	killed := time.Now()
+	stop1()
 	if err := <-freshDone; err != nil {
 		t.Fatal(err)
 	}
@@ -206,7 +208,7 @@ func TestNodeKilledNewGroupsMoveWithoutTheGrace(t *testing.T) {
 		return nil
 	})
 	if len(early) == 0 {
-		t.Fatal("no group of the dead node was moved before the grace: the test shows nothing")
+		t.Fatalf("no group of the dead node was moved before the grace: the test shows nothing; the handler's log:\n%s", n0.log.tail(16<<10))
 	}
 	old.halt()
 	want, n := old.total()
@@ -241,11 +243,11 @@ func TestNodeKilledNewGroupsMoveWithoutTheGrace(t *testing.T) {
 
 // threeNodesOnOneServer starts n0 (LOCAL), n1 and n2 (REMOTE) on s with
 // the configurations cfg gives, a consumer on each node's queue into one
-// collector, and waits until all three are eligible. It returns n1, the
-// collector, what stops n1's consumer and a connection to s.
-func threeNodesOnOneServer(t *testing.T, s *natstest.Server, cfg func(string, router.HandlerType) router.Config) (*node, *collector, func(), *nats.Conn) {
+// collector, and waits until all three are eligible. It returns n0 and n1,
+// the collector, what stops n1's consumer and a connection to s.
+func threeNodesOnOneServer(t *testing.T, s *natstest.Server, cfg func(string, router.HandlerType) router.Config) (*node, *node, *collector, func(), *nats.Conn) {
 	t.Helper()
-	startNode(t, s.URL(), cfg("n0", router.Local))
+	n0 := startNode(t, s.URL(), cfg("n0", router.Local))
 	n1 := startNode(t, s.URL(), cfg("n1", router.Remote))
 	startNode(t, s.URL(), cfg("n2", router.Remote))
 	col := &collector{}
@@ -254,5 +256,5 @@ func threeNodesOnOneServer(t *testing.T, s *natstest.Server, cfg func(string, ro
 	startConsumer(t, s.URL(), "n2", col)
 	nc := s.Connect()
 	waitEligible(t, nc, []string{"n0", "n1", "n2"}, []string{"n0", "n1", "n2"})
-	return n1, col, stop1, nc
+	return n0, n1, col, stop1, nc
 }

@@ -141,3 +141,67 @@ func TestStillGone(t *testing.T) {
 		t.Fatalf("no record: %v, want the node gone", err)
 	}
 }
+
+// TestEvacuateNewReadsAgain: the early take-over of a gone node's new
+// groups reads the node's checkpoint; a read that fails (here the server is
+// down for longer than one attempt) is tried again, and the group bound
+// after the checkpoint moves as soon as a read succeeds, not at the grace.
+// The group the checkpoint covers stays for the grace.
+func TestEvacuateNewReadsAgain(t *testing.T) {
+	s := natstest.RunServer(t)
+	var logs natstest.Buffer
+	env := startHandler(t, s, "n2", liveNodes[1:], func(c *HandlerConfig) {
+		c.LeaseTTL = time.Minute // its authority outlasts the outage
+		c.NodeGrace = time.Hour
+		c.Logger = slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	})
+	h := env.h
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	natstest.Eventually(t, 10*time.Second, func() error {
+		if !h.Active() {
+			return natstest.ErrNotYet
+		}
+		return nil
+	})
+	js, _ := jetstream.New(env.nc)
+	st, err := kvbinding.OpenStore(ctx, js, kvbinding.StoreConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for g, from := range map[string]uint64{"old": 1, "fresh": 10} {
+		if _, err := st.Create(ctx, kvbinding.Binding{Group: g, State: kvbinding.StateBound, Node: "n1", FromSeq: from, DecidedBy: "test"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := h.reg.SaveCheckpoint(ctx, "n1", kvbinding.Checkpoint{Next: 5}); err != nil {
+		t.Fatal(err)
+	}
+	natstest.Eventually(t, 10*time.Second, func() error {
+		for _, g := range []string{"old", "fresh"} {
+			if _, ok := h.cache.Lookup(g); !ok {
+				return fmt.Errorf("%s not in the cache yet", g)
+			}
+		}
+		return nil
+	})
+	s.Stop()
+	done := make(chan struct{})
+	go func() { defer close(done); h.evacuateNew(ctx, "n1") }()
+	time.Sleep(evacuateReadTimeout + 500*time.Millisecond) // one attempt fails
+	s.Restart()
+	select {
+	case <-done:
+	case <-ctx.Done():
+		t.Fatal("the early take-over did not end")
+	}
+	if !strings.Contains(logs.String(), "reading again") {
+		t.Fatalf("no read was tried again: the test shows nothing; log:\n%s", logs.String())
+	}
+	if r, err := st.Get(ctx, "fresh"); err != nil || (r.Settled() && r.Node == "n1") {
+		t.Fatalf("the group bound after n1's checkpoint is still on n1: %+v %v", r, err)
+	}
+	if r, err := st.Get(ctx, "old"); err != nil || r.Node != "n1" {
+		t.Fatalf("the group n1's checkpoint covers moved before the grace: %+v %v", r, err)
+	}
+}

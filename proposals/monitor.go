@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/grouprouter/grouprouter/internal/logagg"
+	"github.com/grouprouter/grouprouter/internal/retry"
 	"github.com/grouprouter/grouprouter/kvbinding"
 )
 
@@ -339,26 +340,58 @@ func (h *Handler) stillGone(ctx context.Context, node string, seen uint64) error
 // node's grace (their first messages did, 15 s by default). The node has
 // stopped publishing by then: its liveness record is gone, and it stops
 // by its own clock before the record can expire (router: aliveUntil).
+//
+// A read that fails is tried again, for half the grace at most and while
+// the node stays gone: one timeout under load would otherwise leave those
+// groups to wait out the whole grace.
 func (h *Handler) evacuateNew(ctx context.Context, node string) {
-	c, ok, err := h.reg.LoadCheckpoint(ctx, node)
-	if err != nil || !ok {
-		h.mon.done(node, false, false)
-		if err != nil {
-			h.log.Debug("no early take-over of a gone node's new groups: its checkpoint is not read", "node", node, "err", err)
+	until := time.Now().Add(h.cfg.NodeGrace / 2)
+	backoff := retry.Backoff{Min: 50 * time.Millisecond, Max: time.Second}
+	for {
+		readCtx, cancel := context.WithTimeout(ctx, evacuateReadTimeout)
+		groups, start, err := h.boundAfterCheckpoint(readCtx, node)
+		cancel()
+		if err == nil {
+			if len(groups) == 0 {
+				h.mon.done(node, false, false)
+				return
+			}
+			h.log.Debug("node gone: taking off at once its groups bound after its checkpoint", "node", node, "groups", len(groups), "checkpoint_start", start)
+			h.evacuate(ctx, node, groups, "node "+node+" gone; its group was bound after its last checkpoint", causeNodeGone)
+			return
 		}
-		return
+		_, back := h.liveState()[node]
+		if back || retry.Permanent(err) || errors.Is(err, kvbinding.ErrInvalidCheckpoint) || time.Now().After(until) || retry.Sleep(ctx, backoff.Next()) != nil {
+			h.mon.done(node, false, false)
+			h.log.Info("no early take-over of a gone node's new groups: they wait for the grace", "node", node, "back", back, "err", err)
+			return
+		}
+		h.log.Debug("early take-over of a gone node's new groups: reading again", "node", node, "err", err)
+	}
+}
+
+// evacuateReadTimeout bounds each of evacuateNew's attempts to read: a
+// read whose request or answer is lost is tried again, not waited out.
+const evacuateReadTimeout = 2 * time.Second
+
+// boundAfterCheckpoint returns the groups evacuateNew takes off node, with
+// its checkpoint's start: none when the node left no checkpoint.
+func (h *Handler) boundAfterCheckpoint(ctx context.Context, node string) ([]string, uint64, error) {
+	c, ok, err := h.reg.LoadCheckpoint(ctx, node)
+	if err != nil {
+		return nil, 0, fmt.Errorf("read its checkpoint: %w", err)
+	}
+	if !ok {
+		return nil, 0, nil
 	}
 	start := c.Start()
 	refs := BoundSince(h.cache.RefsOf(node), h.cache.Lookup, node, start)
 	if len(refs) == 0 {
-		h.mon.done(node, false, false)
-		return
+		return nil, start, nil
 	}
 	names, err := h.store.Names(ctx, refs)
 	if err != nil {
-		h.mon.done(node, false, false)
-		h.log.Debug("no early take-over of a gone node's new groups: their ids are not read", "node", node, "err", err)
-		return
+		return nil, start, fmt.Errorf("read their ids: %w", err)
 	}
 	groups := make([]string, 0, len(names))
 	for _, ref := range refs {
@@ -367,8 +400,7 @@ func (h *Handler) evacuateNew(ctx context.Context, node string) {
 		}
 	}
 	sort.Strings(groups)
-	h.log.Debug("node gone: taking off at once its groups bound after its checkpoint", "node", node, "groups", len(groups), "checkpoint_start", start)
-	h.evacuate(ctx, node, groups, "node "+node+" gone; its group was bound after its last checkpoint", causeNodeGone)
+	return groups, start, nil
 }
 
 // BoundSince returns those of refs whose record binds the group to node,
