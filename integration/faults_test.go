@@ -1413,7 +1413,9 @@ func TestConsumerReturnsDuringRebind(t *testing.T) {
 	c1.stop()
 	stoppedAt := time.Now()
 	const backlog = 1000
-	sendBatch(t, js, g, "backlog", backlog, want)
+	b := bodies(g+"/backlog", backlog)
+	publishPipelined(t, js, "jms.orders", g, b...) // stored before RebindAfter, under load too
+	want[g] = append(want[g], b...)
 	natstest.Eventually(t, 20*time.Second, func() error {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()

@@ -305,6 +305,35 @@ func tryPublish(js jetstream.JetStream, subject, group string, bodies ...string)
 	return nil
 }
 
+// publishPipelined publishes bodies of group on subject through js with
+// their publishes in flight together, in order (one connection), and waits
+// for every acknowledgement: a backlog that must be stored within a
+// deadline, not at one round trip a message.
+func publishPipelined(t testing.TB, js jetstream.JetStream, subject, group string, bodies ...string) {
+	t.Helper()
+	acks := make([]jetstream.PubAckFuture, 0, len(bodies))
+	for _, b := range bodies {
+		m := nats.NewMsg(subject)
+		m.Header.Set("Group-Id", group)
+		m.Data = []byte(b)
+		f, err := js.PublishMsgAsync(m)
+		if err != nil {
+			t.Fatalf("publish %s/%s: %v", group, b, err)
+		}
+		acks = append(acks, f)
+	}
+	timeout := time.After(30 * time.Second)
+	for i, f := range acks {
+		select {
+		case <-f.Ok():
+		case err := <-f.Err():
+			t.Fatalf("publish %s/%s: %v", group, bodies[i], err)
+		case <-timeout:
+			t.Fatalf("publish %s: %d of %d acknowledged after 30 s", group, i, len(acks))
+		}
+	}
+}
+
 // jetStream returns a JetStream context on a new connection to url.
 func jetStream(t testing.TB, url string) jetstream.JetStream {
 	t.Helper()

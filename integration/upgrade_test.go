@@ -266,19 +266,11 @@ func buildRelease(t *testing.T, commit string) string {
 }
 
 // current is this tree's binary, built by the first test that asks for
-// it; TestMain removes it.
+// it; TestMain (main_test.go) removes it.
 var current struct {
 	once      sync.Once
 	dir, path string
 	err       error
-}
-
-func TestMain(m *testing.M) {
-	code := m.Run()
-	if current.dir != "" {
-		_ = os.RemoveAll(current.dir)
-	}
-	os.Exit(code)
 }
 
 // build builds cmd/grouprouter at commit (this tree when "") as dir/name.
