@@ -774,7 +774,8 @@ func (e *engine) batchable(ln *lane, route kvbinding.Binding, held bool) int {
 	for _, m := range ln.msgs[:min(len(ln.msgs), most)] {
 		if n > 0 {
 			if owner, act := proposals.Owner(route, m.seq, e.cfg.node); act != proposals.RouteTo || owner != e.cfg.node ||
-				m.invalid != "" || m.spilled || size+m.size > e.cfg.maxBatchBytes || (m.target != 0 && m.target != want) {
+				m.invalid != "" || m.spilled || size+m.size > e.cfg.maxBatchBytes || (m.target != 0 && m.target != want) ||
+				(held && m.close) { // a closing message goes onto the queue, behind the held ones (pump)
 				break
 			}
 			m.target = want
@@ -1055,9 +1056,11 @@ func (e *engine) changed(ref string, now time.Time) {
 		}
 		e.lost.taken(group, ref, route.Epoch, now)
 	}
-	if !ok || !route.Settled() || route.Node != e.cfg.node {
+	if (!ok || !route.Settled() || route.Node != e.cfg.node) && !(ok && unbinding(route, e.cfg.node)) {
 		// Not routed here (now): what this node held of it moves with the
-		// group (the hand-over drains the held subject too).
+		// group (the hand-over drains the held subject too). An unbind
+		// drains nothing: this node releases what it held before it
+		// fences (fence).
 		e.fair.forget(ref)
 	}
 	if ln := e.laneOf(ref); ln != nil {
@@ -1150,11 +1153,27 @@ func (e *engine) fence(ln *lane, route kvbinding.Binding, now time.Time) {
 		// nothing of the group reaches this node's queue after its fence.
 		return
 	}
+	if unbinding(route, e.cfg.node) && e.fair.holding(ln.ref) {
+		// A move that ends the binding (an unbind) drains nothing: the
+		// group's messages on the held subject would reach the queue after
+		// those of the binding that follows (this node's again, or
+		// another's from its proposal), behind its catch-up. They go onto
+		// the queue first: the fair shell releases them while the group
+		// moves away (released pumps the lane). A move to another node
+		// fences at once: its drain takes the held messages along.
+		return
+	}
 	seq := e.position()
 	if len(ln.msgs) > 0 {
 		seq = ln.msgs[0].seq
 	}
 	e.stepAsk(ln, proposals.Proposal{Op: proposals.OpFence, Group: ln.group, Seq: max(seq, route.FromSeq), Rev: route.Revision}, route.Revision)
+}
+
+// unbinding reports whether route moves the group away from node to no
+// node (an unbind: the release that follows drains nothing).
+func unbinding(route kvbinding.Binding, node string) bool {
+	return route.State == kvbinding.StateMoving && route.Node == "" && route.PrevNode == node && !route.Invalid
 }
 
 // askRelease asks the handler to end this node's binding of ln's group

@@ -3,6 +3,7 @@ package router
 import (
 	"errors"
 	"math/rand/v2"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -389,4 +390,169 @@ func TestUngroupedDeadLetterWaitsForItsOwnCopies(t *testing.T) {
 		return
 	}
 	t.Fatal("neither n1 nor n2 proposes the ungrouped binding")
+}
+
+// A closing message ends its group's binding once it is stored (the
+// release ask follows its PubAck), so it never goes to the held subject:
+// a batch aimed there stops before it, and a closing message at its
+// group's share waits in memory for room however long that takes, where
+// other messages go to the held subject after fairMemoryWait. Before, the
+// simulation's seed 74 (fair share of 3) stored a closing message on the
+// held subject in a batch; the binding ended behind it, the group was
+// bound again, and its next messages were consumed before the held ones.
+func TestEngineClosingMessageNeverHeld(t *testing.T) {
+	bound := kvbinding.Binding{State: kvbinding.StateBound, Node: "n1", FromSeq: 1, Revision: 2, Epoch: 2}
+	// heldClose: an action sends the closing message (its seq) to the
+	// held subject.
+	heldClose := func(acts []action, close uint64) bool {
+		for _, a := range acts {
+			switch {
+			case a.kind == actPublish && a.held && a.msg.seq == close:
+				return true
+			case a.kind == actBatch && a.held && slices.ContainsFunc(a.batch, func(m pubMsg) bool { return m.seq == close }):
+				return true
+			}
+		}
+		return false
+	}
+	t.Run("a held batch stops before it", func(t *testing.T) {
+		recs := mapRecords{}
+		e := newBatchEngine(recs, 8, 4)
+		e.cfg.holds, e.fair = true, newFairShare(1)
+		e.fair.heldStored("g", "g", 1, testNow) // messages of g wait on the held subject already
+		for _, m := range []*msgRec{{seq: 2}, {seq: 3, close: true}, {seq: 4}} {
+			e.ingest("g", m, testNow)
+		}
+		e.take()
+		recs["g"] = bound
+		e.changed("g", testNow)
+		acts := e.take()
+		if got := publishes(acts); !slices.EqualFunc(got, [][]uint64{{2}}, slices.Equal) || heldClose(acts, 3) {
+			t.Fatalf("publishes %v (a closing message held: %v), want [[2]] on the held subject", got, heldClose(acts, 3))
+		}
+	})
+	t.Run("at its share it waits in memory", func(t *testing.T) {
+		recs := mapRecords{"g": bound}
+		e := newBatchEngine(recs, 1, 4)
+		e.cfg.holds, e.fair = true, newFairShare(1)
+		e.ingest("g", &msgRec{seq: 1}, testNow)
+		var pub *action
+		for _, a := range e.take() {
+			if a.kind == actPublish {
+				pub = &a
+			}
+		}
+		if pub == nil || pub.held {
+			t.Fatalf("the first message did not go onto the queue: %+v", pub)
+		}
+		o := pub.outcome()
+		o.seq = 1
+		e.step(inOutcomes{batch: []outcome{o}}, testNow) // stored, not acknowledged: the share is full
+		e.take()
+		e.ingest("g", &msgRec{seq: 2, close: true}, testNow)
+		if acts := e.take(); len(publishes(acts)) != 0 {
+			t.Fatalf("published %v past the share", publishes(acts))
+		}
+		later := testNow.Add(2 * fairMemoryWait)
+		e.fairRead(0, 100, later)
+		if acts := e.take(); len(publishes(acts)) != 0 {
+			t.Fatalf("after %v: published %v (a closing message held: %v), want it still waiting in memory", 2*fairMemoryWait, publishes(acts), heldClose(acts, 2))
+		}
+		e.fairRead(1, 100, later) // the first is acknowledged: room
+		acts := e.take()
+		if got := publishes(acts); !slices.EqualFunc(got, [][]uint64{{2}}, slices.Equal) || heldClose(acts, 2) {
+			t.Fatalf("with room: published %v (held %v), want [[2]] onto the queue", got, heldClose(acts, 2))
+		}
+	})
+}
+
+// An unbind (a move to no node) drains nothing, so a node holding
+// messages of the group on its held subject does not forget them, and
+// fences only once its fair shell has released them onto its queue: the
+// binding that follows (this node's again, with no drain) would route its
+// catch-up ahead of them (simulation seed 74, a node restarted with two
+// held messages during an unbind). A move to another node fences at once
+// and forgets them: its drain takes the held subject along.
+func TestEngineUnbindWaitsForHeldMessages(t *testing.T) {
+	fences := func(e *engine) int {
+		n := 0
+		for _, a := range e.askBatch(10, testNow) {
+			if a.p.Op == proposals.OpFence {
+				n++
+			}
+		}
+		return n
+	}
+	for _, target := range []string{"", "n2"} {
+		recs := mapRecords{"g": {State: kvbinding.StateBound, Node: "n1", FromSeq: 1, Revision: 2, Epoch: 2}}
+		e := newTestEngine("n1", recs)
+		e.cfg.holds, e.fair = true, newFairShare(2)
+		e.step(inHeldFound{counts: map[string]int{"g": 2}, groups: map[string]string{"g": "g"}}, testNow)
+		recs["g"] = kvbinding.Binding{State: kvbinding.StateMoving, Node: target, PrevNode: "n1", FromSeq: 1, Revision: 3, Epoch: 2}
+		e.changed("g", testNow)
+		e.take()
+		if target != "" {
+			if n := fences(e); n != 1 || e.fair.holding("g") {
+				t.Errorf("a move to %s: %d fences, held messages still counted %v; want a fence at once, nothing counted", target, n, e.fair.holding("g"))
+			}
+			continue
+		}
+		if n := fences(e); n != 0 || !e.fair.holding("g") {
+			t.Fatalf("an unbind: %d fences, held messages counted %v; want no fence while they are held", n, e.fair.holding("g"))
+		}
+		rel, _ := e.fairRead(0, 100, testNow)
+		if len(rel) != 1 || rel[0].ref != "g" {
+			t.Fatalf("releases %+v, want g's", rel)
+		}
+		e.step(inReleased{ref: "g", queueSeqs: []uint64{7, 8}}, testNow)
+		e.take()
+		if n := fences(e); n != 1 {
+			t.Fatalf("after the release: %d fences, want 1", n)
+		}
+	}
+}
+
+// A release of held messages says whether its last look at the held
+// subject found more (left); a message of the group stored there after
+// that look, its PubAck taken while the release ran, is still counted, and
+// the group's next message goes behind it. Before, the count was zeroed,
+// the group's hold ended, and its next messages went onto the queue ahead
+// of the held one (simulation seeds 9354, 7754, 13004 and 15534; 9364
+// left it on the held subject for good).
+func TestEngineHeldDuringARelease(t *testing.T) {
+	recs := mapRecords{"g": {State: kvbinding.StateBound, Node: "n1", FromSeq: 1, Revision: 2, Epoch: 2}}
+	e := newTestEngine("n1", recs)
+	e.cfg.holds, e.fair = true, newFairShare(1)
+	e.step(inHeldFound{counts: map[string]int{"g": 1}, groups: map[string]string{"g": "g"}}, testNow)
+	rel, _ := e.fairRead(0, 100, testNow)
+	if len(rel) != 1 {
+		t.Fatalf("releases %+v, want g's", rel)
+	}
+	// publish stores seq's message and hands its outcome in; it reports
+	// whether it went to the held subject.
+	publish := func(seq uint64) bool {
+		e.ingest("g", &msgRec{seq: seq}, testNow)
+		for _, a := range e.take() {
+			if a.kind == actPublish && a.msg.seq == seq {
+				o := a.outcome()
+				o.seq = 100 + seq
+				e.step(inOutcomes{batch: []outcome{o}}, testNow)
+				e.take()
+				return a.held
+			}
+		}
+		t.Fatalf("seq %d not published", seq)
+		return false
+	}
+	if !publish(5) {
+		t.Fatalf("seq 5 went onto the queue while the group holds a message")
+	}
+	e.step(inReleased{ref: "g", queueSeqs: []uint64{7}, left: false}, testNow) // its look came before seq 5
+	e.take()
+	if !e.fair.holding("g") {
+		t.Fatalf("the group's hold ended with seq 5 on the held subject")
+	}
+	if !publish(6) {
+		t.Fatalf("seq 6 went onto the queue ahead of seq 5, held")
+	}
 }

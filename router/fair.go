@@ -77,54 +77,38 @@ func (r *Router) restoreHeld(ctx context.Context) error {
 		return nil
 	}
 	return r.setupStep(ctx, "held messages", func(ctx context.Context) error {
-		found, err := r.heldCounts(ctx)
+		store, err := r.ho.io.queue(ctx)
 		if err != nil {
 			return err
 		}
-		for ref := range found {
-			// A group this node is taking over: what its held subject holds
-			// of it is its staged catch-up (stage.go), which the catch-up
-			// moves, not messages held back for their share.
-			if b, ok := r.cache.Lookup(ref); ok && b.Phase().TakingOver() && b.Node == r.cfg.Node {
-				r.log.Info("held messages of a group this node is taking over: its staged catch-up, moved by the catch-up", "group", logagg.Short(ref), "messages", found[ref])
-				delete(found, ref)
-			}
+		st, err := store.state(ctx, HeldFilter(r.cfg.Node, "*.*"))
+		if err != nil {
+			return err
 		}
+		found := heldFound(st.Subjects, r.cfg.Node, r.cache.Lookup, r.log)
 		if len(found) == 0 {
 			return nil
 		}
-		n := 0
-		for _, c := range found {
-			n += c
-		}
-		r.log.Info("groups held back when this node stopped: their held messages go onto the queue as there is room", "groups", len(found), "messages", n)
 		groups := make(map[string]string, len(found))
-		for ref, c := range found {
-			if c > 0 {
-				groups[ref] = r.groupOfRef(ref)
-			}
+		for ref := range found {
+			groups[ref] = r.groupOfRef(ref)
 		}
 		r.step(inHeldFound{counts: found, groups: groups})
 		return nil
 	})
 }
 
-// heldCounts reads how many messages of each group (by ref) this node's
-// held subject holds.
-func (r *Router) heldCounts(ctx context.Context) (map[string]int, error) {
-	s, err := r.js.Stream(ctx, QueueStream)
-	if err != nil {
-		return nil, err
-	}
-	info, err := s.Info(ctx, jetstream.WithSubjectFilter(HeldFilter(r.cfg.Node, "*.*")))
-	if err != nil {
-		return nil, err
-	}
+// heldFound returns how many messages of each group (by ref) node's held
+// subject holds, from the counts per subject of a stream state filtered
+// on it, less the groups node is taking over: what the held subject holds
+// of those is their staged catch-up (stage.go), which the catch-up moves,
+// not messages held back for their share.
+func heldFound(subjects map[string]uint64, node string, lookup func(ref string) (kvbinding.Binding, bool), log *slog.Logger) map[string]int {
 	found := map[string]int{}
-	prefix := HeldSubjectPrefix + r.cfg.Node + "."
-	for subj, n := range info.State.Subjects {
+	prefix := HeldSubjectPrefix + node + "."
+	for subj, n := range subjects {
 		rest, ok := strings.CutPrefix(subj, prefix)
-		if !ok {
+		if !ok || n == 0 {
 			continue
 		}
 		t := strings.SplitN(rest, ".", 3)
@@ -133,12 +117,25 @@ func (r *Router) heldCounts(ctx context.Context) (map[string]int, error) {
 		}
 		ref, err := kvbinding.RefOfKey(t[0] + "." + t[1])
 		if err != nil {
-			r.log.Warn("a held message's subject names no group; it stays where it is", "subject", subj, "err", err)
+			log.Warn("a held message's subject names no group; it stays where it is", "subject", subj, "err", err)
 			continue
 		}
 		found[ref] += int(n)
 	}
-	return found, nil
+	for ref := range found {
+		if b, ok := lookup(ref); ok && b.Phase().TakingOver() && b.Node == node {
+			log.Info("held messages of a group this node is taking over: its staged catch-up, moved by the catch-up", "group", logagg.Short(ref), "messages", found[ref])
+			delete(found, ref)
+		}
+	}
+	if len(found) > 0 {
+		n := 0
+		for _, c := range found {
+			n += c
+		}
+		log.Info("groups held back when this node stopped: their held messages go onto the queue as there is room", "groups", len(found), "messages", n)
+	}
+	return found
 }
 
 // groupOfRef returns the group id of a ref: the ref itself, or for a long
@@ -185,11 +182,16 @@ func (r *Router) fencedNow() bool {
 // fairShell is the fair shell, a room of its own (see above): it reaches
 // the engine only through read (a pull that also hands the consumer's
 // progress in) and step, and the rest of its node through the functions
-// Router.newFairShell wires into it.
+// Router.newFairShell wires into it. Its I/O and its clock are the
+// hand-over's kinds (queueIO's queue and publish, msgStore, clock), so
+// that the simulation runs it on its stand-ins.
 type fairShell struct {
 	node  string
 	log   *slog.Logger
-	js    jetstream.JetStream
+	io    queueIO // queue: the queue stream's messages; publish: a release's copy
+	clock clock
+	// info reads the node's queue consumer (its ack floor and window).
+	info  func(ctx context.Context) (*jetstream.ConsumerInfo, error)
 	wake  <-chan struct{} // the engine has held messages to release (actFair)
 	holds bool            // the queue stream takes the held subject (engine.holds)
 	// read hands the engine the queue consumer's ack floor and window and
@@ -204,11 +206,11 @@ type fairShell struct {
 	warnRelease *logagg.Warner
 }
 
-// newFairShell returns r's fair shell, once setup made the engine and the
-// binding cache.
-func (r *Router) newFairShell() *fairShell {
+// newFairShell returns r's fair shell, once setup made the engine, the
+// binding cache and the hand-over's I/O, reading the queue consumer cons.
+func (r *Router) newFairShell(cons jetstream.Consumer) *fairShell {
 	return &fairShell{
-		node: r.cfg.Node, log: r.log, js: r.js, wake: r.wake.fair, holds: r.eng.holds(),
+		node: r.cfg.Node, log: r.log, io: r.ho.io, clock: sysClock{}, info: consumerInfo(cons), wake: r.wake.fair, holds: r.eng.holds(),
 		read: func(ackFloor uint64, window int) ([]releaseTask, []checkTask, bool) {
 			r.mu.Lock()
 			rel, checks := r.eng.fairRead(ackFloor, window, time.Now())
@@ -220,36 +222,46 @@ func (r *Router) newFairShell() *fairShell {
 	}
 }
 
+// consumerInfo is cons.Info (none for a nil cons, as in tests that call
+// a release alone).
+func consumerInfo(cons jetstream.Consumer) func(context.Context) (*jetstream.ConsumerInfo, error) {
+	if cons == nil {
+		return func(context.Context) (*jetstream.ConsumerInfo, error) {
+			return nil, errors.New("no queue consumer")
+		}
+	}
+	return cons.Info
+}
+
 // run runs the fair shell until ctx ends.
-func (f *fairShell) run(ctx context.Context, cons jetstream.Consumer) {
+func (f *fairShell) run(ctx context.Context) {
 	if !f.holds {
 		return
 	}
-	stream, err := f.js.Stream(ctx, QueueStream)
+	stream, err := f.io.queue(ctx)
 	for err != nil {
-		if ctx.Err() != nil {
+		f.log.Debug("queue stream not read by the fair shell; trying again", "err", err)
+		if f.clock.Sleep(ctx, time.Second) != nil {
 			return
 		}
-		f.log.Debug("queue stream not read by the fair shell; trying again", "err", err)
-		time.Sleep(time.Second)
-		stream, err = f.js.Stream(ctx, QueueStream)
+		stream, err = f.io.queue(ctx)
 	}
-	t := time.NewTimer(0) // the window first, before the first burst fills it
+	t := f.clock.NewTimer(0) // the window first, before the first burst fills it
 	defer t.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return
-		case <-t.C:
+		case <-t.C():
 		case <-f.wake:
 			if !t.Stop() {
 				select {
-				case <-t.C:
+				case <-t.C():
 				default:
 				}
 			}
 		}
-		busy := f.round(ctx, cons, stream)
+		busy := f.round(ctx, stream)
 		if busy {
 			t.Reset(fairBusy)
 		} else {
@@ -260,10 +272,10 @@ func (f *fairShell) run(ctx context.Context, cons jetstream.Consumer) {
 
 // round is one round of the fair shell; it reports whether a group is
 // held back or at its share.
-func (f *fairShell) round(ctx context.Context, cons jetstream.Consumer, stream jetstream.Stream) bool {
-	rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+func (f *fairShell) round(ctx context.Context, stream msgStore) bool {
+	rctx, cancel := f.clock.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
-	info, err := cons.Info(rctx)
+	info, err := f.info(rctx)
 	if err != nil {
 		// Looked at again at the idle pace: a consumer its server cannot
 		// answer for (503 while it has no leader) is not asked a hundred
@@ -312,19 +324,22 @@ func (f *fairShell) round(ctx context.Context, cons jetstream.Consumer, stream j
 // the group is no longer this node's to route, or this node may not
 // publish (fenced). It returns the queue sequences of the copies and
 // whether held messages of the group are left.
-func (f *fairShell) release(ctx context.Context, stream jetstream.Stream, task releaseTask) (seqs []uint64, left bool, err error) {
+func (f *fairShell) release(ctx context.Context, stream msgStore, task releaseTask) (seqs []uint64, left bool, err error) {
 	key, err := kvbinding.Key(task.group)
 	if err != nil {
 		return nil, false, err
 	}
 	filter := HeldFilter(f.node, key)
+	// The group is this node's to route while it is bound here, and while
+	// an unbind moves it away from here until this node's fence, which
+	// waits for the release (engine.fence).
 	mine := func() (uint64, bool) {
 		b, ok := f.lookup(task.ref)
-		return b.Epoch, ok && b.Settled() && b.Node == f.node
+		return b.Epoch, ok && ((b.Settled() && b.Node == f.node) || unbinding(b, f.node))
 	}
 	from := uint64(1)
 	for len(seqs) < task.n {
-		m, err := stream.GetMsg(ctx, from, jetstream.WithGetMsgSubject(filter))
+		m, err := stream.next(ctx, from, filter)
 		if errors.Is(err, jetstream.ErrMsgNotFound) {
 			return seqs, false, nil
 		}
@@ -352,13 +367,13 @@ func (f *fairShell) release(ctx context.Context, stream jetstream.Stream, task r
 		if _, ok := mine(); !ok {
 			return seqs, true, errSuperseded
 		}
-		if err := stream.DeleteMsg(ctx, m.Sequence); err != nil && !isGone(err) {
+		if err := stream.delete(ctx, m.Sequence); err != nil && !isGone(err) {
 			return seqs, true, err
 		}
 		seqs = append(seqs, seq)
 		from = m.Sequence + 1
 	}
-	_, err = stream.GetMsg(ctx, from, jetstream.WithGetMsgSubject(filter))
+	_, err = stream.next(ctx, from, filter)
 	return seqs, err == nil || !errors.Is(err, jetstream.ErrMsgNotFound), nil
 }
 
@@ -385,8 +400,8 @@ func (f *fairShell) releaseCopy(ctx context.Context, key string, m *jetstream.Ra
 // queueGone reports whether the queue no longer holds the message at seq
 // (acknowledged, or moved off): a lookup of the node's next message at or
 // after seq finds another, or none.
-func (f *fairShell) queueGone(ctx context.Context, stream jetstream.Stream, seq uint64) (bool, error) {
-	m, err := stream.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(QueueFilter(f.node)))
+func (f *fairShell) queueGone(ctx context.Context, stream msgStore, seq uint64) (bool, error) {
+	m, err := stream.next(ctx, seq, QueueFilter(f.node))
 	switch {
 	case errors.Is(err, jetstream.ErrMsgNotFound):
 		return true, nil
@@ -405,9 +420,9 @@ func (f *fairShell) queueGone(ctx context.Context, stream jetstream.Stream, seq 
 // another group behind it (docs/reliability.md); the group whose publish
 // failed is released again next round.
 func (f *fairShell) publishOnce(ctx context.Context, m *nats.Msg) (*jetstream.PubAck, error) {
-	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	pctx, cancel := f.clock.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	ack, err := f.js.PublishMsg(pctx, m)
+	ack, err := f.io.publish(pctx, m)
 	if err != nil {
 		return nil, err
 	}

@@ -2,6 +2,8 @@ package router
 
 import (
 	"container/heap"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/grouprouter/grouprouter/kvbinding"
@@ -62,7 +64,10 @@ type fairGroup struct {
 	// its queue and does not know acknowledged, in the order stored.
 	seqs []uint64
 	held int // its messages on the held subject
-	idx  int // in fairShare.oldest; -1 when not there
+	// heldSince: of held, those stored since its release in progress was
+	// asked for, which that release's last look may not have seen.
+	heldSince int
+	idx       int // in fairShare.oldest; -1 when not there
 	// since: when it was first held back, this time (zero: it is not);
 	// total: how many of its messages went to the held subject since.
 	since time.Time
@@ -211,6 +216,9 @@ func (f *fairShare) heldStored(ref, group string, n int, now time.Time) (started
 	if g.held == 0 {
 		f.heldGroups++
 	}
+	if f.releasing[ref] {
+		g.heldSince += n
+	}
 	g.held += n
 	f.held += n
 	g.total += n
@@ -250,6 +258,7 @@ func (f *fairShare) due(maxChecks int) (rel []releaseTask, checks []checkTask) {
 			if n := min(share-len(g.seqs), g.held); n > 0 {
 				rel = append(rel, releaseTask{ref: ref, group: g.group, n: n})
 				f.releasing[ref] = true
+				g.heldSince = 0
 				continue
 			}
 		}
@@ -260,6 +269,10 @@ func (f *fairShare) due(maxChecks int) (rel []releaseTask, checks []checkTask) {
 			checks = append(checks, checkTask{ref: ref, newest: g.seqs[len(g.seqs)-1], oldest: g.seqs[0]})
 		}
 	}
+	// In the groups' order, not the map's (the simulation replays a seed
+	// exactly).
+	slices.SortFunc(rel, func(a, b releaseTask) int { return strings.Compare(a.ref, b.ref) })
+	slices.SortFunc(checks, func(a, b checkTask) int { return strings.Compare(a.ref, b.ref) })
 	return rel, checks
 }
 
@@ -280,12 +293,18 @@ func (f *fairShare) released(ref string, queueSeqs []uint64, left bool, now time
 	moved := min(len(queueSeqs), g.held)
 	g.held -= moved
 	f.held -= moved
-	if !left && g.held > 0 {
+	if keep := min(g.held, g.heldSince); !left && g.held > keep {
 		// The count ran ahead of the stream (a duplicate's PubAck taken for
-		// a held copy): the stream says what is there.
-		f.held -= g.held
-		g.held = 0
+		// a held copy): the stream says what is there, as of the release's
+		// last look. A message stored on the held subject since the release
+		// was asked for may have come after that look: it stays counted
+		// (one counted and not there costs a release that finds nothing;
+		// one there and not counted would let the group's next messages
+		// pass it).
+		f.held -= g.held - keep
+		g.held = keep
 	}
+	g.heldSince = 0
 	if g.held > 0 {
 		return false, 0, 0
 	}
@@ -457,6 +476,14 @@ func (e *engine) fairWaits(ln *lane, m *msgRec, now time.Time) bool {
 		(e.mem.heldBytes < e.cfg.maxHeldBytes/2 || !e.hogsMemory(ln)) {
 		return true
 	}
+	if m.close {
+		// A closing message never goes to the held subject: its group's
+		// binding ends once it is stored (askRelease), so it must be on the
+		// queue behind every earlier message of the group, not held with
+		// them. It waits here for room, however long that takes; what
+		// comes after it waits for the release anyway.
+		return true
+	}
 	// Too long or too big: its messages go to the held subject (aim), and
 	// the hold is its (fairStored, released).
 	delete(e.fairWait, ln)
@@ -503,7 +530,17 @@ func (e *engine) endWait(ln *lane, now time.Time) {
 func (e *engine) fairRead(floor uint64, window int, now time.Time) ([]releaseTask, []checkTask) {
 	e.fair.consumed(floor, window)
 	e.fairTick++
+	// In the groups' order, not the map's: a pump emits publishes, and the
+	// simulation replays a seed exactly.
+	waiting := make([]*lane, 0, len(e.fairWait))
 	for ln := range e.fairWait {
+		waiting = append(waiting, ln)
+	}
+	slices.SortFunc(waiting, func(a, b *lane) int { return strings.Compare(a.group, b.group) })
+	for _, ln := range waiting {
+		if _, still := e.fairWait[ln]; !still {
+			continue
+		}
 		if e.lanes[ln.group] == ln && len(ln.msgs) > 0 {
 			e.pump(ln, now)
 		}

@@ -599,7 +599,7 @@ func TestReleaseReturnsWhenItsPublishFails(t *testing.T) {
 	if _, err := js.UpdateStream(ctx, cfg); err != nil {
 		t.Fatal(err)
 	}
-	seqs, left, err := r.newFairShell().release(ctx, stream, releaseTask{ref: "g", group: "g", n: 4})
+	seqs, left, err := r.newFairShell(nil).release(ctx, jsStore{stream}, releaseTask{ref: "g", group: "g", n: 4})
 	if err == nil || ctx.Err() != nil {
 		t.Fatalf("release: seqs %v, err %v (ctx %v): want the publish's error, at once", seqs, err, ctx.Err())
 	}
@@ -637,7 +637,7 @@ func TestDrainMovesNothingOfAHeldMessageWhoseReleaseWasProcessed(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ack, err := r9.newFairShell().releaseCopy(ctx, "g", held, 3)
+	ack, err := r9.newFairShell(nil).releaseCopy(ctx, "g", held, 3)
 	if err != nil {
 		t.Fatal(err)
 	}

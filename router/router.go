@@ -423,8 +423,8 @@ func (r *Router) Run(ctx context.Context) error {
 		r.drain()
 		return ignoreCanceled(err)
 	}
-	fair := r.newFairShell()
-	g.Go(func() error { fair.run(gctx, queueCons); return nil })
+	fair := r.newFairShell(queueCons)
+	g.Go(func() error { fair.run(gctx); return nil })
 	g.Go(func() error { r.ho.run(gctx); return nil })
 	r.resumeDuties()
 	g.Go(func() error { r.live.run(gctx, queueCons); return nil })

@@ -195,7 +195,11 @@ type simStats struct {
 	records, events                   uint64
 	batches, batchMsgs, batchFailures uint64
 	fastBatches                       uint64 // of batches
-	virtual                           time.Duration
+	// heldBack: messages a node's engine stored on its held subject (a
+	// group past its share); released: their copies its fair shell put
+	// on its queue.
+	heldBack, released uint64
+	virtual            time.Duration
 }
 
 func (s *simStats) add(o simStats) {
@@ -217,6 +221,8 @@ func (s *simStats) add(o simStats) {
 	s.batchMsgs += o.batchMsgs
 	s.batchFailures += o.batchFailures
 	s.fastBatches += o.fastBatches
+	s.heldBack += o.heldBack
+	s.released += o.released
 	s.records += o.records
 	s.events += o.events
 	s.virtual += o.virtual

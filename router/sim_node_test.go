@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math/rand/v2"
 	"slices"
 	"sync/atomic"
@@ -60,6 +61,7 @@ type simNode struct {
 	readBlocked bool // waits for the engine to have room
 
 	askWake   chan struct{} // the real asker's wake (actAsk)
+	fairWake  chan struct{} // the real fair shell's wake (actFairWake)
 	timerWake chan struct{} // the real timers' wake (actRetry)
 
 	changes chan string   // the cache's notifications, to the real change loop
@@ -199,10 +201,23 @@ func (n *simNode) start() {
 		maxAttempts: p.maxAttempts, timeout: p.timeout, localFirst: p.localFirst, groupTimeout: p.groupTimeout,
 		maxBatch: p.maxBatch, maxBatches: p.maxBatches, maxBatchBytes: maxBatchBytes,
 		spillFrom: p.spillFrom, maxSpilledBytes: p.maxSpilled,
+		groupShare: p.groupShare, holds: p.groupShare > 0,
 	}, n.cache, rand.New(rand.NewPCG(w.rng.Uint64(), w.rng.Uint64())))
 	ckpt := w.reg.ckpt[n.id]
 	n.eng.resume = resumePoint{ckpt: ckpt}
 	n.onLiveChange()
+	if n.eng.holds() {
+		// Router.restoreHeld, on the queue stream's state (this node's
+		// held subject), before anything is routed.
+		found := heldFound(w.q.subjects(HeldFilter(n.id, "*.*")), n.id, n.cache.Lookup, slog.New(simLogHandler{w: w, node: n.id}))
+		if len(found) > 0 {
+			groups := make(map[string]string, len(found))
+			for ref := range found {
+				groups[ref] = ref // the simulation's group ids are short: their own refs
+			}
+			n.step(inHeldFound{counts: found, groups: groups})
+		}
+	}
 	n.readPos = max(n.eng.resume.start(), 1)
 	n.logf("starts (resume at %d, checkpoint %v)", n.readPos, ckpt)
 	n.startShells()
@@ -280,6 +295,10 @@ func (n *simNode) perform(a action) {
 		n.logf("dead-lettered %d messages of %q through %d: %s", a.count, a.group, a.rev, a.reason)
 	case actFailure:
 		n.logf("no decision for %q (attempt %d): %v", a.fail.group, a.fail.attempt, a.fail.err)
+	case actFairWake:
+		n.w.wake(func() { wake(n.fairWake) })
+	case actHold:
+		n.logf("hold %v for %q (%d messages)", a.on, a.group, a.count)
 	}
 }
 

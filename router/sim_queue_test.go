@@ -3,8 +3,10 @@ package router
 import (
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 
 	"github.com/grouprouter/grouprouter/kvbinding"
@@ -154,8 +156,13 @@ func (q *simQueues) store(by string, p simPub) (uint64, bool) {
 	q.ids[p.id] = simIDRec{sseq: e.sseq, at: w.clock}
 	delete(q.lostIDs, p.id)
 	w.logf("queue", "stored %v", e)
-	if e.kind == simStaged {
+	switch held := strings.HasPrefix(e.node, simHeld("")); {
+	case e.kind == simStaged:
 		w.chk.stats.staged++
+	case held && e.kind == simRouted:
+		w.chk.stats.heldBack++
+	case e.kind == simCopy && e.origin != nil && e.origin.kind == simRouted && e.origin.node == simHeld(e.node) && e.by == e.node:
+		w.chk.stats.released++
 	}
 	w.chk.stored(e)
 	q.consumer(p.node).kick()
@@ -185,6 +192,18 @@ func (q *simQueues) deleteMsg(sseq uint64) bool {
 	e.removed, e.pending = true, false
 	q.w.logf("queue", "deleted %v", e)
 	return true
+}
+
+// subjects counts the stored messages of each subject matching filter
+// (a stream state's Subjects).
+func (q *simQueues) subjects(filter string) map[string]uint64 {
+	out := map[string]uint64{}
+	for _, e := range q.all {
+		if subj := e.subject(); !e.removed && server.SubjectMatchesFilter(subj, filter) {
+			out[subj]++
+		}
+	}
+	return out
 }
 
 // firstLast returns the stream's first and last sequences.

@@ -379,9 +379,9 @@ func (n *simNode) startShells() {
 			n.localCall(simKey{"ungrouped destination"}, func() { dest = n.eng.ungroupedDestination() })
 			return dest
 		},
-		// The simulated engine holds nothing back on a held subject (no
-		// fair share), but the hand-over stages on one, as a node whose
-		// queue stream takes held subjects does.
+		// The queue stream takes held subjects: the hand-over stages on
+		// them, and in the seeds with a fair share the engine holds
+		// groups back on them too.
 		holds:   true,
 		lookup:  n.cache.Lookup,
 		propose: n.proposeCall,
@@ -458,11 +458,30 @@ func (n *simNode) startShells() {
 		},
 	}
 	n.live = l
+	n.fairWake = make(chan struct{}, 1)
+	fair := &fairShell{
+		node: n.id, log: log, io: h.io, clock: simClock{n}, wake: n.fairWake, holds: n.eng.holds(),
+		info: func(ctx context.Context) (*jetstream.ConsumerInfo, error) { return h.io.consumer(ctx, n.id) },
+		read: func(ackFloor uint64, window int) (rel []releaseTask, checks []checkTask, busy bool) {
+			n.localCall(simKey{"fair read", ackFloor, window}, func() {
+				rel, checks = n.eng.fairRead(ackFloor, window, w.now())
+				busy = n.eng.fairBusy()
+				n.performTaken()
+			})
+			return rel, checks, busy
+		},
+		step:        n.stepCall,
+		fencedNow:   func() bool { return n.eng.fenced(w.now()) },
+		lookup:      n.cache.Lookup,
+		stored:      func(uint64, string) {},
+		warnRelease: logagg.New(log, "held messages not moved", logagg.DefaultEvery),
+	}
 	cons := simQueueConsumer{n: n}
 	// Started as the world wakes goroutines: none runs beside the loop.
 	w.wake(func() {
 		go h.run(ctx)
 		go a.run(ctx)
+		go fair.run(ctx)
 		go runChanges(ctx, n.changes, func() uint64 { return uint64(n.kvSub.pos) }, n.stepCall, &n.applied)
 		go runTimers(ctx, simClock{n}, n.timerWake, func() time.Time { return n.eng.nextDue() }, func() { n.stepCall(inTick{}) })
 		go runCheckpoints(ctx, simClock{n}, simCheckpoint, func() (kvbinding.Checkpoint, bool) { return n.checkpoint(), true },
@@ -709,7 +728,7 @@ func (e *simEntry) raw() *jetstream.RawStreamMsg {
 		if e.epoch != 0 {
 			hdr.Set(HeaderEpoch, strconv.FormatUint(e.epoch, 10))
 		}
-		m = &nats.Msg{Subject: QueueSubject(e.node, "jms.sim"), Header: hdr}
+		m = &nats.Msg{Subject: e.subject(), Header: hdr}
 		e.msg = m
 	}
 	return &jetstream.RawStreamMsg{Subject: m.Subject, Sequence: e.sseq, Header: cloneHeader(m.Header), Data: m.Data}
@@ -719,6 +738,9 @@ func (e *simEntry) raw() *jetstream.RawStreamMsg {
 func (e *simEntry) subject() string {
 	if e.msg != nil {
 		return e.msg.Subject
+	}
+	if node, ok := strings.CutPrefix(e.node, simHeld("")); ok {
+		return HeldSubject(node, e.group, "jms.sim")
 	}
 	return QueueSubject(e.node, "jms.sim")
 }
@@ -867,12 +889,7 @@ func (s simStore) state(ctx context.Context, filter string) (st jetstream.Stream
 		var got jetstream.StreamState
 		n.roundTrip(p, n.w.p.pOpFail, func() {
 			got.FirstSeq, got.LastSeq = n.w.q.firstLast()
-			got.Subjects = map[string]uint64{}
-			for _, e := range n.w.q.all {
-				if subj := e.subject(); !e.removed && server.SubjectMatchesFilter(subj, filter) {
-					got.Subjects[subj]++
-				}
-			}
+			got.Subjects = n.w.q.subjects(filter)
 		}, func() { st = got })
 	})
 	return st, err

@@ -90,6 +90,8 @@ func TestSimulation(t *testing.T) {
 		total.excusedWindow, total.excusedDrain, total.excusedDLQ, total.redeliveries)
 	t.Logf("batches: %d of %d messages in all (%d of them fast-ingest ones), %d failed (their messages went one at a time)",
 		total.batches, total.batchMsgs, total.fastBatches, total.batchFailures)
+	t.Logf("fair share: %d messages held back on a held subject, %d copies of them released onto their node's queue",
+		total.heldBack, total.released)
 	t.Logf("partitions: %d links black-holed, %d deliveries held until their heal; %d handler terms stopped deciding by their own clock",
 		total.partitions, total.held, total.lapses)
 	for _, kind := range sortedKeys(known) {

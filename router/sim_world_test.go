@@ -131,6 +131,10 @@ type simProfile struct {
 	spillFrom, maxSpilled int64
 	// maxGroups: the handler's group limit (0: none).
 	maxGroups int
+	// groupShare: Config.GroupShare, a fixed share of the queue window
+	// per group, past which a group's messages wait on the node's held
+	// subject for the real fair shell to release (0: none held back).
+	groupShare int
 }
 
 func newSimProfile(rng *rand.Rand) simProfile {
@@ -222,6 +226,9 @@ func (p simProfile) String() string {
 	}
 	if p.spillFrom > 0 {
 		extra += fmt.Sprintf(", spilling (at most %d bytes)", p.maxSpilled)
+	}
+	if p.groupShare > 0 {
+		extra += fmt.Sprintf(", a share of %d unacknowledged messages per group", p.groupShare)
 	}
 	if p.maxBatch > 1 {
 		kind := "atomic"
@@ -342,6 +349,12 @@ func newSimWorld(seed uint64, tracing, strict bool) *simWorld {
 	// draw: the others run as before.
 	if !w.p.calm && seed%3 == 2 {
 		w.p.partitions = 1 + int(seed/3%3)
+	}
+	if seed%5 == 4 {
+		// A fair share of 1 to 3 messages per group, without a draw:
+		// groups with a backlog are held back, and the real fair shell
+		// releases them as their consumer acknowledges.
+		w.p.groupShare = 1 + int(seed/5%3)
 	}
 	w.cuts = map[string]*simCut{}
 	w.kv = newSimKV(w)
