@@ -32,7 +32,8 @@ import (
 // flight, a fence's look at its node's queue), the real liveness (its
 // heartbeat, the consumer's presence, the catch-up with the records
 // after a lapse), the engine's real timers (runTimers, woken by actRetry
-// only) and the real checkpoint loop (runCheckpoints) on stand-ins of
+// only), the real checkpoint loop (runCheckpoints) and the real fair
+// shell (fairShell: its rounds and releases of held messages) on stand-ins of
 // what Router gives them: msgStore, queueIO and the publisher's sender
 // over the simulated queue stream and ingress, a clock over the virtual
 // one, the engine's door and views, the binding cache, the handler and

@@ -28,7 +28,7 @@ import (
 //	sim_state_test.go     the bindings bucket and its watched caches, the node registry
 //	sim_queue_test.go     the queue stream, the dead-letter stream, the queue consumers
 //	sim_node_test.go      a router node: the real engine in simulated shells
-//	sim_shell_test.go     the real hand-over shell, asker, liveness, timers and checkpoint loop, on stand-ins
+//	sim_shell_test.go     the real hand-over shell, asker, liveness, timers, checkpoint loop and fair shell, on stand-ins
 //	sim_handler_test.go   the LOCAL handler: decisions, the monitor, pauses, the lease
 //	sim_check_test.go     the invariants
 //	sim_test.go           TestSimulation, TestSimulationRegressions
@@ -38,7 +38,8 @@ import (
 // (ask.go: its requests in flight, a fence's look at its queue), liveness
 // (liveness.go: the heartbeat, the consumer's presence, the catch-up with
 // the records after a lapse), the engine's timers (runTimers), the
-// checkpoint loop (runCheckpoints), the record
+// checkpoint loop (runCheckpoints), the fair shell (fair.go: its rounds
+// and releases of held messages; heldFound at a start), the record
 // state machine (proposals.Transition), the node-choice rules
 // (proposals/choose.go, route.go), the tracker and the handler's
 // authority rule (proposals.AuthorityEnd) are the real code. The other
@@ -50,9 +51,9 @@ import (
 // cut: the servers stay one side); the handler's worker
 // limit and busy replies, and the asker's 8 requests in flight;
 // priority-group pinning (one consumer process per queue, which may leave
-// and come back); the fair share's held messages (the engine holds none
-// back; the hand-over stages on held subjects all the same); the lost
-// book (lost.go); subjects too long to republish; gaps in the ingress
+// and come back); the fair share's automatic share (the seeds with one
+// fix it, at 1 to 3 messages; the queue consumer's window is not read);
+// the lost book (lost.go); subjects too long to republish; gaps in the ingress
 // sequence (deleted or expired messages); an invalid or unreadable
 // checkpoint; events and the inspect views; KV watch restarts replaying
 // history; clock skew (one virtual clock); and JetStream itself beyond
