@@ -12,6 +12,7 @@ import (
 
 	"github.com/grouprouter/grouprouter/consumer"
 	"github.com/grouprouter/grouprouter/internal/natstest"
+	"github.com/grouprouter/grouprouter/kvbinding"
 	"github.com/grouprouter/grouprouter/proposals"
 	"github.com/grouprouter/grouprouter/router"
 )
@@ -293,5 +294,66 @@ func setQueueWindow(t *testing.T, js jetstream.JetStream, node string, window in
 	cc.MaxAckPending = window
 	if _, err := js.UpdateConsumer(ctx, router.QueueStream, cc); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// An operator unbinds a group held back on its node's held subject (a move
+// to no node, which drains nothing): the node moves the held messages onto
+// its queue before it fences, so that the binding's end comes behind all
+// of them, and the group's next messages, bound afresh, come after them.
+// Before, the node forgot the held messages and fenced at once: the next
+// binding's messages went onto the queue ahead of them, or they stayed on
+// the held subject (the simulation's seed 74).
+func TestUnbindOfAHeldBackGroupKeepsItsOrder(t *testing.T) {
+	t.Parallel() // see doc.go
+	const window, backlog, after = 100, 400, 100
+	s := natstest.RunServer(t)
+	cfg := testConfig("n1", router.Local)
+	cfg.MaxHeldMessages = 400 // the backlog goes to the held subject at once (see TestHeldBackGroupSurvivesACrash)
+	n := startNode(t, s.URL(), cfg)
+	r := &fairRun{nc: s.Connect(), js: jetStream(t, s.URL())}
+	setQueueWindow(t, r.js, "n1", window)
+	natstest.Eventually(t, 10*time.Second, func() error {
+		if got := n.r.Stats().GroupShare; got != window/2 {
+			return fmt.Errorf("group share %d, want %d", got, window/2)
+		}
+		return nil
+	})
+	want := map[string][]string{}
+	r.burst(t, "hot", backlog, want) // no consumer yet: past the share, held
+	natstest.Eventually(t, 20*time.Second, func() error {
+		if st := n.r.Stats(); st.HeldBackMessages < backlog-window {
+			return fmt.Errorf("%d messages held back", st.HeldBackMessages)
+		}
+		return nil
+	})
+	if _, err := proposals.Move(context.Background(), r.nc, "hot", "", 5*time.Second); err != nil {
+		t.Fatalf("unbind: %v", err)
+	}
+	// The consumer makes room: the held messages go onto the queue, then
+	// the node fences and the binding ends. Under load the moves of the
+	// held messages can outlast the fence deadline: the handler then takes
+	// the group from the node's checkpoint, and the drain moves what is
+	// still held. Either way the move ends.
+	startConsumer(t, s.URL(), "n1", &r.col)
+	st := openStore(t, r.nc)
+	natstest.Eventually(t, 60*time.Second, func() error {
+		b, err := st.Get(context.Background(), "hot")
+		if err != nil {
+			return err
+		}
+		if b.State != kvbinding.StateReleased && !b.Settled() {
+			return fmt.Errorf("hot is %s on %q step %q", b.State, b.Node, b.Step)
+		}
+		t.Logf("the unbind ended: hot is %s on %q (%s)", b.State, b.Node, b.Reason)
+		return nil
+	})
+	later := bodies("hot/after", after) // bound afresh: behind every held message
+	publishPipelined(t, r.js, "jms.orders", "hot", later...)
+	want["hot"] = append(want["hot"], later...)
+	got := r.col.waitCount(t, backlog+after, 60*time.Second)
+	checkOrderedOnce(t, got, want)
+	if st := n.r.Stats(); st.HeldBackMessages != 0 {
+		t.Errorf("%d messages still held back", st.HeldBackMessages)
 	}
 }
