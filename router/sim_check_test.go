@@ -294,6 +294,17 @@ func (c *simChecker) publishing(node string, f *simFlight) {
 				// the node sent a failed batch's messages alone since).
 				continue
 			}
+			if p.kind == simCopy && g.p.kind == simCopy && g.p.origin != nil && g.p.origin.node == simHeld(other) {
+				// The other node's fair shell moving a held message onto its
+				// own queue, its publish on its way after it gave up on it
+				// (5 s) and fenced, while this node drains the group: a
+				// mover stopped between a copy and the deletion of its
+				// original (docs/protocol.md, "Remaining windows"). Both
+				// copies of that original carry its id: the first stored
+				// wins, and a drain whose copy is a duplicate of one on the
+				// old queue, which it keeps paused, moves that one.
+				continue
+			}
 			what := fmt.Sprintf("%s publishes %s's seq %d (%s) while %s's publish of its seq %d (%s, id %s, sent at %.4fs on revision %d) is on its way",
 				node, p.group, p.seq, p.kind, other, g.p.seq, g.p.kind, g.p.id, g.sent.Seconds(), g.p.view)
 			if c.staleView(p.group, other, g.p.view) {
