@@ -10,7 +10,8 @@
 // overlap those waits, one more at a time than there are cores (TestMain
 // sets -parallel to GOMAXPROCS+1 unless it is given: 3 on CI's two cores,
 // where the package took 576–660 s two at a time and 491 s three at a
-// time, using 156 % of the 200 % the cores give), after the four have run
+// time, the whole suite's run then using 156 % of the 200 % the cores
+// give), after the four have run
 // alone: their servers read users' passwords from the environment
 // (permtest.NewAuth), which a parallel test may not set. Each test is
 // written to hold under load (two busy loops alongside), which running
