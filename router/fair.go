@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"maps"
 	"slices"
 	"strconv"
 	"strings"
@@ -122,7 +123,7 @@ func heldFound(subjects map[string]uint64, node string, lookup func(ref string) 
 		}
 		found[ref] += int(n)
 	}
-	for ref := range found {
+	for _, ref := range slices.Sorted(maps.Keys(found)) { // in order: the simulation replays a seed exactly
 		if b, ok := lookup(ref); ok && b.Phase().TakingOver() && b.Node == node {
 			log.Info("held messages of a group this node is taking over: its staged catch-up, moved by the catch-up", "group", logagg.Short(ref), "messages", found[ref])
 			delete(found, ref)
@@ -262,6 +263,9 @@ func (f *fairShell) run(ctx context.Context) {
 			}
 		}
 		busy := f.round(ctx, stream)
+		if ctx.Err() != nil {
+			return // not another round for a wake that came meanwhile
+		}
 		if busy {
 			t.Reset(fairBusy)
 		} else {
