@@ -9,9 +9,9 @@
 // length, a grace, a cluster to form, a browser or a build), so the tests
 // overlap those waits, one more at a time than there are cores (TestMain
 // sets -parallel to GOMAXPROCS+1 unless it is given: 3 on CI's two cores,
-// where the package took 576–660 s two at a time and 491 s three at a
-// time, the whole suite's run then using 156 % of the 200 % the cores
-// give), after the four have run
+// where the package took 576–660 s two at a time, and three at a time
+// 491 s in one run of the suite (using 156 % of the 200 % the cores give)
+// and 598 s in a CI run beside a heavier simulation in package router), after the four have run
 // alone: their servers read users' passwords from the environment
 // (permtest.NewAuth), which a parallel test may not set. Each test is
 // written to hold under load (two busy loops alongside), which running
