@@ -234,30 +234,7 @@ func TestHeldBackGroupSurvivesACrash(t *testing.T) {
 	t.Parallel() // see doc.go
 	const window, backlog = 100, 400
 	s := natstest.RunServer(t)
-	cfg := testConfig("n1", router.Local)
-	// A group waits in memory for room (up to 15 s, or a quarter of the
-	// held messages): this bound sends its backlog to the held subject
-	// at once.
-	cfg.MaxHeldMessages = 400
-	n := startNode(t, s.URL(), cfg)
-	r := &fairRun{nc: s.Connect(), js: jetStream(t, s.URL())}
-	setQueueWindow(t, r.js, "n1", window)
-	natstest.Eventually(t, 10*time.Second, func() error {
-		if got := n.r.Stats().GroupShare; got != window/2 {
-			return fmt.Errorf("group share %d, want %d", got, window/2)
-		}
-		return nil
-	})
-	// No consumer yet: the backlog goes to the queue up to the share, the
-	// rest is held.
-	want := map[string][]string{}
-	r.burst(t, "hot", backlog, want)
-	natstest.Eventually(t, 20*time.Second, func() error {
-		if st := n.r.Stats(); st.HeldBackMessages < backlog-window {
-			return fmt.Errorf("%d messages held back", st.HeldBackMessages)
-		}
-		return nil
-	})
+	n, r, want := heldBackGroup(t, s, window, backlog)
 	n.kill()
 	r.burst(t, "hot", 100, want) // while it is down: behind the held ones
 	n.restart()
@@ -279,6 +256,38 @@ func TestHeldBackGroupSurvivesACrash(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// heldBackGroup starts node n1 (LOCAL) on s with a queue window of window
+// messages and publishes backlog messages of group "hot" with no consumer:
+// the backlog goes to the queue up to the group's share (half the window),
+// the rest to the held subject. It returns once at least backlog-window
+// are held back, with the node, the run and the messages published.
+func heldBackGroup(t *testing.T, s *natstest.Server, window, backlog int) (*node, *fairRun, map[string][]string) {
+	t.Helper()
+	cfg := testConfig("n1", router.Local)
+	// A group waits in memory for room (up to 15 s, or a quarter of the
+	// held messages): this bound sends its backlog to the held subject
+	// at once.
+	cfg.MaxHeldMessages = 400
+	n := startNode(t, s.URL(), cfg)
+	r := &fairRun{nc: s.Connect(), js: jetStream(t, s.URL())}
+	setQueueWindow(t, r.js, "n1", window)
+	natstest.Eventually(t, 10*time.Second, func() error {
+		if got := n.r.Stats().GroupShare; got != window/2 {
+			return fmt.Errorf("group share %d, want %d", got, window/2)
+		}
+		return nil
+	})
+	want := map[string][]string{}
+	r.burst(t, "hot", backlog, want)
+	natstest.Eventually(t, 20*time.Second, func() error {
+		if st := n.r.Stats(); st.HeldBackMessages < backlog-window {
+			return fmt.Errorf("%d messages held back", st.HeldBackMessages)
+		}
+		return nil
+	})
+	return n, r, want
 }
 
 // setQueueWindow sets the MaxAckPending of node's queue consumer.
@@ -308,25 +317,7 @@ func TestUnbindOfAHeldBackGroupKeepsItsOrder(t *testing.T) {
 	t.Parallel() // see doc.go
 	const window, backlog, after = 100, 400, 100
 	s := natstest.RunServer(t)
-	cfg := testConfig("n1", router.Local)
-	cfg.MaxHeldMessages = 400 // the backlog goes to the held subject at once (see TestHeldBackGroupSurvivesACrash)
-	n := startNode(t, s.URL(), cfg)
-	r := &fairRun{nc: s.Connect(), js: jetStream(t, s.URL())}
-	setQueueWindow(t, r.js, "n1", window)
-	natstest.Eventually(t, 10*time.Second, func() error {
-		if got := n.r.Stats().GroupShare; got != window/2 {
-			return fmt.Errorf("group share %d, want %d", got, window/2)
-		}
-		return nil
-	})
-	want := map[string][]string{}
-	r.burst(t, "hot", backlog, want) // no consumer yet: past the share, held
-	natstest.Eventually(t, 20*time.Second, func() error {
-		if st := n.r.Stats(); st.HeldBackMessages < backlog-window {
-			return fmt.Errorf("%d messages held back", st.HeldBackMessages)
-		}
-		return nil
-	})
+	n, r, want := heldBackGroup(t, s, window, backlog)
 	if _, err := proposals.Move(context.Background(), r.nc, "hot", "", 5*time.Second); err != nil {
 		t.Fatalf("unbind: %v", err)
 	}
