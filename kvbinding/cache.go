@@ -590,13 +590,54 @@ func (c *Cache) watchStart(records uint64) {
 }
 
 func (c *Cache) watchEntry(key string, op entryOp, value []byte, rev uint64) {
+	c.entry(key, op, value, rev)
+}
+
+// entry takes one record of the watch and reports whether it changed the
+// cache (after a rewind, the cache being read again changes, not this
+// one).
+func (c *Cache) entry(key string, op entryOp, value []byte, rev uint64) bool {
 	if c.replay != nil {
 		c.replay.applyEntry(key, op, value, rev)
-		return
+		return false
 	}
-	c.applyEntry(key, op, value, rev)
+	ref, changed := c.applyEntry(key, op, value, rev)
 	c.delivered.Store(rev)
+	if changed {
+		c.changed(ref)
+	}
+	return changed
 }
+
+// Feed hands the cache a bindings bucket's entries read by other means
+// than Run's watch: a bucket kept in memory, as the router's simulation
+// keeps one. Run's watch feeds the cache through the same steps. One
+// goroutine at a time calls them, in the bucket's order: Start, the
+// latest record of every key, Ready, then every change.
+type Feed struct{ c *Cache }
+
+// Feed returns the cache's feed. A cache is fed by Run or by its feed,
+// not both.
+func (c *Cache) Feed() Feed { return Feed{c} }
+
+// Start says how many records the bucket holds when the watch starts.
+func (f Feed) Start(records uint64) { f.c.watchStart(records) }
+
+// Put takes the value stored under key at revision rev, and reports
+// whether it changed the cache; when it did, the cache notifies the
+// change (CacheConfig.Notify) before Put returns.
+func (f Feed) Put(key string, value []byte, rev uint64) bool {
+	return f.c.entry(key, opPut, value, rev)
+}
+
+// Delete takes the delete marker (or purge) of key at revision rev, as
+// Put does.
+func (f Feed) Delete(key string, rev uint64) bool {
+	return f.c.entry(key, opDelete, nil, rev)
+}
+
+// Ready says the initial records are in: the cache is Ready.
+func (f Feed) Ready() { f.c.watchReady() }
 
 // Delivered returns the last sequence of the bucket's stream the watch
 // delivered to the cache (0: none yet): every record stored up to it is in
@@ -666,11 +707,13 @@ func (c *Cache) presize(records uint64) {
 	}
 }
 
-func (c *Cache) applyEntry(key string, op entryOp, value []byte, rev uint64) {
+// applyEntry takes one record of the watch and returns its ref and
+// whether it changed the cache; the caller notifies the change.
+func (c *Cache) applyEntry(key string, op entryOp, value []byte, rev uint64) (string, bool) {
 	group, err := groupOfKey(key)
 	digest := errors.Is(err, ErrDigestKey)
 	if err != nil && !digest {
-		return // not a key of ours
+		return "", false // not a key of ours
 	}
 	long := !digest && len(key) > MaxKeyLen // a legacy full key
 	var ref string
@@ -692,10 +735,7 @@ func (c *Cache) applyEntry(key string, op entryOp, value []byte, rev uint64) {
 			delete(c.legacy, ref)
 		}
 		c.mu.Unlock()
-		if changed {
-			c.changed(ref)
-		}
-		return
+		return ref, changed
 	}
 	// A revision the cache already holds (the handler wrote it and applied
 	// it) needs no decoding. (Not while warming up: then every record is
@@ -705,7 +745,7 @@ func (c *Cache) applyEntry(key string, op entryOp, value []byte, rev uint64) {
 		if e, had := c.m[ref]; had && e.rev >= rev {
 			c.watchRev = max(c.watchRev, rev)
 			c.mu.Unlock()
-			return
+			return ref, false
 		}
 		c.mu.Unlock()
 	}
@@ -713,8 +753,7 @@ func (c *Cache) applyEntry(key string, op entryOp, value []byte, rev uint64) {
 	if !ok {
 		var err error
 		if b, err = UnmarshalBinding(value); err != nil {
-			c.refuse(key, ref, !digest || c.holds(ref), rev, err.Error())
-			return
+			return ref, c.refuse(key, ref, !digest || c.holds(ref), rev, err.Error())
 		}
 	}
 	switch {
@@ -722,17 +761,14 @@ func (c *Cache) applyEntry(key string, op entryOp, value []byte, rev uint64) {
 		// Another group's record (a SHA-256 collision, or forged): it
 		// routes neither group. It marks the key's group when the cache
 		// holds a record of it.
-		c.refuse(key, ref, c.holds(ref), rev, "the value is the record of group "+quote(b.Group)+", whose key is another")
-		return
+		return ref, c.refuse(key, ref, c.holds(ref), rev, "the value is the record of group "+quote(b.Group)+", whose key is another")
 	case !digest && b.Group != group:
-		c.refuse(key, ref, true, rev, "the value is the record of group "+quote(b.Group))
-		return
+		return ref, c.refuse(key, ref, true, rev, "the value is the record of group "+quote(b.Group))
 	}
 	if b.Epoch > rev {
 		// An epoch is the revision of an earlier record: one from the
 		// future was not written by a handler.
-		c.refuse(key, ref, true, rev, "epoch "+strconv.FormatUint(b.Epoch, 10)+" is past the record's revision")
-		return
+		return ref, c.refuse(key, ref, true, rev, "epoch "+strconv.FormatUint(b.Epoch, 10)+" is past the record's revision")
 	}
 	b.Revision = rev
 	c.mu.Lock()
@@ -741,9 +777,7 @@ func (c *Cache) applyEntry(key string, op entryOp, value []byte, rev uint64) {
 		c.legacy[ref] = key
 	}
 	c.mu.Unlock()
-	if changed {
-		c.changed(ref)
-	}
+	return ref, changed
 }
 
 // holds reports whether the cache has an entry under ref.
@@ -769,20 +803,18 @@ func (c *Cache) LegacyKey(group string) (string, bool) {
 	return key, ok
 }
 
-// refuse records that the value of key at rev is unusable and logs why.
-// Unless mark is set, it marks no group.
-func (c *Cache) refuse(key, ref string, mark bool, rev uint64, why string) {
+// refuse records that the value of key at rev is unusable, logs why, and
+// reports whether that changed the cache. Unless mark is set, it marks no
+// group.
+func (c *Cache) refuse(key, ref string, mark bool, rev uint64, why string) bool {
 	c.ignored.Add(1)
 	c.log.Warn("ignoring an invalid binding record", "key", shortID(key), "revision", rev, "reason", why)
 	if !mark {
-		return
+		return false
 	}
 	c.mu.Lock()
-	changed := c.invalidLocked(ref, rev)
-	c.mu.Unlock()
-	if changed {
-		c.changed(ref)
-	}
+	defer c.mu.Unlock()
+	return c.invalidLocked(ref, rev)
 }
 
 func quote(s string) string {

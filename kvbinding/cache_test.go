@@ -259,8 +259,8 @@ func TestCacheRefusesInvalidValues(t *testing.T) {
 	c.warm.Store(true)
 	good, _ := Binding{Group: "g", State: StateBound, Node: "n1", FromSeq: 3, DecidedBy: "h"}.Marshal()
 	// Over a valid record: the record stays, the bad revision is listed.
-	c.applyEntry("r.g", opPut, good, 1)
-	c.applyEntry("r.g", opPut, []byte(`{"group":"g","state":"bound","node":"n 1","from_seq":3}`), 2)
+	c.Feed().Put("r.g", good, 1)
+	c.Feed().Put("r.g", []byte(`{"group":"g","state":"bound","node":"n 1","from_seq":3}`), 2)
 	if r, _ := c.Lookup("g"); r.Invalid || r.Node != "n1" || r.Revision != 1 {
 		t.Fatalf("a bad value replaced the valid record: %+v", r)
 	}
@@ -284,7 +284,7 @@ func TestCacheRefusesInvalidValues(t *testing.T) {
 		`{"group":"g","state":"bound","node":"n1","from_seq":3,"epoch":99999}`, // an epoch past its revision
 	} {
 		rev := uint64(4 + i)
-		c.applyEntry("r.g", opPut, []byte(bad), rev)
+		c.Feed().Put("r.g", []byte(bad), rev)
 		r, ok := c.Lookup("g")
 		if !ok || !r.Invalid || r.Revision != rev {
 			t.Fatalf("%s: Lookup = %+v, %v; want invalid at revision %d", bad, r, ok, rev)
@@ -296,7 +296,7 @@ func TestCacheRefusesInvalidValues(t *testing.T) {
 	if c.Ignored() != 8 {
 		t.Fatalf("Ignored = %d, want 8", c.Ignored())
 	}
-	c.applyEntry("r.g", opPut, good, 20)
+	c.Feed().Put("r.g", good, 20)
 	if r, _ := c.Lookup("g"); r.Invalid || r.Node != "n1" || r.Revision != 20 {
 		t.Fatalf("a valid revision did not replace the invalid one: %+v", r)
 	}
@@ -315,7 +315,7 @@ func TestCacheEpochs(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		c.applyEntry("r.g", opPut, data, rev)
+		c.Feed().Put("r.g", data, rev)
 	}
 	put(Binding{Group: "g", State: StateBound, Node: "n1", FromSeq: 3, DecidedBy: "h"}, 5)
 	if r, _ := c.Lookup("g"); r.Epoch != 5 {
@@ -354,5 +354,62 @@ func TestCacheKeepsTheReasonAndCheckpointOfARecordInAStep(t *testing.T) {
 		if cached := tt.b.Cached(); got.Reason != cached.Reason || got.Ckpt != cached.Ckpt {
 			t.Errorf("revision %d: the cache's %+v, Cached %+v", tt.b.Revision, got, cached)
 		}
+	}
+}
+
+// TestCacheFeed: a cache fed by hand (an in-memory bucket) takes the
+// watch's rules: Put and Delete report a change and notify it once the
+// initial records are in, and a revision already held, whether the watch
+// or the writer's Apply brought it, changes nothing.
+func TestCacheFeed(t *testing.T) {
+	notify := make(chan string, 16)
+	c := NewCache(CacheConfig{Notify: notify})
+	f := c.Feed()
+	val := func(b Binding) []byte {
+		v, err := b.Marshal()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+	f.Start(2)
+	if !f.Put("r.a", val(bound("a", "n1", 1, 0)), 3) || !f.Put("r.b", val(bound("b", "n2", 1, 0)), 5) {
+		t.Fatal("an initial record did not change the cache")
+	}
+	if len(notify) != 0 {
+		t.Fatalf("%d notifications before Ready, want 0", len(notify))
+	}
+	select {
+	case <-c.Ready():
+		t.Fatal("ready before Feed.Ready")
+	default:
+	}
+	f.Ready()
+	<-c.Ready()
+
+	if f.Put("r.a", val(bound("a", "n2", 1, 0)), 4) {
+		t.Fatal("a revision below the last one read changed the cache")
+	}
+	if !c.Apply(bound("a", "n2", 1, 6)) {
+		t.Fatal("the writer's own record was not applied")
+	}
+	if f.Put("r.a", val(bound("a", "n2", 1, 0)), 6) {
+		t.Fatal("the watch's copy of a record already applied changed the cache")
+	}
+	if !f.Delete("r.b", 7) {
+		t.Fatal("a delete marker did not change the cache")
+	}
+	if _, ok := c.Lookup("b"); ok {
+		t.Fatal("b still cached after its delete marker")
+	}
+	if got := c.Counts(); got["n2"] != 1 || len(got) != 1 {
+		t.Fatalf("Counts = %v, want n2: 1", got)
+	}
+	var got []string
+	for len(notify) > 0 {
+		got = append(got, <-notify)
+	}
+	if strings.Join(got, ",") != "a,b" {
+		t.Fatalf("notifications %v, want [a b] (the Apply, the delete)", got)
 	}
 }

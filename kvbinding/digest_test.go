@@ -27,13 +27,13 @@ func TestCacheDigestKeys(t *testing.T) {
 		}
 		return v
 	}
-	c.applyEntry(ka, opPut, val(a, "n1"), 1)
+	c.Feed().Put(ka, val(a, "n1"), 1)
 	if r, ok := c.Lookup(a); !ok || r.Node != "n1" || r.Revision != 1 {
 		t.Fatalf("Lookup(a) = %+v, %v", r, ok)
 	}
 	// A fake collision: a's record under b's key. b is not routed by it,
 	// and a's record stands.
-	c.applyEntry(kb, opPut, val(a, "n2"), 2)
+	c.Feed().Put(kb, val(a, "n2"), 2)
 	if _, ok := c.Lookup(b); ok {
 		t.Fatal("b is routed by a record of a under b's key")
 	}
@@ -42,7 +42,7 @@ func TestCacheDigestKeys(t *testing.T) {
 	}
 	// The key of a, holding b's record afterwards (forged): refused, a
 	// marked as having a bad value, b not routed.
-	c.applyEntry(ka, opPut, val(b, "n2"), 3)
+	c.Feed().Put(ka, val(b, "n2"), 3)
 	if _, ok := c.Lookup(b); ok {
 		t.Fatal("b is routed by a record under a's key")
 	}
@@ -53,7 +53,7 @@ func TestCacheDigestKeys(t *testing.T) {
 		t.Fatalf("Ignored = %d, want 2", c.Ignored())
 	}
 	// The delete of a's key names no group: the cache knows it.
-	c.applyEntry(ka, opDelete, nil, 4)
+	c.Feed().Delete(ka, 4)
 	if _, ok := c.Lookup(a); ok {
 		t.Fatal("a's record outlived the delete of its digest key")
 	}
@@ -61,7 +61,7 @@ func TestCacheDigestKeys(t *testing.T) {
 		t.Fatalf("entries after the delete: %d, bad %v", len(c.m), c.bad)
 	}
 	// A delete of a digest key the cache never held changes nothing.
-	c.applyEntry(kb, opDelete, nil, 5)
+	c.Feed().Delete(kb, 5)
 	if c.Len() != 0 {
 		t.Fatalf("Len = %d after deletes, want 0", c.Len())
 	}
@@ -75,14 +75,14 @@ func TestCacheLegacyKeys(t *testing.T) {
 	a := longID("a")
 	full, _ := FullKey(a)
 	v, _ := Binding{Group: a, State: StateBound, Node: "n1", FromSeq: 3, DecidedBy: "h"}.Marshal()
-	c.applyEntry(full, opPut, v, 1)
+	c.Feed().Put(full, v, 1)
 	if r, ok := c.Lookup(a); !ok || r.Node != "n1" {
 		t.Fatalf("Lookup = %+v, %v", r, ok)
 	}
 	if k, ok := c.LegacyKey(a); !ok || k != full {
 		t.Fatalf("LegacyKey = %.20q, %v; want the full key", k, ok)
 	}
-	c.applyEntry(full, opDelete, nil, 2)
+	c.Feed().Delete(full, 2)
 	if _, ok := c.LegacyKey(a); ok {
 		t.Fatal("LegacyKey names a deleted record's key")
 	}
@@ -219,7 +219,7 @@ func TestCacheKeepsNoLongID(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		c.applyEntry(ka, opPut, v, rev)
+		c.Feed().Put(ka, v, rev)
 		if got := <-notes; got != Ref(a) {
 			t.Fatalf("notified %.20q, want a's ref", got)
 		}
@@ -248,7 +248,7 @@ func TestCacheKeepsNoLongID(t *testing.T) {
 	if r, _ := c.Lookup(Ref(a)); r.Group != "" || len(c.unsettled) != 0 {
 		t.Fatalf("the settled record still names its id (%d kept)", len(c.unsettled))
 	}
-	c.applyEntry(ka, opDelete, nil, 4)
+	c.Feed().Delete(ka, 4)
 	if got := <-notes; got != Ref(a) {
 		t.Fatalf("the delete notified %.20q, want a's ref", got)
 	}

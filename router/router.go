@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -627,17 +628,25 @@ const maxChangeBatch = 256
 // resumeDuties picks up, after a start, the changes in progress that
 // concern this node (hand-overs it owes, takeovers handed to it).
 func (r *Router) resumeDuties() {
-	var todo []string
-	r.cache.Each(func(ref string, route kvbinding.Binding) bool {
-		if proposals.DutyOf(route, r.cfg.Node) != proposals.DutyNone {
-			todo = append(todo, ref)
-		}
-		return true
-	})
+	todo := dutiesOf(r.cache, r.cfg.Node)
 	if len(todo) > 0 {
 		r.log.Info("resuming changes in progress", "groups", len(todo))
 	}
 	r.step(inChanged{refs: todo})
+}
+
+// dutiesOf returns, sorted, the refs of the groups whose record gives
+// node a duty (proposals.DutyOf).
+func dutiesOf(c *kvbinding.Cache, node string) []string {
+	var todo []string
+	c.Each(func(ref string, route kvbinding.Binding) bool {
+		if proposals.DutyOf(route, node) != proposals.DutyNone {
+			todo = append(todo, ref)
+		}
+		return true
+	})
+	slices.Sort(todo)
+	return todo
 }
 
 // onLiveChange is called by the registry when the set of live nodes (or

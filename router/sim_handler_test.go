@@ -246,7 +246,7 @@ func (h *simHandler) tick() {
 func (h *simHandler) liveState() map[string]proposals.NodeState {
 	w := h.w
 	v := h.host.view
-	counts := h.host.cache.counts()
+	counts := h.host.cache.Counts()
 	out := map[string]proposals.NodeState{}
 	for id, has := range v.live {
 		seen := v.seen[id]
@@ -496,20 +496,14 @@ func (h *simHandler) api(node string) time.Duration {
 func (h *simHandler) watchNodes() {
 	w := h.w
 	cache := h.host.cache
-	in := proposals.MonitorInput{Now: w.now(), Live: h.host.view.live, Owners: map[string]bool{}, Unsettled: map[string]kvbinding.Binding{}}
-	for _, node := range cache.owners() {
-		in.Owners[node] = true
-	}
-	for _, g := range cache.unsettled() {
-		in.Unsettled[g] = cache.m[g]
-	}
+	in := proposals.MonitorInput{Now: w.now(), Live: h.host.view.live, Owners: cache.Owners(), Unsettled: cache.Unsettled()}
 	rb := w.p.rebalance
 	if rb.Enabled {
 		in.Nodes = h.liveState()
 		if over := proposals.Overloaded(rb, in.Nodes, proposals.Incoming(in.Unsettled)); len(over) > 0 {
 			in.Candidates = map[string][]proposals.Candidate{}
 			for _, node := range over {
-				for _, g := range cache.groupsOf(node) {
+				for _, g := range simRefsOf(cache, node) {
 					if r, ok := cache.Lookup(g); ok && r.Settled() && r.Node == node && g != "" {
 						in.Candidates[node] = append(in.Candidates[node], proposals.Candidate{Group: g})
 					}
@@ -597,7 +591,7 @@ func (h *simHandler) evacuate(node string, groups []string, reason string) {
 			fence, caught, ckpt = c.Start(), c.Caught, w.reg.ckptRev[node]
 		}
 		if all {
-			groups = h.host.cache.groupsOf(node)
+			groups = simRefsOf(h.host.cache, node)
 		}
 		if len(groups) == 0 {
 			finish()
@@ -642,7 +636,7 @@ func (h *simHandler) evacuateNew(node string) {
 		h.mon.Done(node, false, false)
 		return
 	}
-	groups := proposals.BoundSince(h.host.cache.groupsOf(node), h.host.cache.Lookup, node, c.Start())
+	groups := proposals.BoundSince(simRefsOf(h.host.cache, node), h.host.cache.Lookup, node, c.Start())
 	if len(groups) == 0 {
 		h.mon.Done(node, false, false)
 		return
@@ -654,7 +648,7 @@ func (h *simHandler) evacuateNew(node string) {
 // settled groups.
 func (h *simHandler) rebind(node string) {
 	w := h.w
-	groups := h.host.cache.groupsOf(node)
+	groups := simRefsOf(h.host.cache, node)
 	live := h.liveState()
 	delete(live, node)
 	w.logf(h.host.id, "handler moves the groups of %s (no consumer)", node)
@@ -733,7 +727,7 @@ func (h *simHandler) stillGone(node string, seen uint64) error {
 func (h *simHandler) keepPaused() {
 	w := h.w
 	in := proposals.PauseInput{Now: w.now(), Paused: map[string]time.Time{}, Pausing: h.pausing,
-		Draining: h.host.cache.draining(), CatchingUp: h.host.cache.catchingUp(), CatchUpSince: h.catchUps, Window: simPauseWindow}
+		Draining: h.host.cache.Draining(), CatchingUp: h.host.cache.CatchingUp(), CatchUpSince: h.catchUps, Window: simPauseWindow}
 	proposals.TrackCatchUps(h.catchUps, in.CatchingUp, in.Draining, in.Now)
 	for node, until := range h.paused {
 		in.Paused[node] = simEpoch().Add(until)

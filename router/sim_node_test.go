@@ -47,7 +47,7 @@ type simNode struct {
 	dead     bool
 
 	eng   *engine
-	cache *simCache
+	cache *kvbinding.Cache
 	view  *simRegView
 	// suspects: nodes a takeover event named, not counted on until
 	// they announce again (Router.suspects).
@@ -192,7 +192,7 @@ func (n *simNode) start() {
 	p := w.p
 	n.started = true
 	n.suspects = suspectSet{} // a new process suspects nobody
-	n.cache = newSimCache(w.kv)
+	n.cache = w.kv.cache()
 	n.changes = make(chan string, 4096) // Router's
 	n.kvSub = w.kv.log.subscribe(n.id, n.onRecord)
 	n.view = newSimRegView(w, n.id, n.onLiveChange)
@@ -224,13 +224,7 @@ func (n *simNode) start() {
 	if n.local {
 		n.every(simLeaseTick/2, n.standbyTick)
 	}
-	var todo []string
-	for _, g := range sortedKeys(n.cache.m) {
-		if proposals.DutyOf(n.cache.m[g], n.id) != proposals.DutyNone {
-			todo = append(todo, g)
-		}
-	}
-	n.step(inChanged{refs: todo})
+	n.step(inChanged{refs: dutiesOf(n.cache, n.id)})
 	if p.groupTimeout > 0 {
 		n.every(p.reaperPeriod, n.reapTick)
 	}
@@ -309,10 +303,10 @@ func (n *simNode) onRecord(e simKVEntry) {
 		return
 	}
 	var changed bool
-	if e.b == nil {
-		changed = n.cache.applyDelete(e.group, e.rev)
+	if e.value == nil {
+		changed = n.cache.Feed().Delete(e.key, e.rev)
 	} else {
-		changed = n.cache.apply(*e.b, true)
+		changed = n.cache.Feed().Put(e.key, e.value, e.rev)
 	}
 	if changed {
 		n.notify(e.group)
@@ -321,7 +315,7 @@ func (n *simNode) onRecord(e simKVEntry) {
 
 // applyOwn is Cache.Apply of a record this node's handler wrote.
 func (n *simNode) applyOwn(b kvbinding.Binding) {
-	if n.alive() && n.cache.apply(b, false) {
+	if n.alive() && n.cache.Apply(b) {
 		n.notify(b.Group)
 	}
 }
@@ -653,7 +647,7 @@ func (n *simNode) sendBatch(ps []simPub, fast bool, cb func(last uint64, err err
 // Liveness, checkpoints, the reaper.
 
 func (n *simNode) reapTick() {
-	mine := n.cache.groupsOf(n.id)
+	mine := simRefsOf(n.cache, n.id)
 	if !n.alive() {
 		return
 	}

@@ -1,6 +1,8 @@
 package router
 
 import (
+	"cmp"
+	"slices"
 	"time"
 
 	"github.com/grouprouter/grouprouter/kvbinding"
@@ -71,6 +73,10 @@ type simKVEntry struct {
 	rev   uint64
 	group string
 	b     *kvbinding.Binding
+	// key and value: as the bucket stores the record (value nil: the
+	// delete marker).
+	key   string
+	value []byte
 }
 
 // simKV is the bindings bucket: the records (the truth), the revision of
@@ -112,7 +118,8 @@ func (kv *simKV) write(b kvbinding.Binding, create bool, rev uint64, ended bool)
 	kv.recs[b.Group] = b
 	kv.last[b.Group] = b.Revision
 	bb := b
-	kv.log.append(simKVEntry{rev: b.Revision, group: b.Group, b: &bb})
+	key, value := simEncode(b)
+	kv.log.append(simKVEntry{rev: b.Revision, group: b.Group, b: &bb, key: key, value: value})
 	kv.w.chk.recordWritten(b, cur)
 	if ended {
 		// The server removes the message after its TTL (whole seconds)
@@ -127,156 +134,52 @@ func (kv *simKV) write(b kvbinding.Binding, create bool, rev uint64, ended bool)
 			delete(kv.recs, g)
 			kv.last[g] = kv.rev
 			kv.w.logf("kv", "record of %q expired (rev %d)", g, kv.rev)
-			kv.log.append(simKVEntry{rev: kv.rev, group: g})
+			key, _ := kvbinding.KeyOf(g)
+			kv.log.append(simKVEntry{rev: kv.rev, group: g, key: key})
 		})
 	}
 	return b, nil
 }
 
-// simCache is a process's watched copy of the bindings bucket, with the
-// kvbinding.Cache rules: a revision already held is not applied again.
-// It implements the engine's records interface (with Count).
-type simCache struct {
-	m        map[string]kvbinding.Binding
-	watchRev uint64
+// simEncode returns the key and value under which the bucket stores b.
+func simEncode(b kvbinding.Binding) (string, []byte) {
+	key, err := kvbinding.KeyOf(b.Group)
+	if err != nil {
+		panic("sim: " + err.Error())
+	}
+	value, err := b.Marshal()
+	if err != nil {
+		panic("sim: " + err.Error())
+	}
+	return key, value
 }
 
-func newSimCache(kv *simKV) *simCache {
-	c := &simCache{m: make(map[string]kvbinding.Binding, len(kv.recs)), watchRev: kv.rev}
-	for g, b := range kv.recs {
-		c.m[g] = b.Cached()
+// cache returns a process's real kvbinding.Cache, loaded as a watch
+// starts: the latest record of every key, in revision order (the caller
+// subscribes to the changes from now on).
+func (kv *simKV) cache() *kvbinding.Cache {
+	c := kvbinding.NewCache(kvbinding.CacheConfig{})
+	f := c.Feed()
+	f.Start(uint64(len(kv.recs)))
+	recs := make([]kvbinding.Binding, 0, len(kv.recs))
+	for _, b := range kv.recs {
+		recs = append(recs, b)
 	}
+	slices.SortFunc(recs, func(a, b kvbinding.Binding) int { return cmp.Compare(a.Revision, b.Revision) })
+	for _, b := range recs {
+		key, value := simEncode(b)
+		f.Put(key, value, b.Revision)
+	}
+	f.Ready()
 	return c
 }
 
-func (c *simCache) Lookup(group string) (kvbinding.Binding, bool) {
-	r, ok := c.m[group]
-	return r, ok
-}
-
-// Count returns the number of groups bound to node (any step).
-func (c *simCache) Count(node string) int {
-	n := 0
-	for g, r := range c.m {
-		if g != "" && r.State == kvbinding.StateBound && r.Node == node {
-			n++
-		}
-	}
-	return n
-}
-
-// apply takes a record from the watch (fromWatch) or written by this
-// process's handler, and reports whether it changed the cache.
-// Bound is kvbinding.Cache.Bound: groups bound or being moved.
-func (c *simCache) Bound() int {
-	n := 0
-	for g, r := range c.m {
-		if g != "" && !r.Invalid && (r.State == kvbinding.StateBound || r.State == kvbinding.StateMoving) {
-			n++
-		}
-	}
-	return n
-}
-
-func (c *simCache) apply(b kvbinding.Binding, fromWatch bool) bool {
-	if fromWatch {
-		if b.Revision <= c.watchRev {
-			return false
-		}
-		c.watchRev = b.Revision
-	}
-	if old, had := c.m[b.Group]; had && old.Revision >= b.Revision {
-		return false
-	}
-	c.m[b.Group] = b.Cached()
-	return true
-}
-
-func (c *simCache) applyDelete(group string, rev uint64) bool {
-	if rev <= c.watchRev {
-		return false
-	}
-	c.watchRev = rev
-	old, had := c.m[group]
-	if !had || old.Revision >= rev {
-		return false
-	}
-	delete(c.m, group)
-	return true
-}
-
-// counts is Cache.Counts: bound groups per node, the ungrouped binding
-// not counted.
-func (c *simCache) counts() map[string]int {
-	out := map[string]int{}
-	for g, r := range c.m {
-		if g != "" && r.State == kvbinding.StateBound {
-			out[r.Node]++
-		}
-	}
-	return out
-}
-
-// owners is Cache.Owners: the nodes groups are bound to or moving away
-// from, sorted.
-func (c *simCache) owners() []string {
-	set := map[string]bool{}
-	for _, r := range c.m {
-		switch r.State {
-		case kvbinding.StateBound:
-			set[r.Node] = true
-		case kvbinding.StateMoving:
-			set[r.PrevNode] = true
-		}
-	}
-	return sortedKeys(set)
-}
-
-// unsettled is Cache.Unsettled's groups, sorted.
-func (c *simCache) unsettled() []string {
-	var out []string
-	for _, g := range sortedKeys(c.m) {
-		if r := c.m[g]; r.State == kvbinding.StateMoving || (r.State == kvbinding.StateBound && r.Step != kvbinding.StepNone) {
-			out = append(out, g)
-		}
-	}
-	return out
-}
-
-// groupsOf is Cache.RefsOf (the simulation's ids are short: a ref is the id), sorted.
-func (c *simCache) groupsOf(node string) []string {
-	var out []string
-	for _, g := range sortedKeys(c.m) {
-		r := c.m[g]
-		if (r.State == kvbinding.StateBound && r.Node == node) || (r.State == kvbinding.StateMoving && r.PrevNode == node) {
-			out = append(out, g)
-		}
-	}
-	return out
-}
-
-// draining is Cache.Draining.
-func (c *simCache) draining() map[string]int {
-	out := map[string]int{}
-	for _, r := range c.m {
-		if r.State == kvbinding.StateBound && r.Step == kvbinding.StepDrain {
-			for _, n := range r.Drain {
-				out[n]++
-			}
-		}
-	}
-	return out
-}
-
-// catchingUp is Cache.CatchingUp.
-func (c *simCache) catchingUp() map[string]int {
-	out := map[string]int{}
-	for _, r := range c.m {
-		if r.State == kvbinding.StateBound && r.Step == kvbinding.StepCatchUp && r.PrevNode != "" {
-			out[r.PrevNode]++
-		}
-	}
-	return out
+// simRefsOf is Cache.RefsOf, sorted (the simulation's group ids are
+// short: a ref is the id).
+func simRefsOf(c *kvbinding.Cache, node string) []string {
+	refs := c.RefsOf(node)
+	slices.Sort(refs)
+	return refs
 }
 
 // simRegEntry is one change of the liveness records: an announcement or a

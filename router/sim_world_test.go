@@ -25,7 +25,7 @@ import (
 // instants (sim_shell_test.go): a seed replays exactly. The files:
 //
 //	sim_world_test.go     the clock, the agenda of events, a run's profile, the faults
-//	sim_state_test.go     the bindings bucket and its watched caches, the node registry
+//	sim_state_test.go     the bindings bucket (each process watches it with a real kvbinding.Cache), the node registry
 //	sim_queue_test.go     the queue stream, the dead-letter stream, the queue consumers
 //	sim_node_test.go      a router node: the real engine in simulated shells
 //	sim_shell_test.go     the real hand-over shell, asker, liveness, timers, checkpoint loop and fair shell, on stand-ins
@@ -39,13 +39,17 @@ import (
 // (liveness.go: the heartbeat, the consumer's presence, the catch-up with
 // the records after a lapse), the engine's timers (runTimers), the
 // checkpoint loop (runCheckpoints), the fair shell (fair.go: its rounds
-// and releases of held messages; heldFound at a start), the record
-// state machine (proposals.Transition), the node-choice rules
-// (proposals/choose.go, route.go), the tracker and the handler's
-// authority rule (proposals.AuthorityEnd) are the real code. The other
-// shells around them are models written after router.go, ingest.go,
-// publish.go and proposals/handler.go, apply.go,
-// monitor.go, call for call: they must be kept in step with those files.
+// and releases of held messages; heldFound at a start), the publisher
+// (publish.go), the change loop (runChanges), the ingress decoder, the
+// bindings cache (kvbinding.Cache: its revision rules and views, fed
+// through Cache.Feed with the values the bucket stores), the duties a
+// start resumes (dutiesOf), the record state machine
+// (proposals.Transition), the node-choice rules (proposals/choose.go,
+// route.go), the tracker and the handler's authority rule
+// (proposals.AuthorityEnd) are the real code. The other shells around
+// them are models written after router.go, ingest.go and
+// proposals/handler.go, apply.go, monitor.go, call for call: they must
+// be kept in step with those files.
 // What the simulation
 // does not model: a partition between the servers (only a node's link is
 // cut: the servers stay one side); the handler's worker
