@@ -98,6 +98,15 @@ func testRouterOn(t *testing.T, s *natstest.Server, node string) (*Router, jetst
 	return r, js
 }
 
+// holding gives r, made by testRouter and not yet stepped, an engine that
+// holds groups back past their share (Config.GroupShare's rule on).
+func holding(r *Router) {
+	cfg := r.eng.cfg
+	cfg.holds = true
+	r.eng = newEngine(cfg, r.cache, rand.New(rand.NewPCG(1, 2)))
+	r.ho.holds = true
+}
+
 // record puts b in the router's cache and returns its route.
 func record(t *testing.T, r *Router, b kvbinding.Binding) kvbinding.Binding {
 	t.Helper()
@@ -161,7 +170,7 @@ func TestCatchUpDeadLettersWhatCannotBeGrouped(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	r.eng.resume = resumePoint{ckpt: kvbinding.Checkpoint{Next: 5}} // read past them
+	r.step(inBegin{resume: resumePoint{ckpt: kvbinding.Checkpoint{Next: 5}}}) // read past them
 	route := record(t, r, kvbinding.Binding{Group: "", State: kvbinding.StateBound, Node: "n1", FromSeq: 1, PrevNode: "n0",
 		Step: kvbinding.StepCatchUp, Revision: 7})
 	if _, err := r.ho.catchUp(ctx, map[string]kvbinding.Binding{"": route}); err != nil {
@@ -212,7 +221,7 @@ func TestCatchUpMovesACopyThatLandedLateOnTheOldQueue(t *testing.T) {
 				s, err := queue(ctx)
 				return failingDeletes{s, &fails}, err
 			}
-			r.eng.resume = resumePoint{ckpt: kvbinding.Checkpoint{Next: 5}}
+			r.step(inBegin{resume: resumePoint{ckpt: kvbinding.Checkpoint{Next: 5}}})
 			route := record(t, r, kvbinding.Binding{Group: "g", State: kvbinding.StateBound, Node: "n1", FromSeq: 1, PrevNode: "n9",
 				Step: kvbinding.StepCatchUp, Revision: 7, Epoch: 7})
 			if fails > 0 {
@@ -756,15 +765,14 @@ type evacuation struct {
 // after them, and records the drain step.
 func newEvacuation(t *testing.T, r *Router, js jetstream.JetStream, n int) *evacuation {
 	t.Helper()
-	r.eng.cfg.holds = true
-	r.ho.holds = true
+	holding(r)
 	for range n {
 		m := &nats.Msg{Subject: "jms.x", Header: nats.Header{DefaultGroupHeader: {"g"}}}
 		if _, err := js.PublishMsg(context.Background(), m); err != nil {
 			t.Fatal(err)
 		}
 	}
-	r.eng.resume = resumePoint{ckpt: kvbinding.Checkpoint{Next: uint64(n) + 1}}
+	r.step(inBegin{resume: resumePoint{ckpt: kvbinding.Checkpoint{Next: uint64(n) + 1}}})
 	drain := record(t, r, kvbinding.Binding{Group: "g", State: kvbinding.StateBound, Node: "n1", FromSeq: 1, PrevNode: "n9",
 		Step: kvbinding.StepDrain, Drain: []string{"n9"}, Revision: 7})
 	return &evacuation{t: t, r: r, js: js, drain: drain}
@@ -920,8 +928,7 @@ func TestCatchUpKeepsTheCopyOfAStagedMessageGoneMeanwhile(t *testing.T) {
 // them); another group's held messages it counts.
 func TestRestoreHeldSkipsAStagedCatchUp(t *testing.T) {
 	r, js := testRouter(t, "n1")
-	r.eng.cfg.holds = true
-	r.ho.holds = true
+	holding(r)
 	r.ho.nc = js.Conn()
 	ctx := context.Background()
 	for _, g := range []string{"taken", "held"} {
@@ -1082,7 +1089,7 @@ func TestAMoverThatMayHaveLapsedDeletesNothing(t *testing.T) {
 	if err := r.ho.deleteOriginal(ctx, jsStore{st}, q, kvbinding.Binding{Group: "g", Revision: route.Revision - 1}); !errors.Is(err, errSuperseded) {
 		t.Errorf("deleteOriginal under a past revision: %v, want errSuperseded", err)
 	}
-	r.eng.lapse.aliveUntil = time.Now().Add(-time.Second)
+	r.step(inAlive{until: time.Now().Add(-time.Second)})
 	if err := r.ho.deleteOriginal(ctx, jsStore{st}, q, route); !errors.Is(err, errFencedNow) {
 		t.Errorf("deleteOriginal while fenced: %v, want errFencedNow", err)
 	}
@@ -1151,15 +1158,14 @@ func TestCatchUpSkipsWhatThePinnedCheckpointSaysWasFinished(t *testing.T) {
 				t.Fatal(err)
 			}
 			r.ho.loadCheckpointAt = r.reg.LoadCheckpointAt
-			r.eng.cfg.holds = true
-			r.ho.holds = true
+			holding(r)
 			for range 6 {
 				m := &nats.Msg{Subject: "jms.x", Header: nats.Header{DefaultGroupHeader: {"g"}}}
 				if _, err := js.PublishMsg(ctx, m); err != nil {
 					t.Fatal(err)
 				}
 			}
-			r.eng.resume = resumePoint{ckpt: kvbinding.Checkpoint{Next: 7}} // the lane reads from 7
+			r.step(inBegin{resume: resumePoint{ckpt: kvbinding.Checkpoint{Next: 7}}}) // the lane reads from 7
 			if err := r.reg.SaveCheckpoint(ctx, "n9", kvbinding.Checkpoint{Next: 7, Pending: [][2]uint64{{2, 2}, {5, 5}}}); err != nil {
 				t.Fatal(err)
 			}

@@ -117,7 +117,7 @@ func TestCatchUpBatchReportsProgress(t *testing.T) {
 			}
 		}
 	}
-	r.eng.resume = resumePoint{ckpt: kvbinding.Checkpoint{Next: 2*perGroup + 1}} // read past them
+	r.step(inBegin{resume: resumePoint{ckpt: kvbinding.Checkpoint{Next: 2*perGroup + 1}}}) // read past them
 	routes := map[string]kvbinding.Binding{}
 	for i, g := range []string{"a", "b"} {
 		routes[g] = record(t, r, kvbinding.Binding{Group: g, State: kvbinding.StateBound, Node: "n1", FromSeq: 1, PrevNode: "n0",

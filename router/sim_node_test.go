@@ -48,7 +48,9 @@ type simNode struct {
 
 	eng   *engine
 	cache *kvbinding.Cache
-	view  *simRegView
+	// strays: the engine's stray outcomes already reported.
+	strays uint64
+	view   *simRegView
 	// suspects: nodes a takeover event named, not counted on until
 	// they announce again (Router.suspects).
 	suspects suspectSet
@@ -192,6 +194,7 @@ func (n *simNode) start() {
 	p := w.p
 	n.started = true
 	n.suspects = suspectSet{} // a new process suspects nobody
+	n.strays = 0
 	n.cache = w.kv.cache()
 	n.changes = make(chan string, 4096) // Router's
 	n.kvSub = w.kv.log.subscribe(n.id, n.onRecord)
@@ -204,7 +207,7 @@ func (n *simNode) start() {
 		groupShare: p.groupShare, holds: p.groupShare > 0,
 	}, n.cache, rand.New(rand.NewPCG(w.rng.Uint64(), w.rng.Uint64())))
 	ckpt := w.reg.ckpt[n.id]
-	n.eng.resume = resumePoint{ckpt: ckpt}
+	n.step(inBegin{resume: resumePoint{ckpt: ckpt}})
 	n.onLiveChange()
 	if n.eng.holds() {
 		// Router.restoreHeld, on the queue stream's state (this node's
@@ -251,10 +254,10 @@ func (n *simNode) step(in input) {
 		return
 	}
 	n.eng.step(in, n.w.now())
-	if n.eng.stats.strayOutcomes > 0 {
+	if s := n.eng.stats.strayOutcomes; s > n.strays {
 		// engine.outcome: an outcome always finds its lane and message.
-		n.w.chk.violation("stray outcome", "%s: %d publish outcomes found no publish in flight", n.id, n.eng.stats.strayOutcomes)
-		n.eng.stats.strayOutcomes = 0
+		n.w.chk.violation("stray outcome", "%s: %d publish outcomes found no publish in flight", n.id, s-n.strays)
+		n.strays = s
 	}
 	n.performTaken()
 }
@@ -733,7 +736,7 @@ func (n *simNode) stop(then func()) {
 	w := n.w
 	n.logf("stops (SIGTERM)")
 	n.stopping = true
-	n.eng.closing = true
+	n.step(inStop{}) // Router.drain
 	n.endShells()
 	if n.term != nil {
 		n.term.standDown("stopped")
