@@ -186,12 +186,12 @@ func TestLaggingWatchDoesNotExpire(t *testing.T) {
 	if err != nil || !found {
 		t.Fatal(found, err)
 	}
-	reg.apply(LiveKey("n1"), opPut, mustEncodeLive(t, info), 1)
+	reg.Feed().Put(LiveKey("n1"), mustEncodeLive(t, info), 1)
 	// As if the record had arrived a minute ago.
 	reg.mu.Lock()
 	reg.expires["n1"] = time.Now().Add(-time.Minute)
 	reg.mu.Unlock()
-	reg.expireDue(ctx, time.Now())
+	reg.ExpireDue(ctx, reg.liveStored)
 	if _, ok := reg.Live()["n1"]; !ok {
 		t.Fatal("a node whose record the bucket holds was expired by the local clock")
 	}
@@ -200,7 +200,10 @@ func TestLaggingWatchDoesNotExpire(t *testing.T) {
 	if err := kv.Delete(ctx, LiveKey("n1")); err != nil {
 		t.Fatal(err)
 	}
-	reg.expireDue(ctx, time.Now().Add(time.Second))
+	reg.mu.Lock()
+	reg.expires["n1"] = time.Now().Add(-time.Second)
+	reg.mu.Unlock()
+	reg.ExpireDue(ctx, reg.liveStored)
 	if _, ok := reg.Live()["n1"]; ok {
 		t.Fatal("a node whose record is gone stayed live")
 	}

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
 
@@ -179,22 +178,11 @@ type Registry struct {
 	js     jetstream.JetStream
 	kv     jetstream.KeyValue
 	bucket string
+	log    *slog.Logger
 
-	mu       sync.RWMutex
-	live     map[string]NodeInfo
-	seen     map[string]time.Time // local time of each node's last announcement
-	lastSeen map[string]time.Time // the same, kept after the node is gone
-	// returned is when each node that had been live and gone entered the
-	// live set again (this process's clock).
-	returned map[string]time.Time
-	// rev is the revision of each node's last announcement this process
-	// received, kept after the node is gone.
-	rev      map[string]uint64
-	expires  map[string]time.Time // local time after which to check that a node's record expired
-	ready    chan struct{}
-	once     sync.Once
-	onChange func()
-	log      *slog.Logger
+	// The live nodes as this process sees them (Live, Seen, ...), kept by
+	// Run.
+	*LiveView
 }
 
 // MaxRegistryValueSize bounds one registry record (a checkpoint with its
@@ -241,8 +229,8 @@ func OpenRegistry(ctx context.Context, js jetstream.JetStream, cfg RegistryConfi
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Registry{js: js, kv: kv, bucket: cfg.Bucket, live: map[string]NodeInfo{}, seen: map[string]time.Time{}, lastSeen: map[string]time.Time{}, returned: map[string]time.Time{}, rev: map[string]uint64{}, expires: map[string]time.Time{},
-		ready: make(chan struct{}), onChange: onChange, log: log}, nil
+	return &Registry{js: js, kv: kv, bucket: cfg.Bucket, log: log,
+		LiveView: NewLiveView(LiveViewConfig{OnChange: onChange, Logger: log})}, nil
 }
 
 // RegistryStreamConfig is the configuration of a hardened registry
@@ -311,56 +299,6 @@ func (r *Registry) Withdraw(ctx context.Context, node string) error {
 	return nil
 }
 
-// Live returns the nodes currently announced, keyed by node id.
-func (r *Registry) Live() map[string]NodeInfo {
-	r.mu.RLock()
-	defer r.mu.RUnlock()
-	out := make(map[string]NodeInfo, len(r.live))
-	for k, v := range r.live {
-		out[k] = v
-	}
-	return out
-}
-
-// Seen returns when this process last received node's announcement (its
-// own clock), or the zero time.
-func (r *Registry) Seen(node string) time.Time {
-	r.mu.RLock()
-	defer r.mu.RUnlock()
-	return r.seen[node]
-}
-
-// LastSeen returns when this process last received node's announcement,
-// also after the node is gone (its record expired or was withdrawn); the
-// zero time if never.
-func (r *Registry) LastSeen(node string) time.Time {
-	r.mu.RLock()
-	defer r.mu.RUnlock()
-	return r.lastSeen[node]
-}
-
-// Returned returns when node entered the live set again after it had
-// been live and gone, as this process saw it (its own clock), or the zero
-// time if it never did.
-func (r *Registry) Returned(node string) time.Time {
-	r.mu.RLock()
-	defer r.mu.RUnlock()
-	return r.returned[node]
-}
-
-// SeenRevision returns the revision of node's last announcement this
-// process received (also after the node is gone), or 0. A liveness record
-// stored at a later revision is an announcement it has not seen yet.
-func (r *Registry) SeenRevision(node string) uint64 {
-	r.mu.RLock()
-	defer r.mu.RUnlock()
-	return r.rev[node]
-}
-
-// Ready is closed once the registry has loaded the nodes announced when
-// its watch started.
-func (r *Registry) Ready() <-chan struct{} { return r.ready }
-
 // Run watches the liveness records until ctx ends. A record that says
 // how long it lives (NodeInfo.TTL) and is not announced again within that
 // is looked up: once the bucket no longer holds it, the node is gone. The
@@ -378,110 +316,39 @@ func (r *Registry) Run(ctx context.Context) error {
 			select {
 			case <-ctx.Done():
 				return
-			case now := <-t.C:
-				r.expireDue(ctx, now)
+			case <-t.C:
+				r.ExpireDue(ctx, r.liveStored)
 			}
 		}
 	}()
-	err := watchBucket(ctx, r.js, r.bucket, livePrefix+">", watchHooks{entry: r.apply, ready: func() { r.once.Do(func() { close(r.ready) }) }})
+	feed := r.Feed()
+	err := watchBucket(ctx, r.js, r.bucket, livePrefix+">", watchHooks{entry: func(key string, op entryOp, value []byte, rev uint64) {
+		if op == opPut {
+			feed.Put(key, value, rev)
+		} else {
+			feed.Delete(key, rev)
+		}
+	}, ready: feed.Ready})
 	cancel()
 	wg.Wait()
 	return err
 }
 
-// expiryCheckEvery is how often Run looks for records past their TTL;
-// expirySlack is how long past it, by this process's clock from the
-// record's arrival, it first looks the record up.
-const (
-	expiryCheckEvery = 200 * time.Millisecond
-	expirySlack      = 250 * time.Millisecond
-)
+// expiryCheckEvery is how often Run looks for records past their TTL.
+const expiryCheckEvery = 200 * time.Millisecond
 
-// expireDue looks up each node whose record is past its TTL, and drops
-// the node from the live set if the bucket no longer holds the record.
-func (r *Registry) expireDue(ctx context.Context, now time.Time) {
-	type due struct {
-		node     string
-		deadline time.Time
+// liveStored reports whether the bucket holds node's liveness record.
+func (r *Registry) liveStored(ctx context.Context, node string) (bool, error) {
+	ctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	_, err := r.kv.Get(ctx, livePrefix+node)
+	switch {
+	case errors.Is(err, jetstream.ErrKeyNotFound) || errors.Is(err, jetstream.ErrKeyDeleted):
+		return false, nil
+	case err != nil:
+		return false, err
 	}
-	var dues []due
-	r.mu.RLock()
-	for node, t := range r.expires {
-		if now.After(t) {
-			dues = append(dues, due{node, t})
-		}
-	}
-	r.mu.RUnlock()
-	for _, d := range dues {
-		gctx, cancel := context.WithTimeout(ctx, time.Second)
-		_, err := r.kv.Get(gctx, livePrefix+d.node)
-		cancel()
-		if ctx.Err() != nil {
-			return
-		}
-		gone := errors.Is(err, jetstream.ErrKeyNotFound) || errors.Is(err, jetstream.ErrKeyDeleted)
-		changed := false
-		r.mu.Lock()
-		switch {
-		case !r.expires[d.node].Equal(d.deadline):
-			// Announced again (or removed) meanwhile.
-		case gone:
-			r.log.Debug("live node gone: its record expired", "live_node", d.node, "last_seen", r.lastSeen[d.node])
-			delete(r.live, d.node)
-			delete(r.seen, d.node)
-			delete(r.expires, d.node)
-			changed = true
-		default:
-			// Still stored (this watch lags, or the server has not
-			// expired it yet), or the bucket could not be read: look
-			// again shortly.
-			r.expires[d.node] = now.Add(expirySlack)
-		}
-		r.mu.Unlock()
-		if changed && r.onChange != nil {
-			r.onChange()
-		}
-	}
-}
-
-func (r *Registry) apply(key string, op entryOp, value []byte, rev uint64) {
-	node := strings.TrimPrefix(key, livePrefix)
-	changed := false
-	r.mu.Lock()
-	if op == opPut {
-		var info NodeInfo
-		if err := decodeRecord(value, recordLive, &info); err == nil && info.Node == node && ValidateNodeID(node) == nil {
-			old, had := r.live[node]
-			changed = !had || old.HasConsumer != info.HasConsumer || !old.Started.Equal(info.Started) || old.Instance != info.Instance
-			if changed {
-				r.log.Debug("live node announced", "live_node", node, "new", !had, "instance", info.Instance, "has_consumer", info.HasConsumer, "ttl", info.TTL, "rev", rev)
-			}
-			now := time.Now()
-			if _, before := r.lastSeen[node]; !had && before {
-				r.returned[node] = now
-				r.log.Debug("live node returned", "live_node", node, "gone_since", r.lastSeen[node])
-			}
-			r.live[node] = info
-			r.seen[node] = now
-			r.lastSeen[node] = now
-			r.rev[node] = max(r.rev[node], rev)
-			if info.TTL > 0 {
-				r.expires[node] = now.Add(info.TTL + expirySlack)
-			} else {
-				delete(r.expires, node) // an earlier release's: its marker says when it expired
-			}
-		}
-	} else if _, had := r.live[node]; had {
-		delete(r.live, node)
-		delete(r.seen, node)
-		delete(r.expires, node)
-		changed = true
-		r.log.Debug("live node gone: its record was withdrawn, or expired with a marker", "live_node", node, "rev", rev)
-	}
-	r.mu.Unlock()
-	if changed && r.onChange != nil {
-		r.onChange()
-	}
+	return true, nil
 }
 
 // LiveRecord reads node's liveness record from the bucket, with its
