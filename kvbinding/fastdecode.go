@@ -1,6 +1,7 @@
 package kvbinding
 
 import (
+	"math"
 	"time"
 
 	"github.com/grouprouter/grouprouter/internal/jsonx"
@@ -85,4 +86,98 @@ func scanBinding(d *jsonx.Scanner, all bool) (Binding, bool) {
 		return ok
 	})
 	return b, ok
+}
+
+// fastLive decodes a liveness record without reflection, as decodeLive
+// would: every node decodes every node's heartbeat. It returns false for
+// anything it does not handle plainly (an untyped or unknown record, a
+// field it does not know, escaped strings, negative numbers, the held
+// group lists), and the caller then decodes with encoding/json.
+func fastLive(data []byte) (NodeInfo, bool) {
+	var info NodeInfo
+	var record, version bool
+	d := jsonx.Scanner{Data: data}
+	ok := d.Object(func(key []byte) bool {
+		var ok bool
+		switch string(key) {
+		case "record":
+			var s string
+			s, ok = d.Str()
+			record = ok && s == recordLive
+			ok = record
+		case "v":
+			var v int
+			v, ok = d.Int()
+			version = ok && v >= 1 && v <= RecordVersion+1
+			ok = version
+		case "node":
+			info.Node, ok = d.Str()
+		case "instance":
+			info.Instance, ok = d.Str()
+		case "host":
+			info.Host, ok = d.Str()
+		case "type":
+			info.Type, ok = d.Str()
+		case "handler":
+			info.Handler, ok = d.Str()
+		case "pid":
+			info.PID, ok = d.Int()
+		case "has_consumer":
+			info.HasConsumer, ok = d.Bool()
+		case "busy_more":
+			info.BusyMore, ok = d.Bool()
+		case "started":
+			info.Started, ok = strictTime(&d)
+		case "heartbeat":
+			info.Heartbeat, ok = strictTime(&d)
+		case "every":
+			info.Every, ok = duration(&d)
+		case "ttl":
+			info.TTL, ok = duration(&d)
+		case "held":
+			info.Held, ok = d.Int()
+		case "waiting_groups":
+			info.WaitingGroups, ok = d.Int()
+		case "held_back_groups":
+			info.HeldBackGroups, ok = d.Int()
+		case "position":
+			info.Position, ok = d.Uint()
+		case "routed":
+			info.Routed, ok = d.Uint()
+		case "decision_errors":
+			info.DecisionErrors, ok = d.Uint()
+		case "dead_lettered":
+			info.DeadLettered, ok = d.Uint()
+		case "queue_pending":
+			info.QueuePending, ok = d.Uint()
+		case "queue_unacked":
+			info.QueueUnacked, ok = d.Uint()
+		case "busy":
+			info.Busy, ok = d.Strings()
+		case "retrying":
+			info.Retrying, ok = d.Strings()
+		}
+		return ok
+	})
+	return info, ok && record && version && d.End()
+}
+
+// strictTime reads a time as time.Time's UnmarshalJSON does (RFC 3339,
+// strictly).
+func strictTime(d *jsonx.Scanner) (time.Time, bool) {
+	s, ok := d.Str()
+	if !ok {
+		return time.Time{}, false
+	}
+	var t time.Time
+	return t, t.UnmarshalText([]byte(s)) == nil
+}
+
+// duration reads a non-negative time.Duration (nanoseconds).
+func duration(d *jsonx.Scanner) (time.Duration, bool) {
+	n, ok := d.Uint()
+	if !ok || n > math.MaxInt64 {
+		return 0, false
+	}
+	return time.Duration(n), true
 }

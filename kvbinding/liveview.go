@@ -120,7 +120,8 @@ func (v *LiveView) Ready() <-chan struct{} { return v.ready }
 // every change.
 type LiveFeed struct{ v *LiveView }
 
-// Feed returns the view's feed.
+// Feed returns the view's feed. A Registry's view is fed by its Run: feed
+// a view by hand only when nothing runs it.
 func (v *LiveView) Feed() LiveFeed { return LiveFeed{v} }
 
 // Put takes the liveness record stored under key at revision rev. A value
@@ -144,8 +145,7 @@ func (v *LiveView) apply(key string, op entryOp, value []byte, rev uint64) {
 	changed := false
 	v.mu.Lock()
 	if op == opPut {
-		var info NodeInfo
-		if err := decodeRecord(value, recordLive, &info); err == nil && info.Node == node && ValidateNodeID(node) == nil {
+		if info, err := decodeLive(value); err == nil && info.Node == node && ValidateNodeID(node) == nil {
 			old, had := v.live[node]
 			changed = !had || old.HasConsumer != info.HasConsumer || !old.Started.Equal(info.Started) || old.Instance != info.Instance
 			if changed {
@@ -177,6 +177,21 @@ func (v *LiveView) apply(key string, op entryOp, value []byte, rev uint64) {
 	if changed && v.onChange != nil {
 		v.onChange()
 	}
+}
+
+// NextDue returns when a node's record is next past its TTL by the view's
+// clock (ExpireDue then has a lookup to make), or the zero time when no
+// record says how long it lives.
+func (v *LiveView) NextDue() time.Time {
+	v.mu.RLock()
+	defer v.mu.RUnlock()
+	var next time.Time
+	for _, t := range v.expires {
+		if next.IsZero() || t.Before(next) {
+			next = t
+		}
+	}
+	return next
 }
 
 // ExpireDue looks up each node whose record is past its TTL (by the view's

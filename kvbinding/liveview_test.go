@@ -3,6 +3,7 @@ package kvbinding
 import (
 	"context"
 	"errors"
+	"reflect"
 	"testing"
 	"time"
 )
@@ -73,4 +74,68 @@ func TestLiveViewExpiresByTheBucket(t *testing.T) {
 	if _, ok := v.Live()["n1"]; ok || changes != 4 {
 		t.Fatalf("live %v, %d changes after a withdrawal", v.Live(), changes)
 	}
+}
+
+// TestFastLiveTakesAnnouncements: what a node announces decodes without
+// reflection, to what encoding/json decodes.
+func TestFastLiveTakesAnnouncements(t *testing.T) {
+	at := time.Date(2026, 12, 8, 1, 2, 3, 456789, time.UTC)
+	for _, info := range []NodeInfo{
+		{Node: "n1"},
+		{Node: "n1", Instance: "9b7c", Host: "h", PID: 42, Type: "LOCAL", Handler: "h1", HasConsumer: true, Started: at,
+			Heartbeat: at.Add(time.Second), Every: time.Second, Position: 7, Held: 3, Routed: 1 << 40, DecisionErrors: 2,
+			DeadLettered: 1, WaitingGroups: 5, QueuePending: 9, QueueUnacked: 4, Busy: []string{"a", "b"}, BusyMore: true,
+			Retrying: []string{"c"}, HeldBackGroups: 1},
+	} {
+		v, err := LiveValue(info, 3*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, ok := fastLive(v)
+		if !ok {
+			t.Fatalf("fastLive refused %s", v)
+		}
+		var want NodeInfo
+		if err := decodeRecord(v, recordLive, &want); err != nil {
+			t.Fatal(err)
+		}
+		if !reflect.DeepEqual(got, want) {
+			t.Fatalf("fastLive %+v, encoding/json %+v", got, want)
+		}
+	}
+}
+
+// FuzzDecodeLive: the one-pass decode of a liveness record gives the same
+// verdict and the same record as decodeRecord, whatever the bytes.
+func FuzzDecodeLive(f *testing.F) {
+	started := time.Date(2026, 12, 8, 0, 0, 0, 0, time.UTC)
+	typed, _ := LiveValue(NodeInfo{Node: "n1", Instance: "i", HasConsumer: true, Started: started, Every: time.Second,
+		Busy: []string{"g"}, HeldBack: []HeldGroup{{Group: "h", Count: 3}}}, 3*time.Second)
+	f.Add(typed)
+	plain, _ := LiveValue(NodeInfo{Node: "n2", Started: started, Heartbeat: started, Every: time.Second, Position: 3,
+		Busy: []string{"a"}, Retrying: []string{}}, time.Second)
+	f.Add(plain)
+	f.Add([]byte(`{"record":"live","v":1,"node":"n1","started":"2026-12-08T24:00:00Z"}`))
+	f.Add([]byte(`{"record":"live","v":1,"node":"n1","every":9223372036854775808}`))
+	f.Add([]byte(`{"record":"binding","v":1,"record":"live","node":"n1"}`))
+	f.Add([]byte(`{"node":"n1","type":"LOCAL","handler":"h","has_consumer":true}`)) // untyped
+	f.Add([]byte(`{"node":"n1","type":"LOCAL","extra":1}`))                         // untyped, an unknown field
+	f.Add([]byte(`{"record":"live","v":2,"node":"n1","later":true}`))
+	f.Add([]byte(`{"record":"live","v":3,"node":"n1"}`))
+	f.Add([]byte(`{"record":"binding","v":1,"node":"n1"}`))
+	f.Add([]byte(`{"record":"live","v":1,"node":"n1","record":"lease"}`))
+	f.Add([]byte(`{"record":"live","v":1,"node":5}`))
+	f.Add([]byte(`{"Record":"live","V":1,"Node":"n1"}`))
+	f.Add([]byte(`[]`))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		var want NodeInfo
+		werr := decodeRecord(data, recordLive, &want)
+		got, gerr := decodeLive(data)
+		if (werr == nil) != (gerr == nil) {
+			t.Fatalf("%q: decodeRecord %v, decodeLive %v", data, werr, gerr)
+		}
+		if werr == nil && !reflect.DeepEqual(got, want) {
+			t.Fatalf("%q: decodeLive %+v, decodeRecord %+v", data, got, want)
+		}
+	})
 }

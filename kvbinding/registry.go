@@ -274,11 +274,17 @@ func NodeTTL(heartbeat time.Duration) time.Duration {
 	return max(3*heartbeat, time.Second)
 }
 
+// LiveValue returns the value Announce stores for info, a record living
+// ttl (its TTL as the server counts it: whole seconds, at least one).
+func LiveValue(info NodeInfo, ttl time.Duration) ([]byte, error) {
+	info.TTL = roundUpTTL(ttl)
+	return encodeRecord(recordLive, &info)
+}
+
 // Announce publishes info as the node's liveness record, expiring after ttl
 // unless announced again.
 func (r *Registry) Announce(ctx context.Context, info NodeInfo, ttl time.Duration) error {
-	info.TTL = roundUpTTL(ttl)
-	data, err := encodeRecord(recordLive, &info)
+	data, err := LiveValue(info, ttl)
 	if err != nil {
 		return err
 	}

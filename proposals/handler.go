@@ -681,15 +681,22 @@ func (h *Handler) suspectPrevious() string {
 // liveState returns the live nodes the rules may choose from, with their
 // bound group counts.
 func (h *Handler) liveState() map[string]NodeState {
-	live := h.reg.Live()
-	counts := h.cache.Counts()
-	now := time.Now()
 	h.suspectMu.Lock()
 	suspect, since := h.suspect, h.suspectSince
 	h.suspectMu.Unlock()
+	return LiveState(time.Now(), h.reg, h.cache.Counts(), suspect, since)
+}
+
+// LiveState returns the live nodes the rules may choose from at now, with
+// their bound group counts (counts: Cache.Counts): those announced, but
+// not suspect (a node whose lease the handler took over without its
+// release, until it announces itself after since) nor silent for longer
+// than their liveness record's TTL by this process's clock.
+func LiveState(now time.Time, reg LiveReader, counts map[string]int, suspect string, since time.Time) map[string]NodeState {
+	live := reg.Live()
 	out := make(map[string]NodeState, len(live))
 	for id, info := range live {
-		seen := h.reg.Seen(id)
+		seen := reg.Seen(id)
 		if id == suspect && !seen.After(since) {
 			continue
 		}

@@ -97,24 +97,40 @@ func (h *Handler) watchNodes(ctx context.Context, t *term) {
 
 // monitorInput gathers what the planner needs at now.
 func (h *Handler) monitorInput(now time.Time) MonitorInput {
+	return GatherMonitorInput(now, h.reg, h.cache, h.cfg.Rebalance, h.liveState)
+}
+
+// LiveReader is what the handler reads of the live nodes:
+// kvbinding.LiveView, and the Registry that keeps one.
+type LiveReader interface {
+	Live() map[string]kvbinding.NodeInfo
+	Seen(node string) time.Time
+	LastSeen(node string) time.Time
+	Returned(node string) time.Time
+}
+
+// GatherMonitorInput gathers what the monitor's planner needs at now from
+// the live nodes, the bindings and the rebalancing settings (rb nil: off);
+// nodes returns the live nodes the rules may choose from (the handler's
+// liveState), read only when rebalancing is on.
+func GatherMonitorInput(now time.Time, reg LiveReader, cache *kvbinding.Cache, rb *RebalanceConfig, nodes func() map[string]NodeState) MonitorInput {
 	in := MonitorInput{Now: now, Live: map[string]bool{}, LastSeen: map[string]time.Time{},
-		Owners: h.cache.Owners(), Unsettled: h.cache.Unsettled()}
-	live := h.reg.Live()
+		Owners: cache.Owners(), Unsettled: cache.Unsettled()}
+	live := reg.Live()
 	for id, info := range live {
 		in.Live[id] = info.HasConsumer
 	}
 	for node := range in.Owners {
 		if _, ok := live[node]; !ok {
-			in.LastSeen[node] = h.reg.LastSeen(node)
+			in.LastSeen[node] = reg.LastSeen(node)
 		}
 	}
-	rb := h.cfg.Rebalance
-	if !rb.Enabled {
+	if rb == nil || !rb.Enabled {
 		return in
 	}
-	in.Nodes = h.liveState()
+	in.Nodes = nodes()
 	for id := range in.Nodes {
-		if back := h.reg.Returned(id); !back.IsZero() && now.Sub(back) < rb.ReturnCoolDown {
+		if back := reg.Returned(id); !back.IsZero() && now.Sub(back) < rb.ReturnCoolDown {
 			delete(in.Nodes, id) // neither gives nor takes yet (RebalanceConfig.ReturnCoolDown)
 		}
 	}
@@ -135,8 +151,8 @@ func (h *Handler) monitorInput(now time.Time) MonitorInput {
 		// Candidates are named by ref (the cache keeps no long id); the
 		// moves chosen are named in rebalance. A long id's cool-down is
 		// therefore counted from the move's start.
-		for _, ref := range h.cache.RefsOf(node) {
-			if r, ok := h.cache.Lookup(ref); ok && r.Settled() && r.Node == node && ref != "" && !retrying[ref] {
+		for _, ref := range cache.RefsOf(node) {
+			if r, ok := cache.Lookup(ref); ok && r.Settled() && r.Node == node && ref != "" && !retrying[ref] {
 				in.Candidates[node] = append(in.Candidates[node], Candidate{Group: ref, Busy: busy[ref] || live[node].BusyMore})
 			}
 		}

@@ -424,7 +424,7 @@ func (r *Router) Run(ctx context.Context) error {
 		r.drain()
 		return ignoreCanceled(err)
 	}
-	fair := r.newFairShell(queueCons)
+	fair := r.newFairShell(queueCons.Info)
 	g.Go(func() error { fair.run(gctx); return nil })
 	g.Go(func() error { r.ho.run(gctx); return nil })
 	r.resumeDuties()
@@ -654,13 +654,19 @@ func dutiesOf(c *kvbinding.Cache, node string) []string {
 func (r *Router) onLiveChange() {
 	live := r.reg.Live()
 	r.checkOwnRecord(live)
+	r.step(inLive{state: liveNodes(live, r.reg.Seen, &r.suspects)})
+}
+
+// liveNodes returns the live nodes this node counts on (not suspects),
+// from the live set and when each was last seen.
+func liveNodes(live map[string]kvbinding.NodeInfo, seen func(string) time.Time, suspects *suspectSet) map[string]proposals.NodeState {
 	state := make(map[string]proposals.NodeState, len(live))
 	for id, info := range live {
-		if r.suspects.counted(id, r.reg.Seen(id)) {
+		if suspects.counted(id, seen(id)) {
 			state[id] = proposals.NodeState{HasConsumer: info.HasConsumer}
 		}
 	}
-	r.step(inLive{state: state})
+	return state
 }
 
 // subscribeTakeovers follows the takeover events of LOCAL handlers until
@@ -788,11 +794,18 @@ func (r *Router) announcement(now time.Time) kvbinding.NodeInfo {
 	}
 	info.Waiting, info.WaitingGroups = r.heldUndecided(now)
 	r.mu.Lock()
-	info.Busy, info.BusyMore = r.eng.busyGroups()
-	info.Retrying = r.eng.retryingGroups()
-	info.HeldBack, info.HeldBackGroups = r.eng.heldBack()
+	engineReport(r.eng, &info)
 	r.mu.Unlock()
 	return info
+}
+
+// engineReport puts in info what the engine tells of the node's groups
+// (the busy ones, from the period it ends, those retrying, those held
+// back).
+func engineReport(e *engine, info *kvbinding.NodeInfo) {
+	info.Busy, info.BusyMore = e.busyGroups()
+	info.Retrying = e.retryingGroups()
+	info.HeldBack, info.HeldBackGroups = e.heldBack()
 }
 
 // consumerPresent reports whether a node's queue has a consumer: one is

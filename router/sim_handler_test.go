@@ -244,21 +244,7 @@ func (h *simHandler) tick() {
 
 // liveState is Handler.liveState.
 func (h *simHandler) liveState() map[string]proposals.NodeState {
-	w := h.w
-	v := h.host.view
-	counts := h.host.cache.Counts()
-	out := map[string]proposals.NodeState{}
-	for id, has := range v.live {
-		seen := v.seen[id]
-		if id == h.suspect && seen <= h.suspectSince {
-			continue
-		}
-		if w.clock-seen > kvbinding.NodeTTL(simHeartbeat) {
-			continue
-		}
-		out[id] = proposals.NodeState{HasConsumer: has, Groups: counts[id]}
-	}
-	return out
+	return proposals.LiveState(h.w.now(), h.host.view, h.host.cache.Counts(), h.suspect, simEpoch().Add(h.suspectSince))
 }
 
 // serve is Handler.serve / DecideAll: decide every proposal on the cached
@@ -495,22 +481,8 @@ func (h *simHandler) api(node string) time.Duration {
 // watchNodes is Handler.watchNodes: the real planner decides.
 func (h *simHandler) watchNodes() {
 	w := h.w
-	cache := h.host.cache
-	in := proposals.MonitorInput{Now: w.now(), Live: h.host.view.live, Owners: cache.Owners(), Unsettled: cache.Unsettled()}
 	rb := w.p.rebalance
-	if rb.Enabled {
-		in.Nodes = h.liveState()
-		if over := proposals.Overloaded(rb, in.Nodes, proposals.Incoming(in.Unsettled)); len(over) > 0 {
-			in.Candidates = map[string][]proposals.Candidate{}
-			for _, node := range over {
-				for _, g := range simRefsOf(cache, node) {
-					if r, ok := cache.Lookup(g); ok && r.Settled() && r.Node == node && g != "" {
-						in.Candidates[node] = append(in.Candidates[node], proposals.Candidate{Group: g})
-					}
-				}
-			}
-		}
-	}
+	in := proposals.GatherMonitorInput(w.now(), h.host.view, h.host.cache, &rb, h.liveState)
 	acts := h.mon.Plan(proposals.MonitorConfig{NodeGrace: w.p.nodeGrace, RebindAfter: w.p.rebindAfter, FenceDeadline: w.p.fence,
 		Rebalance: rb}, in)
 	for _, ev := range acts.Evacuate {
@@ -569,7 +541,7 @@ func (h *simHandler) evacuate(node string, groups []string, reason string) {
 	}
 	var guard func() error
 	if strings.HasPrefix(reason, "node "+node+" gone") {
-		seen := h.host.view.rev[node]
+		seen := h.host.view.SeenRevision(node)
 		if _, back := h.liveState()[node]; back {
 			w.logf(h.host.id, "handler: %s announced itself again; its groups stay", node)
 			finish()

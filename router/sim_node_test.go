@@ -50,7 +50,13 @@ type simNode struct {
 	cache *kvbinding.Cache
 	// strays: the engine's stray outcomes already reported.
 	strays uint64
-	view   *simRegView
+	// instance and startedAt: the process, as its announcements name it.
+	instance  string
+	startedAt time.Time
+	// view: the real LiveView of the liveness records; viewSub its
+	// watch.
+	view    *kvbinding.LiveView
+	viewSub *simSub[simRegEntry]
 	// suspects: nodes a takeover event named, not counted on until
 	// they announce again (Router.suspects).
 	suspects suspectSet
@@ -62,9 +68,15 @@ type simNode struct {
 	readIdle    bool // waits for the ingress to grow
 	readBlocked bool // waits for the engine to have room
 
-	askWake   chan struct{} // the real asker's wake (actAsk)
-	fairWake  chan struct{} // the real fair shell's wake (actFairWake)
-	timerWake chan struct{} // the real timers' wake (actRetry)
+	askWake  chan struct{} // the real asker's wake (actAsk)
+	fairWake chan struct{} // the real fair shell's wake (actFairWake)
+	// expiryWake: the live view's expiry check's wake (every
+	// simExpiryCheck); liveDirty: the view changed since the node last
+	// took its live set (onLiveChange).
+	expiryWake    chan struct{}
+	expiryPending bool
+	liveDirty     atomic.Bool
+	timerWake     chan struct{} // the real timers' wake (actRetry)
 
 	changes chan string   // the cache's notifications, to the real change loop
 	applied atomic.Uint64 // the change loop's (the checkpoint's Seen; not simulated)
@@ -195,10 +207,12 @@ func (n *simNode) start() {
 	n.started = true
 	n.suspects = suspectSet{} // a new process suspects nobody
 	n.strays = 0
+	n.instance, n.startedAt = fmt.Sprintf("%s@%s", n.id, w.clock), w.now()
 	n.cache = w.kv.cache()
 	n.changes = make(chan string, 4096) // Router's
 	n.kvSub = w.kv.log.subscribe(n.id, n.onRecord)
-	n.view = newSimRegView(w, n.id, n.onLiveChange)
+	n.view, n.viewSub = w.reg.view(n.id, func() { n.liveDirty.Store(true) }, n.liveChanged)
+	n.liveDirty.Store(false) // the start takes the live set below
 	n.eng = newEngine(engineConfig{
 		node: n.id, maxHeldMessages: p.maxHeld, maxHeldBytes: DefaultMaxHeldBytes, maxInFlight: p.maxInFlight,
 		maxAttempts: p.maxAttempts, timeout: p.timeout, localFirst: p.localFirst, groupTimeout: p.groupTimeout,
@@ -349,18 +363,35 @@ func simRoute(r kvbinding.Binding) string {
 	return s
 }
 
+// liveChanged runs onLiveChange if the live view changed (its OnChange
+// only marks it: the view's expiry check runs in a shell's goroutine),
+// and arranges the view's next expiry check.
+func (n *simNode) liveChanged() {
+	if n.liveDirty.Swap(false) {
+		n.onLiveChange()
+	}
+	if n.expiryWake != nil {
+		n.scheduleExpiry()
+	}
+}
+
+// liveStored is the registry's lookup of node's liveness record
+// (Registry.Run's expiry check), over n's link.
+func (n *simNode) liveStored(ctx context.Context, node string) (has bool, err error) {
+	w := n.w
+	err = n.shellCall(ctx, simKey{"live record", node}, func(p *simPending) {
+		var got bool
+		n.roundTrip(p, w.p.pKVFail, func() { _, got = w.reg.live[node] }, func() { has = got })
+	})
+	return has, err
+}
+
 // onLiveChange is Router.onLiveChange, with the real suspectSet.
 func (n *simNode) onLiveChange() {
 	if !n.alive() || n.eng == nil {
 		return
 	}
-	state := make(map[string]proposals.NodeState, len(n.view.live))
-	for id, has := range n.view.live {
-		if n.suspects.counted(id, simEpoch().Add(n.view.seen[id])) {
-			state[id] = proposals.NodeState{HasConsumer: has}
-		}
-	}
-	n.step(inLive{state: state})
+	n.step(inLive{state: liveNodes(n.view.Live(), n.view.Seen, &n.suspects)})
 }
 
 // The ingress reader (Router.read and Router.ingest, with the real
@@ -686,7 +717,7 @@ func (n *simNode) kill() {
 	n.dead, n.stopping = true, false
 	n.endShells()
 	n.kvSub.stopped = true
-	n.view.sub.stopped = true
+	n.viewSub.stopped = true
 	if n.term != nil {
 		n.term.die()
 	}

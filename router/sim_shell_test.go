@@ -363,6 +363,36 @@ func (h simLogHandler) WithAttrs(as []slog.Attr) slog.Handler {
 
 func (h simLogHandler) WithGroup(string) slog.Handler { return h }
 
+// simExpiryCheck is how often a process's live view looks for records
+// past their TTL (Registry.Run's expiryCheckEvery).
+const simExpiryCheck = 200 * time.Millisecond
+
+// scheduleExpiry arranges n's live view's expiry check at the first tick of
+// Registry.Run's ticker past the view's next deadline (one check pending
+// at a time: a deadline that moved on is looked at again then).
+func (n *simNode) scheduleExpiry() {
+	w := n.w
+	if n.expiryPending || !n.up() {
+		return
+	}
+	next := n.view.NextDue()
+	if next.IsZero() {
+		return
+	}
+	n.expiryPending = true
+	w.after(max(next.Sub(w.now()), 0)+w.between(time.Microsecond, simExpiryCheck), func() {
+		n.expiryPending = false
+		if !n.up() {
+			return
+		}
+		if due := n.view.NextDue(); !due.IsZero() && w.now().After(due) {
+			w.wake(func() { wake(n.expiryWake) })
+			return
+		}
+		n.scheduleExpiry()
+	})
+}
+
 // startShells starts n's real hand-over shell, as Router.Run does.
 func (n *simNode) startShells() {
 	w := n.w
@@ -437,8 +467,13 @@ func (n *simNode) startShells() {
 		log:       log,
 	}
 	l := &liveness{reg: simAnnouncer{n}, every: simHeartbeat, clock: simClock{n}, log: log, yielded: new(atomic.Bool),
-		warn:            logagg.New(log, "announce failed", logagg.DefaultEvery),
-		report:          func(time.Time) kvbinding.NodeInfo { return kvbinding.NodeInfo{Node: n.id} },
+		warn: logagg.New(log, "announce failed", logagg.DefaultEvery),
+		report: func(time.Time) kvbinding.NodeInfo {
+			// Router.announcement: the process, and what the engine tells.
+			info := kvbinding.NodeInfo{Node: n.id, Instance: n.instance, Started: n.startedAt}
+			n.localCall(simKey{"report"}, func() { engineReport(n.eng, &info) })
+			return info
+		},
 		consumerChanged: func(has bool) { n.stepCall(inConsumer{has: has}) },
 		lastRevision: func(ctx context.Context) (last uint64, err error) {
 			err = n.shellCall(ctx, simKey{"last revision"}, func(p *simPending) {
@@ -460,6 +495,8 @@ func (n *simNode) startShells() {
 	}
 	n.live = l
 	n.fairWake = make(chan struct{}, 1)
+	n.expiryWake = make(chan struct{}, 1)
+	n.scheduleExpiry()
 	fair := &fairShell{
 		node: n.id, log: log, io: h.io, clock: simClock{n}, wake: n.fairWake, holds: n.eng.holds(),
 		info: func(ctx context.Context) (*jetstream.ConsumerInfo, error) { return h.io.consumer(ctx, n.id) },
@@ -483,6 +520,21 @@ func (n *simNode) startShells() {
 		go h.run(ctx)
 		go a.run(ctx)
 		go fair.run(ctx)
+		go func() {
+			// Registry.Run's expiry check, on the view's clock.
+			for {
+				select {
+				case <-ctx.Done():
+					return
+				case <-n.expiryWake:
+				}
+				n.view.ExpireDue(ctx, n.liveStored)
+				n.localCall(simKey{"expiry checked"}, func() {
+					n.liveChanged()
+					n.scheduleExpiry()
+				})
+			}
+		}()
 		go runChanges(ctx, n.changes, func() uint64 { return uint64(n.kvSub.pos) }, n.stepCall, &n.applied)
 		go runTimers(ctx, simClock{n}, n.timerWake, func() time.Time { return n.eng.nextDue() }, func() { n.stepCall(inTick{}) })
 		go runCheckpoints(ctx, simClock{n}, simCheckpoint, func() (kvbinding.Checkpoint, bool) { return n.checkpoint(), true },
@@ -599,7 +651,7 @@ func (s *simSender) batch(ps []simPub, fast bool, cb jspub.Callback) {
 // simAnnouncer is the registry's Announce for n's liveness.
 type simAnnouncer struct{ n *simNode }
 
-func (a simAnnouncer) Announce(ctx context.Context, info kvbinding.NodeInfo, _ time.Duration) error {
+func (a simAnnouncer) Announce(ctx context.Context, info kvbinding.NodeInfo, ttl time.Duration) error {
 	n, w := a.n, a.n.w
 	return n.shellCall(ctx, simKey{"announce", info.HasConsumer}, func(p *simPending) {
 		if w.clock < n.announceFailUntil {
@@ -607,7 +659,7 @@ func (a simAnnouncer) Announce(ctx context.Context, info kvbinding.NodeInfo, _ t
 			return
 		}
 		n.roundTrip(p, w.p.pKVFail, func() {
-			w.reg.announce(n.id, info.HasConsumer)
+			w.reg.announce(info, ttl)
 			n.lastAnnounced = w.clock
 		}, func() {})
 	})

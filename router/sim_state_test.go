@@ -182,18 +182,21 @@ func simRefsOf(c *kvbinding.Cache, node string) []string {
 	return refs
 }
 
-// simRegEntry is one change of the liveness records: an announcement or a
-// removal (withdrawn, or expired).
+// simRegEntry is one change of the liveness records: an announcement, or
+// a withdrawal. A record's expiry leaves no marker (the registry bucket is
+// hardened: kvbinding.OpenRegistry): watchers learn of it by looking the
+// record up (kvbinding.LiveView.ExpireDue).
 type simRegEntry struct {
-	node string
-	put  bool
-	has  bool
-	gen  uint64 // a put's: its record's generation (the KV revision)
+	node  string
+	put   bool
+	gen   uint64 // a put's: its record's generation (the KV revision)
+	value []byte // a put's: the record as stored
 }
 
 type simLiveRec struct {
-	has bool
-	gen uint64
+	has   bool
+	gen   uint64
+	value []byte
 }
 
 // simRegistry is the node registry: liveness records with a TTL, their
@@ -230,19 +233,24 @@ func (r *simRegistry) checkpointAt(node string, rev uint64) (kvbinding.Checkpoin
 	return r.ckpt[node], true
 }
 
-// announce stores node's liveness record (TTL: kvbinding.NodeTTL, whole
-// seconds, as Registry.Announce).
-func (r *simRegistry) announce(node string, has bool) {
+// announce stores info as its node's liveness record, living ttl (whole
+// seconds, as Registry.Announce); the server removes it after that unless
+// announced again, without a marker.
+func (r *simRegistry) announce(info kvbinding.NodeInfo, ttl time.Duration) {
+	value, err := kvbinding.LiveValue(info, ttl)
+	if err != nil {
+		panic("sim: " + err.Error())
+	}
+	node := info.Node
 	r.gen++
 	gen := r.gen
-	r.live[node] = simLiveRec{has: has, gen: gen}
-	r.log.append(simRegEntry{node: node, put: true, has: has, gen: gen})
-	ttl := kvbinding.NodeTTL(simHeartbeat)
+	r.live[node] = simLiveRec{has: info.HasConsumer, gen: gen, value: value}
+	r.log.append(simRegEntry{node: node, put: true, gen: gen, value: value})
+	ttl = max((ttl + time.Second - 1).Truncate(time.Second), time.Second)
 	r.w.after(ttl+r.w.between(0, time.Second), func() {
 		if rec, ok := r.live[node]; ok && rec.gen == gen {
 			delete(r.live, node)
 			r.w.logf("registry", "liveness record of %s expired", node)
-			r.log.append(simRegEntry{node: node})
 		}
 	})
 }
@@ -252,45 +260,28 @@ func (r *simRegistry) withdraw(node string) {
 	r.log.append(simRegEntry{node: node})
 }
 
-// simRegView is one process's watched view of the liveness records, as
-// kvbinding.Registry keeps it (seen: when it last received each node's
-// announcement).
-type simRegView struct {
-	w        *simWorld
-	live     map[string]bool
-	seen     map[string]time.Duration
-	rev      map[string]uint64 // Registry.SeenRevision
-	sub      *simSub[simRegEntry]
-	onChange func()
-}
-
-func newSimRegView(w *simWorld, owner string, onChange func()) *simRegView {
-	v := &simRegView{w: w, live: map[string]bool{}, seen: map[string]time.Duration{}, rev: map[string]uint64{}, onChange: onChange}
-	for node, rec := range w.reg.live {
-		v.live[node] = rec.has
-		v.seen[node] = w.clock
-		v.rev[node] = rec.gen
+// view returns a process's real kvbinding.LiveView on the simulated
+// clock (OnChange: onChange), loaded with the records stored now and
+// following their changes over owner's link, calling then after each;
+// the returned subscription ends with the process.
+func (r *simRegistry) view(owner string, onChange, then func()) (*kvbinding.LiveView, *simSub[simRegEntry]) {
+	w := r.w
+	v := kvbinding.NewLiveView(kvbinding.LiveViewConfig{Now: w.now, OnChange: onChange})
+	f := v.Feed()
+	for _, node := range sortedKeys(r.live) {
+		rec := r.live[node]
+		f.Put(kvbinding.LiveKey(node), rec.value, rec.gen)
 	}
-	v.sub = w.reg.log.subscribe(owner, v.apply)
-	return v
-}
-
-func (v *simRegView) apply(e simRegEntry) {
-	changed := false
-	if e.put {
-		old, had := v.live[e.node]
-		changed = !had || old != e.has
-		v.live[e.node] = e.has
-		v.seen[e.node] = v.w.clock
-		v.rev[e.node] = max(v.rev[e.node], e.gen)
-	} else if _, had := v.live[e.node]; had {
-		delete(v.live, e.node)
-		delete(v.seen, e.node)
-		changed = true
-	}
-	if changed && v.onChange != nil {
-		v.onChange()
-	}
+	f.Ready()
+	sub := r.log.subscribe(owner, func(e simRegEntry) {
+		if e.put {
+			f.Put(kvbinding.LiveKey(e.node), e.value, e.gen)
+		} else {
+			f.Delete(kvbinding.LiveKey(e.node), 0)
+		}
+		then()
+	})
+	return v, sub
 }
 
 // simLease is the handler lease: the term holding it, when it was last

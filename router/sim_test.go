@@ -3,6 +3,7 @@ package router
 import (
 	"os"
 	"runtime"
+	"runtime/debug"
 	"strconv"
 	"strings"
 	"testing"
@@ -58,6 +59,9 @@ func TestSimulation(t *testing.T) {
 		seeds = min(seeds, 200)
 	}
 	start := envUint(t, "GROUPROUTER_SIM_START", 1)
+	// The runs allocate much and keep little: collect less often (a
+	// seed's world is a few MB).
+	defer debug.SetGCPercent(debug.SetGCPercent(800))
 	began := time.Now()
 	var total simStats
 	known := map[string][]uint64{}

@@ -25,7 +25,7 @@ import (
 // instants (sim_shell_test.go): a seed replays exactly. The files:
 //
 //	sim_world_test.go     the clock, the agenda of events, a run's profile, the faults
-//	sim_state_test.go     the bindings bucket (each process watches it with a real kvbinding.Cache), the node registry
+//	sim_state_test.go     the bindings bucket and the node registry (each process watches them with a real kvbinding.Cache and LiveView)
 //	sim_queue_test.go     the queue stream, the dead-letter stream, the queue consumers
 //	sim_node_test.go      a router node: the real engine in simulated shells
 //	sim_shell_test.go     the real hand-over shell, asker, liveness, timers, checkpoint loop and fair shell, on stand-ins
@@ -42,7 +42,12 @@ import (
 // and releases of held messages; heldFound at a start), the publisher
 // (publish.go), the change loop (runChanges), the ingress decoder, the
 // bindings cache (kvbinding.Cache: its revision rules and views, fed
-// through Cache.Feed with the values the bucket stores), the duties a
+// through Cache.Feed with the values the bucket stores), the live nodes'
+// view (kvbinding.LiveView: its change rules, and its expiry of a node by
+// looking its record up, the registry's expiry leaving no marker), the
+// live set a node counts on (liveNodes) and what it announces of its
+// groups (engineReport), the handler's live state and monitor input
+// (proposals.LiveState, GatherMonitorInput), the duties a
 // start resumes (dutiesOf), the record state machine
 // (proposals.Transition), the node-choice rules (proposals/choose.go,
 // route.go), the tracker and the handler's authority rule
