@@ -208,10 +208,11 @@ type fairShell struct {
 }
 
 // newFairShell returns r's fair shell, once setup made the engine, the
-// binding cache and the hand-over's I/O, reading the queue consumer cons.
-func (r *Router) newFairShell(cons jetstream.Consumer) *fairShell {
+// binding cache and the hand-over's I/O, reading the queue consumer with
+// info (its Info).
+func (r *Router) newFairShell(info func(context.Context) (*jetstream.ConsumerInfo, error)) *fairShell {
 	return &fairShell{
-		node: r.cfg.Node, log: r.log, io: r.ho.io, clock: sysClock{}, info: consumerInfo(cons), wake: r.wake.fair, holds: r.eng.holds(),
+		node: r.cfg.Node, log: r.log, io: r.ho.io, clock: sysClock{}, info: info, wake: r.wake.fair, holds: r.eng.holds(),
 		read: func(ackFloor uint64, window int) ([]releaseTask, []checkTask, bool) {
 			r.mu.Lock()
 			rel, checks := r.eng.fairRead(ackFloor, window, time.Now())
@@ -221,17 +222,6 @@ func (r *Router) newFairShell(cons jetstream.Consumer) *fairShell {
 		},
 		step: r.step, fencedNow: r.fencedNow, lookup: r.cache.Lookup, stored: r.qcheck.stored, warnRelease: r.warn.release,
 	}
-}
-
-// consumerInfo is cons.Info (none for a nil cons, as in tests that call
-// a release alone).
-func consumerInfo(cons jetstream.Consumer) func(context.Context) (*jetstream.ConsumerInfo, error) {
-	if cons == nil {
-		return func(context.Context) (*jetstream.ConsumerInfo, error) {
-			return nil, errors.New("no queue consumer")
-		}
-	}
-	return cons.Info
 }
 
 // run runs the fair shell until ctx ends.

@@ -98,6 +98,12 @@ func testRouterOn(t *testing.T, s *natstest.Server, node string) (*Router, jetst
 	return r, js
 }
 
+// noConsumerInfo is the queue consumer's Info for a fair shell whose
+// release a test calls alone.
+func noConsumerInfo(context.Context) (*jetstream.ConsumerInfo, error) {
+	return nil, errors.New("no queue consumer")
+}
+
 // holding gives r, made by testRouter and not yet stepped, an engine that
 // holds groups back past their share (Config.GroupShare's rule on).
 func holding(r *Router) {
@@ -608,7 +614,7 @@ func TestReleaseReturnsWhenItsPublishFails(t *testing.T) {
 	if _, err := js.UpdateStream(ctx, cfg); err != nil {
 		t.Fatal(err)
 	}
-	seqs, left, err := r.newFairShell(nil).release(ctx, jsStore{stream}, releaseTask{ref: "g", group: "g", n: 4})
+	seqs, left, err := r.newFairShell(noConsumerInfo).release(ctx, jsStore{stream}, releaseTask{ref: "g", group: "g", n: 4})
 	if err == nil || ctx.Err() != nil {
 		t.Fatalf("release: seqs %v, err %v (ctx %v): want the publish's error, at once", seqs, err, ctx.Err())
 	}
@@ -646,7 +652,7 @@ func TestDrainMovesNothingOfAHeldMessageWhoseReleaseWasProcessed(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ack, err := r9.newFairShell(nil).releaseCopy(ctx, "g", held, 3)
+	ack, err := r9.newFairShell(noConsumerInfo).releaseCopy(ctx, "g", held, 3)
 	if err != nil {
 		t.Fatal(err)
 	}
