@@ -78,9 +78,12 @@ func TestRunLeavesNothingBehind(t *testing.T) {
 	if _, err := proposals.Move(context.Background(), nc, "g0", target, 5*time.Second); err != nil {
 		t.Fatal(err)
 	}
+	// Once the move is over, g0 may move on (neither node has a consumer,
+	// and a starved heartbeat makes a node gone for a while): any end of
+	// the hand-over will do.
 	natstest.Eventually(t, 10*time.Second, func() error {
-		if b, _ := r.Cache().Lookup("g0"); !(b.Settled() && b.Node == target) && b.State != "released" {
-			return fmt.Errorf("g0 is %+v", b)
+		if now, _ := r.Cache().Lookup("g0"); now.Revision <= b.Revision || !now.Settled() && now.State != "released" {
+			return fmt.Errorf("g0 is %+v", now)
 		}
 		return nil
 	})

@@ -242,7 +242,8 @@ func (h *simHandler) tick() {
 	h.watchNodes()
 }
 
-// liveState is Handler.liveState.
+// liveState is Handler.liveState: the real proposals.LiveState, on the
+// host's live view.
 func (h *simHandler) liveState() map[string]proposals.NodeState {
 	return proposals.LiveState(h.w.now(), h.host.view, h.host.cache.Counts(), h.suspect, simEpoch().Add(h.suspectSince))
 }
@@ -478,7 +479,8 @@ func (h *simHandler) api(node string) time.Duration {
 	return at - h.w.clock
 }
 
-// watchNodes is Handler.watchNodes: the real planner decides.
+// watchNodes is Handler.watchNodes: the real monitor input
+// (GatherMonitorInput) and planner decide.
 func (h *simHandler) watchNodes() {
 	w := h.w
 	rb := w.p.rebalance

@@ -386,7 +386,8 @@ func (n *simNode) liveStored(ctx context.Context, node string) (has bool, err er
 	return has, err
 }
 
-// onLiveChange is Router.onLiveChange, with the real suspectSet.
+// onLiveChange is Router.onLiveChange: the real liveNodes, with the real
+// suspectSet.
 func (n *simNode) onLiveChange() {
 	if !n.alive() || n.eng == nil {
 		return
