@@ -37,14 +37,8 @@ func scanBinding(d *jsonx.Scanner, all bool) (Binding, bool) {
 	ok := d.Object(func(key []byte) bool {
 		var ok bool
 		switch string(key) {
-		case "record":
-			var s string
-			s, ok = d.Str()
-			ok = ok && s == recordBinding
-		case "v":
-			var v int
-			v, ok = d.Int()
-			ok = ok && v >= 1 && v <= RecordVersion+1
+		case "record", "v":
+			ok = scanTag(d, key, recordBinding)
 		case "group":
 			b.Group, ok = d.Str()
 		case "state":
@@ -101,14 +95,10 @@ func fastLive(data []byte) (NodeInfo, bool) {
 		var ok bool
 		switch string(key) {
 		case "record":
-			var s string
-			s, ok = d.Str()
-			record = ok && s == recordLive
+			record = scanTag(&d, key, recordLive)
 			ok = record
 		case "v":
-			var v int
-			v, ok = d.Int()
-			version = ok && v >= 1 && v <= RecordVersion+1
+			version = scanTag(&d, key, recordLive)
 			ok = version
 		case "node":
 			info.Node, ok = d.Str()
@@ -160,6 +150,17 @@ func fastLive(data []byte) (NodeInfo, bool) {
 		return ok
 	})
 	return info, ok && record && version && d.End()
+}
+
+// scanTag reads the value of a record's "record" or "v" key (key) and
+// reports whether it names kind, or a version this release reads.
+func scanTag(d *jsonx.Scanner, key []byte, kind string) bool {
+	if string(key) == "record" {
+		s, ok := d.Str()
+		return ok && s == kind
+	}
+	v, ok := d.Int()
+	return ok && v >= 1 && v <= RecordVersion+1
 }
 
 // strictTime reads a time as time.Time's UnmarshalJSON does (RFC 3339,

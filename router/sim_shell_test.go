@@ -469,10 +469,10 @@ func (n *simNode) startShells() {
 	l := &liveness{reg: simAnnouncer{n}, every: simHeartbeat, clock: simClock{n}, log: log, yielded: new(atomic.Bool),
 		warn: logagg.New(log, "announce failed", logagg.DefaultEvery),
 		report: func(time.Time) kvbinding.NodeInfo {
-			// Router.announcement: the process, and what the engine tells.
-			info := kvbinding.NodeInfo{Node: n.id, Instance: n.instance, Started: n.startedAt}
-			n.localCall(simKey{"report"}, func() { engineReport(n.eng, &info) })
-			return info
+			// Router.announcement: the process; what the engine tells is
+			// added as the announcement is sent (simAnnouncer), which
+			// saves the world a call a heartbeat.
+			return kvbinding.NodeInfo{Node: n.id, Instance: n.instance, Started: n.startedAt}
 		},
 		consumerChanged: func(has bool) { n.stepCall(inConsumer{has: has}) },
 		lastRevision: func(ctx context.Context) (last uint64, err error) {
@@ -654,6 +654,9 @@ type simAnnouncer struct{ n *simNode }
 func (a simAnnouncer) Announce(ctx context.Context, info kvbinding.NodeInfo, ttl time.Duration) error {
 	n, w := a.n, a.n.w
 	return n.shellCall(ctx, simKey{"announce", info.HasConsumer}, func(p *simPending) {
+		if n.alive() {
+			engineReport(n.eng, &info) // Router.announcement's
+		}
 		if w.clock < n.announceFailUntil {
 			w.hop(n.id, w.lat(), func() { p.fail(errSimOp) })
 			return
