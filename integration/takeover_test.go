@@ -174,7 +174,12 @@ func TestEvacuationAcrossAServerRestartStoresNothingTwice(t *testing.T) {
 	cc.Stop()
 	anc.Close()
 
-	startNode(t, s.URL(), cfg("n1", router.Remote))
+	// n1 announces itself every second: a handler counts on it for three
+	// (kvbinding.NodeTTL), where 100 ms heartbeats starved under CI's load
+	// left it out for a moment and the evacuation went to n0.
+	n1cfg := cfg("n1", router.Remote)
+	n1cfg.Heartbeat = time.Second
+	startNode(t, s.URL(), n1cfg)
 	col := &timedCollector{}
 	startAppConsumer(t, s.URL(), "n1", col)
 	// The evacuation's target is the node with a consumer: n1 once the
