@@ -3,6 +3,7 @@ package kvbinding
 import (
 	"context"
 	"log/slog"
+	"maps"
 	"slices"
 	"strings"
 	"sync"
@@ -68,11 +69,7 @@ func NewLiveView(cfg LiveViewConfig) *LiveView {
 func (v *LiveView) Live() map[string]NodeInfo {
 	v.mu.RLock()
 	defer v.mu.RUnlock()
-	out := make(map[string]NodeInfo, len(v.live))
-	for k, i := range v.live {
-		out[k] = i
-	}
-	return out
+	return maps.Clone(v.live)
 }
 
 // Seen returns when this process last received node's announcement (its

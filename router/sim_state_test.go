@@ -194,7 +194,6 @@ type simRegEntry struct {
 }
 
 type simLiveRec struct {
-	has   bool
 	gen   uint64
 	value []byte
 }
@@ -244,7 +243,7 @@ func (r *simRegistry) announce(info kvbinding.NodeInfo, ttl time.Duration) {
 	node := info.Node
 	r.gen++
 	gen := r.gen
-	r.live[node] = simLiveRec{has: info.HasConsumer, gen: gen, value: value}
+	r.live[node] = simLiveRec{gen: gen, value: value}
 	r.log.append(simRegEntry{node: node, put: true, gen: gen, value: value})
 	ttl = max((ttl + time.Second - 1).Truncate(time.Second), time.Second)
 	r.w.after(ttl+r.w.between(0, time.Second), func() {
